@@ -1,0 +1,244 @@
+"""The `npu` dialect: instructions on engine queues, loops kept structured.
+
+One `npu.kernel` per kernel launch, in launch order. Its body holds instructions and
+`npu.loop`s (a trip count; the induction variable of the loop at nesting depth d is
+named ``i<d>`` in expressions). Every instruction op holds:
+
+- `fields`: the instruction record fields of `simulator.isa.RECORD` it sets: integers
+  where constant, and `ir.affine` expressions (strings) where they vary per iteration;
+  on-chip addresses are physical (partition, byte offset) after memory planning;
+- `waits`: semaphore waits ``"s3 >= 2*i0 + 1"``; `signal`: the semaphore it bumps;
+- `reads` / `writes`: the on-chip buffers it touches (names), from which
+  `npu-insert-sync` derives the waits.
+
+Example::
+
+    npu.kernel @k0_matmul {
+      npu.loop {trip = 3 : i64} {
+        npu.dma_load {fields = {queue = 0 : i64, a_addr = "4096 + 212*i0", ...},
+                      writes = ["lhsT"], waits = ["s1 >= i0"], signal = 0 : i64}
+        npu.matmul {fields = {...}, reads = ["lhsT", "rhs"], writes = ["acc"], ...}
+      }
+    }
+
+Codegen (`codegen/expand.py`) expands the loops into the flat record stream with
+vectorised numpy, never one IR op per dynamic instruction.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    FloatAttr,
+    IntegerAttr,
+    StringAttr,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Dialect, Region
+from xdsl.irdl import (
+    IRDLOperation,
+    ParsePropInAttrDict,
+    irdl_op_definition,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    traits_def,
+)
+from xdsl.traits import NoTerminator
+from xdsl.utils.exceptions import VerifyException
+
+from tilecc.ir.affine import Expr, ExprSyntaxError, parse_expr
+from tilecc.simulator.isa import RECORD, Opcode
+
+_WAIT = re.compile(r"^s(\d+) >= (.+)$")
+
+FieldValue = int | float | str
+
+
+@irdl_op_definition
+class KernelOp(IRDLOperation):
+    name = "npu.kernel"
+    sym_name = prop_def(StringAttr)
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$sym_name attr-dict-with-keyword $body"
+
+    def __init__(self, name: str, ops: list[IRDLOperation] | None = None):
+        super().__init__(
+            properties={"sym_name": StringAttr(name)}, regions=[Region(Block(ops or []))]
+        )
+
+
+@irdl_op_definition
+class LoopOp(IRDLOperation):
+    name = "npu.loop"
+    trip = prop_def(IntegerAttr)
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict-with-keyword $body"
+
+    def __init__(self, trip: int, ops: list[IRDLOperation] | None = None):
+        super().__init__(
+            properties={"trip": IntegerAttr(trip, i64)}, regions=[Region(Block(ops or []))]
+        )
+
+    def verify_(self) -> None:
+        if self.trip.value.data < 1:
+            raise VerifyException(f"npu.loop: trip count must be >= 1, got {self.trip.value.data}")
+
+
+class InstructionOp(IRDLOperation):
+    """Base of npu instructions; see the module docstring for the properties."""
+
+    OPCODE: ClassVar[Opcode]
+    REQUIRED: ClassVar[tuple[str, ...]]
+
+    fields = prop_def(DictionaryAttr)
+    waits = prop_def(ArrayAttr[StringAttr])
+    signal = opt_prop_def(IntegerAttr)
+    reads = prop_def(ArrayAttr[StringAttr])
+    writes = prop_def(ArrayAttr[StringAttr])
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict"
+
+    def __init__(
+        self,
+        fields: dict[str, FieldValue],
+        reads: list[str],
+        writes: list[str],
+        waits: list[str] | None = None,
+        signal: int | None = None,
+    ):
+        props: dict[str, Attribute] = {
+            "fields": DictionaryAttr({k: _field_attr(v) for k, v in fields.items()}),
+            "waits": ArrayAttr([StringAttr(w) for w in waits or []]),
+            "reads": ArrayAttr([StringAttr(r) for r in reads]),
+            "writes": ArrayAttr([StringAttr(w) for w in writes]),
+        }
+        if signal is not None:
+            props["signal"] = IntegerAttr(signal, i64)
+        super().__init__(properties=props)
+
+    def field_values(self) -> dict[str, FieldValue]:
+        out: dict[str, FieldValue] = {}
+        for k, v in self.fields.data.items():
+            if isinstance(v, IntegerAttr):
+                out[k] = v.value.data
+            elif isinstance(v, FloatAttr):
+                out[k] = v.value.data
+            elif isinstance(v, StringAttr):
+                out[k] = v.data
+        return out
+
+    def field_exprs(self) -> dict[str, int | float | Expr]:
+        return {
+            k: parse_expr(v) if isinstance(v, str) else v for k, v in self.field_values().items()
+        }
+
+    def wait_list(self) -> list[tuple[int, Expr]]:
+        out = []
+        for w in self.waits.data:
+            m = _WAIT.match(w.data)
+            assert m, w.data
+            out.append((int(m.group(1)), parse_expr(m.group(2))))
+        return out
+
+    def verify_(self) -> None:
+        names = set(RECORD.names)
+        values = self.field_values()
+        for k, v in values.items():
+            if k not in names or k in ("opcode", "engine", "wait_sem", "wait_val", "signal_sem"):
+                raise VerifyException(f"{self.name}: '{k}' is not a settable instruction field")
+            if isinstance(v, str):
+                try:
+                    parse_expr(v)
+                except ExprSyntaxError as e:
+                    raise VerifyException(f"{self.name}: field {k}: {e}") from None
+        missing = [k for k in self.REQUIRED if k not in values]
+        if missing:
+            raise VerifyException(f"{self.name}: missing fields {', '.join(missing)}")
+        for w in self.waits.data:
+            m = _WAIT.match(w.data)
+            if not m:
+                raise VerifyException(f"{self.name}: bad wait '{w.data}' (expected 's<N> >= <expr>')")
+            try:
+                parse_expr(m.group(2))
+            except ExprSyntaxError as e:
+                raise VerifyException(f"{self.name}: wait '{w.data}': {e}") from None
+
+
+def _field_attr(v: FieldValue) -> Attribute:
+    if isinstance(v, bool):
+        return IntegerAttr(int(v), i64)
+    if isinstance(v, int):
+        return IntegerAttr(v, i64)
+    if isinstance(v, float):
+        return FloatAttr(v, 32)
+    return StringAttr(str(v))
+
+
+_SIZES = ("rows", "cols")
+_A = ("a_mem", "a_part", "a_addr", "a_dtype")
+_B = ("b_mem", "b_part", "b_addr", "b_dtype")
+_O = ("o_mem", "o_part", "o_addr", "o_dtype")
+
+
+@irdl_op_definition
+class DmaLoadOp(InstructionOp):
+    name = "npu.dma_load"
+    OPCODE: ClassVar[Opcode] = Opcode.DMA_LOAD
+    REQUIRED: ClassVar[tuple[str, ...]] = ("queue", "a_addr", "a_dtype", "hbm_rs", "hbm_cs", *_O, *_SIZES)
+
+
+@irdl_op_definition
+class DmaStoreOp(InstructionOp):
+    name = "npu.dma_store"
+    OPCODE: ClassVar[Opcode] = Opcode.DMA_STORE
+    REQUIRED: ClassVar[tuple[str, ...]] = ("queue", *_A, "o_addr", "o_dtype", "hbm_rs", "hbm_cs", *_SIZES)
+
+
+@irdl_op_definition
+class MatmulOp(InstructionOp):
+    name = "npu.matmul"
+    OPCODE: ClassVar[Opcode] = Opcode.MATMUL
+    REQUIRED: ClassVar[tuple[str, ...]] = (*_A, *_B, *_O, "rows", "cols", "k", "flags")
+
+
+@irdl_op_definition
+class VecUnaryOp(InstructionOp):
+    name = "npu.vec_unary"
+    OPCODE: ClassVar[Opcode] = Opcode.VEC_UNARY
+    REQUIRED: ClassVar[tuple[str, ...]] = ("func", *_A, *_O, *_SIZES)
+
+
+@irdl_op_definition
+class VecBinaryOp(InstructionOp):
+    name = "npu.vec_binary"
+    OPCODE: ClassVar[Opcode] = Opcode.VEC_BINARY
+    REQUIRED: ClassVar[tuple[str, ...]] = ("func", "flags", *_A, *_O, *_SIZES)
+
+
+@irdl_op_definition
+class VecReduceOp(InstructionOp):
+    name = "npu.vec_reduce"
+    OPCODE: ClassVar[Opcode] = Opcode.VEC_REDUCE
+    REQUIRED: ClassVar[tuple[str, ...]] = ("func", *_A, *_O, *_SIZES)
+
+
+INSTRUCTION_OPS: tuple[type[InstructionOp], ...] = (
+    DmaLoadOp,
+    DmaStoreOp,
+    MatmulOp,
+    VecUnaryOp,
+    VecBinaryOp,
+    VecReduceOp,
+)
+OP_FOR_OPCODE = {cls.OPCODE: cls for cls in INSTRUCTION_OPS}
+
+Npu = Dialect("npu", [KernelOp, LoopOp, *INSTRUCTION_OPS], [])

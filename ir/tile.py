@@ -1,0 +1,467 @@
+"""The `tile` dialect: kernels as loops over on-chip tiles.
+
+The hub of the compiler: the graph lowering produces it, the npu lowering consumes it.
+
+- A kernel is a `func.func` carrying the unit attribute `tile.kernel`; its arguments
+  are HBM tensors (`memref` without memory space). Loops are `scf.for` over tile
+  indices, index arithmetic is `arith`.
+- On-chip buffers are `tile.alloc` results: 2-D memrefs in memory space
+  `#tile.space<"sram">` or `#tile.space<"acc">`; the first dimension maps to
+  partitions. Tile ops act on the leading ``rows x cols`` corner of a buffer (dynamic
+  sizes, so edge tiles need no masks).
+- The program entry `func.func @main` allocates HBM intermediates (`tile.hbm_alloc`),
+  aliases reshapes (`tile.view`) and launches kernels with `func.call`.
+
+Example (one tile of a copy kernel)::
+
+    %buf = tile.alloc {buffer = "x"} : memref<16x64xf32, #tile.space<"sram">>
+    tile.load %x[%i, %c0] into %buf sizes(%r, %c) {row_dim = 0 : i64, col_dim = 1 : i64}
+        : memref<37x53xf32>, memref<16x64xf32, #tile.space<"sram">>
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    BoolAttr,
+    DenseIntOrFPElementsAttr,
+    Float32Type,
+    FloatAttr,
+    IndexType,
+    IntegerAttr,
+    IntegerType,
+    MemRefType,
+    NoneAttr,
+    StringAttr,
+    UnitAttr,
+    i1,
+    i64,
+)
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    IRDLOperation,
+    ParsePropInAttrDict,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_prop_def,
+    prop_def,
+    result_def,
+    var_operand_def,
+)
+from xdsl.utils.exceptions import VerifyException
+
+SRAM = "sram"
+ACC = "acc"
+HBM = "hbm"
+
+UNARY_FNS = (
+    "copy",
+    "relu",
+    "gelu",
+    "gelu_tanh",
+    "exp",
+    "tanh",
+    "sigmoid",
+    "neg",
+    "abs",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "log",
+    "silu",
+    "square",
+    "erf",
+)
+BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "pow")
+REDUCE_FNS = ("sum", "max", "min")
+
+KERNEL_ATTR = "tile.kernel"
+
+
+@irdl_attr_definition
+class MemSpaceAttr(ParametrizedAttribute):
+    """An on-chip memory: `#tile.space<"sram">` or `#tile.space<"acc">`."""
+
+    name = "tile.space"
+    level: StringAttr
+
+    def verify(self) -> None:
+        if self.level.data not in (SRAM, ACC):
+            raise VerifyException(
+                f'unknown memory space "{self.level.data}" (expected "sram" or "acc")'
+            )
+
+
+def onchip_type(shape: Sequence[int], element_type: Attribute, space: str) -> MemRefType:
+    return MemRefType(element_type, list(shape), NoneAttr(), MemSpaceAttr(StringAttr(space)))
+
+
+def space_of(t: Attribute) -> str:
+    """`hbm`, `sram` or `acc` for a memref type."""
+    assert isinstance(t, MemRefType)
+    ms = t.memory_space
+    if isinstance(ms, MemSpaceAttr):
+        return ms.level.data
+    return HBM
+
+
+def _expect_space(op: IRDLOperation, what: str, value: SSAValue, spaces: tuple[str, ...]) -> None:
+    if not isinstance(value.type, MemRefType):
+        raise VerifyException(f"{op.name}: {what} must be a memref, got {value.type}")
+    space = space_of(value.type)
+    if space not in spaces:
+        raise VerifyException(
+            f"{op.name}: {what} must live in {' or '.join(spaces)}, got {space} ({value.type})"
+        )
+    if space != HBM and value.type.get_num_dims() != 2:
+        raise VerifyException(f"{op.name}: on-chip {what} must be 2-D, got {value.type}")
+
+
+def _fn_prop(op: IRDLOperation, allowed: tuple[str, ...]) -> None:
+    fn = op.properties["fn"]
+    assert isinstance(fn, StringAttr)
+    if fn.data not in allowed:
+        raise VerifyException(f'{op.name}: unknown fn "{fn.data}" (allowed: {", ".join(allowed)})')
+
+
+@irdl_op_definition
+class AllocOp(IRDLOperation):
+    """An on-chip buffer; `offset` (bytes within each partition) is set by plan-sram."""
+
+    name = "tile.alloc"
+    buffer = prop_def(StringAttr)
+    offset = opt_prop_def(IntegerAttr)
+    result = result_def(MemRefType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict `:` type($result)"
+
+    def __init__(self, type: MemRefType, buffer: str):
+        super().__init__(result_types=[type], properties={"buffer": StringAttr(buffer)})
+
+    def verify_(self) -> None:
+        _expect_space(self, "result", self.result, (SRAM, ACC))
+
+
+@irdl_op_definition
+class HbmAllocOp(IRDLOperation):
+    """An HBM intermediate tensor of the program; `offset` is set by plan-hbm."""
+
+    name = "tile.hbm_alloc"
+    offset = opt_prop_def(IntegerAttr)
+    input = opt_prop_def(IntegerAttr)  # the program's input number
+    weight = opt_prop_def(StringAttr)  # a weight of the program, by name
+    value = opt_prop_def(DenseIntOrFPElementsAttr)  # a constant's data
+    result = result_def(MemRefType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict `:` type($result)"
+
+    def __init__(
+        self,
+        type: MemRefType,
+        *,
+        input: int | None = None,
+        weight: str | None = None,
+        value: DenseIntOrFPElementsAttr | None = None,
+    ):
+        props: dict[str, Attribute] = {}
+        if input is not None:
+            props["input"] = IntegerAttr(input, i64)
+        if weight is not None:
+            props["weight"] = StringAttr(weight)
+        if value is not None:
+            props["value"] = value
+        super().__init__(result_types=[type], properties=props)
+
+    def verify_(self) -> None:
+        _expect_space(self, "result", self.result, (HBM,))
+
+
+@irdl_op_definition
+class ViewOp(IRDLOperation):
+    """A reshape of a contiguous HBM tensor: the same bytes under another shape."""
+
+    name = "tile.view"
+    source = operand_def(MemRefType)
+    result = result_def(MemRefType)
+    assembly_format = "$source attr-dict `:` type($source) `to` type($result)"
+
+    def __init__(self, source: SSAValue, type: MemRefType):
+        super().__init__(operands=[source], result_types=[type])
+
+    def verify_(self) -> None:
+        src, dst = self.source.type, self.result.type
+        assert isinstance(src, MemRefType) and isinstance(dst, MemRefType)
+        if src.element_type != dst.element_type or _numel(src) != _numel(dst):
+            raise VerifyException(f"tile.view: {src} and {dst} differ in element type or count")
+
+
+def _numel(t: MemRefType) -> int:
+    n = 1
+    for d in t.get_shape():
+        n *= d
+    return n
+
+
+class _DimsMixin:
+    """row_dim / col_dim: the HBM dimensions a tile's rows and columns walk (-1: broadcast)."""
+
+    def _verify_dims(self, op: IRDLOperation, hbm: SSAValue, indices: Sequence[SSAValue]) -> None:
+        assert isinstance(hbm.type, MemRefType)
+        rank = hbm.type.get_num_dims()
+        if len(indices) != rank:
+            raise VerifyException(f"{op.name}: {len(indices)} indices for a rank-{rank} tensor")
+        for key in ("row_dim", "col_dim"):
+            v = op.properties[key]
+            assert isinstance(v, IntegerAttr)
+            if not -1 <= v.value.data < max(rank, 1) or (rank == 0 and v.value.data != -1):
+                raise VerifyException(f"{op.name}: {key} = {v.value.data} out of range for rank {rank}")
+
+
+@irdl_op_definition
+class LoadOp(IRDLOperation, _DimsMixin):
+    """DMA an HBM tile into an on-chip buffer.
+
+    Element (r, c) of the tile comes from `src[indices + r * e(row_dim) + c * e(col_dim)]`.
+    """
+
+    name = "tile.load"
+    src = operand_def(MemRefType)
+    indices = var_operand_def(IndexType())
+    dst = operand_def(MemRefType)
+    rows = operand_def(IndexType())
+    cols = operand_def(IndexType())
+    row_dim = prop_def(IntegerAttr)
+    col_dim = prop_def(IntegerAttr)
+    irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
+    assembly_format = (
+        "$src `[` $indices `]` `into` $dst `sizes` `(` $rows `,` $cols `)` attr-dict "
+        "`:` type($src) `,` type($dst)"
+    )
+
+    def __init__(self, src, indices, dst, rows, cols, row_dim: int, col_dim: int):
+        super().__init__(
+            operands=[src, list(indices), dst, rows, cols],
+            properties={"row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64)},
+        )
+
+    def verify_(self) -> None:
+        _expect_space(self, "source", self.src, (HBM,))
+        _expect_space(self, "destination", self.dst, (SRAM, ACC))
+        self._verify_dims(self, self.src, self.indices)
+
+
+@irdl_op_definition
+class StoreOp(IRDLOperation, _DimsMixin):
+    """DMA the leading rows x cols of an on-chip buffer to an HBM tile."""
+
+    name = "tile.store"
+    src = operand_def(MemRefType)
+    dst = operand_def(MemRefType)
+    indices = var_operand_def(IndexType())
+    rows = operand_def(IndexType())
+    cols = operand_def(IndexType())
+    row_dim = prop_def(IntegerAttr)
+    col_dim = prop_def(IntegerAttr)
+    irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
+    assembly_format = (
+        "$src `into` $dst `[` $indices `]` `sizes` `(` $rows `,` $cols `)` attr-dict "
+        "`:` type($src) `,` type($dst)"
+    )
+
+    def __init__(self, src, dst, indices, rows, cols, row_dim: int, col_dim: int):
+        super().__init__(
+            operands=[src, dst, list(indices), rows, cols],
+            properties={"row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64)},
+        )
+
+    def verify_(self) -> None:
+        _expect_space(self, "source", self.src, (SRAM, ACC))
+        _expect_space(self, "destination", self.dst, (HBM,))
+        self._verify_dims(self, self.dst, self.indices)
+        for key in ("row_dim", "col_dim"):
+            v = self.properties[key]
+            assert isinstance(v, IntegerAttr)
+            if v.value.data == -1 and self.indices:
+                raise VerifyException("tile.store: a store cannot broadcast (row_dim/col_dim -1)")
+
+
+@irdl_op_definition
+class MatmulOp(IRDLOperation):
+    """acc[m x n] (+)= lhsT[k x m]^T @ rhs[k x n] on the matrix engine.
+
+    `accumulate` (i1) adds to the accumulator instead of overwriting it.
+    """
+
+    name = "tile.matmul"
+    lhsT = operand_def(MemRefType)
+    rhs = operand_def(MemRefType)
+    acc = operand_def(MemRefType)
+    m = operand_def(IndexType())
+    k = operand_def(IndexType())
+    n = operand_def(IndexType())
+    accumulate = operand_def(i1)
+    assembly_format = (
+        "$lhsT `,` $rhs `into` $acc `sizes` `(` $m `,` $k `,` $n `)` `accumulate` `(` "
+        "$accumulate `)` attr-dict `:` type($lhsT) `,` type($rhs) `,` type($acc)"
+    )
+
+    def __init__(self, lhsT, rhs, acc, m, k, n, accumulate):
+        super().__init__(operands=[lhsT, rhs, acc, m, k, n, accumulate])
+
+    def verify_(self) -> None:
+        _expect_space(self, "lhsT", self.lhsT, (SRAM,))
+        _expect_space(self, "rhs", self.rhs, (SRAM,))
+        _expect_space(self, "acc", self.acc, (ACC,))
+        assert isinstance(self.acc.type, MemRefType)
+        if not isinstance(self.acc.type.element_type, Float32Type):
+            raise VerifyException(f"tile.matmul: accumulator must be f32, got {self.acc.type}")
+        if self.accumulate.type != i1:
+            raise VerifyException("tile.matmul: accumulate must be i1")
+
+
+class _VectorOp(IRDLOperation):
+    def _verify_vector(self, inputs: Sequence[SSAValue], output: SSAValue) -> None:
+        for v in inputs:
+            _expect_space(self, "input", v, (SRAM, ACC))
+        _expect_space(self, "output", output, (SRAM, ACC))
+
+
+@irdl_op_definition
+class UnaryOp(_VectorOp):
+    """out = fn(input) elementwise on the vector engine (fp32 math, rounded to out)."""
+
+    name = "tile.unary"
+    input = operand_def(MemRefType)
+    output = operand_def(MemRefType)
+    rows = operand_def(IndexType())
+    cols = operand_def(IndexType())
+    fn = prop_def(StringAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$fn $input `into` $output `sizes` `(` $rows `,` $cols `)` attr-dict "
+        "`:` type($input) `,` type($output)"
+    )
+
+    def __init__(self, fn: str, input, output, rows, cols):
+        super().__init__(operands=[input, output, rows, cols], properties={"fn": StringAttr(fn)})
+
+    def verify_(self) -> None:
+        self._verify_vector([self.input], self.output)
+        _fn_prop(self, UNARY_FNS)
+
+
+@irdl_op_definition
+class BinaryOp(_VectorOp):
+    """out = lhs fn rhs; rhs is a tile or (rhs_mode "column") a rows x 1 column
+    broadcast along the free dimension."""
+
+    name = "tile.binary"
+    lhs = operand_def(MemRefType)
+    rhs = operand_def(MemRefType)
+    output = operand_def(MemRefType)
+    rows = operand_def(IndexType())
+    cols = operand_def(IndexType())
+    fn = prop_def(StringAttr)
+    rhs_mode = prop_def(StringAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$fn $lhs `,` $rhs `into` $output `sizes` `(` $rows `,` $cols `)` attr-dict "
+        "`:` type($lhs) `,` type($rhs) `,` type($output)"
+    )
+
+    MODES: ClassVar[tuple[str, ...]] = ("tile", "column")
+
+    def __init__(self, fn: str, lhs, rhs, output, rows, cols, rhs_mode: str = "tile"):
+        super().__init__(
+            operands=[lhs, rhs, output, rows, cols],
+            properties={"fn": StringAttr(fn), "rhs_mode": StringAttr(rhs_mode)},
+        )
+
+    def verify_(self) -> None:
+        self._verify_vector([self.lhs, self.rhs], self.output)
+        _fn_prop(self, BINARY_FNS)
+        if self.rhs_mode.data not in self.MODES:
+            raise VerifyException(f'tile.binary: unknown rhs_mode "{self.rhs_mode.data}"')
+
+
+@irdl_op_definition
+class ScalarOp(_VectorOp):
+    """out = input fn imm (or imm fn input with `swap`)."""
+
+    name = "tile.scalar"
+    input = operand_def(MemRefType)
+    output = operand_def(MemRefType)
+    rows = operand_def(IndexType())
+    cols = operand_def(IndexType())
+    fn = prop_def(StringAttr)
+    imm = prop_def(FloatAttr)
+    swap = opt_prop_def(UnitAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$fn $input `,` $imm `into` $output `sizes` `(` $rows `,` $cols `)` attr-dict "
+        "`:` type($input) `,` type($output)"
+    )
+
+    def __init__(self, fn: str, input, imm: float, output, rows, cols, swap: bool = False):
+        props: dict[str, Attribute] = {"fn": StringAttr(fn), "imm": FloatAttr(imm, Float32Type())}
+        if swap:
+            props["swap"] = UnitAttr()
+        super().__init__(operands=[input, output, rows, cols], properties=props)
+
+    def verify_(self) -> None:
+        self._verify_vector([self.input], self.output)
+        _fn_prop(self, BINARY_FNS)
+
+
+@irdl_op_definition
+class ReduceOp(_VectorOp):
+    """out[rows x 1] = reduce_fn(input[rows x cols]) along the free dimension."""
+
+    name = "tile.reduce"
+    input = operand_def(MemRefType)
+    output = operand_def(MemRefType)
+    rows = operand_def(IndexType())
+    cols = operand_def(IndexType())
+    fn = prop_def(StringAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$fn $input `into` $output `sizes` `(` $rows `,` $cols `)` attr-dict "
+        "`:` type($input) `,` type($output)"
+    )
+
+    def __init__(self, fn: str, input, output, rows, cols):
+        super().__init__(operands=[input, output, rows, cols], properties={"fn": StringAttr(fn)})
+
+    def verify_(self) -> None:
+        self._verify_vector([self.input], self.output)
+        _fn_prop(self, REDUCE_FNS)
+
+
+Tile = Dialect(
+    "tile",
+    [AllocOp, HbmAllocOp, ViewOp, LoadOp, StoreOp, MatmulOp, UnaryOp, BinaryOp, ScalarOp, ReduceOp],
+    [MemSpaceAttr],
+)
+
+__all__ = [
+    "Tile",
+    "MemSpaceAttr",
+    "AllocOp",
+    "HbmAllocOp",
+    "ViewOp",
+    "LoadOp",
+    "StoreOp",
+    "MatmulOp",
+    "UnaryOp",
+    "BinaryOp",
+    "ScalarOp",
+    "ReduceOp",
+    "onchip_type",
+    "space_of",
+    "KERNEL_ATTR",
+    "BoolAttr",
+]

@@ -1,0 +1,466 @@
+"""lower-graph-to-tile: one tile kernel per graph op, tiled to the target's memories.
+
+Before (graph)::
+
+    func.func @forward(%x: tensor<37x53xf32>) -> tensor<37x53xf32> {
+      %y = graph.relu %x : tensor<37x53xf32>
+      func.return %y : tensor<37x53xf32>
+    }
+
+After (tile; `tiny`: 16 partitions)::
+
+    func.func @k0_relu(%x: memref<37x53xf32>, %out: memref<37x53xf32>) attributes {tile.kernel} {
+      scf.for %i = %c0 to %c3 step %c1 {          // row tiles of 16, the last one 5 rows
+        %r = arith.minsi %c16, %rem : index
+        scf.for %j = ... {                          // column tiles
+          tile.load %x[%r0, %c0] into %in sizes(%r, %c) ...
+          tile.unary "relu" %in into %out_buf sizes(%r, %c) ...
+          tile.store %out_buf into %out[%r0, %c0] sizes(%r, %c) ...
+    }}}
+    func.func @main() -> memref<37x53xf32> {
+      %x = tile.hbm_alloc {input = 0 : i64} : memref<37x53xf32>
+      %y = tile.hbm_alloc : memref<37x53xf32>
+      func.call @k0_relu(%x, %y) : (...) -> ()
+      func.return %y : memref<37x53xf32>
+    }
+
+Tile shapes come from the hardware config: rows to SRAM partitions, matmul tiles to
+the systolic array (K <= rows, N <= columns) and the accumulator, columns to what fits
+in a partition. Any size works: edge tiles get `min(tile, extent - start)` sizes.
+Reshapes become `tile.view` (free); layout changes (permute, expand) are strided DMA
+copies. The program's weights and inputs become `tile.hbm_alloc` with `weight` / `input`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    DenseIntOrFPElementsAttr,
+    Float32Type,
+    MemRefType,
+    ModuleOp,
+    TensorType,
+    f32,
+)
+from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from tilecc.errors import CompileError, TensorTooLargeError
+from tilecc.ir import graph as g
+from tilecc.ir import tile
+from tilecc.passes.kernel_builder import KernelBuilder
+from tilecc.simulator.config import HardwareConfig, load_config
+
+UNARY = {
+    g.ReluOp: "relu",
+    g.ExpOp: "exp",
+    g.TanhOp: "tanh",
+    g.SigmoidOp: "sigmoid",
+    g.NegOp: "neg",
+    g.RsqrtOp: "rsqrt",
+    g.SqrtOp: "sqrt",
+    g.SiluOp: "silu",
+}
+BINARY = {g.AddOp: "add", g.SubOp: "sub", g.MulOp: "mul", g.DivOp: "div", g.MaximumOp: "max"}
+
+IndexMap = list[int | None]  # output dim -> operand dim (None: broadcast)
+
+
+def _shape(t: Attribute) -> tuple[int, ...]:
+    assert isinstance(t, (TensorType, MemRefType))
+    return tuple(t.get_shape())
+
+
+def _elem(t: Attribute) -> Attribute:
+    assert isinstance(t, (TensorType, MemRefType))
+    return t.element_type
+
+
+def _itemsize(elem: Attribute) -> int:
+    return 4 if isinstance(elem, Float32Type) else 2
+
+
+@dataclass
+class _Operand:
+    value: SSAValue  # HBM memref in @main
+    imap: IndexMap
+
+
+class GraphToTile:
+    def __init__(self, cfg: HardwareConfig):
+        self.cfg = cfg
+        self.P = cfg.sram.partitions
+        self.kernels: list[func.FuncOp] = []
+        self.main_ops: list[Operation] = []
+        self.values: dict[SSAValue, SSAValue] = {}
+        self.scalars: dict[SSAValue, float] = {}
+
+    # ---- @main helpers -------------------------------------------------------------
+    def emit(self, op: Operation) -> Operation:
+        self.main_ops.append(op)
+        return op
+
+    def hbm(self, shape: Sequence[int], elem: Attribute, **kw) -> SSAValue:
+        return self.emit(tile.HbmAllocOp(MemRefType(elem, list(shape)), **kw)).results[0]
+
+    def view(self, v: SSAValue, shape: Sequence[int]) -> SSAValue:
+        shape = list(shape)
+        if list(_shape(v.type)) == shape:
+            return v
+        return self.emit(tile.ViewOp(v, MemRefType(_elem(v.type), shape))).results[0]
+
+    def launch(self, kb: KernelBuilder, args: Sequence[SSAValue]) -> None:
+        self.kernels.append(kb.finish())
+        self.emit(func.CallOp(kb.func.sym_name.data, list(args), []))
+
+    def kernel_name(self, what: str) -> str:
+        return f"k{len(self.kernels)}_{what}"
+
+    # ---- the walk ------------------------------------------------------------------
+    def run(self, module: ModuleOp) -> None:
+        forward = next(
+            (op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == "forward"),
+            None,
+        )
+        if forward is None:
+            raise CompileError("lower-graph-to-tile: the module has no func.func @forward")
+        for i, arg in enumerate(forward.body.block.args):
+            self.values[arg] = self.hbm(_shape(arg.type), _elem(arg.type), input=i)
+        outputs: list[SSAValue] = []
+        for op in forward.body.block.ops:
+            if isinstance(op, func.ReturnOp):
+                outputs = [self.materialise(v) for v in op.arguments]
+                continue
+            self.lower(op)
+        out_types = [v.type for v in outputs]
+        main = func.FuncOp("main", ([], out_types))
+        for op in self.main_ops:
+            main.body.block.add_op(op)
+        main.body.block.add_op(func.ReturnOp(*outputs))
+        forward.detach()
+        forward.erase()
+        for k in self.kernels:
+            module.body.block.add_op(k)
+        module.body.block.add_op(main)
+
+    def materialise(self, v: SSAValue) -> SSAValue:
+        if v in self.values:
+            return self.values[v]
+        assert v in self.scalars
+        shape, elem = _shape(v.type), _elem(v.type)
+        data = np.full(shape, self.scalars[v], dtype=np.float32)
+        out = self.hbm(shape, elem, value=_dense(data, elem, shape))
+        self.values[v] = out
+        return out
+
+    def lower(self, op: Operation) -> None:
+        loc = g.source_loc(op)
+        res = op.results[0] if op.results else None
+        if isinstance(op, g.WeightOp):
+            self.values[res] = self.hbm(_shape(res.type), _elem(res.type), weight=op.properties["name"].data)
+        elif isinstance(op, g.ConstantOp):
+            data = _dense_values(op)
+            if data.size == 1:
+                self.scalars[res] = float(data.reshape(-1)[0])
+            else:
+                self.values[res] = self.hbm(
+                    _shape(res.type), _elem(res.type), value=op.properties["value"]
+                )
+        elif isinstance(op, g.ReshapeOp):
+            self.values[res] = self.view(self.materialise(op.operands[0]), _shape(res.type))
+        elif type(op) in UNARY:
+            self.lower_unary(op, UNARY[type(op)], loc)
+        elif isinstance(op, g.GeluOp):
+            approx = op.properties["approximate"].data
+            self.lower_unary(op, "gelu" if approx == "none" else "gelu_tanh", loc)
+        elif isinstance(op, g.CastOp):
+            self.lower_unary(op, "copy", loc)
+        elif type(op) in BINARY:
+            self.lower_binary(op, BINARY[type(op)], loc)
+        elif isinstance(op, g.ExpandOp):
+            self.lower_unary(op, "copy", loc, what="expand")
+        elif isinstance(op, g.PermuteOp):
+            self.lower_permute(op, loc)
+        elif isinstance(op, g.MatmulOp):
+            self.lower_matmul(op, loc)
+        elif isinstance(op, g.SoftmaxOp):
+            self.lower_softmax(op, loc)
+        elif isinstance(op, g.LayerNormOp):
+            self.lower_layer_norm(op, loc)
+        else:
+            raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {loc}")
+
+    # ---- elementwise family --------------------------------------------------------
+    def _aligned(self, v: SSAValue, out_shape: Sequence[int]) -> _Operand:
+        """The operand viewed at the output's rank, with its broadcast index map."""
+        src = self.materialise(v)
+        shape = _shape(src.type)
+        rank = len(out_shape)
+        full = (1,) * (rank - len(shape)) + shape
+        src = self.view(src, full)
+        imap: IndexMap = [d if full[d] == out_shape[d] else None for d in range(rank)]
+        return _Operand(src, imap)
+
+    def _out_shape2(self, shape: Sequence[int]) -> tuple[int, ...]:
+        return (1,) * (2 - len(shape)) + tuple(shape) if len(shape) < 2 else tuple(shape)
+
+    def _col_tile(self, cols: int, n_bufs: int) -> int:
+        budget = self.cfg.sram.bytes_per_partition // (2 * 4 * max(n_bufs, 1))
+        return max(1, min(cols, budget, 2048))
+
+    def map_kernel(
+        self,
+        what: str,
+        loc: str,
+        out_shape: Sequence[int],
+        out_elem: Attribute,
+        operands: list[_Operand],
+        compute: Callable[[KernelBuilder, list[SSAValue], SSAValue, SSAValue, SSAValue], None],
+    ) -> SSAValue:
+        """A kernel visiting the output in [rows x cols] tiles; rows = dim -2, cols = dim -1."""
+        rank = len(out_shape)
+        assert rank >= 2
+        out = self.hbm(out_shape, out_elem)
+        kb = KernelBuilder(self.kernel_name(what), [o.value.type for o in operands] + [out.type], loc)
+        R, C = out_shape[-2], out_shape[-1]
+        TR, TC = min(self.P, R), self._col_tile(C, len(operands) + 1)
+        ivs: list[SSAValue] = []
+        self._outer_loops(kb, out_shape[:-2], ivs, lambda: self._map_body(
+            kb, ivs, operands, out_elem, R, C, TR, TC, compute))
+        self.launch(kb, [o.value for o in operands] + [out])
+        return out
+
+    def _outer_loops(self, kb: KernelBuilder, extents: Sequence[int], ivs: list[SSAValue], body) -> None:
+        if not extents:
+            body()
+            return
+        with kb.loop(extents[0]) as i:
+            ivs.append(i)
+            self._outer_loops(kb, extents[1:], ivs, body)
+
+    def _map_body(self, kb, ivs, operands, out_elem, R, C, TR, TC, compute) -> None:
+        rank = len(ivs) + 2
+        with kb.tiles(R, TR) as (r0, r), kb.tiles(C, TC) as (c0, c):
+            idx = [*ivs, r0, c0]
+            bufs = []
+            for j, o in enumerate(operands):
+                arg = kb.args[j]
+                in_rank = len(_shape(arg.type))
+                ind = [kb.const(0)] * in_rank
+                for d, od in enumerate(o.imap):
+                    if od is not None:
+                        ind[od] = idx[d]
+                buf = kb.alloc([TR, TC], _elem(arg.type), tile.SRAM, f"in{j}")
+                row_dim = o.imap[-2] if o.imap[-2] is not None else -1
+                col_dim = o.imap[-1] if o.imap[-1] is not None else -1
+                kb.add(tile.LoadOp(arg, ind, buf, r, c, row_dim, col_dim))
+                bufs.append(buf)
+            ob = kb.alloc([TR, TC], out_elem, tile.SRAM, "out")
+            compute(kb, bufs, ob, r, c)
+            kb.add(tile.StoreOp(ob, kb.args[-1], idx, r, c, rank - 2, rank - 1))
+
+    def lower_unary(self, op: Operation, fn: str, loc: str, what: str | None = None) -> None:
+        res = op.results[0]
+        shape = self._out_shape2(_shape(res.type))
+        operand = self._aligned(op.operands[0], shape)
+
+        def compute(kb, bufs, ob, r, c):
+            kb.add(tile.UnaryOp(fn, bufs[0], ob, r, c))
+
+        out = self.map_kernel(what or fn, loc, shape, _elem(res.type), [operand], compute)
+        self.values[res] = self.view(out, _shape(res.type))
+
+    def lower_binary(self, op: Operation, fn: str, loc: str) -> None:
+        res = op.results[0]
+        shape = self._out_shape2(_shape(res.type))
+        lhs, rhs = op.operands
+        scalar = next((v for v in (rhs, lhs) if v in self.scalars), None)
+        if scalar is not None and not (lhs in self.scalars and rhs in self.scalars):
+            other = lhs if scalar is rhs else rhs
+            imm, swap = self.scalars[scalar], scalar is lhs
+            operand = self._aligned(other, shape)
+
+            def compute_scalar(kb, bufs, ob, r, c):
+                kb.add(tile.ScalarOp(fn, bufs[0], imm, ob, r, c, swap=swap))
+
+            out = self.map_kernel(fn, loc, shape, _elem(res.type), [operand], compute_scalar)
+        else:
+            operands = [self._aligned(v, shape) for v in (lhs, rhs)]
+
+            def compute(kb, bufs, ob, r, c):
+                kb.add(tile.BinaryOp(fn, bufs[0], bufs[1], ob, r, c))
+
+            out = self.map_kernel(fn, loc, shape, _elem(res.type), operands, compute)
+        self.values[res] = self.view(out, _shape(res.type))
+
+    def lower_permute(self, op: Operation, loc: str) -> None:
+        res = op.results[0]
+        perm = list(op.properties["perm"].get_values())
+        src = self.materialise(op.operands[0])
+        out_shape = _shape(res.type)
+        if len(out_shape) < 2:
+            self.values[res] = self.view(src, out_shape)
+            return
+        operand = _Operand(src, [int(p) for p in perm])
+
+        def compute(kb, bufs, ob, r, c):
+            kb.add(tile.UnaryOp("copy", bufs[0], ob, r, c))
+
+        self.values[res] = self.map_kernel("permute", loc, out_shape, _elem(res.type), [operand], compute)
+
+    # ---- matmul --------------------------------------------------------------------
+    def lower_matmul(self, op: Operation, loc: str) -> None:
+        res = op.results[0]
+        out_shape = _shape(res.type)
+        a, b = op.operands
+        a_shape, b_shape = _shape(a.type), _shape(b.type)
+        if len(a_shape) < 2 or len(b_shape) < 2:
+            raise CompileError(f"graph.matmul at {loc}: rank-1 operands are not supported yet")
+        rank = len(out_shape)
+        M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
+        A = self._aligned_batch(a, out_shape[:-2], (M, K))
+        B = self._aligned_batch(b, out_shape[:-2], (K, N))
+        out = self.hbm(out_shape, _elem(res.type))
+        cfg = self.cfg
+        TM = min(cfg.accumulator.partitions, self.P, M)
+        TK = min(cfg.matrix.rows, K)
+        TN = min(cfg.matrix.cols, cfg.accumulator.bytes_per_partition // 4, N)
+        kb = KernelBuilder(self.kernel_name("matmul"), [A.value.type, B.value.type, out.type], loc)
+        ivs: list[SSAValue] = []
+
+        def body() -> None:
+            zero = kb.const(0)
+
+            def batch_idx(o: _Operand) -> list[SSAValue]:
+                return [ivs[d] if o.imap[d] is not None else zero for d in range(rank - 2)]
+
+            with kb.tiles(M, TM) as (m0, m), kb.tiles(N, TN) as (n0, n):
+                acc = kb.alloc([TM, TN], f32, tile.ACC, "acc")
+                with kb.tiles(K, TK) as (k0, k):
+                    lhsT = kb.alloc([TK, TM], _elem(a.type), tile.SRAM, "lhsT")
+                    kb.add(tile.LoadOp(kb.args[0], [*batch_idx(A), m0, k0], lhsT, k, m, rank - 1, rank - 2))
+                    rhs = kb.alloc([TK, TN], _elem(b.type), tile.SRAM, "rhs")
+                    kb.add(tile.LoadOp(kb.args[1], [*batch_idx(B), k0, n0], rhs, k, n, rank - 2, rank - 1))
+                    kb.add(tile.MatmulOp(lhsT, rhs, acc, m, k, n, kb.ne_zero(k0)))
+                ob = kb.alloc([TM, TN], _elem(res.type), tile.SRAM, "out")
+                kb.add(tile.UnaryOp("copy", acc, ob, m, n))
+                kb.add(tile.StoreOp(ob, kb.args[2], [*ivs, m0, n0], m, n, rank - 2, rank - 1))
+
+        self._outer_loops(kb, out_shape[:-2], ivs, body)
+        self.launch(kb, [A.value, B.value, out])
+        self.values[res] = out
+
+    def _aligned_batch(self, v: SSAValue, batch: Sequence[int], mat: tuple[int, int]) -> _Operand:
+        src = self.materialise(v)
+        shape = _shape(src.type)
+        full = (1,) * (len(batch) + 2 - len(shape)) + shape
+        src = self.view(src, full)
+        imap: IndexMap = [d if full[d] == batch[d] else None for d in range(len(batch))]
+        return _Operand(src, imap + [len(batch), len(batch) + 1])
+
+    # ---- row-wise: softmax, layer norm --------------------------------------------
+    def _rows_view(self, v: SSAValue, loc: str, what: str) -> tuple[SSAValue, int, int]:
+        src = self.materialise(v)
+        shape = _shape(src.type)
+        C = shape[-1] if shape else 1
+        R = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        if 4 * C * 6 > self.cfg.sram.bytes_per_partition:
+            raise TensorTooLargeError(
+                f"{what} at {loc}: a row of {C} elements does not fit one SRAM partition "
+                f"({self.cfg.sram.bytes_per_partition} bytes) with its working buffers"
+            )
+        return self.view(src, (R, C)), R, C
+
+    def lower_softmax(self, op: Operation, loc: str) -> None:
+        res = op.results[0]
+        shape = _shape(res.type)
+        dim = op.properties["dim"].value.data
+        if shape and dim != len(shape) - 1:
+            raise CompileError(f"graph.softmax at {loc}: only the last dimension is supported, got dim {dim}")
+        x, R, C = self._rows_view(op.operands[0], loc, "graph.softmax")
+        out = self.hbm((R, C), _elem(res.type))
+        TR = min(self.P, R)
+        kb = KernelBuilder(self.kernel_name("softmax"), [x.type, out.type], loc)
+        with kb.tiles(R, TR) as (r0, r):
+            zero, cc, one = kb.const(0), kb.const(C), kb.const(1)
+            xb = kb.alloc([TR, C], _elem(x.type), tile.SRAM, "x")
+            kb.add(tile.LoadOp(kb.args[0], [r0, zero], xb, r, cc, 0, 1))
+            mx = kb.alloc([TR, 1], f32, tile.SRAM, "max")
+            kb.add(tile.ReduceOp("max", xb, mx, r, cc))
+            t = kb.alloc([TR, C], f32, tile.SRAM, "e")
+            kb.add(tile.BinaryOp("sub", xb, mx, t, r, cc, "column"))
+            kb.add(tile.UnaryOp("exp", t, t, r, cc))
+            sm = kb.alloc([TR, 1], f32, tile.SRAM, "sum")
+            kb.add(tile.ReduceOp("sum", t, sm, r, cc))
+            _ = one
+            ob = kb.alloc([TR, C], _elem(res.type), tile.SRAM, "out")
+            kb.add(tile.BinaryOp("div", t, sm, ob, r, cc, "column"))
+            kb.add(tile.StoreOp(ob, kb.args[1], [r0, zero], r, cc, 0, 1))
+        self.launch(kb, [x, out])
+        self.values[res] = self.view(out, shape)
+
+    def lower_layer_norm(self, op: Operation, loc: str) -> None:
+        res = op.results[0]
+        shape = _shape(res.type)
+        nd = op.properties["normalized_ndim"].value.data
+        eps = op.properties["eps"].value.data
+        x, R, C = self._rows_view(op.operands[0], loc, "graph.layer_norm")
+        if int(np.prod(shape[len(shape) - nd:])) != C:
+            raise CompileError(f"graph.layer_norm at {loc}: only trailing normalisation is supported")
+        w = self.view(self.materialise(op.operands[1]), (1, C))
+        b = self.view(self.materialise(op.operands[2]), (1, C))
+        out = self.hbm((R, C), _elem(res.type))
+        TR = min(self.P, R)
+        kb = KernelBuilder(self.kernel_name("layer_norm"), [x.type, w.type, b.type, out.type], loc)
+        zero, cc, tr = kb.const(0), kb.const(C), kb.const(TR)
+        wb = kb.alloc([TR, C], _elem(w.type), tile.SRAM, "weight")
+        kb.add(tile.LoadOp(kb.args[1], [zero, zero], wb, tr, cc, -1, 1))
+        bb = kb.alloc([TR, C], _elem(b.type), tile.SRAM, "bias")
+        kb.add(tile.LoadOp(kb.args[2], [zero, zero], bb, tr, cc, -1, 1))
+        with kb.tiles(R, TR) as (r0, r):
+            xb = kb.alloc([TR, C], _elem(x.type), tile.SRAM, "x")
+            kb.add(tile.LoadOp(kb.args[0], [r0, zero], xb, r, cc, 0, 1))
+            s = kb.alloc([TR, 1], f32, tile.SRAM, "mean")
+            kb.add(tile.ReduceOp("sum", xb, s, r, cc))
+            kb.add(tile.ScalarOp("mul", s, 1.0 / C, s, r, kb.const(1)))
+            xc = kb.alloc([TR, C], f32, tile.SRAM, "xc")
+            kb.add(tile.BinaryOp("sub", xb, s, xc, r, cc, "column"))
+            sq = kb.alloc([TR, C], f32, tile.SRAM, "sq")
+            kb.add(tile.BinaryOp("mul", xc, xc, sq, r, cc))
+            v = kb.alloc([TR, 1], f32, tile.SRAM, "rstd")
+            one = kb.const(1)
+            kb.add(tile.ReduceOp("sum", sq, v, r, cc))
+            kb.add(tile.ScalarOp("mul", v, 1.0 / C, v, r, one))
+            kb.add(tile.ScalarOp("add", v, float(eps), v, r, one))
+            kb.add(tile.UnaryOp("rsqrt", v, v, r, one))
+            kb.add(tile.BinaryOp("mul", xc, v, xc, r, cc, "column"))
+            kb.add(tile.BinaryOp("mul", xc, wb, xc, r, cc))
+            ob = kb.alloc([TR, C], _elem(res.type), tile.SRAM, "out")
+            kb.add(tile.BinaryOp("add", xc, bb, ob, r, cc))
+            kb.add(tile.StoreOp(ob, kb.args[3], [r0, zero], r, cc, 0, 1))
+        self.launch(kb, [x, w, b, out])
+        self.values[res] = self.view(out, shape)
+
+
+def _dense_values(op: Operation) -> np.ndarray:
+    attr = op.properties["value"]
+    assert isinstance(attr, DenseIntOrFPElementsAttr)
+    return np.asarray(attr.get_values(), dtype=np.float32)
+
+
+def _dense(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> DenseIntOrFPElementsAttr:
+    return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), data.reshape(-1).tolist())
+
+
+@dataclass(frozen=True)
+class LowerGraphToTilePass(ModulePass):
+    name = "lower-graph-to-tile"
+    target: str = "tiny"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        GraphToTile(load_config(self.target)).run(op)

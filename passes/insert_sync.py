@@ -1,0 +1,176 @@
+"""npu-insert-sync: semaphores from the data dependences between engine queues.
+
+Every engine queue (each DMA queue, the matrix engine, the vector engine) runs its
+instructions in order, so only dependences between different queues need semaphores.
+Two instructions depend on each other when one writes an on-chip buffer the other
+reads or writes (RAW, WAR, WAW; buffers named in `reads` / `writes`).
+
+Each producer P that somebody waits on signals its own semaphore; a semaphore counts
+P's completed executions. A consumer C waits until P has completed every execution
+that comes before C's current one in program order. With s loops enclosing both
+(induction variables i0..i{s-1}, trips t0..t{s-1}), ``lin`` the linear index of the
+current iteration of those loops, and E the number of executions of P per iteration
+of the innermost common loop:
+
+    count = (lin + 1) * E    if P comes before C in the common loop body
+    count =  lin      * E    if P comes after C (the dependence is loop-carried)
+
+an affine expression, kept structured like everything else at this level.
+
+Before::
+
+    npu.loop {trip = 3} {
+      npu.dma_load {..., writes = ["lhsT"]}
+      npu.matmul {..., reads = ["lhsT", "rhs", "acc"], writes = ["acc"]}
+    }
+
+After::
+
+    npu.loop {trip = 3} {
+      npu.dma_load {..., waits = ["s1 >= i0"], signal = 0}       // WAR: previous matmul
+      npu.matmul {..., waits = ["s0 >= i0 + 1"], signal = 1}      // RAW: this load
+    }
+
+Of several producers on one queue only the latest is awaited where that is exact
+(same nesting and direction); a wait with count <= 0 is dropped at expansion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.passes import ModulePass
+
+from tilecc.errors import CompileError
+from tilecc.ir import npu
+from tilecc.ir.affine import Affine
+from tilecc.simulator.config import HardwareConfig, load_config
+from tilecc.simulator.isa import MAX_WAITS
+
+
+@dataclass
+class _Inst:
+    op: npu.InstructionOp
+    path: tuple[int, ...]  # position in the body at each nesting level
+    trips: tuple[int, ...]  # trip counts of the enclosing loops, outermost first
+    queue: str
+    reads: frozenset[str]
+    writes: frozenset[str]
+
+
+def queue_of(op: npu.InstructionOp) -> str:
+    if isinstance(op, (npu.DmaLoadOp, npu.DmaStoreOp)):
+        return f"dma{op.field_values()['queue']}"
+    if isinstance(op, npu.MatmulOp):
+        return "matrix"
+    return "vector"
+
+
+def collect(kernel: npu.KernelOp) -> list[_Inst]:
+    out: list[_Inst] = []
+
+    def walk(block, path: tuple[int, ...], trips: tuple[int, ...]) -> None:
+        for pos, op in enumerate(block.ops):
+            if isinstance(op, npu.LoopOp):
+                walk(op.body.block, (*path, pos), (*trips, op.trip.value.data))
+            elif isinstance(op, npu.InstructionOp):
+                out.append(
+                    _Inst(
+                        op,
+                        (*path, pos),
+                        trips,
+                        queue_of(op),
+                        frozenset(r.data for r in op.reads.data),
+                        frozenset(w.data for w in op.writes.data),
+                    )
+                )
+
+    walk(kernel.body.block, (), ())
+    return out
+
+
+def _common(p: _Inst, c: _Inst) -> int:
+    s = 0
+    while s < min(len(p.path), len(c.path)) - 1 and p.path[s] == c.path[s]:
+        s += 1
+    return s
+
+
+def count_before(p: _Inst, c: _Inst) -> tuple[Affine, tuple[int, bool, int]]:
+    """Executions of p that precede c's current execution; and an ordering key."""
+    s = _common(p, c)
+    lin = Affine()
+    for j in range(s):
+        stride = 1
+        for k in range(j + 1, s):
+            stride *= c.trips[k]
+        lin = lin + Affine.iv(j).scale(stride)
+    per_iter = 1
+    for t in p.trips[s:]:
+        per_iter *= t
+    before = p.path[s] < c.path[s]
+    count = (lin + Affine(1)).scale(per_iter) if before else lin.scale(per_iter)
+    return count, (s, before, p.path[s])
+
+
+def conflicts(p: _Inst, c: _Inst) -> bool:
+    return bool(p.writes & (c.reads | c.writes) or p.reads & c.writes)
+
+
+def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
+    insts = collect(kernel)
+    sems: dict[int, int] = {}  # producer index -> semaphore
+    waits: dict[int, list[tuple[int, Affine]]] = {}
+    for ci, c in enumerate(insts):
+        by_queue: dict[str, list[tuple[tuple[int, bool, int], int, Affine]]] = {}
+        for pi, p in enumerate(insts):
+            if pi == ci or p.queue == c.queue or not conflicts(p, c):
+                continue
+            count, key = count_before(p, c)
+            if count.is_const and count.const <= 0:
+                continue
+            by_queue.setdefault(p.queue, []).append((key, pi, count))
+        chosen: list[tuple[int, Affine]] = []
+        for cands in by_queue.values():
+            cands.sort(key=lambda x: x[0])
+            latest = cands[-1]
+            same_shape = all(k[0][:2] == latest[0][:2] for k in cands)
+            picked = [latest] if same_shape else cands
+            chosen.extend((pi, count) for _, pi, count in picked)
+        if len(chosen) > MAX_WAITS:
+            raise CompileError(
+                f"{kernel.sym_name.data}: instruction {c.op.name} needs {len(chosen)} waits, "
+                f"the ISA allows {MAX_WAITS}"
+            )
+        for pi, _ in chosen:
+            sems.setdefault(pi, len(sems))
+        waits[ci] = chosen
+    if len(sems) > max_semaphores:
+        raise CompileError(
+            f"{kernel.sym_name.data}: needs {len(sems)} semaphores, the target has {max_semaphores}"
+        )
+    for i, inst in enumerate(insts):
+        w = [f"s{sems[pi]} >= {count}" for pi, count in waits.get(i, [])]
+        inst.op.properties["waits"] = ArrayAttr([StringAttr(x) for x in w])
+        if i in sems:
+            inst.op.properties["signal"] = IntegerAttr(sems[i], i64)
+        elif "signal" in inst.op.properties:
+            del inst.op.properties["signal"]
+    return len(sems)
+
+
+@dataclass(frozen=True)
+class InsertSyncPass(ModulePass):
+    name = "npu-insert-sync"
+    target: str = "tiny"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        insert_sync(op, load_config(self.target))
+
+
+def insert_sync(module: ModuleOp, cfg: HardwareConfig) -> None:
+    for k in module.ops:
+        if isinstance(k, npu.KernelOp):
+            sync_kernel(k, cfg.semaphores)

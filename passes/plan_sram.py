@@ -1,0 +1,98 @@
+"""plan-sram: give every on-chip buffer of a kernel a static byte offset.
+
+Before::
+
+    %a = tile.alloc {buffer = "lhsT"} : memref<16x16xf32, #tile.space<"sram">>
+    %b = tile.alloc {buffer = "rhs"} : memref<16x16xf32, #tile.space<"sram">>
+
+After (each buffer spans partitions 0..rows-1 at its offset within every partition)::
+
+    %a = tile.alloc {buffer = "lhsT", offset = 0 : i64} : ...
+    %b = tile.alloc {buffer = "rhs", offset = 64 : i64} : ...
+
+Buffers of one kernel are all live for the whole kernel (single buffering), so they get
+disjoint ranges, aligned to 64 bytes; SRAM and the accumulator are planned separately.
+A kernel whose buffers do not fit raises `SramOverflowError` naming the buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, i64
+from xdsl.passes import ModulePass
+
+from tilecc.errors import SramOverflowError
+from tilecc.ir import tile
+from tilecc.simulator.config import HardwareConfig, load_config
+
+ALIGN = 64
+
+
+def buffer_bytes(t: MemRefType) -> int:
+    """Bytes per partition of an on-chip buffer (its columns x element size)."""
+    rows, cols = t.get_shape()
+    return cols * element_size(t.element_type)
+
+
+def element_size(elem) -> int:
+    from xdsl.dialects.builtin import Float32Type, IntegerType
+
+    if isinstance(elem, Float32Type):
+        return 4
+    if isinstance(elem, IntegerType):
+        return max(1, elem.width.data // 8)
+    return 2
+
+
+def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
+    """Assign offsets in place; return the bytes used per partition by memory space."""
+    limits = {
+        tile.SRAM: (cfg.sram.partitions, cfg.sram.bytes_per_partition),
+        tile.ACC: (cfg.accumulator.partitions, cfg.accumulator.bytes_per_partition),
+    }
+    used = {tile.SRAM: 0, tile.ACC: 0}
+    placed: dict[str, list[tuple[str, int]]] = {tile.SRAM: [], tile.ACC: []}
+    for op in kernel.walk():
+        if not isinstance(op, tile.AllocOp):
+            continue
+        t = op.result.type
+        assert isinstance(t, MemRefType)
+        space = tile.space_of(t)
+        parts, capacity = limits[space]
+        rows = t.get_shape()[0]
+        name = op.buffer.data
+        if rows > parts:
+            raise SramOverflowError(
+                f"kernel {kernel.sym_name.data}: buffer '{name}' has {rows} rows but {space} "
+                f"has {parts} partitions"
+            )
+        size = buffer_bytes(t)
+        offset = used[space]
+        op.properties["offset"] = IntegerAttr(offset, i64)
+        placed[space].append((name, size))
+        used[space] = offset + -(-size // ALIGN) * ALIGN
+        if offset + size > capacity:
+            listing = ", ".join(f"{n} ({s} B)" for n, s in placed[space])
+            raise SramOverflowError(
+                f"kernel {kernel.sym_name.data}: {space} buffers need {offset + size} bytes per "
+                f"partition, the target has {capacity}: {listing}"
+            )
+    return used
+
+
+@dataclass(frozen=True)
+class PlanSramPass(ModulePass):
+    name = "plan-sram"
+    target: str = "tiny"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        plan_sram(op, load_config(self.target))
+
+
+def plan_sram(module: ModuleOp, cfg: HardwareConfig) -> None:
+    for f in module.ops:
+        if isinstance(f, func.FuncOp) and tile.KERNEL_ATTR in f.attributes:
+            plan_kernel(f, cfg)

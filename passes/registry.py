@@ -1,0 +1,37 @@
+"""The pass registry and the default pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from tilecc.passes.graph_to_tile import GraphToTile, LowerGraphToTilePass
+from tilecc.passes.insert_sync import InsertSyncPass, insert_sync
+from tilecc.passes.plan_hbm import PlanHbmPass, plan_hbm
+from tilecc.passes.plan_sram import PlanSramPass, plan_sram
+from tilecc.passes.tile_to_npu import LowerTileToNpuPass, lower_tile_to_npu
+from tilecc.simulator.config import HardwareConfig
+
+PASSES: dict[str, type[ModulePass]] = {
+    p.name: p
+    for p in (LowerGraphToTilePass, PlanSramPass, PlanHbmPass, LowerTileToNpuPass, InsertSyncPass)
+}
+
+Stage = tuple[str, Callable[[ModuleOp], None]]
+
+
+def default_pipeline(cfg: HardwareConfig) -> list[Stage]:
+    """(pass name, function) in order; `hbm-layout` is read between plan-hbm and lowering."""
+    return [
+        ("lower-graph-to-tile", lambda m: GraphToTile(cfg).run(m)),
+        ("plan-sram", lambda m: plan_sram(m, cfg)),
+        ("plan-hbm", lambda m: plan_hbm(m, cfg)),
+        ("lower-tile-to-npu", lambda m: lower_tile_to_npu(m, cfg)),
+        ("npu-insert-sync", lambda m: insert_sync(m, cfg)),
+    ]
+
+
+def pipeline_spec(target: str) -> str:
+    return ",".join(f"{name}{{target={target}}}" for name in PASSES)

@@ -1,0 +1,378 @@
+"""lower-tile-to-npu: instruction selection, one `npu.kernel` per kernel launch.
+
+Before (tile; after plan-sram and plan-hbm)::
+
+    func.func @k0_relu(%x: memref<37x53xf32>, %o: memref<37x53xf32>) attributes {tile.kernel} {
+      scf.for %i = %c0 to %c3 step %c1 {
+        %r0 = arith.muli %i, %c16 : index
+        %r = arith.minsi %c16, %rem : index
+        %in = tile.alloc {buffer = "in0", offset = 0 : i64} : memref<16x64xf32, ...>
+        tile.load %x[%r0, %c0] into %in sizes(%r, %c53) {row_dim = 0, col_dim = 1} ...
+        ...
+    func.func @main() ... { func.call @k0_relu(%x, %y) ... }
+
+After (npu; addresses physical, loop-varying fields as `ir.affine` expressions)::
+
+    npu.kernel "k0_relu" {
+      npu.loop attributes {trip = 3 : i64} {
+        npu.dma_load {fields = {queue = 0, a_addr = "3392*i0", hbm_rs = 53, hbm_cs = 1,
+                      o_mem = 1, o_addr = 0, rows = "min(16, 37 - 16*i0)", cols = 53, ...},
+                      writes = ["in0"], ...}
+        npu.vec_unary {fields = {func = 1, ...}, reads = ["in0"], writes = ["out"], ...}
+        npu.dma_store {...}
+      }
+    }
+
+Index arithmetic (`arith.constant/addi/subi/muli/minsi/cmpi ne`) over `scf.for` induction
+variables (lower bound 0, step 1) folds into affine expressions; anything else is a
+CompileError naming the op. Loads alternate over the DMA queues; stores use the last one.
+Semaphores come from the separate `npu-insert-sync` pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    IntegerAttr,
+    IntegerType,
+    MemRefType,
+    ModuleOp,
+)
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from tilecc.errors import CompileError
+from tilecc.ir import npu, tile
+from tilecc.ir.affine import Affine, Expr, Min, Ne
+from tilecc.passes.plan_sram import element_size
+from tilecc.simulator.config import HardwareConfig, load_config
+from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, ReduceFn, UnaryFn
+
+
+def dtype_of(elem: Attribute) -> DType:
+    if isinstance(elem, Float32Type):
+        return DType.F32
+    if isinstance(elem, BFloat16Type):
+        return DType.BF16
+    if isinstance(elem, Float16Type):
+        return DType.F16
+    raise CompileError(f"element type {elem} has no NPU data type")
+
+
+@dataclass(frozen=True)
+class HbmTensor:
+    base: int
+    shape: tuple[int, ...]
+    dtype: DType
+
+    def strides(self) -> list[int]:
+        out, acc = [], 1
+        for d in reversed(self.shape):
+            out.append(acc)
+            acc *= d
+        return out[::-1]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    mem: Mem
+    offset: int
+    dtype: DType
+
+
+def _field(e: Expr | int) -> int | str:
+    if isinstance(e, int):
+        return e
+    if isinstance(e, Affine) and e.is_const:
+        return e.const
+    return str(e)
+
+
+class KernelLowering:
+    def __init__(self, cfg: HardwareConfig, name: str):
+        self.cfg = cfg
+        self.name = name
+        self.env: dict[SSAValue, object] = {}
+        self.n_loads = 0
+
+    def lower(self, kernel: func.FuncOp, args: list[HbmTensor]) -> npu.KernelOp:
+        for a, t in zip(kernel.body.block.args, args, strict=True):
+            self.env[a] = t
+        out = npu.KernelOp(self.name)
+        self.block(kernel.body.block, out.body.block, 0)
+        return out
+
+    def block(self, src: Block, dst: Block, depth: int) -> None:
+        for op in src.ops:
+            self.op(op, dst, depth)
+
+    def expr(self, v: SSAValue) -> Expr:
+        e = self.env.get(v)
+        if e is None:
+            owner = v.owner
+            raise CompileError(
+                f"{self.name}: index value defined by {getattr(owner, 'name', owner)} "
+                "is not an affine function of loop indices"
+            )
+        assert isinstance(e, (Affine, Min, Ne))
+        return e
+
+    def affine(self, v: SSAValue) -> Affine:
+        e = self.expr(v)
+        if not isinstance(e, Affine):
+            raise CompileError(f"{self.name}: expected an affine index, got {e}")
+        return e
+
+    def op(self, op: Operation, dst: Block, depth: int) -> None:
+        if isinstance(op, (func.ReturnOp, scf.YieldOp)):
+            return
+        if isinstance(op, arith.ConstantOp):
+            val = op.value
+            assert isinstance(val, IntegerAttr)
+            v = int(val.value.data)
+            is_bool = isinstance(val.type, IntegerType) and val.type.width.data == 1
+            self.env[op.result] = Affine(int(v != 0) if is_bool else v)
+            return
+        if isinstance(op, (arith.AddiOp, arith.SubiOp)):
+            a, b = self.affine(op.lhs), self.affine(op.rhs)
+            self.env[op.result] = a + b if isinstance(op, arith.AddiOp) else a - b
+            return
+        if isinstance(op, arith.MuliOp):
+            a, b = self.affine(op.lhs), self.affine(op.rhs)
+            if not (a.is_const or b.is_const):
+                raise CompileError(f"{self.name}: product of two loop-varying indices")
+            self.env[op.result] = a.scale(b.const) if b.is_const else b.scale(a.const)
+            return
+        if isinstance(op, arith.MinSIOp):
+            a, b = self.expr(op.lhs), self.expr(op.rhs)
+            if isinstance(a, Affine) and isinstance(b, Affine) and a.is_const and b.is_const:
+                self.env[op.result] = Affine(min(a.const, b.const))
+            else:
+                self.env[op.result] = Min((a, b))
+            return
+        if isinstance(op, arith.CmpiOp):
+            if op.predicate.value.data != 1:  # ne
+                raise CompileError(f"{self.name}: only 'ne' comparisons are supported")
+            diff = self.affine(op.lhs) - self.affine(op.rhs)
+            self.env[op.result] = Affine(int(diff.const != 0)) if diff.is_const else Ne(diff)
+            return
+        if isinstance(op, scf.ForOp):
+            lb, ub, step = (self.affine(v) for v in (op.lb, op.ub, op.step))
+            if not (lb.is_const and ub.is_const and step.is_const) or lb.const != 0 or step.const != 1:
+                raise CompileError(f"{self.name}: scf.for must run from 0 to a constant with step 1")
+            loop = npu.LoopOp(ub.const)
+            self.env[op.body.block.args[0]] = Affine.iv(depth)
+            self.block(op.body.block, loop.body.block, depth + 1)
+            dst.add_op(loop)
+            return
+        if isinstance(op, tile.AllocOp):
+            t = op.result.type
+            assert isinstance(t, MemRefType)
+            if op.offset is None:
+                raise CompileError(f"{self.name}: buffer '{op.buffer.data}' has no offset (run plan-sram first)")
+            mem = Mem.SRAM if tile.space_of(t) == tile.SRAM else Mem.ACC
+            self.env[op.result] = Buffer(op.buffer.data, mem, op.offset.value.data, dtype_of(t.element_type))
+            return
+        handler = _HANDLERS.get(type(op))
+        if handler is None:
+            raise CompileError(f"{self.name}: no instruction selection for {op.name}")
+        dst.add_op(handler(self, op))
+
+    def buf(self, v: SSAValue) -> Buffer:
+        b = self.env[v]
+        assert isinstance(b, Buffer)
+        return b
+
+    def operand(self, prefix: str, b: Buffer) -> dict[str, int]:
+        return {
+            f"{prefix}_mem": int(b.mem),
+            f"{prefix}_part": 0,
+            f"{prefix}_addr": b.offset,
+            f"{prefix}_dtype": int(b.dtype),
+        }
+
+    def hbm_access(self, t: HbmTensor, indices, row_dim: int, col_dim: int) -> dict[str, int | str]:
+        strides = t.strides()
+        addr = Affine(t.base)
+        size = int(element_size_of(t.dtype))
+        for idx, st in zip(indices, strides, strict=True):
+            addr = addr + self.affine(idx).scale(st * size)
+        return {
+            "hbm_rs": strides[row_dim] if row_dim >= 0 else 0,
+            "hbm_cs": strides[col_dim] if col_dim >= 0 else 0,
+            "_addr": _field(addr),
+        }
+
+    def sizes(self, rows: SSAValue, cols: SSAValue) -> dict[str, int | str]:
+        return {"rows": _field(self.expr(rows)), "cols": _field(self.expr(cols))}
+
+
+def element_size_of(d: DType) -> int:
+    return {DType.F32: 4, DType.BF16: 2, DType.F16: 2, DType.I32: 4}[d]
+
+
+def _load(kl: KernelLowering, op: tile.LoadOp) -> npu.InstructionOp:
+    t = kl.env[op.src]
+    assert isinstance(t, HbmTensor)
+    dst = kl.buf(op.dst)
+    if dst.dtype != t.dtype:
+        raise CompileError(f"{kl.name}: tile.load converts {t.dtype.name} to {dst.dtype.name}; DMA cannot")
+    acc = kl.hbm_access(t, op.indices, op.row_dim.value.data, op.col_dim.value.data)
+    queue = kl.n_loads % kl.cfg.dma.queues
+    kl.n_loads += 1
+    fields = {
+        "queue": queue,
+        "a_addr": acc.pop("_addr"),
+        "a_dtype": int(t.dtype),
+        **acc,
+        **kl.operand("o", dst),
+        **kl.sizes(op.rows, op.cols),
+    }
+    return npu.DmaLoadOp(fields, reads=[], writes=[dst.name])
+
+
+def _store(kl: KernelLowering, op: tile.StoreOp) -> npu.InstructionOp:
+    t = kl.env[op.dst]
+    assert isinstance(t, HbmTensor)
+    src = kl.buf(op.src)
+    if src.dtype != t.dtype:
+        raise CompileError(f"{kl.name}: tile.store converts {src.dtype.name} to {t.dtype.name}; DMA cannot")
+    acc = kl.hbm_access(t, op.indices, op.row_dim.value.data, op.col_dim.value.data)
+    fields = {
+        "queue": kl.cfg.dma.queues - 1,
+        **kl.operand("a", src),
+        "o_addr": acc.pop("_addr"),
+        "o_dtype": int(t.dtype),
+        **acc,
+        **kl.sizes(op.rows, op.cols),
+    }
+    return npu.DmaStoreOp(fields, reads=[src.name], writes=[])
+
+
+def _matmul(kl: KernelLowering, op: tile.MatmulOp) -> npu.InstructionOp:
+    a, b, o = kl.buf(op.lhsT), kl.buf(op.rhs), kl.buf(op.acc)
+    fields = {
+        **kl.operand("a", a),
+        **kl.operand("b", b),
+        **kl.operand("o", o),
+        "rows": _field(kl.expr(op.m)),
+        "k": _field(kl.expr(op.k)),
+        "cols": _field(kl.expr(op.n)),
+        "flags": _field(kl.expr(op.accumulate)),  # Flag.ACCUMULATE == 1
+    }
+    return npu.MatmulOp(fields, reads=[a.name, b.name, o.name], writes=[o.name])
+
+
+def _unary(kl: KernelLowering, op: tile.UnaryOp) -> npu.InstructionOp:
+    a, o = kl.buf(op.input), kl.buf(op.output)
+    fields = {
+        "func": int(UnaryFn[op.fn.data.upper()]),
+        **kl.operand("a", a),
+        **kl.operand("o", o),
+        **kl.sizes(op.rows, op.cols),
+    }
+    return npu.VecUnaryOp(fields, reads=[a.name], writes=[o.name])
+
+
+def _binary(kl: KernelLowering, op: tile.BinaryOp) -> npu.InstructionOp:
+    a, b, o = kl.buf(op.lhs), kl.buf(op.rhs), kl.buf(op.output)
+    flags = Flag.B_COLUMN if op.rhs_mode.data == "column" else Flag.NONE
+    fields = {
+        "func": int(BinaryFn[op.fn.data.upper()]),
+        "flags": int(flags),
+        **kl.operand("a", a),
+        **kl.operand("b", b),
+        **kl.operand("o", o),
+        **kl.sizes(op.rows, op.cols),
+    }
+    return npu.VecBinaryOp(fields, reads=[a.name, b.name], writes=[o.name])
+
+
+def _scalar(kl: KernelLowering, op: tile.ScalarOp) -> npu.InstructionOp:
+    a, o = kl.buf(op.input), kl.buf(op.output)
+    flags = Flag.B_IMM | (Flag.SWAP if op.swap is not None else Flag.NONE)
+    fields = {
+        "func": int(BinaryFn[op.fn.data.upper()]),
+        "flags": int(flags),
+        "imm": float(op.imm.value.data),
+        **kl.operand("a", a),
+        **kl.operand("o", o),
+        **kl.sizes(op.rows, op.cols),
+    }
+    return npu.VecBinaryOp(fields, reads=[a.name], writes=[o.name])
+
+
+def _reduce(kl: KernelLowering, op: tile.ReduceOp) -> npu.InstructionOp:
+    a, o = kl.buf(op.input), kl.buf(op.output)
+    fields = {
+        "func": int(ReduceFn[op.fn.data.upper()]),
+        **kl.operand("a", a),
+        **kl.operand("o", o),
+        **kl.sizes(op.rows, op.cols),
+    }
+    return npu.VecReduceOp(fields, reads=[a.name], writes=[o.name])
+
+
+_HANDLERS = {
+    tile.LoadOp: _load,
+    tile.StoreOp: _store,
+    tile.MatmulOp: _matmul,
+    tile.UnaryOp: _unary,
+    tile.BinaryOp: _binary,
+    tile.ScalarOp: _scalar,
+    tile.ReduceOp: _reduce,
+}
+
+
+def hbm_bindings(main: func.FuncOp) -> dict[SSAValue, HbmTensor]:
+    """HBM tensor of every memref value in @main (views alias their source)."""
+    out: dict[SSAValue, HbmTensor] = {}
+    for op in main.body.block.ops:
+        if isinstance(op, tile.HbmAllocOp):
+            if op.offset is None:
+                raise CompileError("lower-tile-to-npu: run plan-hbm first (tile.hbm_alloc has no offset)")
+            t = op.result.type
+            assert isinstance(t, MemRefType)
+            out[op.result] = HbmTensor(op.offset.value.data, t.get_shape(), dtype_of(t.element_type))
+        elif isinstance(op, tile.ViewOp):
+            src = out[op.source]
+            t = op.result.type
+            assert isinstance(t, MemRefType)
+            out[op.result] = HbmTensor(src.base, t.get_shape(), src.dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class LowerTileToNpuPass(ModulePass):
+    name = "lower-tile-to-npu"
+    target: str = "tiny"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        lower_tile_to_npu(op, load_config(self.target))
+
+
+def lower_tile_to_npu(op: ModuleOp, cfg: HardwareConfig) -> None:
+    funcs = {f.sym_name.data: f for f in op.ops if isinstance(f, func.FuncOp)}
+    main = funcs.get("main")
+    if main is None:
+        raise CompileError("lower-tile-to-npu: the module has no func.func @main")
+    bound = hbm_bindings(main)
+    kernels: list[npu.KernelOp] = []
+    for call in main.body.block.ops:
+        if not isinstance(call, func.CallOp):
+            continue
+        callee = funcs[call.callee.root_reference.data]
+        args = [bound[a] for a in call.arguments]
+        kernels.append(KernelLowering(cfg, callee.sym_name.data).lower(callee, args))
+    for f in funcs.values():
+        f.detach()
+        f.erase()
+    for k in kernels:
+        op.body.block.add_op(k)

@@ -1,0 +1,205 @@
+"""Hardware configurations: frozen dataclasses loaded from TOML and validated.
+
+A target is a preset name (`tiny`, `edge`, `cloud`, shipped in `presets/`) or the path
+of a TOML file. Every key is documented with its unit in the presets. Unknown keys,
+wrong types and impossible values raise `ConfigError` naming the key, the value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from tilecc.errors import ConfigError
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+@dataclass(frozen=True)
+class HbmConfig:
+    bytes_per_cycle: float  # peak bandwidth, bytes per core clock cycle
+    latency_cycles: int  # fixed latency of one access
+    capacity_bytes: int
+
+
+@dataclass(frozen=True)
+class SramConfig:
+    partitions: int  # P: a tile's first dimension maps to partitions
+    bytes_per_partition: int
+
+
+@dataclass(frozen=True)
+class AccumulatorConfig:
+    partitions: int
+    bytes_per_partition: int  # fp32 accumulators
+
+
+@dataclass(frozen=True)
+class DmaConfig:
+    queues: int
+    latency_cycles: int  # fixed cost of one transfer
+    per_row_cycles: float  # descriptor cost per contiguous row
+
+
+@dataclass(frozen=True)
+class MatrixConfig:
+    rows: int  # R: contraction dimension of one matmul
+    cols: int  # C: columns of the stationary operand
+    fp32_slowdown: int  # passes per fp32 matmul relative to bf16
+
+
+@dataclass(frozen=True)
+class VectorConfig:
+    lanes: int  # elements per cycle for a cost-1 op
+    latency_cycles: int  # pipeline latency and access start-up per instruction
+    transcendental_cost: int  # cycles per element group for exp/gelu/tanh/...
+
+
+@dataclass(frozen=True)
+class EnergyConfig:
+    pj_per_mac_bf16: float
+    pj_per_mac_fp32: float
+    pj_per_sram_byte: float
+    pj_per_hbm_byte: float
+    static_watts: float
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    name: str
+    clock_ghz: float
+    semaphores: int
+    hbm: HbmConfig
+    sram: SramConfig
+    accumulator: AccumulatorConfig
+    dma: DmaConfig
+    matrix: MatrixConfig
+    vector: VectorConfig
+    energy: EnergyConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(
+                f"unknown key '{where}{key}' (allowed in this section: {', '.join(sorted(known))})"
+            )
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        key = f"{where}{f.name}"
+        if f.name not in data:
+            raise ConfigError(f"missing key '{key}'")
+        value = data[f.name]
+        typ = hints[f.name]
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{key}' must be a table, got {value!r}")
+            values[f.name] = _build(typ, value, f"{key}.")
+            continue
+        values[f.name] = _check_scalar(key, value, typ)
+    return cls(**values)
+
+
+def _check_scalar(key: str, value: Any, typ: type) -> Any:
+    if typ is str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"'{key}' must be a non-empty string, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"'{key}' must be a number, got {value!r}")
+    if typ is int and not isinstance(value, int):
+        raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+    if value < 0:
+        raise ConfigError(f"'{key}' must be >= 0, got {value!r}")
+    return typ(value)
+
+
+_POSITIVE = [
+    "clock_ghz",
+    "semaphores",
+    "hbm.bytes_per_cycle",
+    "hbm.capacity_bytes",
+    "sram.partitions",
+    "sram.bytes_per_partition",
+    "accumulator.partitions",
+    "accumulator.bytes_per_partition",
+    "dma.queues",
+    "matrix.rows",
+    "matrix.cols",
+    "matrix.fp32_slowdown",
+    "vector.lanes",
+    "vector.transcendental_cost",
+]
+
+
+def _lookup(cfg: HardwareConfig, dotted: str) -> Any:
+    value: Any = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def validate(cfg: HardwareConfig) -> HardwareConfig:
+    for key in _POSITIVE:
+        if _lookup(cfg, key) <= 0:
+            raise ConfigError(f"'{key}' must be > 0, got {_lookup(cfg, key)!r}")
+    if cfg.matrix.rows > cfg.sram.partitions:
+        raise ConfigError(
+            f"'matrix.rows' = {cfg.matrix.rows} exceeds 'sram.partitions' = "
+            f"{cfg.sram.partitions} (the contraction dimension lies on SRAM partitions)"
+        )
+    if cfg.accumulator.partitions > cfg.sram.partitions:
+        raise ConfigError(
+            f"'accumulator.partitions' = {cfg.accumulator.partitions} exceeds "
+            f"'sram.partitions' = {cfg.sram.partitions}"
+        )
+    if cfg.accumulator.bytes_per_partition < 4 * cfg.matrix.cols:
+        raise ConfigError(
+            f"'accumulator.bytes_per_partition' = {cfg.accumulator.bytes_per_partition} "
+            f"cannot hold one fp32 row of the array's {cfg.matrix.cols} columns "
+            f"(need >= {4 * cfg.matrix.cols})"
+        )
+    if cfg.semaphores > 32767:
+        raise ConfigError(f"'semaphores' = {cfg.semaphores} exceeds the encodable 32767")
+    return cfg
+
+
+def from_dict(data: dict[str, Any], source: str = "<dict>") -> HardwareConfig:
+    try:
+        return validate(_build(HardwareConfig, data, ""))
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_config(target: str | Path | HardwareConfig) -> HardwareConfig:
+    """A preset name, a TOML path, or an already loaded config."""
+    if isinstance(target, HardwareConfig):
+        return target
+    path = Path(target)
+    if not str(target).endswith(".toml"):
+        path = PRESET_DIR / f"{target}.toml"
+        if not path.exists():
+            names = ", ".join(preset_names())
+            raise ConfigError(
+                f"unknown target '{target}' (presets: {names}; or the path of a .toml file)"
+            )
+    if not path.exists():
+        raise ConfigError(f"hardware config file '{target}' does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return from_dict(data, str(path))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))

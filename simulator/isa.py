@@ -1,0 +1,180 @@
+"""The NPU instruction set: the contract between codegen and the simulator.
+
+A program is a flat stream of fixed-size instruction records (a numpy structured
+array, `RECORD`), in program order. Each record runs on one engine queue:
+
+- DMA (queue q): ``DMA_LOAD`` copies a 2-D strided HBM region into an on-chip tile;
+  ``DMA_STORE`` copies an on-chip tile to a 2-D strided HBM region. Source and
+  destination dtypes are equal (a DMA does not convert).
+- MATRIX: ``MATMUL`` ``out[M x N] (+)= lhsT[K x M]^T @ rhs[K x N]``: both operands in
+  SRAM with the contraction dimension K on partitions (K <= array rows, the stationary
+  operand ``rhs`` has N <= array columns), output in the accumulator (fp32), M rows on
+  M partitions. Flag ``ACCUMULATE`` adds to the accumulator instead of overwriting.
+- VECTOR: ``VEC_UNARY`` (func from `UnaryFn`), ``VEC_BINARY`` (`BinaryFn`, second
+  operand a tile, a per-partition column [rows x 1] broadcast along the free
+  dimension (flag ``B_COLUMN``), or the immediate ``imm`` (flag ``B_IMM``); flag
+  ``SWAP`` computes ``b op a``), ``VEC_REDUCE`` (`ReduceFn` along the free dimension,
+  output [rows x 1]). Vector arithmetic is fp32 and rounds to the output dtype.
+
+On-chip addresses: an operand tile of ``rows x cols`` elements in memory ``mem``
+(SRAM or ACC) at (``part``, ``addr``) puts element (r, c) at partition ``part + r``,
+byte ``addr + c * itemsize`` of that partition. HBM operands are flat byte addresses
+``addr`` with element strides ``hbm_rs`` (between rows; 0 broadcasts) and ``hbm_cs``
+(between columns).
+
+Synchronisation: semaphores are counters starting at 0 at the start of each kernel.
+An instruction starts once each ``wait_sem[i] >= 0`` has value ``>= wait_val[i]``; on
+completion it adds 1 to ``signal_sem`` (if ``>= 0``). Instructions with opcode
+``BARRIER`` (engine ALL) separate kernels: every engine drains and semaphores reset.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class Engine(enum.IntEnum):
+    DMA = 0
+    MATRIX = 1
+    VECTOR = 2
+    ALL = 255
+
+
+class Opcode(enum.IntEnum):
+    BARRIER = 0
+    DMA_LOAD = 1
+    DMA_STORE = 2
+    MATMUL = 3
+    VEC_UNARY = 4
+    VEC_BINARY = 5
+    VEC_REDUCE = 6
+
+
+OPCODE_ENGINE = {
+    Opcode.BARRIER: Engine.ALL,
+    Opcode.DMA_LOAD: Engine.DMA,
+    Opcode.DMA_STORE: Engine.DMA,
+    Opcode.MATMUL: Engine.MATRIX,
+    Opcode.VEC_UNARY: Engine.VECTOR,
+    Opcode.VEC_BINARY: Engine.VECTOR,
+    Opcode.VEC_REDUCE: Engine.VECTOR,
+}
+
+
+class Mem(enum.IntEnum):
+    HBM = 0
+    SRAM = 1
+    ACC = 2
+
+
+class DType(enum.IntEnum):
+    F32 = 1
+    BF16 = 2
+    F16 = 3
+    I32 = 4
+
+
+DTYPE_NAMES = {DType.F32: "f32", DType.BF16: "bf16", DType.F16: "f16", DType.I32: "i32"}
+DTYPE_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+ITEMSIZE = {DType.F32: 4, DType.BF16: 2, DType.F16: 2, DType.I32: 4}
+# numpy dtype holding the stored bits of each element type (bf16 is kept as raw uint16)
+STORAGE = {
+    DType.F32: np.dtype("<f4"),
+    DType.BF16: np.dtype("<u2"),
+    DType.F16: np.dtype("<f2"),
+    DType.I32: np.dtype("<i4"),
+}
+
+
+class UnaryFn(enum.IntEnum):
+    COPY = 0
+    RELU = 1
+    GELU = 2
+    GELU_TANH = 3
+    EXP = 4
+    TANH = 5
+    SIGMOID = 6
+    NEG = 7
+    ABS = 8
+    SQRT = 9
+    RSQRT = 10
+    RECIPROCAL = 11
+    LOG = 12
+    SILU = 13
+    SQUARE = 14
+    ERF = 15
+
+
+class BinaryFn(enum.IntEnum):
+    ADD = 0
+    SUB = 1
+    MUL = 2
+    DIV = 3
+    MAX = 4
+    MIN = 5
+    POW = 6
+
+
+class ReduceFn(enum.IntEnum):
+    SUM = 0
+    MAX = 1
+    MIN = 2
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    ACCUMULATE = 1
+    B_COLUMN = 2
+    B_IMM = 4
+    SWAP = 8
+
+
+FUNC_ENUM = {
+    Opcode.VEC_UNARY: UnaryFn,
+    Opcode.VEC_BINARY: BinaryFn,
+    Opcode.VEC_REDUCE: ReduceFn,
+}
+
+MAX_WAITS = 4  # waits per instruction: at most one per other engine queue in practice
+
+RECORD = np.dtype(
+    [
+        ("opcode", "u1"),
+        ("engine", "u1"),
+        ("queue", "u1"),
+        ("func", "u1"),
+        ("flags", "u1"),
+        ("a_dtype", "u1"),
+        ("b_dtype", "u1"),
+        ("o_dtype", "u1"),
+        ("a_mem", "u1"),
+        ("b_mem", "u1"),
+        ("o_mem", "u1"),
+        ("pad", "u1"),
+        ("a_part", "<u2"),
+        ("b_part", "<u2"),
+        ("o_part", "<u2"),
+        ("signal_sem", "<i2"),
+        ("wait_sem", "<i2", (MAX_WAITS,)),
+        ("wait_val", "<u4", (MAX_WAITS,)),
+        ("rows", "<u4"),
+        ("cols", "<u4"),
+        ("k", "<u4"),
+        ("imm", "<f4"),
+        ("a_addr", "<u8"),
+        ("b_addr", "<u8"),
+        ("o_addr", "<u8"),
+        ("hbm_rs", "<i8"),
+        ("hbm_cs", "<i8"),
+    ]
+)
+
+
+def empty_stream(n: int) -> np.ndarray:
+    """A stream of `n` records with every optional field cleared (no waits, no signal)."""
+    s = np.zeros(n, dtype=RECORD)
+    s["signal_sem"] = -1
+    s["wait_sem"] = -1
+    return s
