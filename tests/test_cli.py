@@ -1,0 +1,68 @@
+"""The tilecc command line, run as a user would (subprocess)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+TILECC = [sys.executable, "-m", "tilecc.cli"]
+
+
+def run(*args, cwd=ROOT):
+    return subprocess.run([*TILECC, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_run_json_mlp_odd_sizes():
+    p = run("run", "examples/mlp.py:mlp_odd", "--target", "tiny", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["allclose"] is True
+    assert d["cycles"] > 0 and d["roofline_ratio"] >= 1.0
+    for key in ("max_abs_error", "roofline_cycles", "instructions", "compile_seconds", "simulate_seconds"):
+        assert key in d
+
+
+def test_run_readable_report_and_save(tmp_path):
+    out = tmp_path / "mlp.tlc"
+    p = run("run", "examples/mlp.py:mlp_bf16", "--save", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "matches eager     yes" in p.stdout
+    assert "roofline ratio" in p.stdout
+    assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "nothere.py:f"], "error: 'nothere.py': no such file"),
+        (["run", "examples/mlp.py"], "error: 'examples/mlp.py': expected FILE.py:FACTORY"),
+        (["run", "examples/mlp.py:nope"], "error: 'examples/mlp.py' has no callable 'nope'"),
+        (["run", "examples/mlp.py:mlp", "--target", "huge"], "error: unknown target 'huge'"),
+    ],
+)
+def test_errors_are_one_line_exit_2(args, message):
+    p = run(*args)
+    assert p.returncode == 2
+    assert p.stderr.startswith(message)
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in p.stderr
+
+
+def test_unsupported_op_lists_all_places(tmp_path):
+    src = tmp_path / "bad.py"
+    src.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        y = torch.cumsum(x, 0)\n"
+        "        return torch.sort(y).values\n"
+        "def make():\n"
+        "    return M(), (torch.randn(4, 4),)\n"
+    )
+    p = run("run", f"{src}:make")
+    assert p.returncode == 2
+    assert "aten.cumsum" in p.stderr and "bad.py:4" in p.stderr
+    assert "aten.sort" in p.stderr and "bad.py:5" in p.stderr
