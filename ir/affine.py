@@ -137,9 +137,9 @@ class ExprSyntaxError(ValueError):
 
 
 def parse_expr(text: str) -> Expr:
-    tokens = _tokenize(text)
+    tokens = _tokenize(text) + ["<end>"]
     expr, pos = _parse_sum_or_call(tokens, 0, text)
-    if pos != len(tokens):
+    if pos != len(tokens) - 1:
         raise ExprSyntaxError(f"unexpected '{tokens[pos]}' in expression '{text}'")
     return expr
 
@@ -185,6 +185,7 @@ def _parse_affine(tokens: list[str], pos: int, text: str) -> tuple[Affine, int]:
     result = Affine()
     sign = 1
     expect_term = True
+    start = pos
     while pos < len(tokens):
         tok = tokens[pos]
         if tok in "+-" and len(tok) == 1:
@@ -192,7 +193,7 @@ def _parse_affine(tokens: list[str], pos: int, text: str) -> tuple[Affine, int]:
             pos += 1
             expect_term = True
             continue
-        if not expect_term or tok in ",)":
+        if not expect_term or tok in (",", ")", "<end>"):
             break
         coeff = 1
         if tok.isdigit():
@@ -205,9 +206,13 @@ def _parse_affine(tokens: list[str], pos: int, text: str) -> tuple[Affine, int]:
                 result = result + Affine(sign * coeff)
                 sign, expect_term = 1, False
                 continue
-        if not tok.startswith("i"):
+        if not (tok.startswith("i") and tok[1:].isdigit()):
             raise ExprSyntaxError(f"expected a number or i<N>, got '{tok}' in '{text}'")
         result = result + Affine.of(0, {int(tok[1:]): sign * coeff})
         pos += 1
         sign, expect_term = 1, False
+    if expect_term:
+        got = "the end" if tokens[pos] == "<end>" else f"'{tokens[pos]}'"
+        what = "a term" if pos > start else "an expression"
+        raise ExprSyntaxError(f"expected {what}, got {got} in '{text}'")
     return result, pos

@@ -81,7 +81,10 @@ class KernelBuilder:
 
     @contextmanager
     def loop(self, trip: int) -> Iterator[SSAValue]:
-        """`scf.for %i = 0 to trip step 1`; yields the induction variable."""
+        """`scf.for %i = 0 to trip step 1`; yields the induction variable (no loop for trip 1)."""
+        if trip == 1:
+            yield self.const(0)
+            return
         body = Block(arg_types=[IndexType()])
         outer = self.block
         op = scf.ForOp(self.const(0), self.const(trip), self.const(1), [], body)

@@ -4,10 +4,21 @@
     cm = tilecc.compile(model, (x,), target="tiny")
     y = cm(x)            # runs on the simulator
     print(cm.report)     # cycles, roofline bound, utilisation, ...
+
+The API is imported lazily so that IR tools (`tilecc-opt`, `xdsl-opt`) start without torch.
 """
 
-from tilecc.api import CompiledModel, compile, load
+from typing import Any
+
 from tilecc.errors import TileccError
 
 __all__ = ["compile", "load", "CompiledModel", "TileccError"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("compile", "load", "CompiledModel"):
+        from tilecc import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'tilecc' has no attribute {name!r}")
