@@ -12,7 +12,7 @@ def test_filecheck_suite():
     bindir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
     p = subprocess.run(
-        [sys.executable, "-m", "lit", "-v", str(HERE / "filecheck")],
+        [str(Path(sys.executable).parent / "lit"), "-v", str(HERE / "filecheck")],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
