@@ -14,7 +14,8 @@ from tilecc.simulator.isa import STORAGE, DType
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """Round fp32 values to bf16 (nearest-even, NaN preserved); return the uint16 bits."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    x = np.asarray(x, dtype=np.float32)
+    bits = np.ascontiguousarray(x).view(np.uint32).reshape(x.shape)
     rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
     out = ((bits + rounding) >> 16).astype(np.uint16)
     nan = np.isnan(x)
@@ -24,7 +25,8 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
-    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    b = np.asarray(b, dtype=np.uint16)
+    return (b.astype(np.uint32) << 16).view(np.float32).reshape(b.shape)
 
 
 def round_to(x: np.ndarray, dtype: DType) -> np.ndarray:

@@ -54,15 +54,20 @@ def load_factory(spec: str) -> tuple[Any, tuple]:
     return model, tuple(inputs)
 
 
-def tolerance(dtype) -> tuple[float, float]:
-    """(rtol, atol) used to compare with eager for an output dtype."""
+def tolerance(dtype, scale: float = 1.0) -> tuple[float, float]:
+    """(rtol, atol) used to compare with eager for an output dtype.
+
+    `scale` is the largest magnitude of the expected output: in bf16 a small result
+    computed from large cancelling values carries the rounding step of those values.
+    """
     import torch
 
+    scale = max(1.0, scale)
     if dtype == torch.bfloat16:
-        return 2e-2, 2e-2
+        return 2e-2, 2e-2 * scale
     if dtype == torch.float16:
-        return 2e-3, 2e-3
-    return 1e-4, 1e-5
+        return 2e-3, 2e-3 * scale
+    return 1e-4, 1e-5 * scale
 
 
 def compare(outputs: list, expected: list) -> tuple[bool, float]:
@@ -71,7 +76,7 @@ def compare(outputs: list, expected: list) -> tuple[bool, float]:
     ok, worst = True, 0.0
     for y, r in zip(outputs, expected, strict=True):
         r = r.detach()
-        rtol, atol = tolerance(r.dtype)
+        rtol, atol = tolerance(r.dtype, float(r.float().abs().max()) if r.numel() else 1.0)
         diff = (y.float() - r.float()).abs()
         worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
         ok &= bool(torch.allclose(y.float(), r.float(), rtol=rtol, atol=atol))

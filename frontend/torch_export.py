@@ -1,0 +1,595 @@
+"""Import a `torch.export.ExportedProgram` into the `graph` dialect.
+
+    ep = export_model(model, (x,))
+    program = import_exported_program(ep)      # GraphProgram
+
+The program is decomposed to Core ATen first (with ``scaled_dot_product_attention``
+kept whole: it is reported as unsupported rather than decomposed). Parameters,
+buffers and lifted constants become ``graph.weight`` ops whose float32 values go to
+`GraphProgram.weights`; user inputs become the arguments of ``@forward``. Every op
+carries ``"tilecc.loc"``: the user's ``file.py:LINE`` from the node's stack trace.
+
+Every node tilecc cannot import is collected, and one `UnsupportedOpError` lists all
+of them with their locations.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx import Node
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Block, Operation, Region, SSAValue
+
+from tilecc.errors import ExportError, ShapeError, TileccError, UnsupportedOpError
+from tilecc.ir import graph as g
+from tilecc.simulator.isa import DType
+
+aten = torch.ops.aten
+
+TORCH_FLOAT_DTYPES: dict[torch.dtype, DType] = {
+    torch.float32: DType.F32,
+    torch.bfloat16: DType.BF16,
+    torch.float16: DType.F16,
+}
+
+_TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+# ---------------------------------------------------------------------------
+# Export
+# ---------------------------------------------------------------------------
+
+
+def export_model(model: torch.nn.Module, example_inputs: Any) -> ExportedProgram:
+    """``torch.export.export(model.eval(), inputs)`` under ``torch.no_grad()``.
+
+    `example_inputs` is a tuple (a list or a single tensor is accepted). Torch errors
+    are re-raised as `ExportError`.
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    elif isinstance(example_inputs, list):
+        example_inputs = tuple(example_inputs)
+    elif not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    try:
+        with torch.no_grad():
+            return torch.export.export(model.eval(), example_inputs)
+    except TileccError:
+        raise
+    except Exception as e:  # torch raises many unrelated types here
+        msg = str(e).strip().splitlines()
+        first = msg[0] if msg else ""
+        raise ExportError(
+            f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
+        ) from e
+
+
+def decomposition_table() -> dict:
+    """Core ATen decompositions, keeping ``scaled_dot_product_attention`` whole."""
+    table = torch.export.default_decompositions()
+    table.pop(aten.scaled_dot_product_attention.default, None)
+    return table
+
+
+# ---------------------------------------------------------------------------
+# Locations
+# ---------------------------------------------------------------------------
+
+
+def node_location(node: Node) -> str:
+    """``"file.py:LINE"`` of the user code that produced `node`.
+
+    The last frame of ``meta["stack_trace"]`` outside the torch package (so a
+    ``nn.Linear`` call points at the user's line, not at torch/nn/modules/linear.py);
+    the last frame if all are inside torch; the node's name without a stack trace.
+    """
+    trace = node.meta.get("stack_trace")
+    if trace:
+        frames = _FRAME_RE.findall(trace)
+        if frames:
+            user = [f for f in frames if not os.path.realpath(f[0]).startswith(_TORCH_DIR)]
+            path, line = (user or frames)[-1]
+            return f"{os.path.basename(path)}:{line}"
+    return node.name
+
+
+# ---------------------------------------------------------------------------
+# Importer
+# ---------------------------------------------------------------------------
+
+
+class _Unsupported(Exception):
+    """A node the importer cannot convert (reason appended to the op name)."""
+
+    def __init__(self, reason: str = ""):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Poison:
+    """The value of a node that could not be imported (or of its dependants)."""
+
+    def __init__(self, what: str = ""):
+        self.what = what
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _bind(node: Node) -> dict[str, Any]:
+    """Arguments of an ATen call by schema name, defaults filled in."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    out: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args) and not a.kwarg_only:
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+def _meta_tensor(node: Node) -> torch.Tensor | None:
+    v = node.meta.get("val")
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _static_shape(t: torch.Tensor) -> list[int]:
+    shape = []
+    for d in t.shape:
+        if not isinstance(d, int):
+            raise _Unsupported(f"dynamic shape {list(t.shape)}")
+        shape.append(int(d))
+    return shape
+
+
+def _dtype(t: torch.dtype) -> DType:
+    try:
+        return TORCH_FLOAT_DTYPES[t]
+    except KeyError:
+        raise _Unsupported(f"dtype {t}") from None
+
+
+class _Importer:
+    def __init__(self, ep: ExportedProgram):
+        self.ep = ep
+        self.block = Block()
+        self.env: dict[Node, Any] = {}
+        self.unsupported: list[tuple[str, str]] = []
+        self.weights: dict[str, np.ndarray] = {}
+        self.input_names: list[str] = []
+        self.output_names: list[str] = []
+        self.input_types: list[TensorType] = []
+        self.loc = "<unknown>"  # location of the node being converted
+        self.handlers: dict[Any, Callable[[Node], Any]] = self._handlers()
+
+    # -- helpers ----------------------------------------------------------------
+
+    def emit(self, op: Operation) -> SSAValue:
+        g.set_loc(op, self.loc)
+        self.block.add_op(op)
+        return op.results[0]
+
+    def value(self, a: Any) -> Any:
+        """fx argument -> SSAValue / python value (recursively for lists)."""
+        if isinstance(a, Node):
+            return self.env[a]
+        if isinstance(a, list | tuple):
+            return type(a)(self.value(x) for x in a)
+        return a
+
+    def tensor(self, a: Any, what: str = "operand") -> SSAValue:
+        v = self.value(a)
+        if not isinstance(v, SSAValue):
+            raise _Unsupported(f"{what} is not a tensor")
+        return v
+
+    def out_meta(self, node: Node) -> tuple[list[int], DType]:
+        t = _meta_tensor(node)
+        if t is None:
+            raise _Unsupported("result is not a tensor")
+        return _static_shape(t), _dtype(t.dtype)
+
+    def cast_to(self, v: SSAValue, dt: DType) -> SSAValue:
+        if g.element_dtype(v.type) == dt:
+            return v
+        return self.emit(g.CastOp.make(v, dt))
+
+    def scalar(self, x: Any, dt: DType) -> SSAValue:
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            raise _Unsupported(f"scalar operand {x!r}")
+        return self.emit(g.ConstantOp.make(np.array(float(x), dtype=np.float32), dt))
+
+    def operand(self, a: Any, dt: DType) -> SSAValue:
+        """Tensor (cast to `dt`) or Python scalar (a rank-0 constant of `dt`)."""
+        v = self.value(a)
+        if isinstance(v, SSAValue):
+            return self.cast_to(v, dt)
+        return self.scalar(v, dt)
+
+    # -- handlers ---------------------------------------------------------------
+
+    def _handlers(self) -> dict[Any, Callable[[Node], Any]]:
+        h: dict[Any, Callable[[Node], Any]] = {
+            aten.mm.default: self.h_matmul,
+            aten.bmm.default: self.h_matmul,
+            aten.matmul.default: self.h_matmul,
+            aten.addmm.default: self.h_addmm,
+            aten.add.Tensor: self.binary(g.AddOp, alpha=True),
+            aten.add.Scalar: self.binary(g.AddOp, alpha=True),
+            aten.sub.Tensor: self.binary(g.SubOp, alpha=True),
+            aten.sub.Scalar: self.binary(g.SubOp, alpha=True),
+            aten.rsub.Tensor: self.binary(g.SubOp, alpha=True, swap=True),
+            aten.rsub.Scalar: self.binary(g.SubOp, alpha=True, swap=True),
+            aten.mul.Tensor: self.binary(g.MulOp),
+            aten.mul.Scalar: self.binary(g.MulOp),
+            aten.div.Tensor: self.binary(g.DivOp),
+            aten.div.Scalar: self.binary(g.DivOp),
+            aten.maximum.default: self.binary(g.MaximumOp),
+            aten.relu.default: self.unary(g.ReluOp),
+            aten.exp.default: self.unary(g.ExpOp),
+            aten.tanh.default: self.unary(g.TanhOp),
+            aten.sigmoid.default: self.unary(g.SigmoidOp),
+            aten.neg.default: self.unary(g.NegOp),
+            aten.rsqrt.default: self.unary(g.RsqrtOp),
+            aten.sqrt.default: self.unary(g.SqrtOp),
+            aten.silu.default: self.unary(g.SiluOp),
+            aten.gelu.default: self.h_gelu,
+            aten._softmax.default: self.h_softmax,
+            aten.softmax.int: self.h_softmax,
+            aten.native_layer_norm.default: self.h_layer_norm,
+            aten.permute.default: self.h_permute,
+            aten.t.default: self.h_t,
+            aten.transpose.int: self.h_transpose,
+            aten.view.default: self.h_reshape,
+            aten.reshape.default: self.h_reshape,
+            aten._unsafe_view.default: self.h_reshape,
+            aten.unsqueeze.default: self.h_reshape,
+            aten.squeeze.default: self.h_reshape,
+            aten.squeeze.dim: self.h_reshape,
+            aten.squeeze.dims: self.h_reshape,
+            aten.expand.default: self.h_expand,
+            aten.clone.default: self.h_identity,
+            aten.alias.default: self.h_identity,
+            aten.detach.default: self.h_identity,
+            aten.lift_fresh_copy.default: self.h_identity,
+            aten._to_copy.default: self.h_to_copy,
+            operator.getitem: self.h_getitem,
+            aten._assert_tensor_metadata.default: self.h_drop,
+        }
+        return h
+
+    def binary(self, cls: type[g.BinaryElementwiseOp], alpha: bool = False, swap: bool = False):
+        """``self op other`` (``other op self`` for rsub); ``alpha`` scales `other`."""
+
+        def handle(node: Node) -> SSAValue:
+            a = _bind(node)
+            _, dt = self.out_meta(node)
+            x, y = self.value(a["self"]), self.value(a["other"])
+            al = a.get("alpha", 1) if alpha else 1
+            if al is not None and al != 1:
+                if swap:
+                    x = self.scaled(x, al, dt)
+                else:
+                    y = self.scaled(y, al, dt)
+            if swap:
+                x, y = y, x
+            return self.emit(cls.make(self.operand_v(x, dt), self.operand_v(y, dt)))
+
+        return handle
+
+    def scaled(self, v: Any, factor: Any, dt: DType) -> Any:
+        if isinstance(v, SSAValue):
+            return self.emit(g.MulOp.make(self.cast_to(v, dt), self.scalar(factor, dt)))
+        return v * factor
+
+    def operand_v(self, v: Any, dt: DType) -> SSAValue:
+        if isinstance(v, SSAValue):
+            return self.cast_to(v, dt)
+        return self.scalar(v, dt)
+
+    def unary(self, cls: type[g.UnaryElementwiseOp]):
+        def handle(node: Node) -> SSAValue:
+            _, dt = self.out_meta(node)
+            return self.emit(cls.make(self.cast_to(self.tensor(node.args[0]), dt)))
+
+        return handle
+
+    def h_matmul(self, node: Node) -> SSAValue:
+        shape, dt = self.out_meta(node)
+        a = self.cast_to(self.tensor(node.args[0]), dt)
+        b = self.cast_to(self.tensor(node.args[1]), dt)
+        sa, sb = g.shape_of(a), g.shape_of(b)
+        if len(sa) == 0 or len(sb) == 0:
+            raise _Unsupported("rank-0 operand")
+        if len(sa) == 1:
+            a = self.emit(g.ReshapeOp.make(a, [1, sa[0]]))
+        if len(sb) == 1:
+            b = self.emit(g.ReshapeOp.make(b, [sb[0], 1]))
+        r = self.emit(g.MatmulOp.make(a, b))
+        if g.shape_of(r) != tuple(shape):
+            r = self.emit(g.ReshapeOp.make(r, shape))
+        return r
+
+    def h_addmm(self, node: Node) -> SSAValue:
+        a = _bind(node)
+        if a["beta"] != 1 or a["alpha"] != 1:
+            raise _Unsupported(f"beta={a['beta']}, alpha={a['alpha']}")
+        _, dt = self.out_meta(node)
+        mm = self.emit(
+            g.MatmulOp.make(
+                self.cast_to(self.tensor(a["mat1"]), dt), self.cast_to(self.tensor(a["mat2"]), dt)
+            )
+        )
+        return self.emit(g.AddOp.make(mm, self.operand(a["self"], dt)))
+
+    def h_gelu(self, node: Node) -> SSAValue:
+        a = _bind(node)
+        _, dt = self.out_meta(node)
+        approx = a["approximate"] or "none"
+        if approx not in ("none", "tanh"):
+            raise _Unsupported(f"approximate={approx!r}")
+        return self.emit(g.GeluOp.make(self.cast_to(self.tensor(a["self"]), dt), approx))
+
+    def h_softmax(self, node: Node) -> SSAValue:
+        a = _bind(node)
+        if a.get("half_to_float"):
+            raise _Unsupported("half_to_float=True")
+        _, dt = self.out_meta(node)
+        x = self.cast_to(self.tensor(a["self"]), dt)
+        return self.emit(g.SoftmaxOp.make(x, int(a["dim"])))
+
+    def h_layer_norm(self, node: Node) -> tuple:
+        a = _bind(node)
+        shape, dt = self.out_meta_first(node)
+        x = self.cast_to(self.tensor(a["input"]), dt)
+        norm = [int(d) for d in a["normalized_shape"]]
+        w, b = self.value(a["weight"]), self.value(a["bias"])
+        w = self.cast_to(w, dt) if isinstance(w, SSAValue) else self.emit(
+            g.ConstantOp.make(np.ones(norm, dtype=np.float32), dt)
+        )
+        b = self.cast_to(b, dt) if isinstance(b, SSAValue) else self.emit(
+            g.ConstantOp.make(np.zeros(norm, dtype=np.float32), dt)
+        )
+        y = self.emit(g.LayerNormOp.make(x, w, b, len(norm), float(a["eps"])))
+        return (y, _Poison("mean output"), _Poison("rstd output"))
+
+    def out_meta_first(self, node: Node) -> tuple[list[int], DType]:
+        v = node.meta.get("val")
+        if isinstance(v, list | tuple) and v and isinstance(v[0], torch.Tensor):
+            return _static_shape(v[0]), _dtype(v[0].dtype)
+        raise _Unsupported("unexpected result")
+
+    def h_permute(self, node: Node) -> SSAValue:
+        x = self.tensor(node.args[0])
+        return self.emit(g.PermuteOp.make(x, [int(d) for d in node.args[1]]))
+
+    def h_t(self, node: Node) -> SSAValue:
+        x = self.tensor(node.args[0])
+        if len(g.shape_of(x)) < 2:
+            return x
+        return self.emit(g.PermuteOp.make(x, [1, 0]))
+
+    def h_transpose(self, node: Node) -> SSAValue:
+        x = self.tensor(node.args[0])
+        rank = len(g.shape_of(x))
+        if rank == 0:
+            return x
+        d0, d1 = (int(d) % rank for d in node.args[1:3])
+        if d0 == d1:
+            return x
+        perm = list(range(rank))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return self.emit(g.PermuteOp.make(x, perm))
+
+    def h_reshape(self, node: Node) -> SSAValue:
+        shape, dt = self.out_meta(node)
+        x = self.tensor(node.args[0])
+        if g.shape_of(x) == tuple(shape):
+            return x
+        return self.emit(g.ReshapeOp.make(x, shape))
+
+    def h_expand(self, node: Node) -> SSAValue:
+        shape, dt = self.out_meta(node)
+        x = self.tensor(node.args[0])
+        if g.shape_of(x) == tuple(shape):
+            return x
+        return self.emit(g.ExpandOp.make(x, shape))
+
+    def h_identity(self, node: Node) -> SSAValue:
+        self.out_meta(node)  # result must be a float tensor
+        return self.tensor(node.args[0])
+
+    def h_to_copy(self, node: Node) -> SSAValue:
+        a = _bind(node)
+        layout = a.get("layout")
+        if layout is not None and layout != torch.strided:
+            raise _Unsupported(f"layout={layout}")
+        _, dt = self.out_meta(node)
+        return self.cast_to(self.tensor(a["self"]), dt)
+
+    def h_getitem(self, node: Node) -> Any:
+        src, idx = node.args
+        v = self.value(src)
+        if not isinstance(v, list | tuple):
+            raise _Unsupported("getitem on a non-tuple")
+        item = v[idx]
+        if isinstance(item, _Poison) and node.users:
+            # e.g. the mean / rstd outputs of native_layer_norm
+            producer = src.target if isinstance(src, Node) else None
+            name = _op_name(producer) if producer is not None else "getitem"
+            self.unsupported.append((f"{name} ({item.what})", self.loc))
+        return item
+
+    def h_drop(self, node: Node) -> None:
+        return None
+
+    # -- graph walk -------------------------------------------------------------
+
+    def record(self, node: Node, reason: str = "") -> None:
+        name = _op_name(node.target) if node.op == "call_function" else f"{node.op} {node.name}"
+        self.unsupported.append((f"{name} ({reason})" if reason else name, node_location(node)))
+
+    def first_user_loc(self, node: Node) -> str:
+        for u in node.users:
+            if u.op == "call_function":
+                return node_location(u)
+        return node.name
+
+    def placeholder(self, node: Node, spec) -> None:
+        if spec.kind == InputKind.USER_INPUT:
+            name = node.name
+            self.input_names.append(name)
+            t = _meta_tensor(node)
+            try:
+                if t is None:
+                    raise _Unsupported(f"non-tensor input {node.meta.get('val')!r}")
+                ty = g.tensor_type(_static_shape(t), _dtype(t.dtype))
+            except _Unsupported as e:
+                self.unsupported.append(
+                    (f"input '{name}' ({e.reason}; tilecc takes float32, bfloat16 and "
+                     "float16 tensors)", "<input>")
+                )
+                self.env[node] = _Poison("input")
+                self.input_types.append(None)  # type: ignore[arg-type]
+                return
+            self.input_types.append(ty)
+            self.env[node] = self.block.insert_arg(ty, len(self.block.args))
+            return
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            target = spec.target
+            if not node.users:
+                self.env[node] = _Poison("unused")
+                return
+            data = self.ep.state_dict.get(target)
+            if data is None:
+                data = self.ep.constants.get(target)
+            loc = self.first_user_loc(node)
+            if not isinstance(data, torch.Tensor):
+                self.unsupported.append((f"{spec.kind.name.lower()} '{target}' (not a tensor)", loc))
+                self.env[node] = _Poison("weight")
+                return
+            try:
+                shape = _static_shape(data)
+                dt = _dtype(data.dtype)
+            except _Unsupported as e:
+                self.unsupported.append((f"{spec.kind.name.lower()} '{target}' ({e.reason})", loc))
+                self.env[node] = _Poison("weight")
+                return
+            if target not in self.weights:
+                self.weights[target] = data.detach().to("cpu", torch.float32).contiguous().numpy().copy()
+            self.loc = loc
+            self.env[node] = self.emit(g.WeightOp.make(target, g.tensor_type(shape, dt)))
+            return
+        self.unsupported.append((f"{spec.kind.name.lower()} input '{node.name}'", "<input>"))
+        self.env[node] = _Poison("input")
+
+    def call(self, node: Node) -> None:
+        self.loc = node_location(node)
+        handler = self.handlers.get(node.target)
+        deps = [self.env.get(n) for n in node.all_input_nodes]
+        if any(isinstance(d, _Poison) for d in deps):
+            # an input could not be imported: only check that the op itself is known
+            if handler is None:
+                self.record(node)
+            self.env[node] = _Poison("dependency")
+            return
+        if handler is None:
+            self.record(node)
+            self.env[node] = _Poison("unsupported")
+            return
+        try:
+            self.env[node] = handler(node)
+        except _Unsupported as e:
+            self.record(node, e.reason)
+            self.env[node] = _Poison("unsupported")
+        except ShapeError as e:
+            self.record(node, str(e))
+            self.env[node] = _Poison("unsupported")
+
+    def run(self) -> g.GraphProgram:
+        ep = self.ep
+        specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+        out_node = None
+        for node in ep.graph.nodes:
+            if node.op == "placeholder":
+                self.placeholder(node, specs[node.name])
+            elif node.op == "call_function":
+                self.call(node)
+            elif node.op == "output":
+                out_node = node
+            else:
+                self.record(node)
+                self.env[node] = _Poison("unsupported")
+
+        results: list[SSAValue] = []
+        outs = list(out_node.args[0]) if out_node is not None else []
+        for spec, a in zip(ep.graph_signature.output_specs, outs):
+            name = getattr(spec.arg, "name", str(spec.arg))
+            if spec.kind != OutputKind.USER_OUTPUT:
+                self.unsupported.append(
+                    (f"{spec.kind.name.lower()} '{spec.target or name}'", "<output>")
+                )
+                continue
+            self.output_names.append(name)
+            v = self.env.get(a) if isinstance(a, Node) else a
+            if isinstance(v, SSAValue):
+                results.append(v)
+            elif not isinstance(v, _Poison):
+                self.unsupported.append((f"output '{name}' (not a tensor: {v!r})", "<output>"))
+
+        if self.unsupported:
+            raise UnsupportedOpError(self.unsupported)
+
+        self.block.add_op(func.ReturnOp(*results))
+        fn = func.FuncOp(
+            "forward", (self.input_types, [r.type for r in results]), Region(self.block)
+        )
+        module = ModuleOp([fn])
+        module.verify()
+        return g.GraphProgram(
+            module=module,
+            weights=self.weights,
+            input_names=self.input_names,
+            output_names=self.output_names,
+        )
+
+
+def import_exported_program(ep: ExportedProgram) -> g.GraphProgram:
+    """Decompose `ep` to Core ATen (sdpa kept whole) and import it as a `GraphProgram`.
+
+    Raises one `UnsupportedOpError` listing every node that cannot be imported.
+    """
+    try:
+        core = ep.run_decompositions(decomposition_table())
+    except TileccError:
+        raise
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        raise ExportError(
+            f"decomposing the exported program failed: {type(e).__name__}: {msg[0] if msg else ''}"
+        ) from e
+    return _Importer(core).run()
+
+
+def supported_targets() -> set[Any]:
+    """The fx targets the importer knows (some with conditions on their arguments)."""
+    return set(_Importer.__new__(_Importer)._handlers())

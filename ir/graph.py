@@ -1,0 +1,938 @@
+"""The `graph` dialect: ATen-granularity tensor ops with static shapes.
+
+Values are builtin `TensorType`s with a static shape and element type f32, bf16 or
+f16. A module holds one ``func.func @forward``: user inputs are its arguments,
+parameters / buffers / lifted constants are ``graph.weight`` ops whose data lives in
+`GraphProgram.weights`, small constants are ``graph.constant``.
+
+Every op:
+
+- prints and parses in a custom assembly format that keeps the attr-dict, so the
+  discardable attribute ``"tilecc.loc"`` (``"file.py:LINE"``) survives a round trip;
+- verifies operand / result types in ``verify_()`` (raising `VerifyException`);
+- has a builder ``Op.make(...)`` that infers the result type and raises
+  `tilecc.errors.ShapeError` on operands it cannot take;
+- has ``reference(*args)``: numpy semantics on float32 values (the interpreter rounds
+  each result to the result element type).
+
+Sample::
+
+    %0 = graph.weight "fc1.weight" {tilecc.loc = "model.py:12"} : tensor<53x37xf32>
+    %1 = graph.permute %0 [1, 0] : tensor<53x37xf32> -> tensor<37x53xf32>
+    %2 = graph.matmul %arg0, %1 : tensor<5x37xf32>, tensor<37x53xf32> -> tensor<5x53xf32>
+    %3 = graph.gelu %2 approximate "none" : tensor<5x53xf32>
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    I64,
+    AnyAttr,
+    BFloat16Type,
+    BytesAttr,
+    DenseArrayBase,
+    DenseIntOrFPElementsAttr,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    FloatAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+    f64,
+    i64,
+)
+from xdsl.ir import Attribute, Dialect, Operation, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    ParamAttrConstraint,
+    VarConstraint,
+    base,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    result_def,
+)
+from xdsl.utils.exceptions import VerifyException
+
+from tilecc.errors import ShapeError
+from tilecc.simulator.isa import DTYPE_NAMES, DType
+
+LOC_ATTR = "tilecc.loc"
+UNKNOWN_LOC = "<unknown>"
+
+# ---------------------------------------------------------------------------
+# Types and helpers
+# ---------------------------------------------------------------------------
+
+_ELEMENT_DTYPES: dict[type[Attribute], DType] = {
+    Float32Type: DType.F32,
+    BFloat16Type: DType.BF16,
+    Float16Type: DType.F16,
+}
+_DTYPE_ELEMENTS: dict[DType, Attribute] = {
+    DType.F32: Float32Type(),
+    DType.BF16: BFloat16Type(),
+    DType.F16: Float16Type(),
+}
+# numpy storage of each element type (bf16 as raw uint16 bits)
+_NP_STORAGE = {DType.F32: np.float32, DType.F16: np.float16, DType.BF16: np.uint16}
+
+
+def element_dtype(t: Attribute) -> DType:
+    """The `DType` of a tensor type's element type (or of an element type itself)."""
+    et = t.get_element_type() if isinstance(t, TensorType) else t
+    try:
+        return _ELEMENT_DTYPES[type(et)]
+    except KeyError:
+        raise ValueError(f"unsupported element type {et} (tilecc: f32, bf16, f16)") from None
+
+
+def element_type(dtype: DType | Attribute) -> Attribute:
+    """The xdsl element type of a `DType` (an xdsl float type is returned unchanged)."""
+    if isinstance(dtype, Attribute):
+        element_dtype(dtype)  # validates
+        return dtype
+    try:
+        return _DTYPE_ELEMENTS[DType(dtype)]
+    except KeyError:
+        raise ValueError(f"unsupported element type {dtype!r} (tilecc: f32, bf16, f16)") from None
+
+
+_element_type = element_type
+
+
+def tensor_type(shape: Sequence[int], dtype: DType | Attribute) -> TensorType:
+    """``tensor<shape x dtype>`` from a shape and a `DType` (or an xdsl element type)."""
+    return TensorType(element_type(dtype), [int(d) for d in shape])
+
+
+def shape_of(v: SSAValue | TensorType) -> tuple[int, ...]:
+    t = v.type if isinstance(v, SSAValue) else v
+    assert isinstance(t, TensorType), t
+    return tuple(t.get_shape())
+
+
+def source_loc(op: Operation) -> str:
+    """The op's ``"tilecc.loc"`` (``"file.py:LINE"``), or ``"<unknown>"``."""
+    a = op.attributes.get(LOC_ATTR)
+    if isinstance(a, StringAttr):
+        return a.data
+    return UNKNOWN_LOC
+
+
+def set_loc(op: Operation, loc: str | None) -> Operation:
+    """Attach ``"tilecc.loc"`` to `op` (no-op when `loc` is None); returns `op`."""
+    if loc is not None:
+        op.attributes[LOC_ATTR] = StringAttr(loc)
+    return op
+
+
+def _fmt(t: Attribute) -> str:
+    if isinstance(t, TensorType):
+        try:
+            dt = DTYPE_NAMES[element_dtype(t)]
+        except ValueError:
+            dt = str(t.get_element_type())
+        return f"tensor<{'x'.join(str(d) for d in t.get_shape())}{'x' if t.get_shape() else ''}{dt}>"
+    return str(t)
+
+
+def _check_tensor(t: Attribute, op: str, what: str) -> TensorType:
+    """Raise ShapeError unless `t` is a static tensor of f32 / bf16 / f16."""
+    if not isinstance(t, TensorType):
+        raise ShapeError(f"{op}: {what} must be a tensor, got {t}")
+    shape = t.get_shape()
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"{op}: {what} must have a static shape, got {t}")
+    if type(t.get_element_type()) not in _ELEMENT_DTYPES:
+        raise ShapeError(
+            f"{op}: {what} element type must be f32, bf16 or f16, got {t.get_element_type()}"
+        )
+    return t
+
+
+def _same_element(op: str, *types: TensorType) -> Attribute:
+    et = types[0].get_element_type()
+    if any(t.get_element_type() != et for t in types[1:]):
+        raise ShapeError(
+            f"{op}: operand element types differ: {', '.join(_fmt(t) for t in types)}"
+        )
+    return et
+
+
+def broadcast_shapes(op: str, *shapes: Sequence[int]) -> tuple[int, ...]:
+    """numpy / torch broadcasting; ShapeError naming `op` and the shapes on mismatch."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ShapeError(
+                f"{op}: shapes {', '.join(str(list(s)) for s in shapes)} do not broadcast"
+            )
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def _value(x: SSAValue | Operation) -> SSAValue:
+    return SSAValue.get(x)
+
+
+# ---------------------------------------------------------------------------
+# Base class
+# ---------------------------------------------------------------------------
+
+
+class GraphOp(IRDLOperation):
+    """Common behaviour: verification through type inference, `reference`."""
+
+    def infer_result_type(self) -> TensorType:
+        """The result type implied by operands and properties (raises ShapeError)."""
+        raise NotImplementedError
+
+    def verify_(self) -> None:
+        try:
+            for i, o in enumerate(self.operands):
+                _check_tensor(o.type, self.name, f"operand #{i}")
+            _check_tensor(self.results[0].type, self.name, "result")
+            inferred = self.infer_result_type()
+        except ShapeError as e:
+            raise VerifyException(str(e)) from None
+        res = self.results[0].type
+        if res != inferred:
+            raise VerifyException(
+                f"{self.name}: result type {_fmt(res)} does not match the inferred "
+                f"type {_fmt(inferred)} (operands: "
+                f"{', '.join(_fmt(o.type) for o in self.operands) or 'none'})"
+            )
+
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        raise NotImplementedError(self.name)
+
+
+# ---------------------------------------------------------------------------
+# Sources: weights and constants
+# ---------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class WeightOp(GraphOp):
+    """A parameter, buffer or lifted constant; data in `GraphProgram.weights[name]`."""
+
+    name = "graph.weight"
+    weight_name = prop_def(StringAttr, prop_name="name")
+    result = result_def(TensorType)
+
+    assembly_format = "$name attr-dict `:` type($result)"
+
+    @classmethod
+    def make(cls, name: str, type: TensorType, *, loc: str | None = None) -> WeightOp:
+        _check_tensor(type, cls.name, "result")
+        op = cls.create(result_types=[type], properties={"name": StringAttr(name)})
+        return set_loc(op, loc)
+
+    @property
+    def weight(self) -> str:
+        return self.weight_name.data
+
+    def infer_result_type(self) -> TensorType:
+        return self.result.type
+
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        raise NotImplementedError(
+            f"graph.weight {self.weight!r}: its data lives in GraphProgram.weights"
+        )
+
+
+@irdl_op_definition
+class ConstantOp(GraphOp):
+    """A small constant (scalars are rank-0 tensors)."""
+
+    name = "graph.constant"
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    value = prop_def(ParamAttrConstraint(DenseIntOrFPElementsAttr, (T, AnyAttr())))
+    result = result_def(T)
+
+    assembly_format = "$value attr-dict"
+
+    @classmethod
+    def make(
+        cls, value: np.ndarray | float, element_type: DType | Attribute, *, loc: str | None = None
+    ) -> ConstantOp:
+        from tilecc.simulator.numerics import f32_to_bf16_bits, round_to
+
+        arr = np.asarray(value, dtype=np.float32)
+        t = tensor_type(arr.shape, element_type)
+        dt = element_dtype(t)
+        arr = np.asarray(round_to(arr, dt), dtype=np.float32).reshape(arr.shape)
+        if dt == DType.BF16:
+            data = f32_to_bf16_bits(arr).reshape(arr.shape)
+        else:
+            data = arr.astype(_NP_STORAGE[dt])
+        raw = np.ascontiguousarray(data).astype(data.dtype.newbyteorder("<")).tobytes()
+        attr = DenseIntOrFPElementsAttr(t, BytesAttr(raw))
+        op = cls.create(result_types=[t], properties={"value": attr})
+        return set_loc(op, loc)
+
+    def infer_result_type(self) -> TensorType:
+        return self.value.type
+
+    def values(self) -> np.ndarray:
+        """The constant as float32 values of the result's shape."""
+        from tilecc.simulator.numerics import bf16_bits_to_f32
+
+        t = self.value.type
+        dt = element_dtype(t)
+        raw = np.frombuffer(self.value.data.data, dtype=np.dtype(_NP_STORAGE[dt]).newbyteorder("<"))
+        vals = bf16_bits_to_f32(raw) if dt == DType.BF16 else raw.astype(np.float32)
+        shape = tuple(t.get_shape())
+        n = math.prod(shape)
+        if vals.size == 1 and n != 1:
+            vals = np.broadcast_to(vals, (n,))
+        return np.array(vals, dtype=np.float32).reshape(shape)
+
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        return self.values()
+
+
+# ---------------------------------------------------------------------------
+# Matmul
+# ---------------------------------------------------------------------------
+
+
+def matmul_shape(op: str, a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    if len(a) < 2 or len(b) < 2:
+        raise ShapeError(f"{op}: operands must have rank >= 2, got {list(a)} and {list(b)}")
+    if a[-1] != b[-2]:
+        raise ShapeError(
+            f"{op}: contraction dims differ: {list(a)} @ {list(b)} ({a[-1]} != {b[-2]})"
+        )
+    try:
+        batch = broadcast_shapes(op, a[:-2], b[:-2])
+    except ShapeError:
+        raise ShapeError(
+            f"{op}: batch dims of {list(a)} and {list(b)} do not broadcast"
+        ) from None
+    return (*batch, a[-2], b[-1])
+
+
+@irdl_op_definition
+class MatmulOp(GraphOp):
+    """torch.matmul on rank >= 2 operands: [..., M, K] @ [..., K, N], batch broadcast."""
+
+    name = "graph.matmul"
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = (
+        "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
+    )
+
+    @staticmethod
+    def infer(lhs: TensorType, rhs: TensorType) -> TensorType:
+        _check_tensor(lhs, MatmulOp.name, "lhs")
+        _check_tensor(rhs, MatmulOp.name, "rhs")
+        et = _same_element(MatmulOp.name, lhs, rhs)
+        return TensorType(et, matmul_shape(MatmulOp.name, lhs.get_shape(), rhs.get_shape()))
+
+    def infer_result_type(self) -> TensorType:
+        return self.infer(self.lhs.type, self.rhs.type)
+
+    @classmethod
+    def make(cls, lhs: SSAValue, rhs: SSAValue, *, loc: str | None = None) -> MatmulOp:
+        lhs, rhs = _value(lhs), _value(rhs)
+        t = cls.infer(lhs.type, rhs.type)
+        return set_loc(cls.create(operands=[lhs, rhs], result_types=[t]), loc)
+
+    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        # accumulate in float64: a tighter reference than any fp32 summation order
+        return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Binary elementwise
+# ---------------------------------------------------------------------------
+
+
+class BinaryElementwiseOp(GraphOp):
+    """``lhs op rhs`` with numpy / torch broadcasting; equal element types."""
+
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = (
+        "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
+    )
+
+    @classmethod
+    def infer(cls, lhs: TensorType, rhs: TensorType) -> TensorType:
+        _check_tensor(lhs, cls.name, "lhs")
+        _check_tensor(rhs, cls.name, "rhs")
+        et = _same_element(cls.name, lhs, rhs)
+        return TensorType(et, broadcast_shapes(cls.name, lhs.get_shape(), rhs.get_shape()))
+
+    def infer_result_type(self) -> TensorType:
+        return self.infer(self.lhs.type, self.rhs.type)
+
+    @classmethod
+    def make(cls, lhs: SSAValue, rhs: SSAValue, *, loc: str | None = None):
+        lhs, rhs = _value(lhs), _value(rhs)
+        t = cls.infer(lhs.type, rhs.type)
+        return set_loc(cls.create(operands=[lhs, rhs], result_types=[t]), loc)
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a = np.asarray(a, dtype=np.float32)
+        b = np.asarray(b, dtype=np.float32)
+        with np.errstate(all="ignore"):
+            return np.asarray(self.compute(a, b), dtype=np.float32)
+
+
+@irdl_op_definition
+class AddOp(BinaryElementwiseOp):
+    name = "graph.add"
+    compute = staticmethod(np.add)
+
+
+@irdl_op_definition
+class SubOp(BinaryElementwiseOp):
+    name = "graph.sub"
+    compute = staticmethod(np.subtract)
+
+
+@irdl_op_definition
+class MulOp(BinaryElementwiseOp):
+    name = "graph.mul"
+    compute = staticmethod(np.multiply)
+
+
+@irdl_op_definition
+class DivOp(BinaryElementwiseOp):
+    name = "graph.div"
+    compute = staticmethod(np.divide)
+
+
+def _torch_maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.maximum(a, b)  # NaN-propagating, like torch.maximum
+
+
+@irdl_op_definition
+class MaximumOp(BinaryElementwiseOp):
+    name = "graph.maximum"
+    compute = staticmethod(_torch_maximum)
+
+
+# ---------------------------------------------------------------------------
+# Unary elementwise
+# ---------------------------------------------------------------------------
+
+
+class UnaryElementwiseOp(GraphOp):
+    """``f(input)``, result of the same type."""
+
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    input = operand_def(T)
+    result = result_def(T)
+
+    assembly_format = "$input attr-dict `:` type($result)"
+
+    @classmethod
+    def infer(cls, x: TensorType) -> TensorType:
+        return _check_tensor(x, cls.name, "input")
+
+    def infer_result_type(self) -> TensorType:
+        return self.infer(self.input.type)
+
+    @classmethod
+    def make(cls, x: SSAValue, *, loc: str | None = None):
+        x = _value(x)
+        t = cls.infer(x.type)
+        return set_loc(cls.create(operands=[x], result_types=[t]), loc)
+
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        with np.errstate(all="ignore"):
+            return np.asarray(self.compute(x), dtype=np.float32)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return (1.0 / (1.0 + np.exp(-x64))).astype(np.float32)
+
+
+@irdl_op_definition
+class ReluOp(UnaryElementwiseOp):
+    name = "graph.relu"
+
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return np.where(x > 0, x, np.where(np.isnan(x), x, np.float32(0)))
+
+
+@irdl_op_definition
+class ExpOp(UnaryElementwiseOp):
+    name = "graph.exp"
+    compute = staticmethod(np.exp)
+
+
+@irdl_op_definition
+class TanhOp(UnaryElementwiseOp):
+    name = "graph.tanh"
+    compute = staticmethod(np.tanh)
+
+
+@irdl_op_definition
+class SigmoidOp(UnaryElementwiseOp):
+    name = "graph.sigmoid"
+    compute = staticmethod(_sigmoid)
+
+
+@irdl_op_definition
+class NegOp(UnaryElementwiseOp):
+    name = "graph.neg"
+    compute = staticmethod(np.negative)
+
+
+@irdl_op_definition
+class RsqrtOp(UnaryElementwiseOp):
+    name = "graph.rsqrt"
+
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return (1.0 / np.sqrt(x.astype(np.float64))).astype(np.float32)
+
+
+@irdl_op_definition
+class SqrtOp(UnaryElementwiseOp):
+    name = "graph.sqrt"
+    compute = staticmethod(np.sqrt)
+
+
+@irdl_op_definition
+class SiluOp(UnaryElementwiseOp):
+    name = "graph.silu"
+
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return (x.astype(np.float64) * _sigmoid(x).astype(np.float64)).astype(np.float32)
+
+
+def _erf(x64: np.ndarray) -> np.ndarray:
+    """erf in float64 (numpy has none; torch's is vectorised and accurate)."""
+    import torch
+
+    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x64, dtype=np.float64))).numpy()
+
+
+def gelu_reference(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    x64 = np.asarray(x, dtype=np.float64)
+    if approximate == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)
+        y = 0.5 * x64 * (1.0 + np.tanh(inner))
+    else:
+        y = 0.5 * x64 * (1.0 + _erf(x64 / math.sqrt(2.0)))
+    return y.astype(np.float32)
+
+
+@irdl_op_definition
+class GeluOp(GraphOp):
+    """GELU; ``approximate`` is ``"none"`` (erf) or ``"tanh"``."""
+
+    name = "graph.gelu"
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    input = operand_def(T)
+    approximate = prop_def(StringAttr)
+    result = result_def(T)
+
+    assembly_format = "$input `approximate` $approximate attr-dict `:` type($result)"
+
+    APPROXIMATIONS: ClassVar = ("none", "tanh")
+
+    def infer_result_type(self) -> TensorType:
+        if self.approximate.data not in self.APPROXIMATIONS:
+            raise ShapeError(
+                f"graph.gelu: approximate must be 'none' or 'tanh', got {self.approximate.data!r}"
+            )
+        return _check_tensor(self.input.type, self.name, "input")
+
+    @classmethod
+    def make(cls, x: SSAValue, approximate: str = "none", *, loc: str | None = None) -> GeluOp:
+        x = _value(x)
+        if approximate not in cls.APPROXIMATIONS:
+            raise ShapeError(f"graph.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        t = _check_tensor(x.type, cls.name, "input")
+        op = cls.create(
+            operands=[x], result_types=[t], properties={"approximate": StringAttr(approximate)}
+        )
+        return set_loc(op, loc)
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        return gelu_reference(x, self.approximate.data)
+
+
+# ---------------------------------------------------------------------------
+# Reductions-with-broadcast: softmax, layer norm
+# ---------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class SoftmaxOp(GraphOp):
+    """Softmax along `dim` (non-negative)."""
+
+    name = "graph.softmax"
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    input = operand_def(T)
+    dim = prop_def(IntegerAttr[I64])
+    result = result_def(T)
+
+    assembly_format = "$input `dim` $dim attr-dict `:` type($result)"
+
+    def infer_result_type(self) -> TensorType:
+        t = _check_tensor(self.input.type, self.name, "input")
+        d = self.dim.value.data
+        if not 0 <= d < t.get_num_dims():
+            raise ShapeError(
+                f"graph.softmax: dim {d} out of range for {_fmt(t)} (must be in [0, {t.get_num_dims()}))"
+            )
+        return t
+
+    @classmethod
+    def make(cls, x: SSAValue, dim: int, *, loc: str | None = None) -> SoftmaxOp:
+        x = _value(x)
+        t = _check_tensor(x.type, cls.name, "input")
+        rank = t.get_num_dims()
+        if not -rank <= dim < rank or rank == 0:
+            raise ShapeError(f"graph.softmax: dim {dim} out of range for shape {list(t.get_shape())}")
+        dim %= rank
+        op = cls.create(
+            operands=[x], result_types=[t], properties={"dim": IntegerAttr(dim, i64)}
+        )
+        return set_loc(op, loc)
+
+    @property
+    def axis(self) -> int:
+        return self.dim.value.data
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        m = np.max(x, axis=self.axis, keepdims=True)
+        with np.errstate(all="ignore"):
+            e = np.exp(x - m)
+            return (e / np.sum(e, axis=self.axis, keepdims=True)).astype(np.float32)
+
+
+@irdl_op_definition
+class LayerNormOp(GraphOp):
+    """Layer norm over the trailing `normalized_ndim` dims; ``y = (x-mean)*rstd*w + b``."""
+
+    name = "graph.layer_norm"
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    bias = operand_def(TensorType)
+    normalized_ndim = prop_def(IntegerAttr[I64])
+    eps = prop_def(FloatAttr[Float64Type])
+    result = result_def(TensorType)
+
+    assembly_format = (
+        "$input `,` $weight `,` $bias `normalized_ndim` $normalized_ndim `eps` $eps "
+        "attr-dict `:` type($input) `,` type($weight) `,` type($bias) `->` type($result)"
+    )
+
+    @staticmethod
+    def infer(
+        x: TensorType, w: TensorType, b: TensorType, normalized_ndim: int, eps: float
+    ) -> TensorType:
+        op = LayerNormOp.name
+        _check_tensor(x, op, "input")
+        _check_tensor(w, op, "weight")
+        _check_tensor(b, op, "bias")
+        _same_element(op, x, w, b)
+        shape = tuple(x.get_shape())
+        if not 1 <= normalized_ndim <= len(shape):
+            raise ShapeError(
+                f"{op}: normalized_ndim {normalized_ndim} out of range for input {list(shape)}"
+            )
+        norm = shape[len(shape) - normalized_ndim :]
+        for what, t in (("weight", w), ("bias", b)):
+            if tuple(t.get_shape()) != norm:
+                raise ShapeError(
+                    f"{op}: {what} shape {list(t.get_shape())} must equal the normalised "
+                    f"dims {list(norm)} of input {list(shape)}"
+                )
+        if not (eps >= 0.0):
+            raise ShapeError(f"{op}: eps must be >= 0, got {eps}")
+        return x
+
+    def infer_result_type(self) -> TensorType:
+        return self.infer(
+            self.input.type, self.weight.type, self.bias.type,
+            self.normalized_ndim.value.data, self.eps.value.data,
+        )
+
+    @classmethod
+    def make(
+        cls,
+        x: SSAValue,
+        weight: SSAValue,
+        bias: SSAValue,
+        normalized_ndim: int,
+        eps: float,
+        *,
+        loc: str | None = None,
+    ) -> LayerNormOp:
+        x, weight, bias = _value(x), _value(weight), _value(bias)
+        t = cls.infer(x.type, weight.type, bias.type, int(normalized_ndim), float(eps))
+        op = cls.create(
+            operands=[x, weight, bias],
+            result_types=[t],
+            properties={
+                "normalized_ndim": IntegerAttr(int(normalized_ndim), i64),
+                "eps": FloatAttr(float(eps), f64),
+            },
+        )
+        return set_loc(op, loc)
+
+    def reference(self, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        n = self.normalized_ndim.value.data
+        axes = tuple(range(x.ndim - n, x.ndim))
+        x64 = np.asarray(x, dtype=np.float64)
+        mean = np.mean(x64, axis=axes, keepdims=True)
+        var = np.mean((x64 - mean) ** 2, axis=axes, keepdims=True)
+        y = (x64 - mean) / np.sqrt(var + self.eps.value.data)
+        return (y * w.astype(np.float64) + b.astype(np.float64)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Data movement / type changes
+# ---------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class PermuteOp(GraphOp):
+    """``result.shape[i] = input.shape[perm[i]]`` (torch.permute)."""
+
+    name = "graph.permute"
+    input = operand_def(TensorType)
+    perm = prop_def(DenseArrayBase.constr(I64))
+    result = result_def(TensorType)
+
+    assembly_format = "$input $perm attr-dict `:` type($input) `->` type($result)"
+
+    @staticmethod
+    def infer(x: TensorType, perm: Sequence[int]) -> TensorType:
+        _check_tensor(x, PermuteOp.name, "input")
+        shape = x.get_shape()
+        if sorted(perm) != list(range(len(shape))):
+            raise ShapeError(
+                f"graph.permute: {list(perm)} is not a permutation of the dims of {list(shape)}"
+            )
+        return TensorType(x.get_element_type(), [shape[p] for p in perm])
+
+    @property
+    def permutation(self) -> tuple[int, ...]:
+        return tuple(self.perm.get_values())
+
+    def infer_result_type(self) -> TensorType:
+        return self.infer(self.input.type, self.permutation)
+
+    @classmethod
+    def make(cls, x: SSAValue, perm: Sequence[int], *, loc: str | None = None) -> PermuteOp:
+        x = _value(x)
+        _check_tensor(x.type, cls.name, "input")
+        rank = x.type.get_num_dims()
+        norm = [int(p) + rank if int(p) < 0 else int(p) for p in perm]
+        t = cls.infer(x.type, norm)
+        op = cls.create(
+            operands=[x], result_types=[t], properties={"perm": DenseArrayBase.from_list(i64, norm)}
+        )
+        return set_loc(op, loc)
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.transpose(x, self.permutation))
+
+
+@irdl_op_definition
+class ReshapeOp(GraphOp):
+    """Row-major reshape to the result type's shape (same element count)."""
+
+    name = "graph.reshape"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    @staticmethod
+    def infer(x: TensorType, shape: Sequence[int]) -> TensorType:
+        _check_tensor(x, ReshapeOp.name, "input")
+        src = list(x.get_shape())
+        shape = [int(d) for d in shape]
+        n = math.prod(src)
+        if shape.count(-1) > 1 or any(d < -1 for d in shape):
+            raise ShapeError(f"graph.reshape: invalid target shape {shape} for input {src}")
+        if -1 in shape:
+            rest = math.prod(d for d in shape if d != -1)
+            if rest == 0 or n % rest:
+                raise ShapeError(f"graph.reshape: cannot reshape {src} to {shape}")
+            shape[shape.index(-1)] = n // rest
+        if math.prod(shape) != n:
+            raise ShapeError(
+                f"graph.reshape: cannot reshape {src} ({n} elements) to {shape} "
+                f"({math.prod(shape)} elements)"
+            )
+        return TensorType(x.get_element_type(), shape)
+
+    def infer_result_type(self) -> TensorType:
+        return self.infer(self.input.type, self.result.type.get_shape())
+
+    @classmethod
+    def make(cls, x: SSAValue, shape: Sequence[int], *, loc: str | None = None) -> ReshapeOp:
+        x = _value(x)
+        t = cls.infer(x.type, shape)
+        return set_loc(cls.create(operands=[x], result_types=[t]), loc)
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        return np.reshape(x, tuple(self.result.type.get_shape()))
+
+
+@irdl_op_definition
+class ExpandOp(GraphOp):
+    """Broadcast to the result shape (numpy.broadcast_to / torch.expand)."""
+
+    name = "graph.expand"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    @staticmethod
+    def infer(x: TensorType, shape: Sequence[int]) -> TensorType:
+        _check_tensor(x, ExpandOp.name, "input")
+        src = list(x.get_shape())
+        shape = [int(d) for d in shape]
+        if len(shape) < len(src):
+            raise ShapeError(f"graph.expand: cannot expand {src} to fewer dims {shape}")
+        lead = len(shape) - len(src)
+        out = list(shape)
+        for i, s in enumerate(src):
+            d = shape[lead + i]
+            if d == -1:
+                out[lead + i] = s
+            elif s != d and s != 1:
+                raise ShapeError(f"graph.expand: cannot expand {src} to {shape}")
+        if any(d < 0 for d in out):
+            raise ShapeError(f"graph.expand: invalid target shape {shape} for input {src}")
+        return TensorType(x.get_element_type(), out)
+
+    def infer_result_type(self) -> TensorType:
+        return self.infer(self.input.type, self.result.type.get_shape())
+
+    @classmethod
+    def make(cls, x: SSAValue, shape: Sequence[int], *, loc: str | None = None) -> ExpandOp:
+        x = _value(x)
+        t = cls.infer(x.type, shape)
+        return set_loc(cls.create(operands=[x], result_types=[t]), loc)
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.broadcast_to(x, tuple(self.result.type.get_shape())))
+
+
+@irdl_op_definition
+class CastOp(GraphOp):
+    """Element type conversion (round to nearest even); the shape is unchanged."""
+
+    name = "graph.cast"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    @staticmethod
+    def infer(x: TensorType, et: Attribute) -> TensorType:
+        _check_tensor(x, CastOp.name, "input")
+        return _check_tensor(TensorType(et, x.get_shape()), CastOp.name, "result")
+
+    def infer_result_type(self) -> TensorType:
+        return self.infer(self.input.type, self.result.type.get_element_type())
+
+    @classmethod
+    def make(
+        cls, x: SSAValue, element_type: DType | Attribute, *, loc: str | None = None
+    ) -> CastOp:
+        x = _value(x)
+        try:
+            et = _element_type(element_type)
+        except ValueError as e:
+            raise ShapeError(f"graph.cast: {e}") from None
+        t = cls.infer(x.type, et)
+        return set_loc(cls.create(operands=[x], result_types=[t]), loc)
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32).copy()
+
+
+# ---------------------------------------------------------------------------
+# Dialect and program container
+# ---------------------------------------------------------------------------
+
+UNARY_OPS: tuple[type[UnaryElementwiseOp], ...] = (
+    ReluOp, ExpOp, TanhOp, SigmoidOp, NegOp, RsqrtOp, SqrtOp, SiluOp,
+)
+BINARY_OPS: tuple[type[BinaryElementwiseOp], ...] = (AddOp, SubOp, MulOp, DivOp, MaximumOp)
+ALL_OPS: tuple[type[GraphOp], ...] = (
+    WeightOp, ConstantOp, MatmulOp, *BINARY_OPS, *UNARY_OPS, GeluOp, SoftmaxOp,
+    LayerNormOp, PermuteOp, ReshapeOp, ExpandOp, CastOp,
+)
+
+Graph = Dialect("graph", list(ALL_OPS), [])
+
+
+def graph_context():
+    """A `Context` with builtin, func and graph loaded (for parsing graph IR)."""
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import Builtin
+
+    ctx = Context()
+    ctx.load_dialect(Builtin)
+    ctx.load_dialect(func.Func)
+    ctx.load_dialect(Graph)
+    return ctx
+
+
+@dataclass
+class GraphProgram:
+    """A ``graph``-level program: the module plus the weight data."""
+
+    module: ModuleOp
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+
+    @property
+    def func(self) -> func.FuncOp:
+        """The ``@forward`` function."""
+        for op in self.module.ops:
+            if isinstance(op, func.FuncOp) and op.sym_name.data == "forward":
+                return op
+        raise ValueError("graph module has no func.func @forward")
+
+    def __str__(self) -> str:
+        return str(self.module)
