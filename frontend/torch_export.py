@@ -275,6 +275,10 @@ class _Importer:
             operator.getitem: self.h_getitem,
             aten._assert_tensor_metadata.default: self.h_drop,
         }
+        from tilecc.frontend import aten_index, aten_nn
+
+        h.update(aten_nn.handlers(self))
+        h.update(aten_index.handlers(self))
         return h
 
     def binary(self, cls: type[g.BinaryElementwiseOp], alpha: bool = False, swap: bool = False):

@@ -902,6 +902,12 @@ ALL_OPS: tuple[type[GraphOp], ...] = (
     LayerNormOp, PermuteOp, ReshapeOp, ExpandOp, CastOp,
 )
 
+# Op families in their own files (they import the base classes above).
+from tilecc.ir.graph_index import INDEX_OPS  # noqa: E402
+from tilecc.ir.graph_nn import NN_OPS  # noqa: E402
+
+ALL_OPS = (*ALL_OPS, *NN_OPS, *INDEX_OPS)
+
 Graph = Dialect("graph", list(ALL_OPS), [])
 
 

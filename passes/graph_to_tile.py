@@ -99,6 +99,10 @@ class GraphToTile:
         self.main_ops: list[Operation] = []
         self.values: dict[SSAValue, SSAValue] = {}
         self.scalars: dict[SSAValue, float] = {}
+        from tilecc.passes import lower_index, lower_nn
+
+        # op families lowered in their own files: op class -> fn(lowering, op, loc)
+        self.extra = {**lower_nn.LOWERINGS, **lower_index.LOWERINGS}
 
     # ---- @main helpers -------------------------------------------------------------
     def emit(self, op: Operation) -> Operation:
@@ -192,6 +196,8 @@ class GraphToTile:
             self.lower_softmax(op, loc)
         elif isinstance(op, g.LayerNormOp):
             self.lower_layer_norm(op, loc)
+        elif type(op) in self.extra:
+            self.extra[type(op)](self, op, loc)
         else:
             raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {loc}")
 
