@@ -179,6 +179,10 @@ class _Importer:
         self.output_names: list[str] = []
         self.input_types: list[TensorType] = []
         self.loc = "<unknown>"  # location of the node being converted
+        # nodes whose value is known at compile time (weights, and ops on them only):
+        # folded in eager torch, emitted as graph.weight only where a runtime op uses them
+        self.const_values: dict[Node, Any] = {}
+        self.const_names: dict[Node, str] = {}
         self.handlers: dict[Any, Callable[[Node], Any]] = self._handlers()
 
     # -- helpers ----------------------------------------------------------------
@@ -191,6 +195,8 @@ class _Importer:
     def value(self, a: Any) -> Any:
         """fx argument -> SSAValue / python value (recursively for lists)."""
         if isinstance(a, Node):
+            if a not in self.env and a in self.const_values:
+                self.env[a] = self.materialise(a)
             return self.env[a]
         if isinstance(a, list | tuple):
             return type(a)(self.value(x) for x in a)
@@ -486,28 +492,68 @@ class _Importer:
             data = self.ep.state_dict.get(target)
             if data is None:
                 data = self.ep.constants.get(target)
-            loc = self.first_user_loc(node)
             if not isinstance(data, torch.Tensor):
+                loc = self.first_user_loc(node)
                 self.unsupported.append((f"{spec.kind.name.lower()} '{target}' (not a tensor)", loc))
                 self.env[node] = _Poison("weight")
                 return
-            try:
-                shape = _static_shape(data)
-                dt = _dtype(data.dtype)
-            except _Unsupported as e:
-                self.unsupported.append((f"{spec.kind.name.lower()} '{target}' ({e.reason})", loc))
-                self.env[node] = _Poison("weight")
-                return
-            if target not in self.weights:
-                self.weights[target] = data.detach().to("cpu", torch.float32).contiguous().numpy().copy()
-            self.loc = loc
-            self.env[node] = self.emit(g.WeightOp.make(target, g.tensor_type(shape, dt)))
+            self.const_values[node] = data.detach()
+            self.const_names[node] = target
             return
         self.unsupported.append((f"{spec.kind.name.lower()} input '{node.name}'", "<input>"))
         self.env[node] = _Poison("input")
 
+    def materialise(self, node: Node) -> Any:
+        """A compile-time value used by a runtime op: a graph.weight (or a Python scalar)."""
+        data = self.const_values[node]
+        if not isinstance(data, torch.Tensor):
+            return data
+        name = self.const_names.get(node, f"folded.{node.name}")
+        saved, self.loc = self.loc, self.first_user_loc(node)
+        try:
+            try:
+                shape, dt = _static_shape(data), _dtype(data.dtype)
+            except _Unsupported as e:
+                kind = "constant" if node.op == "call_function" else "weight"
+                raise _Unsupported(f"{kind} '{name}' of dtype {data.dtype} ({e.reason})") from None
+            if name not in self.weights:
+                self.weights[name] = data.to("cpu", torch.float32).contiguous().numpy().copy()
+            return self.emit(g.WeightOp.make(name, g.tensor_type(shape, dt)))
+        finally:
+            self.loc = saved
+
+    def try_fold(self, node: Node) -> bool:
+        """Evaluate `node` at compile time if every input is known; True if folded."""
+        if not all(n in self.const_values for n in node.all_input_nodes):
+            return False
+        if not (isinstance(node.target, torch._ops.OpOverload) or node.target is operator.getitem):
+            return False
+        if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+            return False  # in-place ops are not evaluated at compile time
+        meta = _meta_tensor(node)
+        if meta is not None and node.all_input_nodes:
+            numel_in = sum(
+                v.numel() for n in node.all_input_nodes
+                if isinstance(v := self.const_values[n], torch.Tensor)
+            )
+            if meta.numel() > max(4 * numel_in, 1 << 16):
+                return False  # do not blow a small constant up into a large one
+        args = torch.fx.node.map_arg(node.args, lambda n: self.const_values[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.const_values[n])
+        try:
+            with torch.no_grad():
+                self.const_values[node] = node.target(*args, **kwargs)
+        except Exception:  # not evaluable here (e.g. needs a device): import it normally
+            return False
+        parent = next((self.const_names[n] for n in node.all_input_nodes if n in self.const_names), None)
+        if parent is not None:  # e.g. "fc1.weight.permute": a weight pre-transposed at compile time
+            self.const_names[node] = f"{parent}.{_op_name(node.target).split('.')[1]}"
+        return True
+
     def call(self, node: Node) -> None:
         self.loc = node_location(node)
+        if self.try_fold(node):
+            return
         handler = self.handlers.get(node.target)
         deps = [self.env.get(n) for n in node.all_input_nodes]
         if any(isinstance(d, _Poison) for d in deps):
@@ -554,7 +600,11 @@ class _Importer:
                 )
                 continue
             self.output_names.append(name)
-            v = self.env.get(a) if isinstance(a, Node) else a
+            try:
+                v = self.value(a) if isinstance(a, Node) else a
+            except _Unsupported as e:
+                self.unsupported.append((f"output '{name}' ({e.reason})", "<output>"))
+                continue
             if isinstance(v, SSAValue):
                 results.append(v)
             elif not isinstance(v, _Poison):

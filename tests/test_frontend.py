@@ -173,10 +173,12 @@ def test_mlp_matches_eager(dtype, shape):
     p = compile_and_compare(MLP(), (torch.randn(*shape),), dtype)
     assert p.input_names == ["x"]
     assert len(p.output_names) == 1
-    assert set(p.weights) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
-    assert p.weights["fc1.weight"].shape == (53, 37)
+    # the transposes of the weights are folded at compile time
+    assert set(p.weights) == {"fc1.weight.permute", "fc1.bias", "fc2.weight.permute", "fc2.bias"}
+    assert p.weights["fc1.weight.permute"].shape == (37, 53)
     ops = {op.name for op in graph_ops(p)}
-    assert {"graph.weight", "graph.matmul", "graph.add", "graph.gelu", "graph.permute"} <= ops
+    assert {"graph.weight", "graph.matmul", "graph.add", "graph.gelu"} <= ops
+    assert "graph.permute" not in ops
     want = g.element_dtype(p.func.function_type.outputs.data[0])
     assert want == (DType.F32 if dtype == torch.float32 else DType.BF16)
 
@@ -187,8 +189,9 @@ def test_bf16_weights_are_exact_float32():
     p = import_exported_program(export_model(m, (torch.randn(3, 37, dtype=torch.bfloat16),)))
     for name, w in p.weights.items():
         assert w.dtype == np.float32
-        ref = dict(m.named_parameters())[name].detach().float().numpy()
-        np.testing.assert_array_equal(w, ref)
+        base, _, folded = name.partition(".weight.")
+        ref = dict(m.named_parameters())[base + ".weight" if folded else name].detach().float()
+        np.testing.assert_array_equal(w, (ref.T if folded else ref).numpy())
     ws = [op for op in graph_ops(p) if isinstance(op, g.WeightOp)]
     assert all(g.element_dtype(op.result.type) == DType.BF16 for op in ws)
 
@@ -255,7 +258,7 @@ def test_locations_on_imported_ops():
         f"{THIS}:{line_of('mlp-fc1')}", f"{THIS}:{line_of('mlp-fc2')}"
     }
     # a weight is located at its first use
-    w = next(op for op in graph_ops(p) if isinstance(op, g.WeightOp) and op.weight == "fc2.weight")
+    w = next(op for op in graph_ops(p) if isinstance(op, g.WeightOp) and op.weight == "fc2.weight.permute")
     assert g.source_loc(w) == f"{THIS}:{line_of('mlp-fc2')}"
 
 
@@ -385,3 +388,24 @@ def test_aten_ops_of_the_example_models():
     assert {"aten.addmm.default", "aten.gelu.default", "aten._softmax.default",
             "aten.native_layer_norm.default", "aten.bmm.default", "aten.view.default",
             "aten.permute.default", "aten.expand.default"} <= seen
+
+
+class _MaskedScores(torch.nn.Module):
+    """A causal mask built from arange/comparisons/where: all compile-time constants."""
+
+    def forward(self, s):
+        n = s.shape[-1]
+        i = torch.arange(n)
+        mask = torch.where(i[None, :] <= i[:, None], 0.0, -1e9)
+        return torch.softmax(s + mask, dim=-1)
+
+
+def test_compile_time_constants_fold():
+    p = import_exported_program(export_model(_MaskedScores(), (torch.randn(2, 7, 7),)))
+    ops = {op.name for op in graph_ops(p)}
+    assert ops == {"graph.weight", "graph.add", "graph.softmax"}, ops
+    (name,) = p.weights
+    assert p.weights[name].shape == (7, 7)
+    x = torch.randn(2, 7, 7)
+    (out,) = run_graph(p, [x.numpy()])
+    np.testing.assert_allclose(out, _MaskedScores()(x).numpy(), rtol=1e-6, atol=1e-6)
