@@ -183,6 +183,9 @@ class _Importer:
         # folded in eager torch, emitted as graph.weight only where a runtime op uses them
         self.const_values: dict[Node, Any] = {}
         self.const_names: dict[Node, str] = {}
+        # per call_function node: "folded", "npu", "unsupported" or "blocked" (an input is
+        # unsupported); read by `tilecc coverage`
+        self.status: dict[Node, str] = {}
         self.handlers: dict[Any, Callable[[Node], Any]] = self._handlers()
 
     # -- helpers ----------------------------------------------------------------
@@ -553,6 +556,7 @@ class _Importer:
     def call(self, node: Node) -> None:
         self.loc = node_location(node)
         if self.try_fold(node):
+            self.status[node] = "folded"
             return
         handler = self.handlers.get(node.target)
         deps = [self.env.get(n) for n in node.all_input_nodes]
@@ -560,14 +564,17 @@ class _Importer:
             # an input could not be imported: only check that the op itself is known
             if handler is None:
                 self.record(node)
+            self.status[node] = "unsupported" if handler is None else "blocked"
             self.env[node] = _Poison("dependency")
             return
+        self.status[node] = "unsupported"
         if handler is None:
             self.record(node)
             self.env[node] = _Poison("unsupported")
             return
         try:
             self.env[node] = handler(node)
+            self.status[node] = "npu"
         except _Unsupported as e:
             self.record(node, e.reason)
             self.env[node] = _Poison("unsupported")
@@ -632,6 +639,11 @@ def import_exported_program(ep: ExportedProgram) -> g.GraphProgram:
 
     Raises one `UnsupportedOpError` listing every node that cannot be imported.
     """
+    return _Importer(decompose(ep)).run()
+
+
+def decompose(ep: ExportedProgram) -> ExportedProgram:
+    """`ep` decomposed to Core ATen with tilecc's table (sdpa kept whole)."""
     try:
         core = ep.run_decompositions(decomposition_table())
     except TileccError:
@@ -641,7 +653,7 @@ def import_exported_program(ep: ExportedProgram) -> g.GraphProgram:
         raise ExportError(
             f"decomposing the exported program failed: {type(e).__name__}: {msg[0] if msg else ''}"
         ) from e
-    return _Importer(core).run()
+    return core
 
 
 def supported_targets() -> set[Any]:

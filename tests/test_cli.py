@@ -66,3 +66,40 @@ def test_unsupported_op_lists_all_places(tmp_path):
     assert p.returncode == 2
     assert "aten.cumsum" in p.stderr and "bad.py:4" in p.stderr
     assert "aten.sort" in p.stderr and "bad.py:5" in p.stderr
+
+
+COVERAGE_MODEL = (
+    "import torch\n"
+    "class M(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__(); self.fc = torch.nn.Linear(8, 8)\n"
+    "    def forward(self, x):\n"
+    "        y = torch.cumsum(self.fc(x), 0)\n"
+    "        z = torch.sort(y).values\n"
+    "        return torch.cumsum(z, 1) + torch.relu(x)\n"
+    "def make():\n"
+    "    return M(), (torch.randn(4, 8),)\n"
+)
+
+
+def test_coverage_lists_every_unsupported_place(tmp_path):
+    src = tmp_path / "cov.py"
+    src.write_text(COVERAGE_MODEL)
+    p = run("coverage", f"{src}:make", "--json")
+    assert p.returncode == 1, p.stderr
+    d = json.loads(p.stdout)
+    ops = {o["op"]: o for o in d["ops"]}
+    assert d["supported"] is False
+    assert ops["aten.cumsum.default"]["count"] == 2
+    assert ops["aten.cumsum.default"]["places"] == ["cov.py:6", "cov.py:8"]
+    assert ops["aten.sort.default"]["places"] == ["cov.py:7"]
+    assert ops["aten.addmm.default"]["status"] == "supported"
+    assert ops["aten.permute.default"]["status"] == "folded"  # the weight transpose
+    text = run("coverage", f"{src}:make").stdout
+    assert "at cov.py:8" in text and "2 unsupported" in text
+
+
+def test_coverage_of_supported_model_exits_0():
+    p = run("coverage", "examples/transformer_block.py:block")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "all supported" in p.stdout

@@ -122,6 +122,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_coverage(args: argparse.Namespace) -> int:
+    from tilecc.frontend.coverage import coverage
+    from tilecc.frontend.torch_export import export_model
+
+    model, inputs = load_factory(args.source)
+    report = coverage(export_model(model, inputs))
+    if args.json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+    else:
+        print(report)
+    return 0 if report.supported else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tilecc", description="A tensor compiler for tile-based NPUs.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -131,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--save", help="write the compiled program to this file")
     run.set_defaults(fn=cmd_run)
+    cov = sub.add_parser("coverage", help="list a model's ops and which tilecc supports (no run)")
+    cov.add_argument("source", help="FILE.py:FACTORY")
+    cov.add_argument("--json", action="store_true")
+    cov.set_defaults(fn=cmd_coverage)
     return ap
 
 
