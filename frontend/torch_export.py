@@ -51,7 +51,9 @@ _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
 # ---------------------------------------------------------------------------
 
 
-def export_model(model: torch.nn.Module, example_inputs: Any) -> ExportedProgram:
+def export_model(
+    model: torch.nn.Module, example_inputs: Any, dynamic_shapes: Any = None
+) -> ExportedProgram:
     """``torch.export.export(model.eval(), inputs)`` under ``torch.no_grad()``.
 
     `example_inputs` is a tuple (a list or a single tensor is accepted). Torch errors
@@ -65,7 +67,7 @@ def export_model(model: torch.nn.Module, example_inputs: Any) -> ExportedProgram
         example_inputs = (example_inputs,)
     try:
         with torch.no_grad():
-            return torch.export.export(model.eval(), example_inputs)
+            return torch.export.export(model.eval(), example_inputs, dynamic_shapes=dynamic_shapes)
     except TileccError:
         raise
     except Exception as e:  # torch raises many unrelated types here
@@ -152,11 +154,14 @@ def _meta_tensor(node: Node) -> torch.Tensor | None:
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _static_shape(t: torch.Tensor) -> list[int]:
+def _static_shape(t: torch.Tensor, bindings: dict | None = None) -> list[int]:
+    """The shape of `t` with symbolic sizes evaluated under `bindings` (symbol -> int)."""
     shape = []
     for d in t.shape:
-        if not isinstance(d, int):
-            raise _Unsupported(f"dynamic shape {list(t.shape)}")
+        if isinstance(d, torch.SymInt):
+            if not bindings:
+                raise _Unsupported(f"dynamic shape {list(t.shape)} (compile per concrete shape)")
+            d = int(d.node.expr.subs(bindings))
         shape.append(int(d))
     return shape
 
@@ -169,8 +174,9 @@ def _dtype(t: torch.dtype) -> DType:
 
 
 class _Importer:
-    def __init__(self, ep: ExportedProgram):
+    def __init__(self, ep: ExportedProgram, bindings: dict | None = None):
         self.ep = ep
+        self.bindings = bindings  # symbolic size -> concrete value of this specialisation
         self.block = Block()
         self.env: dict[Node, Any] = {}
         self.unsupported: list[tuple[str, str]] = []
@@ -215,7 +221,7 @@ class _Importer:
         t = _meta_tensor(node)
         if t is None:
             raise _Unsupported("result is not a tensor")
-        return _static_shape(t), _dtype(t.dtype)
+        return _static_shape(t, self.bindings), _dtype(t.dtype)
 
     def cast_to(self, v: SSAValue, dt: DType) -> SSAValue:
         if g.element_dtype(v.type) == dt:
@@ -283,6 +289,15 @@ class _Importer:
             aten._to_copy.default: self.h_to_copy,
             operator.getitem: self.h_getitem,
             aten._assert_tensor_metadata.default: self.h_drop,
+            aten.sym_size.int: self.h_sym_size,
+            aten._assert_scalar.default: self.h_drop,
+            aten.sym_constrain_range_for_size.default: self.h_drop,
+            operator.add: self.size_arith(operator.add),
+            operator.sub: self.size_arith(operator.sub),
+            operator.mul: self.size_arith(operator.mul),
+            operator.floordiv: self.size_arith(operator.floordiv),
+            operator.mod: self.size_arith(operator.mod),
+            operator.neg: self.size_arith(operator.neg),
         }
         from tilecc.frontend import aten_index, aten_nn
 
@@ -388,7 +403,7 @@ class _Importer:
     def out_meta_first(self, node: Node) -> tuple[list[int], DType]:
         v = node.meta.get("val")
         if isinstance(v, list | tuple) and v and isinstance(v[0], torch.Tensor):
-            return _static_shape(v[0]), _dtype(v[0].dtype)
+            return _static_shape(v[0], self.bindings), _dtype(v[0].dtype)
         raise _Unsupported("unexpected result")
 
     def h_permute(self, node: Node) -> SSAValue:
@@ -452,6 +467,19 @@ class _Importer:
             self.unsupported.append((f"{name} ({item.what})", self.loc))
         return item
 
+    def h_sym_size(self, node: Node) -> int:
+        """A symbolic size, concrete in this specialisation."""
+        return g.shape_of(self.tensor(node.args[0]))[int(node.args[1])]
+
+    def size_arith(self, fn: Callable[..., Any]) -> Callable[[Node], int]:
+        def handle(node: Node) -> int:
+            args = [self.value(a) for a in node.args]
+            if not all(isinstance(a, int) for a in args):
+                raise _Unsupported("arithmetic on non-integer values")
+            return fn(*args)
+
+        return handle
+
     def h_drop(self, node: Node) -> None:
         return None
 
@@ -475,7 +503,7 @@ class _Importer:
             try:
                 if t is None:
                     raise _Unsupported(f"non-tensor input {node.meta.get('val')!r}")
-                ty = g.tensor_type(_static_shape(t), _dtype(t.dtype))
+                ty = g.tensor_type(_static_shape(t, self.bindings), _dtype(t.dtype))
             except _Unsupported as e:
                 self.unsupported.append(
                     (f"input '{name}' ({e.reason}; tilecc takes float32, bfloat16 and "
@@ -534,6 +562,8 @@ class _Importer:
         if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
             return False  # in-place ops are not evaluated at compile time
         meta = _meta_tensor(node)
+        if meta is not None and any(isinstance(d, torch.SymInt) for d in meta.shape):
+            return False
         if meta is not None and node.all_input_nodes:
             numel_in = sum(
                 v.numel() for n in node.all_input_nodes
@@ -634,12 +664,16 @@ class _Importer:
         )
 
 
-def import_exported_program(ep: ExportedProgram) -> g.GraphProgram:
+def import_exported_program(
+    ep: ExportedProgram, bindings: dict | None = None, *, decomposed: bool = False
+) -> g.GraphProgram:
     """Decompose `ep` to Core ATen (sdpa kept whole) and import it as a `GraphProgram`.
 
-    Raises one `UnsupportedOpError` listing every node that cannot be imported.
+    A program with symbolic sizes (torch.export `Dim`s) is specialised by `bindings`
+    (sympy symbol -> int). Raises one `UnsupportedOpError` listing every node that
+    cannot be imported.
     """
-    return _Importer(decompose(ep)).run()
+    return _Importer(ep if decomposed else decompose(ep), bindings).run()
 
 
 def decompose(ep: ExportedProgram) -> ExportedProgram:

@@ -8,7 +8,10 @@ from typing import Any
 import torch
 
 from tilecc.errors import TileccError
-from tilecc.frontend.torch_export import export_model, import_exported_program
+from torch.export import ExportedProgram
+
+from tilecc.frontend.torch_export import decompose, export_model, import_exported_program
+from tilecc.runtime import specialize
 from tilecc.runtime.compiler import CompileStats, compile_graph
 from tilecc.runtime.executor import run_program
 from tilecc.runtime.program import Program
@@ -17,18 +20,47 @@ from tilecc.simulator.config import HardwareConfig, load_config
 
 
 class CompiledModel:
-    """A model compiled for one target; calling it runs the program on the simulator."""
+    """A model compiled for one target; calling it runs the program on the simulator.
 
-    def __init__(self, program: Program, stats: CompileStats | None = None):
+    A model exported with dynamic sizes compiles once per concrete input shape, at call
+    time, into a cache (`programs`), so one `tilecc.compile` serves every shape in the
+    declared ranges.
+    """
+
+    def __init__(
+        self,
+        program: Program | None,
+        stats: CompileStats | None = None,
+        *,
+        dynamic: tuple[ExportedProgram, HardwareConfig] | None = None,
+    ):
         self.program = program
         self.compile_stats = stats
         self.report: Report | None = None
+        self._dynamic = dynamic
+        self.programs: dict[tuple, Program] = {}
+
+    def program_for(self, inputs: tuple) -> Program:
+        if self._dynamic is None:
+            assert self.program is not None
+            return self.program
+        core, cfg = self._dynamic
+        key = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in inputs)
+        if key not in self.programs:
+            bindings = specialize.bind(core, inputs)
+            gp = import_exported_program(core, bindings, decomposed=True)
+            self.compile_stats = CompileStats()
+            self.programs[key] = compile_graph(gp, cfg, stats=self.compile_stats)
+        self.program = self.programs[key]
+        return self.program
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
-        outputs, self.report = run_program(self.program, inputs)
+        outputs, self.report = run_program(self.program_for(inputs), inputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def save(self, path: str | Path) -> None:
+        if self.program is None:
+            raise TileccError("this dynamic-shape model has not been compiled for any shape yet")
         self.program.save(path)
 
     @staticmethod
@@ -41,15 +73,22 @@ def compile(
     example_inputs: tuple | None = None,
     *,
     target: str | Path | HardwareConfig = "tiny",
+    dynamic_shapes: Any = None,
 ) -> CompiledModel:
-    """Export (if needed), import, lower and encode `model` for `target`."""
+    """Export (if needed), import, lower and encode `model` for `target`.
+
+    `dynamic_shapes` (torch.export's argument, with `Dim` ranges) or an ExportedProgram
+    with symbolic sizes gives a model that compiles per concrete shape at call time.
+    """
     cfg = load_config(target)
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
     else:
         if example_inputs is None:
             raise TileccError("tilecc.compile: example_inputs are required to export an nn.Module")
-        ep = export_model(model, tuple(example_inputs))
+        ep = export_model(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+    if specialize.is_dynamic(ep):
+        return CompiledModel(None, dynamic=(decompose(ep), cfg))
     gp = import_exported_program(ep)
     stats = CompileStats()
     program = compile_graph(gp, cfg, stats=stats)
