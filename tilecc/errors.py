@@ -77,3 +77,23 @@ class ModelLoadError(TileccError):
 
 class ExportError(TileccError):
     """torch.export (or its decompositions) failed on the model; wraps the torch error."""
+
+
+class RaceError(SimulatorError):
+    """Two engine queues access overlapping bytes, at least one writing, with no ordering
+    (queue order, semaphore or barrier) between them. Names both instructions and the
+    overlapping memory range; `instructions` holds the two indices, lower first."""
+
+    def __init__(self, message: str, instructions: tuple[int, int] | None = None):
+        super().__init__(message)
+        self.instructions = instructions
+
+
+class UninitializedReadError(SimulatorError):
+    """An instruction reads on-chip memory (SRAM or accumulator) that nothing wrote before
+    it in simulated time. Names the instruction and the never-written range;
+    `instruction` holds its index."""
+
+    def __init__(self, message: str, instruction: int | None = None):
+        super().__init__(message)
+        self.instruction = instruction
