@@ -16,9 +16,10 @@ from tilecc.ir.graph import GraphProgram
 from tilecc.passes.registry import default_pipeline
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
+from tilecc.runtime.report import stream_work
 from tilecc.simulator import numerics
 from tilecc.simulator.config import HardwareConfig
-from tilecc.simulator.isa import ITEMSIZE, BinaryFn, Flag, Opcode, UnaryFn
+from tilecc.simulator.isa import ITEMSIZE, DType, Opcode
 
 StageCallback = Callable[[str, ModuleOp], None]
 
@@ -75,8 +76,15 @@ class _Layout:
     hbm_size: int
 
 
-def _spec(name: str, t: HbmTensor) -> TensorSpec:
-    return TensorSpec(name, t.base, tuple(t.shape), t.dtype)
+def _spec(name: str, t: HbmTensor, torch_dtype: str = "") -> TensorSpec:
+    native = numerics.DTYPE_TO_TORCH.get(t.dtype)
+    if native is not None and torch_dtype == str(native).removeprefix("torch."):
+        torch_dtype = ""  # the element type's own dtype: nothing to convert
+    return TensorSpec(name, t.base, tuple(t.shape), t.dtype, torch_dtype)
+
+
+def _at(names: list[str], i: int) -> str:
+    return names[i] if i < len(names) else ""
 
 
 def _read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
@@ -91,55 +99,57 @@ def _read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
         t = bound[op.result]
         if op.input is not None:
             idx = op.input.value.data
-            inputs[idx] = _spec(gp.input_names[idx], t)
+            inputs[idx] = _spec(gp.input_names[idx], t, _at(gp.input_dtypes, idx))
         elif op.weight is not None or op.value is not None:
             name = op.weight.data if op.weight is not None else f"__const{len(weights)}"
             if op.weight is not None:
-                values = np.asarray(gp.weights[name], dtype=np.float32)
+                values = np.asarray(gp.weights[name])
             else:
-                values = np.asarray(op.value.get_values(), dtype=np.float32)
+                values = np.asarray(op.value.get_values())
+            if values.dtype.kind not in "iu" or t.dtype != DType.I32:  # ints stay exact
+                values = values.astype(np.float32)
             values = values.reshape(t.shape)
             weights.append(_spec(name, t))
             data[name] = numerics.to_storage(values, t.dtype).reshape(-1).view(np.uint8).copy()
     ret = main.body.block.last_op
     assert isinstance(ret, func.ReturnOp)
     outputs = [
-        _spec(gp.output_names[i] if i < len(gp.output_names) else f"out{i}", bound[v])
+        _spec(gp.output_names[i] if i < len(gp.output_names) else f"out{i}", bound[v], _at(gp.output_dtypes, i))
         for i, v in enumerate(ret.arguments)
     ]
     hbm_size = module.attributes["tile.hbm_size"].value.data
     return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size)
 
 
-_TRANSCENDENTAL_UNARY = {
-    UnaryFn.GELU, UnaryFn.GELU_TANH, UnaryFn.EXP, UnaryFn.TANH, UnaryFn.SIGMOID, UnaryFn.SQRT,
-    UnaryFn.RSQRT, UnaryFn.RECIPROCAL, UnaryFn.LOG, UnaryFn.SILU, UnaryFn.ERF,
-}
-
-
 def work_figures(stream: np.ndarray, layout: _Layout, cfg: HardwareConfig) -> dict[str, float]:
     """The work the roofline bound divides by peak rates (see runtime.report)."""
-    op = stream["opcode"]
-    mm = stream[op == Opcode.MATMUL]
-    macs = mm["rows"].astype(np.int64) * mm["cols"] * mm["k"]
-    fp32 = mm["a_dtype"] == 1
-    vec = stream[(op == Opcode.VEC_UNARY) | (op == Opcode.VEC_BINARY) | (op == Opcode.VEC_REDUCE)]
-    elems = vec["rows"].astype(np.int64) * vec["cols"]
-    cost = np.ones(len(vec), dtype=np.int64)
-    unary = vec["opcode"] == Opcode.VEC_UNARY
-    trans = unary & np.isin(vec["func"], [int(f) for f in _TRANSCENDENTAL_UNARY])
-    binary = vec["opcode"] == Opcode.VEC_BINARY
-    trans |= binary & np.isin(vec["func"], [int(BinaryFn.DIV), int(BinaryFn.POW)])
-    cost[trans] = cfg.vector.transcendental_cost
-    two_in = binary & ((vec["flags"] & (Flag.B_IMM | Flag.B_COLUMN)) == 0)
-    cost[two_in] *= 2
-    compulsory = sum(s.nbytes for s in layout.inputs + layout.outputs + layout.weights)
+    work = stream_work(stream, cfg)
+    compulsory = _compulsory_bytes(stream, layout)
     return {
-        "macs_bf16": float(macs[~fp32].sum()),
-        "macs_fp32": float(macs[fp32].sum()),
-        "vector_element_cycles": float((elems * cost).sum()),
+        "macs_bf16": work["macs_bf16"],
+        "macs_fp32": work["macs_fp32"],
+        "vector_element_cycles": work["vector_element_cycles"],
         "compulsory_hbm_bytes": float(compulsory),
     }
+
+
+def _compulsory_bytes(stream: np.ndarray, layout: _Layout) -> float:
+    """Inputs, outputs and weights, each once; a weight that only DMA_GATHERs read (an
+    embedding table) counts the rows gathered, at most its size."""
+    total = sum(s.nbytes for s in layout.inputs + layout.outputs)
+    op = stream["opcode"]
+    gathers = stream[op == Opcode.DMA_GATHER]
+    loads = stream[op == Opcode.DMA_LOAD]["a_addr"]
+    for w in layout.weights:
+        lo, hi = w.offset, w.offset + w.nbytes
+        hit = (gathers["a_addr"] >= lo) & (gathers["a_addr"] < hi)
+        if not hit.any() or ((loads >= lo) & (loads < hi)).any():
+            total += w.nbytes
+            continue
+        g = gathers[hit]
+        rows = g["rows"].astype(np.int64) * g["cols"] * ITEMSIZE[w.dtype]
+        total += min(w.nbytes, int(rows.sum()))
+    return float(total)
 
 
 __all__ = ["compile_graph", "CompileStats", "MemRefType", "dtype_of", "ITEMSIZE"]

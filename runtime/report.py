@@ -4,7 +4,13 @@ The roofline bound of a program on a config is the largest of
 - matrix:  bf16 MACs / (R*C) + fp32 MACs * fp32_slowdown / (R*C)   (cycles)
 - hbm:     compulsory HBM bytes (inputs, weights, outputs, once) / bytes per cycle
 - vector:  element-op cycles the program's vector work needs at full lane rate
+           (sum of elements * op cost * inputs, from `[vector.op_cost]`) / lanes
 and `roofline_ratio = cycles / roofline_cycles >= 1` (1.0 is the physical limit).
+
+Beside it the report gives the time at the clock, each engine's busy cycles and
+utilisation, why engines lost cycles (`stalls`: waiting on semaphores; for DMA queues,
+transfer time lost to sharing HBM bandwidth), the bytes moved at each memory level, and
+the energy, average power and TOPS/W of `simulator.energy`.
 """
 
 from __future__ import annotations
@@ -12,7 +18,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
+from tilecc.simulator import energy as energy_model
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.isa import ITEMSIZE, DType, Opcode
+from tilecc.simulator.machine import vector_cost_factors
 
 
 def roofline(work: dict[str, float], cfg: HardwareConfig) -> dict[str, float]:
@@ -21,6 +32,35 @@ def roofline(work: dict[str, float], cfg: HardwareConfig) -> dict[str, float]:
         "matrix": (work["macs_bf16"] + work["macs_fp32"] * cfg.matrix.fp32_slowdown) / array,
         "hbm": work["compulsory_hbm_bytes"] / cfg.hbm.bytes_per_cycle,
         "vector": work["vector_element_cycles"] / cfg.vector.lanes,
+    }
+
+
+def stream_work(stream: np.ndarray, cfg: HardwareConfig) -> dict[str, float]:
+    """The work figures of an instruction stream: bf16 and fp32 MACs (fp32 when either
+    operand is), vector element-cycles (elements * op cost * inputs), and the HBM bytes
+    its DMAs move (`hbm_bytes`: a lower bound on HBM time is `hbm_bytes / peak`, stronger
+    than the compulsory traffic when the stream reloads data)."""
+    op = stream["opcode"]
+    mm = stream[op == Opcode.MATMUL]
+    macs = mm["rows"].astype(np.int64) * mm["cols"] * mm["k"]
+    fp32 = (mm["a_dtype"] == DType.F32) | (mm["b_dtype"] == DType.F32)
+    vec = stream[(op == Opcode.VEC_UNARY) | (op == Opcode.VEC_BINARY) | (op == Opcode.VEC_REDUCE)]
+    elems = vec["rows"].astype(np.float64) * vec["cols"]
+    factor = vector_cost_factors(
+        cfg, vec["opcode"].astype(np.int64), vec["func"].astype(np.int64),
+        vec["flags"].astype(np.int64),
+    )
+    gather = int(getattr(Opcode, "DMA_GATHER", -1))
+    dma = stream[(op == Opcode.DMA_LOAD) | (op == Opcode.DMA_STORE) | (op == gather)]
+    isz = np.zeros(256, dtype=np.int64)
+    for d in DType:
+        isz[int(d)] = ITEMSIZE[d]
+    hbm = dma["rows"].astype(np.int64) * dma["cols"] * isz[dma["a_dtype"]]
+    return {
+        "macs_bf16": float(macs[~fp32].sum()),
+        "macs_fp32": float(macs[fp32].sum()),
+        "vector_element_cycles": float((elems * factor).sum()),
+        "hbm_bytes": float(hbm.sum()),
     }
 
 
@@ -42,26 +82,59 @@ class Report:
     macs: int
     kernels: int
     simulate_seconds: float
+    clock_ghz: float = 0.0
+    # engine -> reason ("semaphore", DMA queues also "hbm_bandwidth") -> cycles lost
+    stalls: dict[str, dict[str, float]] = field(default_factory=dict)
+    # bytes moved per memory level: hbm_read, hbm_written, sram, accumulator
+    bytes_moved: dict[str, int] = field(default_factory=dict)
+    # simulator.energy.Energy as a dict: *_pj components, total_pj, joules, watts, ...
+    energy: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def __str__(self) -> str:
+        b, en = self.bytes_moved, self.energy
         lines = [
             f"target            {self.target}",
-            f"cycles            {self.cycles:,.0f}  ({self.time_us:,.2f} us)",
+            f"cycles            {self.cycles:,.0f}  ({self.time_us:,.2f} us at {self.clock_ghz:g} GHz)",
             f"roofline bound    {self.roofline_cycles:,.0f} cycles, set by {self.bottleneck}",
             f"roofline ratio    {self.roofline_ratio:.2f}x  (1.00 is the physical limit)",
             "bound by resource " + ", ".join(f"{k} {v:,.0f}" for k, v in self.roofline_components.items()),
             "utilisation       " + ", ".join(f"{k} {v:.1%}" for k, v in self.utilization.items()),
-            f"HBM traffic       {self.hbm_bytes:,} bytes (compulsory {self.compulsory_hbm_bytes:,})",
+        ]
+        stalls = [
+            f"{eng} " + " ".join(f"{_SHORT.get(k, k)} {v:,.0f}" for k, v in reasons.items() if v > 0)
+            for eng, reasons in self.stalls.items()
+            if any(v > 0 for v in reasons.values())
+        ]
+        if self.stalls:
+            lines.append("stall cycles      " + (", ".join(stalls) if stalls else "none"))
+        lines.append(
+            f"HBM traffic       {self.hbm_bytes:,} bytes (compulsory {self.compulsory_hbm_bytes:,})"
+        )
+        if b:
+            lines.append(
+                f"memory traffic    HBM read {b.get('hbm_read', 0):,} written {b.get('hbm_written', 0):,}, "
+                f"SRAM {b.get('sram', 0):,}, accumulator {b.get('accumulator', 0):,} bytes"
+            )
+        lines += [
             f"instructions      {self.instructions:,} ("
             + ", ".join(f"{k} {v:,}" for k, v in self.instructions_by_engine.items())
             + f") in {self.kernels} kernels",
             f"MACs              {self.macs:,}",
         ]
+        if en:
+            lines.append(
+                f"energy            {en['total_pj'] * 1e-6:,.3f} uJ "
+                f"(static {en['static_pj'] * 1e-6:,.3f}), {en['watts']:.3g} W average, "
+                f"{en['tops_per_watt']:.3g} TOPS/W"
+            )
         return "\n".join(lines)
+
+
+_SHORT = {"semaphore": "sem", "hbm_bandwidth": "hbm"}
 
 
 def make_report(sim, work: dict[str, float], cfg: HardwareConfig, simulate_seconds: float) -> Report:
@@ -69,6 +142,7 @@ def make_report(sim, work: dict[str, float], cfg: HardwareConfig, simulate_secon
     bottleneck = max(comps, key=lambda k: comps[k])
     bound = max(max(comps.values()), 1.0)
     cycles = float(sim.cycles)
+    energy = energy_model.from_result(sim, cfg)
     return Report(
         target=cfg.name,
         cycles=cycles,
@@ -86,4 +160,13 @@ def make_report(sim, work: dict[str, float], cfg: HardwareConfig, simulate_secon
         macs=int(sim.macs),
         kernels=int(sim.kernels),
         simulate_seconds=simulate_seconds,
+        clock_ghz=cfg.clock_ghz,
+        stalls={e: dict(r) for e, r in getattr(sim, "stalls", {}).items()},
+        bytes_moved={
+            "hbm_read": int(sim.hbm_bytes_read),
+            "hbm_written": int(sim.hbm_bytes_written),
+            "sram": int(sim.sram_bytes) - int(getattr(sim, "acc_bytes", 0)),
+            "accumulator": int(getattr(sim, "acc_bytes", 0)),
+        },
+        energy=energy.to_dict(),
     )

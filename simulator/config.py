@@ -1,9 +1,10 @@
 """Hardware configurations: frozen dataclasses loaded from TOML and validated.
 
 A target is a preset name (`tiny`, `edge`, `cloud`, shipped in `presets/`) or the path
-of a TOML file. Every key is documented with its unit in the presets. Unknown keys,
-wrong types and impossible values raise `ConfigError` naming the key, the value and
-what is allowed.
+of a TOML file. Every key is documented with its unit in the presets, and every
+constant of the timing and energy models is a key here (the simulator hard-codes none).
+Unknown keys, wrong types and impossible values raise `ConfigError` naming the key, the
+value and what is allowed.
 """
 
 from __future__ import annotations
@@ -15,8 +16,18 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from tilecc.errors import ConfigError
+from tilecc.simulator.isa import BinaryFn, ReduceFn, UnaryFn
 
 PRESET_DIR = Path(__file__).parent / "presets"
+
+MATRIX_MODES = ("compatible", "pipelined")
+DATAFLOWS = ("is", "os", "ws")
+# the operation names of `[vector.op_cost.<kind>]`: the ISA's function enums, lower case
+VECTOR_OP_NAMES = {
+    "unary": tuple(f.name.lower() for f in UnaryFn),
+    "binary": tuple(f.name.lower() for f in BinaryFn),
+    "reduce": tuple(f.name.lower() for f in ReduceFn),
+}
 
 
 @dataclass(frozen=True)
@@ -41,8 +52,9 @@ class AccumulatorConfig:
 @dataclass(frozen=True)
 class DmaConfig:
     queues: int
-    latency_cycles: int  # fixed cost of one transfer
-    per_row_cycles: float  # descriptor cost per contiguous row
+    latency_cycles: int  # fixed cost of one transfer (descriptor fetch, setup), cycles
+    per_descriptor_cycles: float  # cycles per descriptor (one per contiguous chunk)
+    efficient_chunk_bytes: int  # contiguous chunk size that reaches the peak bandwidth
 
 
 @dataclass(frozen=True)
@@ -50,22 +62,39 @@ class MatrixConfig:
     rows: int  # R: contraction dimension of one matmul
     cols: int  # C: columns of the stationary operand
     fp32_slowdown: int  # passes per fp32 matmul relative to bf16
+    mode: str  # "pipelined" (overlapped preload/fill/drain) or "compatible" (SCALE-Sim)
+    dataflow: str  # "ws", "os" or "is": which operand stays in the array
+    min_interval_cycles: int  # pipelined mode: shortest issue interval of two matmuls
+
+
+@dataclass(frozen=True)
+class VectorOpCost:
+    """Cycles per element group (`lanes` elements) of each function, by instruction kind."""
+
+    unary: dict[str, float]
+    binary: dict[str, float]
+    reduce: dict[str, float]
+
+    def __hash__(self) -> int:  # configs stay hashable
+        return hash(tuple(tuple(sorted(t.items())) for t in (self.unary, self.binary, self.reduce)))
 
 
 @dataclass(frozen=True)
 class VectorConfig:
     lanes: int  # elements per cycle for a cost-1 op
-    latency_cycles: int  # pipeline latency and access start-up per instruction
-    transcendental_cost: int  # cycles per element group for exp/gelu/tanh/...
+    latency_cycles: int  # pipeline fill and drain per instruction, cycles
+    access_cycles: int  # start-up of the instruction's on-chip memory accesses, cycles
+    op_cost: VectorOpCost
 
 
 @dataclass(frozen=True)
 class EnergyConfig:
-    pj_per_mac_bf16: float
-    pj_per_mac_fp32: float
-    pj_per_sram_byte: float
-    pj_per_hbm_byte: float
-    static_watts: float
+    pj_per_mac_bf16: float  # pJ per MAC with bf16/fp16 operands
+    pj_per_mac_fp32: float  # pJ per MAC with an fp32 operand
+    pj_per_sram_byte: float  # pJ per byte read or written in SRAM
+    pj_per_acc_byte: float  # pJ per byte read or written in the accumulator memory
+    pj_per_hbm_byte: float  # pJ per byte of HBM traffic (read or written)
+    static_watts: float  # leakage and clock tree, W, paid for the whole run
 
 
 @dataclass(frozen=True)
@@ -105,8 +134,37 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
                 raise ConfigError(f"'{key}' must be a table, got {value!r}")
             values[f.name] = _build(typ, value, f"{key}.")
             continue
+        if typ == dict[str, float]:
+            values[f.name] = _check_cost_table(key, value, VECTOR_OP_NAMES[f.name])
+            continue
         values[f.name] = _check_scalar(key, value, typ)
+        if key in _CHOICES and values[f.name] not in _CHOICES[key]:
+            raise ConfigError(
+                f"'{key}' = {value!r} is not allowed (allowed: {', '.join(_CHOICES[key])})"
+            )
     return cls(**values)
+
+
+_CHOICES = {"matrix.mode": MATRIX_MODES, "matrix.dataflow": DATAFLOWS}
+
+
+def _check_cost_table(key: str, value: Any, names: tuple[str, ...]) -> dict[str, float]:
+    """A table with one positive number per function name, all names present."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"'{key}' must be a table, got {value!r}")
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"unknown operation '{key}.{unknown[0]}' (allowed in this table: {', '.join(names)})"
+        )
+    missing = [n for n in names if n not in value]
+    if missing:
+        raise ConfigError(f"missing key '{key}.{missing[0]}' (every operation needs a cost)")
+    table = {n: _check_scalar(f"{key}.{n}", value[n], float) for n in names}
+    for n, cost in table.items():
+        if cost <= 0:
+            raise ConfigError(f"'{key}.{n}' must be > 0, got {value[n]!r}")
+    return table
 
 
 def _check_scalar(key: str, value: Any, typ: type) -> Any:
@@ -133,11 +191,12 @@ _POSITIVE = [
     "accumulator.partitions",
     "accumulator.bytes_per_partition",
     "dma.queues",
+    "dma.efficient_chunk_bytes",
     "matrix.rows",
     "matrix.cols",
     "matrix.fp32_slowdown",
+    "matrix.min_interval_cycles",
     "vector.lanes",
-    "vector.transcendental_cost",
 ]
 
 

@@ -1,0 +1,180 @@
+"""How many cycles does one GEMM layer take on a systolic array? (SCALE-Sim's question.)
+
+`gemm(M, N, K, cfg)` times ``A[M x K] @ B[K x N]`` on the config's R x C matrix engine
+with no memory stalls: it builds a matmul-only instruction stream, one MATMUL per fold of
+the array, with every operand already in SRAM and the accumulator, and runs the
+timing-only simulator on it (`machine.simulate(..., functional=False, record=False)`).
+
+Folds. The dataflow lays two operand dimensions (Sr, Sc) on the array's rows and
+columns and streams the third, T, in time: WS (K, N, M), OS (M, N, K), IS (K, M, N).
+There are ``ceil(Sr / R) * ceil(Sc / C)`` folds; fold (a, b) covers rows
+``[a R, min((a + 1) R, Sr))`` and columns ``[b C, min((b + 1) C, Sc))`` and streams
+all of T.
+
+Cycles. In ``mode="compatible"`` each fold takes ``2R + C + T - 2`` cycles (WS, IS) or
+``R + C + T - 2`` (OS), folds in sequence, and `compute_cycles` is SCALE-Sim's "compute
+cycles": the simulated total minus one (SCALE-Sim reports the index of the last busy
+cycle; SCALE-Sim 3.0.0 agrees exactly, see tests/test_timing.py). In ``"pipelined"``
+mode folds overlap (machine's module docstring); `compute_cycles` is the simulated total:
+for n WS folds, ``R + (n - 1) * max(T', R) + T + R + C - 2`` with ``T' = max(T,
+matrix.min_interval_cycles)`` (65,918 for 1024^3 on 128 x 128; the bound is 65,536).
+`utilization` is SCALE-Sim's: ``M * K * N / (R * C * compute_cycles) * 100`` (percent).
+
+    >>> gemm(1024, 1024, 1024, "cloud", mode="compatible")["compute_cycles"]
+    89983
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilecc.errors import ConfigError
+from tilecc.simulator import isa
+from tilecc.simulator.config import (
+    DATAFLOWS,
+    MATRIX_MODES,
+    HardwareConfig,
+    load_config,
+    validate,
+)
+from tilecc.simulator.isa import DType, Mem, Opcode
+from tilecc.simulator.machine import simulate
+
+__all__ = ["gemm", "fold_shapes", "GEMM_DTYPES"]
+
+GEMM_DTYPES = {"bf16": DType.BF16, "f16": DType.F16, "fp16": DType.F16, "f32": DType.F32,
+               "fp32": DType.F32}
+
+
+def fold_shapes(
+    M: int, N: int, K: int, rows: int, cols: int, dataflow: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(m, k, n) of each fold's matmul, int64 arrays in fold order (row folds outer)."""
+    if dataflow == "ws":
+        sr, sc, t = K, N, M
+    elif dataflow == "os":
+        sr, sc, t = M, N, K
+    else:
+        sr, sc, t = K, M, N
+    fr, fc = math.ceil(sr / rows), math.ceil(sc / cols)
+    r_sizes = np.minimum(rows, sr - rows * np.arange(fr, dtype=np.int64))
+    c_sizes = np.minimum(cols, sc - cols * np.arange(fc, dtype=np.int64))
+    a = np.repeat(r_sizes, fc)
+    b = np.tile(c_sizes, fr)
+    tt = np.full(fr * fc, t, dtype=np.int64)
+    if dataflow == "ws":
+        return tt, a, b  # m = T, k = Sr, n = Sc
+    if dataflow == "os":
+        return a, tt, b  # m = Sr, k = T, n = Sc
+    return b, a, tt  # is: m = Sc, k = Sr, n = T
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ConfigError(f"gemm: {name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def gemm(
+    M: int,
+    N: int,
+    K: int,
+    cfg: str | Path | HardwareConfig = "cloud",
+    *,
+    rows: int | None = None,
+    cols: int | None = None,
+    dataflow: str | None = None,
+    mode: str | None = None,
+    dtype: str = "bf16",
+) -> dict[str, Any]:
+    """Cycles of the GEMM ``A[M x K] @ B[K x N]`` on the matrix engine of `cfg` (a
+    config, preset name or TOML path), without memory stalls.
+
+    `rows`, `cols`, `dataflow` (``"ws"``, ``"os"``, ``"is"``) and `mode`
+    (``"compatible"``, ``"pipelined"``) override the config's ``[matrix]`` keys; `dtype`
+    is the operand type (``"bf16"``, ``"f16"``, ``"f32"``: fp32 streams
+    ``matrix.fp32_slowdown`` passes). Returns a dict with ``compute_cycles``,
+    ``utilization`` (percent), ``folds``, ``macs``, ``wall_seconds`` (of this call),
+    ``mode``, ``dataflow``, ``rows``, ``cols``, and also ``M``, ``N``, ``K``,
+    ``dtype``, ``cycles`` (the simulated total), ``roofline_cycles`` (MACs at R*C per
+    cycle), ``time_us`` (``compute_cycles`` at the config's clock) and ``clock_ghz``.
+    Invalid arguments raise `ConfigError`.
+    """
+    t_start = time.perf_counter()
+    M, N, K = (_positive_int(n, v) for n, v in (("M", M), ("N", N), ("K", K)))
+    base = load_config(cfg)
+    R = _positive_int("rows", rows) if rows is not None else base.matrix.rows
+    C = _positive_int("cols", cols) if cols is not None else base.matrix.cols
+    flow = base.matrix.dataflow if dataflow is None else dataflow
+    how = base.matrix.mode if mode is None else mode
+    if flow not in DATAFLOWS:
+        raise ConfigError(f"gemm: dataflow {flow!r} is not allowed (allowed: {', '.join(DATAFLOWS)})")
+    if how not in MATRIX_MODES:
+        raise ConfigError(f"gemm: mode {how!r} is not allowed (allowed: {', '.join(MATRIX_MODES)})")
+    if dtype not in GEMM_DTYPES:
+        raise ConfigError(
+            f"gemm: dtype {dtype!r} is not allowed (allowed: {', '.join(GEMM_DTYPES)})"
+        )
+    d = GEMM_DTYPES[dtype]
+    m, k, n = fold_shapes(M, N, K, R, C, flow)
+    folds = len(m)
+    config = _array_config(base, R, C, flow, how, int(m.max()), int(k.max()), int(n.max()), d)
+    stream = isa.empty_stream(folds)
+    stream["opcode"] = Opcode.MATMUL
+    stream["engine"] = isa.Engine.MATRIX
+    stream["rows"], stream["k"], stream["cols"] = m, k, n
+    stream["a_mem"] = stream["b_mem"] = Mem.SRAM
+    stream["o_mem"] = Mem.ACC
+    stream["a_dtype"] = stream["b_dtype"] = d
+    stream["o_dtype"] = DType.F32
+    sim = simulate(stream, config, None, functional=False, record=False)
+    del stream
+    cycles = float(sim.cycles)
+    compute = cycles - 1 if how == "compatible" else cycles
+    compute = int(compute) if float(compute).is_integer() else compute
+    macs = M * N * K
+    passes = base.matrix.fp32_slowdown if d == DType.F32 else 1
+    return {
+        "M": M,
+        "N": N,
+        "K": K,
+        "rows": R,
+        "cols": C,
+        "dataflow": flow,
+        "mode": how,
+        "dtype": dtype,
+        "folds": folds,
+        "macs": macs,
+        "cycles": cycles,
+        "compute_cycles": compute,
+        "utilization": macs / (R * C * compute) * 100 if compute > 0 else 0.0,
+        "roofline_cycles": macs * passes / (R * C),
+        "time_us": compute / (base.clock_ghz * 1e3),
+        "clock_ghz": base.clock_ghz,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+
+
+def _array_config(
+    base: HardwareConfig, R: int, C: int, dataflow: str, mode: str, m: int, k: int, n: int,
+    dtype: DType,
+) -> HardwareConfig:
+    """`base` with the array overridden and memories just large enough to hold one
+    fold's operands (lhsT k x m, rhs k x n in SRAM, the m x n fp32 output in the
+    accumulator): the GEMM is timed without memory limits or stalls."""
+    isz = isa.ITEMSIZE[dtype]
+    parts = max(R, k, m, base.sram.partitions)
+    matrix = dataclasses.replace(base.matrix, rows=R, cols=C, dataflow=dataflow, mode=mode)
+    sram = dataclasses.replace(
+        base.sram, partitions=parts, bytes_per_partition=max(m, n) * isz
+    )
+    acc = dataclasses.replace(
+        base.accumulator, partitions=parts, bytes_per_partition=4 * max(n, C)
+    )
+    return validate(dataclasses.replace(base, matrix=matrix, sram=sram, accumulator=acc))
