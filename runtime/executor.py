@@ -1,18 +1,25 @@
-"""Run a Program on the simulator: lay out HBM, simulate, read the outputs back."""
+"""Run a Program on the simulator: lay out HBM, simulate, read the outputs back.
+
+Integer and bool tensors live as int32 on the device: an input whose user-facing dtype
+is int64 (token ids) or bool is converted at the boundary (its values must fit int32,
+else `InputMismatchError` naming the input), and such outputs convert back.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from tilecc.errors import InputMismatchError
-from tilecc.runtime.program import Program
+from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import Report, make_report
 from tilecc.simulator import numerics
-from tilecc.simulator.isa import STORAGE
+from tilecc.simulator.isa import STORAGE, DType
 from tilecc.simulator.machine import simulate
+from tilecc.simulator.trace import write_trace
 
 
 def check_inputs(program: Program, inputs: tuple) -> None:
@@ -28,7 +35,7 @@ def check_inputs(program: Program, inputs: tuple) -> None:
             raise InputMismatchError(
                 f"input '{spec.name}' has shape {tuple(t.shape)}, the program was compiled for {spec.shape}"
             )
-        want = numerics.DTYPE_TO_TORCH[spec.dtype]
+        want = user_dtype(spec)
         if t.dtype != want:
             raise InputMismatchError(f"input '{spec.name}' has dtype {t.dtype}, the program expects {want}")
         if t.device.type != "cpu":
@@ -37,18 +44,60 @@ def check_inputs(program: Program, inputs: tuple) -> None:
             )
 
 
-def run_program(program: Program, inputs: tuple, *, functional: bool = True) -> tuple[list[torch.Tensor], Report]:
+def user_dtype(spec: TensorSpec) -> torch.dtype:
+    """The torch dtype a caller passes (or gets back) for this input (output)."""
+    if spec.torch_dtype:
+        return getattr(torch, spec.torch_dtype)
+    return numerics.DTYPE_TO_TORCH[spec.dtype]
+
+
+def _to_device_dtype(spec: TensorSpec, t: torch.Tensor) -> torch.Tensor:
+    """An input converted to its HBM element type (int64 / bool -> int32, range-checked)."""
+    if spec.dtype != DType.I32 or t.dtype == torch.int32:
+        return t
+    if t.dtype != torch.bool and t.numel():
+        lo, hi = int(t.min()), int(t.max())
+        if lo < numerics.I32_MIN or hi > numerics.I32_MAX:
+            bad = lo if lo < numerics.I32_MIN else hi
+            raise InputMismatchError(
+                f"input '{spec.name}' holds {bad}, outside the int32 range the device "
+                f"stores {t.dtype} values in ([{numerics.I32_MIN}, {numerics.I32_MAX}])"
+            )
+    return t.to(torch.int32)
+
+
+def _to_user_dtype(spec: TensorSpec, t: torch.Tensor) -> torch.Tensor:
+    want = user_dtype(spec)
+    if t.dtype == want:
+        return t
+    if want == torch.bool:
+        return t != 0
+    return t.to(want)
+
+
+def run_program(
+    program: Program,
+    inputs: tuple,
+    *,
+    functional: bool = True,
+    sanitize: bool = False,
+    trace: str | Path | None = None,
+) -> tuple[list[torch.Tensor], Report]:
+    """Run `program` on the simulator; `sanitize` checks races, uninitialised reads and
+    deadlocks first; `trace` writes a Perfetto timeline there."""
     check_inputs(program, inputs)
     hbm = program.hbm_image()
     for spec, t in zip(program.inputs, inputs):
-        data, _ = numerics.torch_to_storage(t)
+        data, _ = numerics.torch_to_storage(_to_device_dtype(spec, t))
         raw = data.reshape(-1).view(np.uint8)
         hbm[spec.offset : spec.offset + raw.size] = raw
     t0 = time.perf_counter()
-    sim = simulate(program.stream, program.config, hbm, functional=functional)
+    sim = simulate(program.stream, program.config, hbm, functional=functional, sanitize=sanitize)
     seconds = time.perf_counter() - t0
     outputs = []
     for spec in program.outputs:
         raw = hbm[spec.offset : spec.offset + spec.nbytes].view(STORAGE[spec.dtype]).reshape(spec.shape)
-        outputs.append(numerics.storage_to_torch(raw, spec.dtype))
+        outputs.append(_to_user_dtype(spec, numerics.storage_to_torch(raw, spec.dtype)))
+    if trace is not None:
+        write_trace(trace, program.stream, program.config, sim.start, sim.end, program.kernels)
     return outputs, make_report(sim, program.work, program.config, seconds)

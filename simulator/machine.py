@@ -172,6 +172,7 @@ def simulate(
     *,
     functional: bool = True,
     record: bool = True,
+    sanitize: bool = False,
 ) -> SimResult:
     """Run `stream` on `config`; with `functional`, execute it on `hbm` (changed in place).
 
@@ -180,17 +181,23 @@ def simulate(
     With ``record=False`` the per-instruction start/end times are not kept (the result's
     `start`/`end` are None) and a timing-only run checks and schedules the stream a
     chunk of whole kernels at a time, so its memory does not grow with the stream.
+    With ``sanitize`` the sanitisers (`simulator.sanitizers`: races, reads of
+    never-written memory, deadlocks) check the scheduled program before it executes.
     """
     if not isinstance(stream, np.ndarray) or stream.dtype != RECORD or stream.ndim != 1:
         raise SimulatorError("the instruction stream must be a 1-D numpy array of isa.RECORD")
     if functional:
         _check_hbm_image(hbm)
     hbm_size = len(hbm) if hbm is not None else config.hbm.capacity_bytes
-    if functional or record:
+    if functional or record or sanitize:
         prog = _Program(stream, config)
         prog.check(hbm_size)
         with _gc_paused():  # the scheduler allocates millions of short-lived tuples
             sched = _schedule(prog, record=True)
+        if sanitize:
+            from tilecc.simulator.sanitizers import sanitize as run_sanitizers
+
+            run_sanitizers(stream, config, sched.start, sched.end, hbm_size=hbm_size)
         if functional:
             assert hbm is not None and sched.start is not None and sched.end is not None
             with _single_threaded_torch():

@@ -14,6 +14,7 @@ def run_and_compare(model: torch.nn.Module, inputs: tuple, target: str = "tiny")
     with torch.no_grad():
         expected = model(*inputs)
     cm = tilecc.compile(model, inputs, target=target)
+    cm.sanitize = True  # every end-to-end run is checked for races and uninitialised reads
     got = cm(*inputs)
     exp_list = list(expected) if isinstance(expected, (tuple, list)) else [expected]
     got_list = list(got) if isinstance(got, tuple) else [got]

@@ -57,14 +57,14 @@ def test_unsupported_op_lists_all_places(tmp_path):
         "import torch\n"
         "class M(torch.nn.Module):\n"
         "    def forward(self, x):\n"
-        "        y = torch.cumsum(x, 0)\n"
+        "        y = torch.cumprod(x, 0)\n"
         "        return torch.sort(y).values\n"
         "def make():\n"
         "    return M(), (torch.randn(4, 4),)\n"
     )
     p = run("run", f"{src}:make")
     assert p.returncode == 2
-    assert "aten.cumsum" in p.stderr and "bad.py:4" in p.stderr
+    assert "aten.cumprod" in p.stderr and "bad.py:4" in p.stderr
     assert "aten.sort" in p.stderr and "bad.py:5" in p.stderr
 
 
@@ -74,9 +74,9 @@ COVERAGE_MODEL = (
     "    def __init__(self):\n"
     "        super().__init__(); self.fc = torch.nn.Linear(8, 8)\n"
     "    def forward(self, x):\n"
-    "        y = torch.cumsum(self.fc(x), 0)\n"
+    "        y = torch.cumprod(self.fc(x), 0)\n"
     "        z = torch.sort(y).values\n"
-    "        return torch.cumsum(z, 1) + torch.relu(x)\n"
+    "        return torch.cumprod(z, 1) + torch.relu(x)\n"
     "def make():\n"
     "    return M(), (torch.randn(4, 8),)\n"
 )
@@ -90,8 +90,8 @@ def test_coverage_lists_every_unsupported_place(tmp_path):
     d = json.loads(p.stdout)
     ops = {o["op"]: o for o in d["ops"]}
     assert d["supported"] is False
-    assert ops["aten.cumsum.default"]["count"] == 2
-    assert ops["aten.cumsum.default"]["places"] == ["cov.py:6", "cov.py:8"]
+    assert ops["aten.cumprod.default"]["count"] == 2
+    assert ops["aten.cumprod.default"]["places"] == ["cov.py:6", "cov.py:8"]
     assert ops["aten.sort.default"]["places"] == ["cov.py:7"]
     assert ops["aten.addmm.default"]["status"] == "supported"
     assert ops["aten.permute.default"]["status"] == "folded"  # the weight transpose
@@ -103,3 +103,27 @@ def test_coverage_of_supported_model_exits_0():
     p = run("coverage", "examples/transformer_block.py:block")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "all supported" in p.stdout
+
+
+def test_gemm_reproduces_scalesim():
+    p = run("gemm", "1024", "1024", "1024", "--rows", "128", "--cols", "128",
+            "--dataflow", "ws", "--mode", "compatible", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["compute_cycles"] == 89983
+    assert abs(d["utilization"] - 72.83) < 0.01
+
+
+def test_run_trace_and_sim_saved_program(tmp_path):
+    trace, prog = tmp_path / "t.json", tmp_path / "p.tlc"
+    p = run("run", "examples/mlp.py:mlp", "--trace", str(trace), "--save", str(prog))
+    assert p.returncode == 0, p.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["ph"] for e in events} >= {"M", "X", "C", "s", "f"}
+    assert "energy" in p.stdout and "set by" in p.stdout
+    p = run("sim", str(prog), "--json", "--trace", str(tmp_path / "t2.json"))
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["cycles"] > 0 and d["energy"]
+    p = run("sim", str(tmp_path / "missing.tlc"))
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and "no such program file" in p.stderr

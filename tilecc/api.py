@@ -37,6 +37,7 @@ class CompiledModel:
         self.program = program
         self.compile_stats = stats
         self.report: Report | None = None
+        self.sanitize = False  # check races, uninitialised reads and deadlocks on every run
         self._dynamic = dynamic
         self.programs: dict[tuple, Program] = {}
 
@@ -55,7 +56,7 @@ class CompiledModel:
         return self.program
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
-        outputs, self.report = run_program(self.program_for(inputs), inputs)
+        outputs, self.report = run_program(self.program_for(inputs), inputs, sanitize=self.sanitize)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def save(self, path: str | Path) -> None:

@@ -87,6 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
     import tilecc
+    from tilecc.runtime.executor import run_program
     from tilecc.simulator.config import load_config
 
     cfg = load_config(args.target)
@@ -94,8 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     cm = tilecc.compile(model, inputs, target=cfg)
     compile_seconds = time.perf_counter() - t0
-    out = cm(*inputs)
-    outputs = list(out) if isinstance(out, tuple) else [out]
+    outputs, report = run_program(cm.program, inputs, trace=args.trace, sanitize=not args.no_sanitize)
+    cm.report = report
     with torch.no_grad():
         ref = model.eval()(*inputs)
     expected = list(ref) if isinstance(ref, (tuple, list)) else [ref]
@@ -119,7 +120,65 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"compile           {compile_seconds:.2f} s, simulate {report.simulate_seconds:.2f} s")
         print(f"matches eager     {'yes' if ok else 'NO'} (max abs error {worst:.3g})")
         print(report)
+        if args.trace:
+            print(f"trace             {args.trace} (open in ui.perfetto.dev)")
     return 0 if ok else 1
+
+
+def cmd_gemm(args: argparse.Namespace) -> int:
+    from tilecc.simulator.gemm import gemm
+
+    r = gemm(
+        args.M, args.N, args.K, args.target,
+        rows=args.rows, cols=args.cols, dataflow=args.dataflow, mode=args.mode, dtype=args.dtype,
+    )
+    if args.json:
+        print(json.dumps(r, sort_keys=True))
+        return 0
+    print(
+        f"GEMM {args.M} x {args.N} x {args.K} ({r['dtype']}) on a {r['rows']} x {r['cols']} array, "
+        f"{r['dataflow']} dataflow, {r['mode']} mode"
+    )
+    print(f"compute cycles    {r['compute_cycles']:,}  ({r['time_us']:,.2f} us at {r['clock_ghz']} GHz)")
+    print(f"utilisation       {r['utilization']:.2f} %")
+    print(f"folds             {r['folds']:,}")
+    print(f"MACs              {r['macs']:,}")
+    print(f"simulated in      {r['wall_seconds'] * 1e3:.1f} ms")
+    return 0
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from tilecc.runtime.executor import run_program
+    from tilecc.runtime.program import Program
+    from tilecc.simulator import numerics
+    from tilecc.simulator.config import load_config
+
+    program = Program.load(args.program)
+    if args.target:
+        program.config = load_config(args.target)
+    gen = torch.Generator().manual_seed(args.seed)
+    inputs = []
+    for spec in program.inputs:
+        dtype = numerics.DTYPE_TO_TORCH[spec.dtype]
+        if args.inputs:
+            data = np.load(args.inputs)
+            inputs.append(torch.from_numpy(data[spec.name]).to(dtype))
+        else:
+            inputs.append(torch.randn(spec.shape, generator=gen).to(dtype))
+    outputs, report = run_program(program, tuple(inputs), trace=args.trace, sanitize=True)
+    if args.json:
+        d = report.to_dict()
+        d["outputs"] = [{"name": s.name, "shape": list(s.shape)} for s in program.outputs]
+        print(json.dumps(d, sort_keys=True))
+    else:
+        print(f"program           {args.program}")
+        print(report)
+        if args.trace:
+            print(f"trace             {args.trace}")
+    return 0
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
@@ -143,7 +202,29 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", default="tiny", help="preset name (tiny, edge, cloud) or a TOML file")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--save", help="write the compiled program to this file")
+    run.add_argument("--trace", help="write a Perfetto / Chrome-trace timeline (JSON) here")
+    run.add_argument("--no-sanitize", action="store_true", help="skip the race / uninitialised-read checks")
     run.set_defaults(fn=cmd_run)
+    sim = sub.add_parser("sim", help="run a saved program on the simulator")
+    sim.add_argument("program", help="a program file written by `tilecc run --save`")
+    sim.add_argument("--target", help="simulate on another config (preset or TOML)")
+    sim.add_argument("--inputs", help=".npz file with one array per input name (default: random)")
+    sim.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    sim.add_argument("--trace", help="write a Perfetto / Chrome-trace timeline (JSON) here")
+    sim.add_argument("--json", action="store_true")
+    sim.set_defaults(fn=cmd_sim)
+    gm = sub.add_parser("gemm", help="cycles of one GEMM layer on a systolic array (SCALE-Sim's question)")
+    gm.add_argument("M", type=int)
+    gm.add_argument("N", type=int)
+    gm.add_argument("K", type=int)
+    gm.add_argument("--target", default="cloud", help="preset or TOML (default: cloud)")
+    gm.add_argument("--rows", type=int, help="array rows (overrides the config)")
+    gm.add_argument("--cols", type=int, help="array columns (overrides the config)")
+    gm.add_argument("--dataflow", choices=["ws", "os", "is"])
+    gm.add_argument("--mode", choices=["compatible", "pipelined"])
+    gm.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
+    gm.add_argument("--json", action="store_true")
+    gm.set_defaults(fn=cmd_gemm)
     cov = sub.add_parser("coverage", help="list a model's ops and which tilecc supports (no run)")
     cov.add_argument("source", help="FILE.py:FACTORY")
     cov.add_argument("--json", action="store_true")
