@@ -11,6 +11,7 @@ cleared, as ``isa.empty_stream`` leaves them, and the parser restores them so)::
     vec.add sram[p0 +0x0]:f32, col sram[p0 +0x800]:f32 -> sram[p0 +0x0]:f32 16x64
     vec.sub.swap acc[p0 +0x0]:f32, imm 0.5 -> sram[p0 +0x0]:f32 16x64 signal(s2)
     vec.reduce_max sram[p0 +0x0]:f32 -> sram[p0 +0x900]:f32 16x64
+    dma.gather q0 hbm[0x1000 rs=768 bound=1000]:f32, index sram[p0 +0x0]:i32 -> sram[p0 +0x40]:f32 16x768
 
 The grammar is ``asm.lark`` (LALR). `print_asm` followed by `parse_asm` restores every
 record bit for bit (imm values are written in the shortest decimal form that reads back
@@ -129,6 +130,10 @@ def _hbm(addr: int, rs: int, cs: int, dt: int) -> str:
     return f"hbm[0x{addr:x} rs={rs} cs={cs}]:{_DT_NAMES[dt]}"
 
 
+def _table(addr: int, rs: int, bound: int, dt: int) -> str:
+    return f"hbm[0x{addr:x} rs={rs} bound={bound}]:{_DT_NAMES[dt]}"
+
+
 def _sync(sems: list[int], vals: list[int], signal: int) -> str:
     last = -1
     for i, s in enumerate(sems):
@@ -157,6 +162,7 @@ def _lines(stream: np.ndarray):
     imm_bits = stream["imm"].view(np.uint32).tolist()
     load, store, matmul = int(Opcode.DMA_LOAD), int(Opcode.DMA_STORE), int(Opcode.MATMUL)
     unary, binary, reduce = int(Opcode.VEC_UNARY), int(Opcode.VEC_BINARY), int(Opcode.VEC_REDUCE)
+    gather = int(Opcode.DMA_GATHER)
     f_acc, f_col = int(Flag.ACCUMULATE), int(Flag.B_COLUMN)
     f_imm, f_swap = int(Flag.B_IMM), int(Flag.SWAP)
     for (
@@ -171,6 +177,12 @@ def _lines(stream: np.ndarray):
         elif op == store:
             yield (
                 f"dma.store q{queue} {_chip(amem, apart, aaddr, adt)} -> {_hbm(oaddr, rs, cs, odt)}"
+                f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
+            )
+        elif op == gather:
+            yield (
+                f"dma.gather q{queue} {_table(aaddr, rs, k, adt)}, index "
+                f"{_chip(bmem, bpart, baddr, bdt)} -> {_chip(omem, opart, oaddr, odt)}"
                 f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
             )
         elif op == matmul:
@@ -257,11 +269,11 @@ def _num(tok: lark.Token, hi: int, what: str, lo: int = 0, skip: int = 0) -> int
 
 
 class _Operand:
-    __slots__ = ("mem", "part", "addr", "rs", "cs", "dtype", "tok")
+    __slots__ = ("mem", "part", "addr", "rs", "cs", "dtype", "tok", "bound")
 
-    def __init__(self, mem, part, addr, rs, cs, dtype, tok):
+    def __init__(self, mem, part, addr, rs, cs, dtype, tok, bound=None):
         self.mem, self.part, self.addr, self.rs, self.cs = mem, part, addr, rs, cs
-        self.dtype, self.tok = dtype, tok
+        self.dtype, self.tok, self.bound = dtype, tok, bound
 
 
 def _need_chip(opnd: _Operand, what: str) -> None:
@@ -291,6 +303,17 @@ class _Builder(lark.Transformer):
             addr_tok,
         )
 
+    def table_place(self, c):
+        addr_tok, rs_tok, bound_tok = c
+        return (
+            "table",
+            _num(addr_tok, _U64, "address"),
+            _num(rs_tok, _I64_MAX, "row stride", _I64_MIN),
+            0,
+            _num(bound_tok, _U32, "bound"),
+            addr_tok,
+        )
+
     def operand(self, c):
         mem_tok, place, dt_tok = c
         mem = _MEM_BY_NAME.get(str(mem_tok))
@@ -313,7 +336,8 @@ class _Builder(lark.Transformer):
             raise _SemanticError(
                 f"an on-chip operand is written {mem_tok}[pPART +ADDR]", place[4]
             )
-        return _Operand(mem, 0, place[1], place[2], place[3], dtype, mem_tok)
+        bound = place[4] if place[0] == "table" else None
+        return _Operand(mem, 0, place[1], place[2], place[3], dtype, mem_tok, bound)
 
     def tile_b(self, c):
         return ("tile", c[0])
@@ -403,12 +427,38 @@ class _Builder(lark.Transformer):
             raise _SemanticError(
                 f"the {side} of {op_tok} is on chip (sram or acc), not hbm", chip.tok
             )
+        if hbm.bound is not None:
+            raise _SemanticError(
+                f"the hbm operand of {op_tok} is written hbm[ADDR rs=ROW_STRIDE cs=COL_STRIDE] "
+                "(bound=ROWS is for dma.gather)",
+                hbm.tok,
+            )
         r = self._record(int(Opcode.DMA_LOAD if load else Opcode.DMA_STORE), sync)
         r[_I["queue"]] = _num(q_tok, _U8, "queue", skip=1)
         self._put(r, "a" if load else "o", hbm)
         self._put(r, "o" if load else "a", chip)
         r[_I["a_part" if load else "o_part"]] = 0
         r[_I["hbm_rs"]], r[_I["hbm_cs"]] = hbm.rs, hbm.cs
+        self._shape(r, shape)
+        return r
+
+    def gather(self, c):
+        _, q_tok, table, index, o, shape, sync = c
+        if table.mem != Mem.HBM or table.bound is None:
+            raise _SemanticError(
+                "the source of dma.gather is an hbm table hbm[ADDR rs=ROW_STRIDE bound=ROWS]",
+                table.tok,
+            )
+        _need_chip(index, "the index operand of dma.gather")
+        _need_chip(o, "the destination of dma.gather")
+        r = self._record(int(Opcode.DMA_GATHER), sync)
+        r[_I["queue"]] = _num(q_tok, _U8, "queue", skip=1)
+        self._put(r, "a", table)
+        r[_I["a_part"]] = 0
+        r[_I["hbm_rs"]] = table.rs
+        r[_I["k"]] = table.bound
+        self._put(r, "b", index)
+        self._put(r, "o", o)
         self._shape(r, shape)
         return r
 
@@ -500,8 +550,8 @@ def _parser() -> lark.Lark:
 
 _GROUPS = [
     (
-        frozenset({"BARRIER", "MATMUL", "DMA_OP", "VEC_OP"}),
-        "an instruction (barrier, dma.load, dma.store, matmul or vec.<function>)",
+        frozenset({"BARRIER", "MATMUL", "DMA_OP", "GATHER", "VEC_OP"}),
+        "an instruction (barrier, dma.load, dma.store, dma.gather, matmul or vec.<function>)",
         frozenset({"_NL", "$END"}),
     ),
     (
@@ -514,6 +564,7 @@ _WORDS = {
     "BARRIER": "'barrier'",
     "MATMUL": "'matmul'",
     "DMA_OP": "'dma.load' or 'dma.store'",
+    "GATHER": "'dma.gather'",
     "VEC_OP": "a vector instruction vec.<function>",
     "QUEUE": "a DMA queue (q0, q1, ...)",
     "PART": "a start partition (p0, p1, ...)",
@@ -657,6 +708,11 @@ def _fast_patterns() -> dict[str, re.Pattern]:
         "dma.store": (
             rf"(?P<op>dma\.store) (?P<q>{T['QUEUE']}) {chip('a')} -> {hbm('o')}{shape}{sync}"
         ),
+        "dma.gather": (
+            rf"(?P<op>dma\.gather) (?P<q>{T['QUEUE']}) (?P<a_m>hbm)\[(?P<a_a>{T['NUM']}) "
+            rf"rs=(?P<a_rs>{T['SNUM']}) bound=(?P<a_bound>{T['NUM']})\]:(?P<a_d>{T['DTYPE']}), "
+            rf"index {chip('b')} -> {chip('o')}{shape}{sync}"
+        ),
         "matmul": (
             rf"matmul {chip('a')}, {chip('b')} -> {chip('o')} m=(?P<m>{T['NUM']}) "
             rf"k=(?P<k>{T['NUM']}) n=(?P<n>{T['NUM']})(?P<acc> accumulate)?{sync}"
@@ -707,6 +763,10 @@ def _fast_line(line: str, pats: dict[str, re.Pattern], b: _Builder) -> list | No
             return b.dma([g("op"), g("q"), hbm("a"), chip("o"), g("shape"), sync])
         if key == "dma.store":
             return b.dma([g("op"), g("q"), chip("a"), hbm("o"), g("shape"), sync])
+        if key == "dma.gather":
+            place = b.table_place([g("a_a"), g("a_rs"), g("a_bound")])
+            table = b.operand([g("a_m"), place, g("a_d")])
+            return b.gather([g("op"), g("q"), table, chip("b"), chip("o"), g("shape"), sync])
         if key == "matmul":
             acc = b.accumulate([g("acc")] if g("acc") else [])
             a, bb, o = chip("a"), chip("b"), chip("o")

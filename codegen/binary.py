@@ -73,6 +73,10 @@ USED_FIELDS: dict[Opcode, frozenset[str]] = {
     Opcode.VEC_UNARY: frozenset(("func", *_A, *_O, "rows", "cols", *_SYNC)),
     Opcode.VEC_BINARY: frozenset(("func", "flags", *_A, *_B, "imm", *_O, "rows", "cols", *_SYNC)),
     Opcode.VEC_REDUCE: frozenset(("func", *_A, *_O, "rows", "cols", *_SYNC)),
+    # a: the HBM table (base, row stride, k rows); b: the on-chip i32 index column
+    Opcode.DMA_GATHER: frozenset(
+        ("queue", "a_dtype", "a_mem", "a_addr", "hbm_rs", *_B, *_O, "rows", "cols", "k", *_SYNC)
+    ),
 }
 
 # flags each opcode may carry
@@ -232,14 +236,19 @@ def _validate_canonical(stream: np.ndarray) -> None:
     # memories: the HBM side of a DMA, on-chip everywhere else
     hbm = int(Mem.HBM)
     is_bin_tile_b = (opcode == Opcode.VEC_BINARY) & ((flags & Flag.B_IMM) == 0)
+    gather = opcode == Opcode.DMA_GATHER
+    compute = (opcode >= Opcode.MATMUL) & ~gather
     rules = [
         ("a_mem", opcode == Opcode.DMA_LOAD, True),
         ("o_mem", opcode == Opcode.DMA_LOAD, False),
         ("a_mem", opcode == Opcode.DMA_STORE, False),
         ("o_mem", opcode == Opcode.DMA_STORE, True),
-        ("a_mem", opcode >= Opcode.MATMUL, False),
-        ("o_mem", opcode >= Opcode.MATMUL, False),
+        ("a_mem", compute, False),
+        ("o_mem", compute, False),
         ("b_mem", (opcode == Opcode.MATMUL) | is_bin_tile_b, False),
+        ("a_mem", gather, True),
+        ("b_mem", gather, False),
+        ("o_mem", gather, False),
     ]
     for name, sel, want_hbm in rules:
         bad = _first(sel & ((stream[name] == hbm) != want_hbm))

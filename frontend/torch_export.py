@@ -41,6 +41,15 @@ TORCH_FLOAT_DTYPES: dict[torch.dtype, DType] = {
     torch.bfloat16: DType.BF16,
     torch.float16: DType.F16,
 }
+# integer and bool tensors live as i32 (bools as 0 / 1); int64 values must fit int32
+TORCH_INT_DTYPES: dict[torch.dtype, DType] = {
+    torch.int64: DType.I32,
+    torch.int32: DType.I32,
+    torch.int16: DType.I32,
+    torch.int8: DType.I32,
+    torch.uint8: DType.I32,
+    torch.bool: DType.I32,
+}
 
 _TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
@@ -168,9 +177,14 @@ def _static_shape(t: torch.Tensor, bindings: dict | None = None) -> list[int]:
 
 def _dtype(t: torch.dtype) -> DType:
     try:
-        return TORCH_FLOAT_DTYPES[t]
+        return TORCH_FLOAT_DTYPES.get(t) or TORCH_INT_DTYPES[t]
     except KeyError:
         raise _Unsupported(f"dtype {t}") from None
+
+
+def torch_dtype_name(t: torch.dtype) -> str:
+    """'int64' for torch.int64: the user-facing dtype a Program records for its inputs."""
+    return str(t).removeprefix("torch.")
 
 
 class _Importer:
@@ -183,6 +197,8 @@ class _Importer:
         self.weights: dict[str, np.ndarray] = {}
         self.input_names: list[str] = []
         self.output_names: list[str] = []
+        self.input_dtypes: list[str] = []  # user-facing torch dtypes ("int64", "float32")
+        self.output_dtypes: list[str] = []
         self.input_types: list[TensorType] = []
         self.loc = "<unknown>"  # location of the node being converted
         # nodes whose value is known at compile time (weights, and ops on them only):
@@ -504,10 +520,11 @@ class _Importer:
                 if t is None:
                     raise _Unsupported(f"non-tensor input {node.meta.get('val')!r}")
                 ty = g.tensor_type(_static_shape(t, self.bindings), _dtype(t.dtype))
+                self.input_dtypes.append(torch_dtype_name(t.dtype))
             except _Unsupported as e:
                 self.unsupported.append(
-                    (f"input '{name}' ({e.reason}; tilecc takes float32, bfloat16 and "
-                     "float16 tensors)", "<input>")
+                    (f"input '{name}' ({e.reason}; tilecc takes float32, bfloat16, "
+                     "float16, integer and bool tensors)", "<input>")
                 )
                 self.env[node] = _Poison("input")
                 self.input_types.append(None)  # type: ignore[arg-type]
@@ -548,7 +565,7 @@ class _Importer:
                 kind = "constant" if node.op == "call_function" else "weight"
                 raise _Unsupported(f"{kind} '{name}' of dtype {data.dtype} ({e.reason})") from None
             if name not in self.weights:
-                self.weights[name] = data.to("cpu", torch.float32).contiguous().numpy().copy()
+                self.weights[name] = _weight_values(data, name)
             return self.emit(g.WeightOp.make(name, g.tensor_type(shape, dt)))
         finally:
             self.loc = saved
@@ -637,6 +654,8 @@ class _Importer:
                 )
                 continue
             self.output_names.append(name)
+            meta = _meta_tensor(a) if isinstance(a, Node) else None
+            self.output_dtypes.append(torch_dtype_name(meta.dtype) if meta is not None else "")
             try:
                 v = self.value(a) if isinstance(a, Node) else a
             except _Unsupported as e:
@@ -661,7 +680,20 @@ class _Importer:
             weights=self.weights,
             input_names=self.input_names,
             output_names=self.output_names,
+            input_dtypes=self.input_dtypes,
+            output_dtypes=self.output_dtypes,
         )
+
+
+def _weight_values(data: torch.Tensor, name: str) -> np.ndarray:
+    """A weight's values: float32, or int32 for integer / bool tensors (checked to fit)."""
+    data = data.detach().to("cpu")
+    if data.dtype in TORCH_INT_DTYPES:
+        wide = data.to(torch.int64)
+        if wide.numel() and (wide.min() < -(2**31) or wide.max() >= 2**31):
+            raise _Unsupported(f"integer constant '{name}' has values outside the int32 range")
+        return wide.to(torch.int32).contiguous().numpy().copy()
+    return data.to(torch.float32).contiguous().numpy().copy()
 
 
 def import_exported_program(

@@ -1,7 +1,8 @@
 """The `graph` dialect: ATen-granularity tensor ops with static shapes.
 
-Values are builtin `TensorType`s with a static shape and element type f32, bf16 or
-f16. A module holds one ``func.func @forward``: user inputs are its arguments,
+Values are builtin `TensorType`s with a static shape and element type f32, bf16,
+f16 or i32 (integer and bool tensors; bools are 0 / 1, see `graph_index`). A module
+holds one ``func.func @forward``: user inputs are its arguments,
 parameters / buffers / lifted constants are ``graph.weight`` ops whose data lives in
 `GraphProgram.weights`, small constants are ``graph.constant``.
 
@@ -48,6 +49,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
     f64,
+    i32,
     i64,
 )
 from xdsl.ir import Attribute, Dialect, Operation, SSAValue
@@ -82,18 +84,25 @@ _DTYPE_ELEMENTS: dict[DType, Attribute] = {
     DType.F32: Float32Type(),
     DType.BF16: BFloat16Type(),
     DType.F16: Float16Type(),
+    DType.I32: i32,
 }
 # numpy storage of each element type (bf16 as raw uint16 bits)
-_NP_STORAGE = {DType.F32: np.float32, DType.F16: np.float16, DType.BF16: np.uint16}
+_NP_STORAGE = {DType.F32: np.float32, DType.F16: np.float16, DType.BF16: np.uint16, DType.I32: np.int32}
+
+
+def _is_supported(et: Attribute) -> bool:
+    return type(et) in _ELEMENT_DTYPES or et == i32
 
 
 def element_dtype(t: Attribute) -> DType:
     """The `DType` of a tensor type's element type (or of an element type itself)."""
     et = t.get_element_type() if isinstance(t, TensorType) else t
+    if et == i32:
+        return DType.I32
     try:
         return _ELEMENT_DTYPES[type(et)]
     except KeyError:
-        raise ValueError(f"unsupported element type {et} (tilecc: f32, bf16, f16)") from None
+        raise ValueError(f"unsupported element type {et} (tilecc: f32, bf16, f16, i32)") from None
 
 
 def element_type(dtype: DType | Attribute) -> Attribute:
@@ -104,7 +113,7 @@ def element_type(dtype: DType | Attribute) -> Attribute:
     try:
         return _DTYPE_ELEMENTS[DType(dtype)]
     except KeyError:
-        raise ValueError(f"unsupported element type {dtype!r} (tilecc: f32, bf16, f16)") from None
+        raise ValueError(f"unsupported element type {dtype!r} (tilecc: f32, bf16, f16, i32)") from None
 
 
 _element_type = element_type
@@ -147,15 +156,15 @@ def _fmt(t: Attribute) -> str:
 
 
 def _check_tensor(t: Attribute, op: str, what: str) -> TensorType:
-    """Raise ShapeError unless `t` is a static tensor of f32 / bf16 / f16."""
+    """Raise ShapeError unless `t` is a static tensor of f32 / bf16 / f16 / i32."""
     if not isinstance(t, TensorType):
         raise ShapeError(f"{op}: {what} must be a tensor, got {t}")
     shape = t.get_shape()
     if any(d < 0 for d in shape):
         raise ShapeError(f"{op}: {what} must have a static shape, got {t}")
-    if type(t.get_element_type()) not in _ELEMENT_DTYPES:
+    if not _is_supported(t.get_element_type()):
         raise ShapeError(
-            f"{op}: {what} element type must be f32, bf16 or f16, got {t.get_element_type()}"
+            f"{op}: {what} element type must be f32, bf16, f16 or i32, got {t.get_element_type()}"
         )
     return t
 
@@ -609,9 +618,9 @@ class SoftmaxOp(GraphOp):
     def infer_result_type(self) -> TensorType:
         t = _check_tensor(self.input.type, self.name, "input")
         d = self.dim.value.data
-        if not 0 <= d < t.get_num_dims():
+        if not 0 <= d < max(t.get_num_dims(), 1):
             raise ShapeError(
-                f"graph.softmax: dim {d} out of range for {_fmt(t)} (must be in [0, {t.get_num_dims()}))"
+                f"graph.softmax: dim {d} out of range for {_fmt(t)} (must be in [0, {max(t.get_num_dims(), 1)}))"
             )
         return t
 
@@ -620,9 +629,9 @@ class SoftmaxOp(GraphOp):
         x = _value(x)
         t = _check_tensor(x.type, cls.name, "input")
         rank = t.get_num_dims()
-        if not -rank <= dim < rank or rank == 0:
+        if not -max(rank, 1) <= dim < max(rank, 1):
             raise ShapeError(f"graph.softmax: dim {dim} out of range for shape {list(t.get_shape())}")
-        dim %= rank
+        dim %= max(rank, 1)  # a rank-0 softmax (dim 0 or -1) is over the single element
         op = cls.create(
             operands=[x], result_types=[t], properties={"dim": IntegerAttr(dim, i64)}
         )
@@ -634,6 +643,8 @@ class SoftmaxOp(GraphOp):
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
+        if x.ndim == 0:
+            return np.ones_like(x, dtype=np.float32) if np.isfinite(x) else np.full_like(x, np.nan, dtype=np.float32)
         m = np.max(x, axis=self.axis, keepdims=True)
         with np.errstate(all="ignore"):
             e = np.exp(x - m)
@@ -678,8 +689,8 @@ class LayerNormOp(GraphOp):
                     f"{op}: {what} shape {list(t.get_shape())} must equal the normalised "
                     f"dims {list(norm)} of input {list(shape)}"
                 )
-        if not (eps >= 0.0):
-            raise ShapeError(f"{op}: eps must be >= 0, got {eps}")
+        if eps != eps:
+            raise ShapeError(f"{op}: eps must be a number, got {eps}")
         return x
 
     def infer_result_type(self) -> TensorType:
@@ -931,6 +942,9 @@ class GraphProgram:
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
+    # user-facing torch dtypes ("int64", "bool", "float32", ...; empty: the element type's)
+    input_dtypes: list[str] = field(default_factory=list)
+    output_dtypes: list[str] = field(default_factory=list)
 
     @property
     def func(self) -> func.FuncOp:

@@ -204,6 +204,18 @@ class DmaStoreOp(InstructionOp):
 
 
 @irdl_op_definition
+class DmaGatherOp(InstructionOp):
+    """Indirect DMA (`Opcode.DMA_GATHER`): rows ``index[r]`` of an HBM table (base
+    `a_addr`, row stride `hbm_rs`, `k` rows) into an on-chip tile; `b_*` the index column."""
+
+    name = "npu.dma_gather"
+    OPCODE: ClassVar[Opcode] = Opcode.DMA_GATHER
+    REQUIRED: ClassVar[tuple[str, ...]] = (
+        "queue", "a_addr", "a_dtype", "hbm_rs", "k", *_B, *_O, *_SIZES,
+    )
+
+
+@irdl_op_definition
 class MatmulOp(InstructionOp):
     name = "npu.matmul"
     OPCODE: ClassVar[Opcode] = Opcode.MATMUL
@@ -234,6 +246,7 @@ class VecReduceOp(InstructionOp):
 INSTRUCTION_OPS: tuple[type[InstructionOp], ...] = (
     DmaLoadOp,
     DmaStoreOp,
+    DmaGatherOp,
     MatmulOp,
     VecUnaryOp,
     VecBinaryOp,

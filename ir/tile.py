@@ -9,6 +9,9 @@ The hub of the compiler: the graph lowering produces it, the npu lowering consum
   `#tile.space<"sram">` or `#tile.space<"acc">`; the first dimension maps to
   partitions. Tile ops act on the leading ``rows x cols`` corner of a buffer (dynamic
   sizes, so edge tiles need no masks).
+- `tile.subview` names a window (row / column offset) of an on-chip buffer, so one
+  buffer can hold several tiles; `tile.load` / `tile.store` take optional `row_step` /
+  `col_step` to walk a dimension with a stride (every s-th element).
 - The program entry `func.func @main` allocates HBM intermediates (`tile.hbm_alloc`),
   aliases reshapes (`tile.view`) and launches kernels with `func.call`.
 
@@ -76,7 +79,9 @@ UNARY_FNS = (
     "square",
     "erf",
 )
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "pow")
+BINARY_FNS = (
+    "add", "sub", "mul", "div", "max", "min", "pow", "eq", "ne", "lt", "le", "gt", "ge", "mask",
+)
 REDUCE_FNS = ("sum", "max", "min")
 
 KERNEL_ATTR = "tile.kernel"
@@ -206,8 +211,24 @@ def _numel(t: MemRefType) -> int:
     return n
 
 
+def _steps(row_step: int, col_step: int) -> dict[str, Attribute]:
+    """The optional `row_step` / `col_step` properties (omitted when 1)."""
+    props: dict[str, Attribute] = {}
+    if row_step != 1:
+        props["row_step"] = IntegerAttr(row_step, i64)
+    if col_step != 1:
+        props["col_step"] = IntegerAttr(col_step, i64)
+    return props
+
+
 class _DimsMixin:
-    """row_dim / col_dim: the HBM dimensions a tile's rows and columns walk (-1: broadcast)."""
+    """row_dim / col_dim: the HBM dimensions a tile's rows and columns walk (-1: broadcast);
+    optional row_step / col_step (default 1): elements of that dimension per tile row /
+    column, e.g. ``col_step = 2`` reads every other element."""
+
+    def step(self, key: str) -> int:
+        v = self.properties.get(key)  # type: ignore[attr-defined]
+        return v.value.data if isinstance(v, IntegerAttr) else 1
 
     def _verify_dims(self, op: IRDLOperation, hbm: SSAValue, indices: Sequence[SSAValue]) -> None:
         assert isinstance(hbm.type, MemRefType)
@@ -219,6 +240,60 @@ class _DimsMixin:
             assert isinstance(v, IntegerAttr)
             if not -1 <= v.value.data < max(rank, 1) or (rank == 0 and v.value.data != -1):
                 raise VerifyException(f"{op.name}: {key} = {v.value.data} out of range for rank {rank}")
+        for key in ("row_step", "col_step"):
+            if self.step(key) < 1:
+                raise VerifyException(f"{op.name}: {key} must be >= 1, got {self.step(key)}")
+
+
+@irdl_op_definition
+class SubviewOp(IRDLOperation):
+    """A window of an on-chip buffer: rows [row, row + R) and columns [col, col + C) of
+    `source`, R x C being the result's shape. Tile ops on the result access the source's
+    bytes (synchronisation treats the window as the whole source buffer)::
+
+        %w = tile.subview %buf[%c0, %off] : memref<16x512xf32, #tile.space<"sram">>
+            to memref<16x64xf32, #tile.space<"sram">>
+    """
+
+    name = "tile.subview"
+    source = operand_def(MemRefType)
+    row = operand_def(IndexType())
+    col = operand_def(IndexType())
+    result = result_def(MemRefType)
+    assembly_format = (
+        "$source `[` $row `,` $col `]` attr-dict `:` type($source) `to` type($result)"
+    )
+
+    def __init__(self, source: SSAValue, row: SSAValue, col: SSAValue, shape: Sequence[int]):
+        t = source.type
+        assert isinstance(t, MemRefType)
+        rt = MemRefType(t.element_type, list(shape), NoneAttr(), t.memory_space)
+        super().__init__(operands=[source, row, col], result_types=[rt])
+
+    def verify_(self) -> None:
+        _expect_space(self, "source", self.source, (SRAM, ACC))
+        _expect_space(self, "result", self.result, (SRAM, ACC))
+        src, res = self.source.type, self.result.type
+        assert isinstance(src, MemRefType) and isinstance(res, MemRefType)
+        if src.element_type != res.element_type or space_of(src) != space_of(res):
+            raise VerifyException(f"tile.subview: {src} and {res} differ in element type or space")
+        (sr, sc), (rr, rc) = src.get_shape(), res.get_shape()
+        offsets = [_const_index(v) for v in (self.row, self.col)]
+        for what, off, size, limit in (("rows", offsets[0], rr, sr), ("columns", offsets[1], rc, sc)):
+            if size > limit or (off is not None and off + size > limit):
+                raise VerifyException(
+                    f"tile.subview: {what} [{off}, {off}+{size}) exceed the source's {limit}"
+                    if off is not None else f"tile.subview: {size} {what} exceed the source's {limit}"
+                )
+
+
+def _const_index(v: SSAValue) -> int | None:
+    from xdsl.dialects import arith
+
+    owner = v.owner
+    if isinstance(owner, arith.ConstantOp) and isinstance(owner.value, IntegerAttr):
+        return int(owner.value.value.data)
+    return None
 
 
 @irdl_op_definition
@@ -236,16 +311,24 @@ class LoadOp(IRDLOperation, _DimsMixin):
     cols = operand_def(IndexType())
     row_dim = prop_def(IntegerAttr)
     col_dim = prop_def(IntegerAttr)
+    row_step = opt_prop_def(IntegerAttr)
+    col_step = opt_prop_def(IntegerAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
     assembly_format = (
         "$src `[` $indices `]` `into` $dst `sizes` `(` $rows `,` $cols `)` attr-dict "
         "`:` type($src) `,` type($dst)"
     )
 
-    def __init__(self, src, indices, dst, rows, cols, row_dim: int, col_dim: int):
+    def __init__(
+        self, src, indices, dst, rows, cols, row_dim: int, col_dim: int,
+        row_step: int = 1, col_step: int = 1,
+    ):
         super().__init__(
             operands=[src, list(indices), dst, rows, cols],
-            properties={"row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64)},
+            properties={
+                "row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64),
+                **_steps(row_step, col_step),
+            },
         )
 
     def verify_(self) -> None:
@@ -266,16 +349,24 @@ class StoreOp(IRDLOperation, _DimsMixin):
     cols = operand_def(IndexType())
     row_dim = prop_def(IntegerAttr)
     col_dim = prop_def(IntegerAttr)
+    row_step = opt_prop_def(IntegerAttr)
+    col_step = opt_prop_def(IntegerAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
     assembly_format = (
         "$src `into` $dst `[` $indices `]` `sizes` `(` $rows `,` $cols `)` attr-dict "
         "`:` type($src) `,` type($dst)"
     )
 
-    def __init__(self, src, dst, indices, rows, cols, row_dim: int, col_dim: int):
+    def __init__(
+        self, src, dst, indices, rows, cols, row_dim: int, col_dim: int,
+        row_step: int = 1, col_step: int = 1,
+    ):
         super().__init__(
             operands=[src, dst, list(indices), rows, cols],
-            properties={"row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64)},
+            properties={
+                "row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64),
+                **_steps(row_step, col_step),
+            },
         )
 
     def verify_(self) -> None:
@@ -287,6 +378,51 @@ class StoreOp(IRDLOperation, _DimsMixin):
             assert isinstance(v, IntegerAttr)
             if v.value.data == -1 and self.indices:
                 raise VerifyException("tile.store: a store cannot broadcast (row_dim/col_dim -1)")
+
+
+@irdl_op_definition
+class GatherOp(IRDLOperation):
+    """Indirect DMA: rows of a 2-D HBM table selected by an on-chip index column.
+
+    Element (r, c) of the tile is ``table[index[r, 0], col + c]`` for r < rows, c < cols;
+    `index` is an on-chip i32 buffer (one index per partition). An index outside
+    ``[0, table rows)`` is a run-time `MemoryAccessError`. Example::
+
+        tile.gather %wte[%c0] by %ids into %rows sizes(%r, %c)
+            : memref<1000x128xf32>, memref<16x1xi32, #tile.space<"sram">>, memref<16x128xf32, ...>
+    """
+
+    name = "tile.gather"
+    table = operand_def(MemRefType)
+    col = operand_def(IndexType())
+    index = operand_def(MemRefType)
+    dst = operand_def(MemRefType)
+    rows = operand_def(IndexType())
+    cols = operand_def(IndexType())
+    assembly_format = (
+        "$table `[` $col `]` `by` $index `into` $dst `sizes` `(` $rows `,` $cols `)` attr-dict "
+        "`:` type($table) `,` type($index) `,` type($dst)"
+    )
+
+    def __init__(self, table, col, index, dst, rows, cols):
+        super().__init__(operands=[table, col, index, dst, rows, cols])
+
+    def verify_(self) -> None:
+        _expect_space(self, "table", self.table, (HBM,))
+        _expect_space(self, "index", self.index, (SRAM, ACC))
+        _expect_space(self, "destination", self.dst, (SRAM, ACC))
+        t = self.table.type
+        assert isinstance(t, MemRefType)
+        if t.get_num_dims() != 2:
+            raise VerifyException(f"tile.gather: the table must be 2-D, got {t}")
+        it = self.index.type
+        assert isinstance(it, MemRefType)
+        if not (isinstance(it.element_type, IntegerType) and it.element_type.width.data == 32):
+            raise VerifyException(f"tile.gather: indices must be i32, got {it}")
+        dt = self.dst.type
+        assert isinstance(dt, MemRefType)
+        if dt.element_type != t.element_type:
+            raise VerifyException(f"tile.gather: table {t} and destination {dt} element types differ")
 
 
 @irdl_op_definition
@@ -443,7 +579,10 @@ class ReduceOp(_VectorOp):
 
 Tile = Dialect(
     "tile",
-    [AllocOp, HbmAllocOp, ViewOp, LoadOp, StoreOp, MatmulOp, UnaryOp, BinaryOp, ScalarOp, ReduceOp],
+    [
+        AllocOp, HbmAllocOp, ViewOp, SubviewOp, LoadOp, StoreOp, GatherOp, MatmulOp, UnaryOp,
+        BinaryOp, ScalarOp, ReduceOp,
+    ],
     [MemSpaceAttr],
 )
 
@@ -453,8 +592,10 @@ __all__ = [
     "AllocOp",
     "HbmAllocOp",
     "ViewOp",
+    "SubviewOp",
     "LoadOp",
     "StoreOp",
+    "GatherOp",
     "MatmulOp",
     "UnaryOp",
     "BinaryOp",

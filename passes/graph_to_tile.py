@@ -40,7 +40,9 @@ import numpy as np
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
+    BFloat16Type,
     DenseIntOrFPElementsAttr,
+    Float16Type,
     Float32Type,
     MemRefType,
     ModuleOp,
@@ -136,7 +138,13 @@ class GraphToTile:
         for i, arg in enumerate(forward.body.block.args):
             self.values[arg] = self.hbm(_shape(arg.type), _elem(arg.type), input=i)
         outputs: list[SSAValue] = []
-        for op in forward.body.block.ops:
+        # a snapshot: a lowering may fuse later ops into its kernel (erasing them) or lower
+        # a later weight / constant ahead of time; both are skipped here
+        for op in list(forward.body.block.ops):
+            if op.parent is None or (
+                op.results and (op.results[0] in self.values or op.results[0] in self.scalars)
+            ):
+                continue
             if isinstance(op, func.ReturnOp):
                 outputs = [self.materialise(v) for v in op.arguments]
                 continue
@@ -232,13 +240,17 @@ class GraphToTile:
         rank = len(out_shape)
         assert rank >= 2
         out = self.hbm(out_shape, out_elem)
-        kb = KernelBuilder(self.kernel_name(what), [o.value.type for o in operands] + [out.type], loc)
-        R, C = out_shape[-2], out_shape[-1]
+        # rank >= 3: merge neighbouring dims every operand walks alike, so e.g. an NCHW
+        # tensor is a few long rows rather than one small H x W tile per (n, c)
+        kshape, operands = _collapse(out_shape, operands, self.view) if rank >= 3 else (out_shape, operands)
+        kout = self.view(out, kshape)
+        kb = KernelBuilder(self.kernel_name(what), [o.value.type for o in operands] + [kout.type], loc)
+        R, C = kshape[-2], kshape[-1]
         TR, TC = min(self.P, R), self._col_tile(C, len(operands) + 1)
         ivs: list[SSAValue] = []
-        self._outer_loops(kb, out_shape[:-2], ivs, lambda: self._map_body(
+        self._outer_loops(kb, kshape[:-2], ivs, lambda: self._map_body(
             kb, ivs, operands, out_elem, R, C, TR, TC, compute))
-        self.launch(kb, [o.value for o in operands] + [out])
+        self.launch(kb, [o.value for o in operands] + [kout])
         return out
 
     def _outer_loops(self, kb: KernelBuilder, extents: Sequence[int], ivs: list[SSAValue], body) -> None:
@@ -370,11 +382,15 @@ class GraphToTile:
         return _Operand(src, imap + [len(batch), len(batch) + 1])
 
     # ---- row-wise: softmax, layer norm --------------------------------------------
-    def _rows_view(self, v: SSAValue, loc: str, what: str) -> tuple[SSAValue, int, int]:
-        src = self.materialise(v)
+    def _rows_view(
+        self, v: SSAValue | None, loc: str, what: str, row_ndim: int = 1, src: SSAValue | None = None
+    ) -> tuple[SSAValue, int, int]:
+        """`v` as a 2-D HBM view: rows = the leading dims, a row = the last `row_ndim` dims."""
+        src = self.materialise(v) if src is None else src
         shape = _shape(src.type)
-        C = shape[-1] if shape else 1
-        R = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        split = max(len(shape) - row_ndim, 0)
+        C = int(np.prod(shape[split:])) if shape else 1
+        R = int(np.prod(shape[:split])) if split else 1
         if 4 * C * 6 > self.cfg.sram.bytes_per_partition:
             raise TensorTooLargeError(
                 f"{what} at {loc}: a row of {C} elements does not fit one SRAM partition "
@@ -386,9 +402,12 @@ class GraphToTile:
         res = op.results[0]
         shape = _shape(res.type)
         dim = op.properties["dim"].value.data
-        if shape and dim != len(shape) - 1:
-            raise CompileError(f"graph.softmax at {loc}: only the last dimension is supported, got dim {dim}")
-        x, R, C = self._rows_view(op.operands[0], loc, "graph.softmax")
+        src = self.materialise(op.operands[0])
+        perm = list(range(len(shape)))
+        if shape and dim != len(shape) - 1:  # move the softmax dimension last (a strided copy)
+            perm = [d for d in perm if d != dim] + [dim]
+            src = self.permuted(src, perm, loc)
+        x, R, C = self._rows_view(None, loc, "graph.softmax", src=src)
         out = self.hbm((R, C), _elem(res.type))
         TR = min(self.P, R)
         kb = KernelBuilder(self.kernel_name("softmax"), [x.type, out.type], loc)
@@ -408,16 +427,30 @@ class GraphToTile:
             kb.add(tile.BinaryOp("div", t, sm, ob, r, cc, "column"))
             kb.add(tile.StoreOp(ob, kb.args[1], [r0, zero], r, cc, 0, 1))
         self.launch(kb, [x, out])
-        self.values[res] = self.view(out, shape)
+        if perm != sorted(perm):
+            moved = [shape[d] for d in perm]
+            self.values[res] = self.permuted(self.view(out, moved), list(np.argsort(perm)), loc)
+        else:
+            self.values[res] = self.view(out, shape)
+
+    def permuted(self, src: SSAValue, perm: list[int], loc: str) -> SSAValue:
+        """A transposed copy of an HBM tensor: out[i] = src[perm-mapped i]."""
+        shape = _shape(src.type)
+        out_shape = [shape[p] for p in perm]
+        if len(out_shape) < 2:
+            return self.view(src, out_shape)
+
+        def compute(kb, bufs, ob, r, c):
+            kb.add(tile.UnaryOp("copy", bufs[0], ob, r, c))
+
+        return self.map_kernel("permute", loc, out_shape, _elem(src.type), [_Operand(src, [int(p) for p in perm])], compute)
 
     def lower_layer_norm(self, op: Operation, loc: str) -> None:
         res = op.results[0]
         shape = _shape(res.type)
         nd = op.properties["normalized_ndim"].value.data
         eps = op.properties["eps"].value.data
-        x, R, C = self._rows_view(op.operands[0], loc, "graph.layer_norm")
-        if int(np.prod(shape[len(shape) - nd:])) != C:
-            raise CompileError(f"graph.layer_norm at {loc}: only trailing normalisation is supported")
+        x, R, C = self._rows_view(op.operands[0], loc, "graph.layer_norm", row_ndim=nd)
         w = self.view(self.materialise(op.operands[1]), (1, C))
         b = self.view(self.materialise(op.operands[2]), (1, C))
         out = self.hbm((R, C), _elem(res.type))
@@ -453,6 +486,43 @@ class GraphToTile:
         self.values[res] = self.view(out, shape)
 
 
+def _collapse(
+    out_shape: Sequence[int], operands: list[_Operand], view: Callable[[SSAValue, Sequence[int]], SSAValue]
+) -> tuple[tuple[int, ...], list[_Operand]]:
+    """Merge adjacent output dims that every operand maps to adjacent dims of its own (in
+    order) or broadcasts; the operands become views of the merged shape (rank >= 2)."""
+    rank = len(out_shape)
+    for o in operands:  # aligned operands (imap d or None) or permutations only
+        if len(_shape(o.value.type)) != rank or not (
+            all(m is None or m == d for d, m in enumerate(o.imap)) or sorted(o.imap) == list(range(rank))
+        ):
+            return tuple(out_shape), operands
+    groups = [[0]]
+    for d in range(1, rank):
+        p = groups[-1][-1]
+        if all((o.imap[p] is None and o.imap[d] is None)
+               or (o.imap[p] is not None and o.imap[d] == o.imap[p] + 1) for o in operands):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    if len(groups) == rank:
+        return tuple(out_shape), operands
+    lead = [[]] if len(groups) < 2 else []  # keep rank 2: a leading unit dim
+    shape = tuple([1] * len(lead) + [int(np.prod([out_shape[d] for d in g])) for g in groups])
+    new_ops = []
+    for o in operands:
+        oshape = _shape(o.value.type)
+        # operand dims of each output group (a broadcast group: the operand's own unit dims)
+        odims = [[d if o.imap[d] is None else o.imap[d] for d in g] for g in groups]
+        order = sorted(range(len(groups)), key=lambda i: odims[i][0])
+        vshape = [1] * len(lead) + [int(np.prod([oshape[d] for d in odims[i]])) for i in order]
+        imap: IndexMap = [None] * len(lead) + [
+            None if o.imap[g[0]] is None else len(lead) + order.index(i) for i, g in enumerate(groups)
+        ]
+        new_ops.append(_Operand(view(o.value, vshape), imap))
+    return shape, new_ops
+
+
 def _dense_values(op: Operation) -> np.ndarray:
     attr = op.properties["value"]
     assert isinstance(attr, DenseIntOrFPElementsAttr)
@@ -460,7 +530,10 @@ def _dense_values(op: Operation) -> np.ndarray:
 
 
 def _dense(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> DenseIntOrFPElementsAttr:
-    return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), data.reshape(-1).tolist())
+    values = data.reshape(-1)
+    if not isinstance(elem, (Float32Type, BFloat16Type, Float16Type)):  # i32 constants
+        values = values.astype(np.int64)
+    return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), values.tolist())
 
 
 @dataclass(frozen=True)

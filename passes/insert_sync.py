@@ -47,7 +47,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import npu
 from tilecc.ir.affine import Affine
 from tilecc.simulator.config import HardwareConfig, load_config
-from tilecc.simulator.isa import MAX_WAITS
+from tilecc.simulator.isa import MAX_WAITS, OPCODE_ENGINE, Engine
 
 
 @dataclass
@@ -61,7 +61,7 @@ class _Inst:
 
 
 def queue_of(op: npu.InstructionOp) -> str:
-    if isinstance(op, (npu.DmaLoadOp, npu.DmaStoreOp)):
+    if OPCODE_ENGINE[op.OPCODE] == Engine.DMA:  # loads, stores, gathers
         return f"dma{op.field_values()['queue']}"
     if isinstance(op, npu.MatmulOp):
         return "matrix"

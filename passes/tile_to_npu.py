@@ -62,6 +62,8 @@ def dtype_of(elem: Attribute) -> DType:
         return DType.BF16
     if isinstance(elem, Float16Type):
         return DType.F16
+    if isinstance(elem, IntegerType) and elem.width.data == 32:
+        return DType.I32
     raise CompileError(f"element type {elem} has no NPU data type")
 
 
@@ -83,8 +85,9 @@ class HbmTensor:
 class Buffer:
     name: str
     mem: Mem
-    offset: int
+    offset: int | Affine  # bytes within each partition (affine for a moving tile.subview)
     dtype: DType
+    part: int | Affine = 0  # first partition
 
 
 def _field(e: Expr | int) -> int | str:
@@ -180,6 +183,15 @@ class KernelLowering:
             mem = Mem.SRAM if tile.space_of(t) == tile.SRAM else Mem.ACC
             self.env[op.result] = Buffer(op.buffer.data, mem, op.offset.value.data, dtype_of(t.element_type))
             return
+        if isinstance(op, tile.SubviewOp):
+            src = self.buf(op.source)
+            isz = element_size_of(src.dtype)
+            row, col = self.affine(op.row), self.affine(op.col)
+            self.env[op.result] = Buffer(
+                src.name, src.mem, _simplify(Affine(0) + col.scale(isz) + _as_affine(src.offset)),
+                src.dtype, _simplify(row + _as_affine(src.part)),
+            )
+            return
         handler = _HANDLERS.get(type(op))
         if handler is None:
             raise CompileError(f"{self.name}: no instruction selection for {op.name}")
@@ -193,25 +205,35 @@ class KernelLowering:
     def operand(self, prefix: str, b: Buffer) -> dict[str, int]:
         return {
             f"{prefix}_mem": int(b.mem),
-            f"{prefix}_part": 0,
-            f"{prefix}_addr": b.offset,
+            f"{prefix}_part": _field(b.part),
+            f"{prefix}_addr": _field(b.offset),
             f"{prefix}_dtype": int(b.dtype),
         }
 
-    def hbm_access(self, t: HbmTensor, indices, row_dim: int, col_dim: int) -> dict[str, int | str]:
+    def hbm_access(
+        self, t: HbmTensor, indices, row_dim: int, col_dim: int, row_step: int = 1, col_step: int = 1
+    ) -> dict[str, int | str]:
         strides = t.strides()
         addr = Affine(t.base)
         size = int(element_size_of(t.dtype))
         for idx, st in zip(indices, strides, strict=True):
             addr = addr + self.affine(idx).scale(st * size)
         return {
-            "hbm_rs": strides[row_dim] if row_dim >= 0 else 0,
-            "hbm_cs": strides[col_dim] if col_dim >= 0 else 0,
+            "hbm_rs": strides[row_dim] * row_step if row_dim >= 0 else 0,
+            "hbm_cs": strides[col_dim] * col_step if col_dim >= 0 else 0,
             "_addr": _field(addr),
         }
 
     def sizes(self, rows: SSAValue, cols: SSAValue) -> dict[str, int | str]:
         return {"rows": _field(self.expr(rows)), "cols": _field(self.expr(cols))}
+
+
+def _as_affine(v: int | Affine) -> Affine:
+    return v if isinstance(v, Affine) else Affine(int(v))
+
+
+def _simplify(a: Affine) -> int | Affine:
+    return a.const if a.is_const else a
 
 
 def element_size_of(d: DType) -> int:
@@ -224,7 +246,10 @@ def _load(kl: KernelLowering, op: tile.LoadOp) -> npu.InstructionOp:
     dst = kl.buf(op.dst)
     if dst.dtype != t.dtype:
         raise CompileError(f"{kl.name}: tile.load converts {t.dtype.name} to {dst.dtype.name}; DMA cannot")
-    acc = kl.hbm_access(t, op.indices, op.row_dim.value.data, op.col_dim.value.data)
+    acc = kl.hbm_access(
+        t, op.indices, op.row_dim.value.data, op.col_dim.value.data,
+        op.step("row_step"), op.step("col_step"),
+    )
     queue = kl.n_loads % kl.cfg.dma.queues
     kl.n_loads += 1
     fields = {
@@ -244,7 +269,10 @@ def _store(kl: KernelLowering, op: tile.StoreOp) -> npu.InstructionOp:
     src = kl.buf(op.src)
     if src.dtype != t.dtype:
         raise CompileError(f"{kl.name}: tile.store converts {src.dtype.name} to {t.dtype.name}; DMA cannot")
-    acc = kl.hbm_access(t, op.indices, op.row_dim.value.data, op.col_dim.value.data)
+    acc = kl.hbm_access(
+        t, op.indices, op.row_dim.value.data, op.col_dim.value.data,
+        op.step("row_step"), op.step("col_step"),
+    )
     fields = {
         "queue": kl.cfg.dma.queues - 1,
         **kl.operand("a", src),
@@ -254,6 +282,29 @@ def _store(kl: KernelLowering, op: tile.StoreOp) -> npu.InstructionOp:
         **kl.sizes(op.rows, op.cols),
     }
     return npu.DmaStoreOp(fields, reads=[src.name], writes=[])
+
+
+def _gather(kl: KernelLowering, op: tile.GatherOp) -> npu.InstructionOp:
+    t = kl.env[op.table]
+    assert isinstance(t, HbmTensor)
+    index, dst = kl.buf(op.index), kl.buf(op.dst)
+    if dst.dtype != t.dtype:
+        raise CompileError(f"{kl.name}: tile.gather converts {t.dtype.name} to {dst.dtype.name}; DMA cannot")
+    rows_in_table, row_stride = t.shape[0], t.strides()[0]
+    addr = Affine(t.base) + kl.affine(op.col).scale(element_size_of(t.dtype))
+    queue = kl.n_loads % kl.cfg.dma.queues
+    kl.n_loads += 1
+    fields = {
+        "queue": queue,
+        "a_addr": _field(addr),
+        "a_dtype": int(t.dtype),
+        "hbm_rs": row_stride,
+        "k": rows_in_table,
+        **kl.operand("b", index),
+        **kl.operand("o", dst),
+        **kl.sizes(op.rows, op.cols),
+    }
+    return npu.DmaGatherOp(fields, reads=[index.name], writes=[dst.name])
 
 
 def _matmul(kl: KernelLowering, op: tile.MatmulOp) -> npu.InstructionOp:
@@ -323,6 +374,7 @@ def _reduce(kl: KernelLowering, op: tile.ReduceOp) -> npu.InstructionOp:
 _HANDLERS = {
     tile.LoadOp: _load,
     tile.StoreOp: _store,
+    tile.GatherOp: _gather,
     tile.MatmulOp: _matmul,
     tile.UnaryOp: _unary,
     tile.BinaryOp: _binary,

@@ -43,18 +43,26 @@ class TensorSpec:
     name: str
     offset: int  # byte offset in HBM
     shape: tuple[int, ...]
-    dtype: DType
+    dtype: DType  # the element type in HBM
+    # the user-facing torch dtype when it differs from `dtype`'s ("int64", "bool" for an
+    # I32 tensor); the executor converts at the boundary. "" means `dtype`'s own.
+    torch_dtype: str = ""
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * ITEMSIZE[self.dtype]
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "offset": self.offset, "shape": list(self.shape), "dtype": self.dtype.name}
+        d = {"name": self.name, "offset": self.offset, "shape": list(self.shape), "dtype": self.dtype.name}
+        if self.torch_dtype:
+            d["torch_dtype"] = self.torch_dtype
+        return d
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> TensorSpec:
-        return TensorSpec(d["name"], int(d["offset"]), tuple(d["shape"]), DType[d["dtype"]])
+        return TensorSpec(
+            d["name"], int(d["offset"]), tuple(d["shape"]), DType[d["dtype"]], str(d.get("torch_dtype", ""))
+        )
 
 
 @dataclass

@@ -4,8 +4,13 @@ A program is a flat stream of fixed-size instruction records (a numpy structured
 array, `RECORD`), in program order. Each record runs on one engine queue:
 
 - DMA (queue q): ``DMA_LOAD`` copies a 2-D strided HBM region into an on-chip tile;
-  ``DMA_STORE`` copies an on-chip tile to a 2-D strided HBM region. Source and
-  destination dtypes are equal (a DMA does not convert).
+  ``DMA_STORE`` copies an on-chip tile to a 2-D strided HBM region; ``DMA_GATHER``
+  (indirect DMA) copies ``rows`` rows of an HBM table into an on-chip tile, row r being
+  table row ``index[r]``: the table starts at ``a_addr`` (any column offset folded in),
+  its rows are ``hbm_rs`` elements apart and there are ``k`` of them; the indices are an
+  on-chip i32 column (``b_*``: element r at partition ``b_part + r``, byte ``b_addr``);
+  ``cols`` contiguous elements are copied per row. An index outside ``[0, k)`` is a
+  `MemoryAccessError`. Source and destination dtypes are equal (a DMA does not convert).
 - MATRIX: ``MATMUL`` ``out[M x N] (+)= lhsT[K x M]^T @ rhs[K x N]``: both operands in
   SRAM with the contraction dimension K on partitions (K <= array rows, the stationary
   operand ``rhs`` has N <= array columns), output in the accumulator (fp32), M rows on
@@ -14,7 +19,10 @@ array, `RECORD`), in program order. Each record runs on one engine queue:
   operand a tile, a per-partition column [rows x 1] broadcast along the free
   dimension (flag ``B_COLUMN``), or the immediate ``imm`` (flag ``B_IMM``); flag
   ``SWAP`` computes ``b op a``), ``VEC_REDUCE`` (`ReduceFn` along the free dimension,
-  output [rows x 1]). Vector arithmetic is fp32 and rounds to the output dtype.
+  output [rows x 1]). Vector arithmetic is fp32 and rounds to the output dtype (i32
+  operands convert to fp32, exact up to 2**24 in magnitude; an i32 output truncates
+  toward zero, saturating, NaN -> 0). The comparisons ``EQ NE LT LE GT GE`` give 1.0 or
+  0.0; ``MASK`` gives ``a`` where ``b != 0``, else +0.0.
 
 On-chip addresses: an operand tile of ``rows x cols`` elements in memory ``mem``
 (SRAM or ACC) at (``part``, ``addr``) puts element (r, c) at partition ``part + r``,
@@ -50,6 +58,7 @@ class Opcode(enum.IntEnum):
     VEC_UNARY = 4
     VEC_BINARY = 5
     VEC_REDUCE = 6
+    DMA_GATHER = 7
 
 
 OPCODE_ENGINE = {
@@ -60,6 +69,7 @@ OPCODE_ENGINE = {
     Opcode.VEC_UNARY: Engine.VECTOR,
     Opcode.VEC_BINARY: Engine.VECTOR,
     Opcode.VEC_REDUCE: Engine.VECTOR,
+    Opcode.DMA_GATHER: Engine.DMA,
 }
 
 
@@ -115,6 +125,13 @@ class BinaryFn(enum.IntEnum):
     MAX = 4
     MIN = 5
     POW = 6
+    EQ = 7
+    NE = 8
+    LT = 9
+    LE = 10
+    GT = 11
+    GE = 12
+    MASK = 13
 
 
 class ReduceFn(enum.IntEnum):

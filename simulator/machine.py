@@ -66,6 +66,9 @@
    and can differ from that by one bf16 ulp. MATMUL converts its operands to fp32 and
    multiplies them with numpy (fp32 accumulation; bf16 x bf16 products are exact in
    fp32), and ``ACCUMULATE`` adds the product to the accumulator when it is written.
+   i32 operands are read as fp32 (exact below 2**24) and i32 outputs truncate toward
+   zero, saturating. DMA_GATHER reads its index column at its start; an index outside
+   ``[0, k)`` raises `MemoryAccessError` naming the instruction, the index and its row.
 
 The checks are strict about the ISA contract: a DMA_LOAD reads HBM (``a_mem``) into
 SRAM/ACC (``o_mem``), a DMA_STORE the reverse; MATMUL takes both operands from SRAM

@@ -2,6 +2,10 @@
 
 bf16 values are stored as their raw 16 bits (uint16); arithmetic happens in fp32 and
 rounds to nearest-even on the way back, exactly as torch does for bfloat16.
+
+i32 values are stored as int32. The vector engine reads them as fp32 (exact up to
+2**24 in magnitude) and converts fp32 results to i32 by truncation toward zero, as
+torch's float -> int casts do, saturating at the int32 range (NaN becomes 0).
 """
 
 from __future__ import annotations
@@ -29,13 +33,30 @@ def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
     return (b.astype(np.uint32) << 16).view(np.float32).reshape(b.shape)
 
 
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+
+
+def to_i32(x: np.ndarray) -> np.ndarray:
+    """Numbers -> int32: truncation toward zero, saturating, NaN -> 0 (exact for ints)."""
+    x = np.asarray(x)
+    if x.dtype.kind in "iub":
+        return np.clip(x.astype(np.int64), I32_MIN, I32_MAX).astype(np.int32)
+    x64 = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+    return np.clip(x64, I32_MIN, I32_MAX).astype(np.int32)
+
+
 def round_to(x: np.ndarray, dtype: DType) -> np.ndarray:
-    """fp32 values rounded to `dtype` and returned as fp32 (for reference semantics)."""
+    """fp32 values rounded to `dtype` and returned as fp32 (for reference semantics).
+
+    For i32: truncated toward zero and saturated (then back to fp32, so values beyond
+    2**24 in magnitude are not exact)."""
     x = np.asarray(x, dtype=np.float32)
     if dtype == DType.BF16:
         return bf16_bits_to_f32(f32_to_bf16_bits(x))
     if dtype == DType.F16:
         return x.astype(np.float16).astype(np.float32)
+    if dtype == DType.I32:
+        return to_i32(x).astype(np.float32)
     return x
 
 
@@ -43,6 +64,8 @@ def to_storage(x: np.ndarray, dtype: DType) -> np.ndarray:
     """fp32 values -> the stored representation of `dtype`."""
     if dtype == DType.BF16:
         return f32_to_bf16_bits(np.asarray(x, dtype=np.float32))
+    if dtype == DType.I32:
+        return to_i32(x)
     return np.asarray(x).astype(STORAGE[dtype])
 
 
@@ -74,7 +97,7 @@ def torch_to_storage(t: torch.Tensor) -> tuple[np.ndarray, DType]:
 
 
 def storage_to_torch(x: np.ndarray, dtype: DType) -> torch.Tensor:
-    x = np.ascontiguousarray(x)
+    x = np.ascontiguousarray(x).reshape(np.shape(x))  # (ascontiguousarray makes 0-d 1-d)
     if dtype == DType.BF16:
         return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(x.copy())

@@ -85,6 +85,12 @@ def records(draw, opcode=None) -> np.ndarray:
         operand("a", hbm if load else on_chip)
         operand("o", on_chip if load else hbm)
         r["hbm_rs"], r["hbm_cs"] = draw(i64), draw(i64)
+    elif op == Opcode.DMA_GATHER:
+        r["queue"] = draw(u8)
+        operand("a", hbm)
+        operand("b")
+        operand("o")
+        r["hbm_rs"], r["k"] = draw(i64), draw(u32)
     elif op == Opcode.MATMUL:
         for p in "abo":
             operand(p)
@@ -431,7 +437,7 @@ def _bad(field: str, value, index: int = 1) -> np.ndarray:
     "stream, message",
     [
         (_bad("opcode", 9), "record 1: unknown opcode 9 (known: 0 (BARRIER), 1 (DMA_LOAD), "
-         "2 (DMA_STORE), 3 (MATMUL), 4 (VEC_UNARY), 5 (VEC_BINARY), 6 (VEC_REDUCE))"),
+         "2 (DMA_STORE), 3 (MATMUL), 4 (VEC_UNARY), 5 (VEC_BINARY), 6 (VEC_REDUCE), 7 (DMA_GATHER))"),
         (_bad("engine", 7), "record 1: unknown engine 7 (known: 0 (DMA), 1 (MATRIX), "
          "2 (VECTOR), 255 (ALL))"),
         (_bad("engine", 2), "record 1: opcode MATMUL runs on engine MATRIX, "
@@ -440,7 +446,7 @@ def _bad(field: str, value, index: int = 1) -> np.ndarray:
         (_bad("o_dtype", 9, 4), "record 4: unknown o dtype 9 (known: 1 (F32), 2 (BF16), "
          "3 (F16), 4 (I32))"),
         (_bad("func", 16, 2), "record 2: unknown func 16 for VEC_UNARY (known UnaryFn: 0..15)"),
-        (_bad("func", 7, 3), "record 3: unknown func 7 for VEC_BINARY (known BinaryFn: 0..6)"),
+        (_bad("func", 14, 3), "record 3: unknown func 14 for VEC_BINARY (known BinaryFn: 0..13)"),
         (_bad("func", 3, 6), "record 6: unknown func 3 for VEC_REDUCE (known ReduceFn: 0..2)"),
         (_bad("flags", 0x21, 3), "record 3: unknown flag bits 0x20"),
     ],
@@ -538,7 +544,7 @@ OK = "vec.exp sram[p0 +0x0]:f32 -> sram[p0 +0x0]:f32 16x16"
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("foo", "1: expected an instruction (barrier, dma.load, dma.store, matmul or "
+        ("foo", "1: expected an instruction (barrier, dma.load, dma.store, dma.gather, matmul or "
          "vec.<function>), got 'foo'"),
         ("dma.load sram[p0 +0x0]:f32", "10: expected a DMA queue (q0, q1, ...), got 'sram'"),
         ("dma.load q0 hbm[0x0 rs=1 cs=1]:f32 sram[p0 +0x0]:f32 1x1",
@@ -581,7 +587,7 @@ def test_syntax_errors(line, message):
         ("vec.foo sram[p0 +0x0]:f32 -> sram[p0 +0x0]:f32 1x1",
          "1: unknown vector function 'foo' (unary: copy, relu, gelu, gelu_tanh, exp, tanh, "
          "sigmoid, neg, abs, sqrt, rsqrt, reciprocal, log, silu, square, erf; binary: add, sub, "
-         "mul, div, max, min, pow; reduce: reduce_sum, reduce_max, reduce_min)"),
+         "mul, div, max, min, pow, eq, ne, lt, le, gt, ge, mask; reduce: reduce_sum, reduce_max, reduce_min)"),
         ("vec.exp.swap sram[p0 +0x0]:f32 -> sram[p0 +0x0]:f32 1x1",
          "1: unknown modifier '.swap' on vec.exp"),
         ("vec.add.swop sram[p0 +0x0]:f32, imm 1 -> sram[p0 +0x0]:f32 1x1",

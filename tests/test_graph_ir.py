@@ -175,6 +175,12 @@ BUILDERS = {
     "graph.expand": _expand,
     "graph.cast": _cast,
 }
+# op families in their own files bring their builders
+from test_index_ops import INDEX_BUILDERS  # noqa: E402
+from test_nn_ops import NN_BUILDERS  # noqa: E402
+
+BUILDERS.update(INDEX_BUILDERS)
+BUILDERS.update(NN_BUILDERS)
 
 
 def test_every_op_has_a_builder_case():
@@ -246,10 +252,10 @@ def test_type_helpers():
     assert g.element_dtype(t) == BF16
     assert g.element_dtype(g.tensor_type([], F16)) == F16
     assert g.element_dtype(f32) == F32
+    assert g.element_dtype(TensorType(i32, [2])) == DType.I32  # integer / bool tensors
+    assert g.tensor_type([2], DType.I32) == TensorType(i32, [2])
     with pytest.raises(ValueError):
-        g.element_dtype(TensorType(i32, [2]))
-    with pytest.raises(ValueError):
-        g.tensor_type([2], DType.I32)
+        g.element_dtype(TensorType(i64, [2]))
     op = g.ReluOp.make(g.WeightOp.make("w", t))
     assert g.source_loc(op) == "<unknown>"
     g.set_loc(op, "f.py:9")
@@ -316,11 +322,11 @@ def test_verify_unary_type_mismatch():
 
 
 def test_verify_unsupported_element_type():
-    block = Block(arg_types=[TensorType(i32, [3])])
-    block.add_op(g.NegOp.create(operands=[block.args[0]], result_types=[TensorType(i32, [3])]))
+    block = Block(arg_types=[TensorType(i64, [3])])
+    block.add_op(g.NegOp.create(operands=[block.args[0]], result_types=[TensorType(i64, [3])]))
     block.add_op(func.ReturnOp())
-    fn = func.FuncOp("forward", ([TensorType(i32, [3])], []), Region(block))
-    with pytest.raises(VerifyException, match="element type must be f32, bf16 or f16"):
+    fn = func.FuncOp("forward", ([TensorType(i64, [3])], []), Region(block))
+    with pytest.raises(VerifyException, match="element type must be f32, bf16, f16 or i32"):
         ModuleOp([fn]).verify()
 
 
@@ -459,8 +465,8 @@ def test_make_infers_types():
          r"graph.layer_norm: normalized_ndim 3 out of range"),
         (lambda: g.LayerNormOp.make(_arg([2, 3]), _arg([3], BF16), _arg([3]), 1, 1e-5),
          r"graph.layer_norm: operand element types differ"),
-        (lambda: g.CastOp.make(_arg([2]), DType.I32), r"graph.cast: unsupported element type"),
-        (lambda: g.WeightOp.make("w", TensorType(i32, [2])), r"graph.weight: result element type"),
+        (lambda: g.CastOp.make(_arg([2]), i64), r"graph.cast: unsupported element type"),
+        (lambda: g.WeightOp.make("w", TensorType(i64, [2])), r"graph.weight: result element type"),
         (lambda: g.ReluOp.make(Block(arg_types=[TensorType(f32, [-1])]).args[0]),
          r"graph.relu: input must have a static shape"),
     ],
