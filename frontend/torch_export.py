@@ -374,16 +374,23 @@ class _Importer:
         return r
 
     def h_addmm(self, node: Node) -> SSAValue:
+        """beta * self + alpha * (mat1 @ mat2); beta = 0 ignores `self` (even NaNs), as torch does."""
         a = _bind(node)
-        if a["beta"] != 1 or a["alpha"] != 1:
-            raise _Unsupported(f"beta={a['beta']}, alpha={a['alpha']}")
+        beta, alpha = a.get("beta", 1), a.get("alpha", 1)
         _, dt = self.out_meta(node)
         mm = self.emit(
             g.MatmulOp.make(
                 self.cast_to(self.tensor(a["mat1"]), dt), self.cast_to(self.tensor(a["mat2"]), dt)
             )
         )
-        return self.emit(g.AddOp.make(mm, self.operand(a["self"], dt)))
+        if alpha != 1:
+            mm = self.emit(g.MulOp.make(mm, self.scalar(alpha, dt)))
+        if beta == 0:
+            return mm
+        bias = self.operand(a["self"], dt)
+        if beta != 1:
+            bias = self.emit(g.MulOp.make(bias, self.scalar(beta, dt)))
+        return self.emit(g.AddOp.make(mm, bias))
 
     def h_gelu(self, node: Node) -> SSAValue:
         a = _bind(node)

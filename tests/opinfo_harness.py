@@ -21,24 +21,47 @@ from tilecc.errors import TileccError
 
 # OpInfo name -> variant names claimed ("" is the default variant)
 CLAIMED: dict[str, tuple[str, ...]] = {
+    # elementwise and activations
     "add": ("",), "sub": ("",), "mul": ("",), "div": ("no_rounding_mode",), "maximum": ("",),
+    "minimum": ("",), "pow": ("",), "abs": ("",), "log": ("",), "erf": ("",), "clamp": ("",),
     "nn.functional.relu": ("",), "exp": ("",), "tanh": ("",), "sigmoid": ("",), "neg": ("",),
     "rsqrt": ("",), "sqrt": ("",), "nn.functional.silu": ("",), "nn.functional.gelu": ("",),
-    "softmax": ("",), "nn.functional.layer_norm": ("",), "permute": ("",), "transpose": ("",),
-    "t": ("",), "reshape": ("",), "view": ("",), "expand": ("",), "matmul": ("",), "mm": ("",),
-    "bmm": ("",), "addmm": ("", "decomposed"), "nn.functional.linear": ("",),
+    # comparisons, logic, selection
+    "eq": ("",), "ne": ("",), "lt": ("",), "le": ("",), "gt": ("",), "ge": ("",),
+    "logical_and": ("",), "logical_not": ("",), "where": ("",),
+    # row-wise
+    "softmax": ("",), "log_softmax": ("",), "nn.functional.layer_norm": ("",), "cumsum": ("",),
+    # reductions
+    "sum": ("",), "mean": ("",), "amax": ("",), "amin": ("",),
+    # layout
+    "permute": ("",), "transpose": ("",), "t": ("",), "reshape": ("",), "view": ("",),
+    "expand": ("",), "squeeze": ("",), "unsqueeze": ("",), "clone": ("",), "narrow": ("",),
+    "select": ("",), "split": ("",),
+    # indexing and creation
+    "index_select": ("",), "gather": ("",), "nn.functional.embedding": ("",),
+    "zeros_like": ("",), "full_like": ("",),
+    # matmul family
+    "matmul": ("",), "mm": ("",), "bmm": ("",), "addmm": ("", "decomposed"),
+    "nn.functional.linear": ("",),
 }
 
-# (OpInfo name, variant) -> {sample description substring or "*": reason}
+# (OpInfo name, variant) -> {sample description substring or "*": reason}. A sample that
+# fails and matches an entry is a known gap; one that fails and matches none fails the test.
 EXPECTED_FAILURES: dict[tuple[str, str], dict[str, str]] = {
-    # matmul of a vector (rank-1 operand) decomposes into reshapes tilecc handles, but a
-    # rank-1 x rank-1 dot product has a rank-0 output, which the lowering does not tile yet
-    ("matmul", ""): {"(20,) @ (20,)": "rank-0 result (dot product) is not lowered yet"},
-    ("addmm", ""): {"beta=": "addmm with beta/alpha != 1 is not imported yet"},
-    ("addmm", "decomposed"): {"beta=": "addmm with beta/alpha != 1 is not imported yet"},
-    ("softmax", ""): {"dim=0": "softmax over a non-last dimension is not lowered yet",
-                      "dim=1 of rank 3": "softmax over a non-last dimension is not lowered yet"},
-    ("nn.functional.layer_norm", ""): {},
+    ("log_softmax", ""): {
+        "(5, 5), 0": "log_softmax over a non-last dimension is not lowered yet",
+        "(), 0": "log_softmax of a rank-0 tensor is not lowered yet",
+    },
+    ("narrow", ""): {
+        "(), ": "a tensor `start` makes the result size data-dependent: torch.export cannot trace it",
+    },
+    ("gather", ""): {"(), 0": "gather on a rank-0 tensor is not supported"},
+    ("index_select", ""): {"(), 0": "index_select on a rank-0 tensor is not supported"},
+    ("zeros_like", ""): {"float64": "float64 results: tilecc computes in fp32 / bf16"},
+    ("full_like", ""): {"float64": "float64 results: tilecc computes in fp32 / bf16"},
+    ("nn.functional.embedding", ""): {
+        "max_norm": "max_norm renormalises the weight in place (a mutation of an input)",
+    },
 }
 
 
@@ -71,12 +94,14 @@ def claimed_opinfos():
 
 
 def admitted(sample) -> bool:
-    """tilecc's support conditions: float tensors, no zero-size dims, tensors of rank <= 4."""
+    """tilecc's support conditions: a float input tensor; other tensors float, int or bool
+    (int and bool live as int32 on the device); no zero-size dims; rank <= 4."""
     leaves, _ = tree_flatten((sample.input, sample.args, sample.kwargs))
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-    if not tensors:
+    if not tensors or not isinstance(sample.input, torch.Tensor) or not sample.input.is_floating_point():
         return False
-    return all(t.numel() > 0 and t.dim() <= 4 and t.is_floating_point() for t in tensors)
+    ok_dtypes = (torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.bool)
+    return all(t.numel() > 0 and t.dim() <= 4 and t.dtype in ok_dtypes for t in tensors)
 
 
 def describe(sample) -> str:
@@ -88,17 +113,20 @@ def describe(sample) -> str:
     return ", ".join(parts)
 
 
+_TENSOR = object()  # marks where the module's tensor inputs go in a sample's arguments
+
+
 class _Call(torch.nn.Module):
     """`fn(*template)` with the template's tensors as the module's inputs."""
 
     def __init__(self, fn, spec, leaves):
         super().__init__()
         self.fn, self.spec = fn, spec
-        self.leaves = [None if isinstance(x, torch.Tensor) else x for x in leaves]
+        self.leaves = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
 
     def forward(self, *tensors):
         it = iter(tensors)
-        leaves = [next(it) if x is None else x for x in self.leaves]
+        leaves = [next(it) if x is _TENSOR else x for x in self.leaves]
         inp, args, kwargs = tree_unflatten(leaves, self.spec)
         return self.fn(inp, *args, **kwargs)
 
