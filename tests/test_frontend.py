@@ -329,16 +329,17 @@ def test_integer_input_is_i32_and_float64_is_reported():
         import_exported_program(ep)
 
 
-def test_addmm_with_beta_is_reported():
+def test_addmm_with_beta_and_alpha():
     class M(nn.Module):
         def forward(self, x):
-            return torch.addmm(x, x, x, beta=2.0)  # addmm-beta
+            return torch.addmm(x, x, x, beta=2.0, alpha=0.5)  # addmm-beta
 
-    with pytest.raises(UnsupportedOpError) as info:
-        import_exported_program(export_model(M(), (torch.randn(4, 4),)))
-    [(name, loc)] = info.value.ops
-    assert name.startswith("aten.addmm.default") and "beta=2.0" in name
-    assert loc == f"{THIS}:{line_of('addmm-beta')}"
+    x = torch.randn(4, 4)
+    p = import_exported_program(export_model(M(), (x,)))
+    (out,) = run_graph(p, [x.numpy()])
+    np.testing.assert_allclose(out, M()(x).numpy(), rtol=1e-5, atol=1e-6)
+    mul = next(op for op in graph_ops(p) if isinstance(op, g.MulOp))
+    assert g.source_loc(mul) == f"{THIS}:{line_of('addmm-beta')}"
 
 
 def test_layer_norm_statistics_are_reported():
