@@ -308,36 +308,13 @@ class MinimumOp(BinaryElementwiseOp):
     compute = staticmethod(np.minimum)  # NaN-propagating, like torch.minimum
 
 
-class CompareOp(GraphOp):
+class CompareOp(BinaryElementwiseOp):
     """``lhs op rhs`` with broadcasting; equal operand element types; an i32 0 / 1 result."""
-
-    lhs = operand_def(TensorType)
-    rhs = operand_def(TensorType)
-    result = result_def(TensorType)
-
-    assembly_format = (
-        "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
-    )
 
     @classmethod
     def infer(cls, lhs: TensorType, rhs: TensorType) -> TensorType:
-        _check_tensor(lhs, cls.name, "lhs")
-        _check_tensor(rhs, cls.name, "rhs")
-        _same_element(cls.name, lhs, rhs)
-        return TensorType(i32, broadcast_shapes(cls.name, lhs.get_shape(), rhs.get_shape()))
-
-    def infer_result_type(self) -> TensorType:
-        return self.infer(self.lhs.type, self.rhs.type)
-
-    @classmethod
-    def make(cls, lhs: SSAValue, rhs: SSAValue, *, loc: str | None = None):
-        lhs, rhs = _value(lhs), _value(rhs)
-        t = cls.infer(lhs.type, rhs.type)
-        return set_loc(cls.create(operands=[lhs, rhs], result_types=[t]), loc)
-
-    @staticmethod
-    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        et = super().infer(lhs, rhs)  # checks operands, element types and broadcasting
+        return TensorType(i32, et.get_shape())
 
     def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
