@@ -147,6 +147,9 @@ class _Handlers:
             aten.arange.start_step: self.h_arange,
             aten._to_copy.default: self.h_to_copy,
             aten.cumsum.default: self.h_cumsum,
+            aten.any.default: self.h_any,
+            aten.any.dim: self.h_any,
+            aten.any.dims: self.h_any,
             aten.scaled_dot_product_attention.default: self.h_sdpa,
         }
         for cls, names in (
@@ -234,6 +237,23 @@ class _Handlers:
         if node.target == aten.bitwise_not.default and self.torch_dtype(x) != torch.bool:
             raise self.unsupported("bitwise_not on integers (only bools)")
         return self.emit(gi.EqOp.make(self.truth(x), self.const(0, DType.I32)))
+
+    def h_any(self, node: Node) -> SSAValue:
+        """``any`` = ``amax(x != 0)`` over the dims, computed on 0 / 1 values in fp32."""
+        from tilecc.ir import graph_nn as nn
+
+        a = self._bind(node)
+        t = self.truth(a["self"])
+        shape = g.shape_of(t)
+        dims = a.get("dim")
+        if isinstance(dims, int):
+            dims = [dims]
+        dims = list(range(len(shape))) if dims is None or len(dims) == 0 else [int(d) for d in dims]
+        rank = max(len(shape), 1)
+        if any(shape[d % rank] == 0 for d in dims if shape):
+            raise self.unsupported("any over an empty dimension")
+        m = self.emit(nn.AmaxOp.make(self.imp.cast_to(t, DType.F32), dims, bool(a.get("keepdim"))))
+        return self.imp.cast_to(m, DType.I32)
 
     def h_where(self, node: Node) -> SSAValue:
         a = self._bind(node)

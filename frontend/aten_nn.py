@@ -65,6 +65,7 @@ class _Handlers:
             aten._native_batch_norm_legit_no_training.default: self.h_batch_norm,
             aten._native_batch_norm_legit.default: self.h_batch_norm,
             aten.native_batch_norm.default: self.h_batch_norm,
+            aten.native_group_norm.default: self.h_group_norm,
             aten.max_pool2d_with_indices.default: self.h_max_pool_indices,
             aten.max_pool2d.default: self.h_max_pool,
             aten.avg_pool2d.default: self.h_avg_pool,
@@ -201,6 +202,29 @@ class _Handlers:
             if bv is not None:
                 y = self.emit(g.AddOp.make(y, bv))
         return (y, self.Poison("batch norm mean output"), self.Poison("batch norm invstd output"))
+
+    def h_group_norm(self, node: Node) -> tuple:
+        """Group norm as a layer norm over ``[N, G, C/G * HxW]`` (fp32, unit affine), then
+        the per-channel affine on ``[N, C, ...]``."""
+        a = self.bind(node)
+        shape, dt = self.imp.out_meta_first(node)
+        groups = int(a["group"])
+        if len(shape) < 2 or shape[1] % groups:
+            raise self.Unsupported(f"group norm of shape {shape} with {groups} groups")
+        N, C = shape[0], shape[1]
+        rest = math.prod(shape) // max(N * groups, 1)
+        x = self.imp.cast_to(self.imp.tensor(a["input"]), DType.F32)
+        xg = self.emit(g.ReshapeOp.make(x, [N, groups, rest]))
+        ones = self.emit(g.ConstantOp.make(np.ones([rest], dtype=np.float32), DType.F32))
+        zeros = self.emit(g.ConstantOp.make(np.zeros([rest], dtype=np.float32), DType.F32))
+        y = self.emit(g.ReshapeOp.make(self.emit(g.LayerNormOp.make(xg, ones, zeros, 1, float(a["eps"]))), shape))
+        cshape = [C] + [1] * (len(shape) - 2)
+        for k, cls in (("weight", g.MulOp), ("bias", g.AddOp)):
+            if a[k] is not None:
+                v = self.emit(g.ReshapeOp.make(self.x_of(node, a[k], DType.F32), cshape))
+                y = self.emit(cls.make(y, v))
+        y = self.imp.cast_to(y, dt)
+        return (y, self.Poison("group norm mean output"), self.Poison("group norm rstd output"))
 
     # -- pooling, resizing, padding ---------------------------------------------------
 

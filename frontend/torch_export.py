@@ -27,7 +27,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import Node
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr, TensorType
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from tilecc.errors import ExportError, ShapeError, TileccError, UnsupportedOpError
@@ -173,6 +173,19 @@ def _static_shape(t: torch.Tensor, bindings: dict | None = None) -> list[int]:
             d = int(d.node.expr.subs(bindings))
         shape.append(int(d))
     return shape
+
+
+# symbolic sizes of a program exported with torch.export `Dim`s, kept in the graph IR:
+# on the function, each symbol with its declared range and the user inputs' shapes; on
+# each op whose result has a symbolic size, that shape as sympy expressions
+SYMBOLS_ATTR = "tilecc.symbols"
+INPUT_SHAPES_ATTR = "tilecc.input_shapes"
+SHAPE_ATTR = "tilecc.shape"
+
+
+def symbolic_shape(t: torch.Tensor) -> str:
+    """``"[s0, 8*s1, 48]"``: a fake tensor's sizes as sympy expressions."""
+    return "[" + ", ".join(str(d.node.expr) if isinstance(d, torch.SymInt) else str(int(d)) for d in t.shape) + "]"
 
 
 def _dtype(t: torch.dtype) -> DType:
@@ -629,12 +642,33 @@ class _Importer:
         try:
             self.env[node] = handler(node)
             self.status[node] = "npu"
+            if self.bindings:
+                self.annotate_symbolic(node, self.env[node])
         except _Unsupported as e:
             self.record(node, e.reason)
             self.env[node] = _Poison("unsupported")
         except ShapeError as e:
             self.record(node, str(e))
             self.env[node] = _Poison("unsupported")
+
+    def annotate_symbolic(self, node: Node, v: Any) -> None:
+        """Record the node's symbolic sizes (sympy, e.g. ``"[s0, 8*s1, 48]"``) on the op
+        that computes it, next to the concrete sizes of this specialisation."""
+        t = _meta_tensor(node)
+        if t is None or not isinstance(v, SSAValue) or not isinstance(v.owner, Operation):
+            return
+        if any(isinstance(d, torch.SymInt) for d in t.shape):
+            v.owner.attributes.setdefault(SHAPE_ATTR, StringAttr(symbolic_shape(t)))
+
+    def symbols_attr(self) -> DictionaryAttr:
+        """``{s0 = "[1, 64] = 4", ...}``: each size symbol, its declared range and its value
+        in this specialisation."""
+        out = {}
+        for sym, value in sorted(self.bindings.items(), key=lambda kv: str(kv[0])):
+            vr = self.ep.range_constraints.get(sym)
+            rng = f"[{vr.lower}, {vr.upper}]" if vr is not None else "[?, ?]"
+            out[str(sym)] = StringAttr(f"{rng} = {value}")
+        return DictionaryAttr(out)
 
     def run(self) -> g.GraphProgram:
         ep = self.ep
@@ -680,6 +714,14 @@ class _Importer:
         fn = func.FuncOp(
             "forward", (self.input_types, [r.type for r in results]), Region(self.block)
         )
+        if self.bindings:
+            fn.attributes[SYMBOLS_ATTR] = self.symbols_attr()
+            shapes = []
+            for node in ep.graph.nodes:
+                if node.op == "placeholder" and node.name in self.input_names:
+                    t = _meta_tensor(node)
+                    shapes.append(StringAttr(symbolic_shape(t) if t is not None else "[]"))
+            fn.attributes[INPUT_SHAPES_ATTR] = ArrayAttr(shapes)
         module = ModuleOp([fn])
         module.verify()
         return g.GraphProgram(

@@ -32,8 +32,9 @@ CLAIMED: dict[str, tuple[str, ...]] = {
     "logical_and": ("",), "logical_not": ("",), "where": ("",),
     # row-wise
     "softmax": ("",), "log_softmax": ("",), "nn.functional.layer_norm": ("",), "cumsum": ("",),
+    "nn.functional.group_norm": ("",),
     # reductions
-    "sum": ("",), "mean": ("",), "amax": ("",), "amin": ("",),
+    "sum": ("",), "mean": ("",), "amax": ("",), "amin": ("",), "any": ("",),
     # layout
     "permute": ("",), "transpose": ("",), "t": ("",), "reshape": ("",), "view": ("",),
     "expand": ("",), "squeeze": ("",), "unsqueeze": ("",), "clone": ("",), "narrow": ("",),

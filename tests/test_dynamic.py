@@ -1,5 +1,7 @@
 """Dynamic shapes: one compile serves every shape in the declared ranges."""
 
+import re
+
 import pytest
 import torch
 from torch.export import Dim
@@ -51,3 +53,23 @@ def test_shape_outside_range_is_a_clear_error(compiled):
         cm(torch.randn(2, 5, 15))
     with pytest.raises(InputMismatchError, match="input 'x' has 2 dimensions, the program takes 3"):
         cm(torch.randn(2, 5))
+
+
+def test_graph_ir_keeps_symbolic_sizes(compiled):
+    """The graph IR names every symbolic size as a sympy expression, with its range."""
+    from xdsl.parser import Parser
+
+    from tilecc.ir import graph as g
+
+    _, cm = compiled
+    text = str(cm.graph.module)
+    # the input shapes name torch.export's size symbols; each has its range and example value
+    m = re.search(r'tilecc.input_shapes = \["\[(s\d+), (s\d+), 16\]"\]', text)
+    assert m, text
+    b, t = m.groups()
+    assert f'{b} = "[1, 8] = 2"' in text and f'{t} = "[2, 64] = 5"' in text, text
+    # the reshape to (b * t, d) and back, as expressions of the symbols
+    assert re.search(rf'tilecc.shape = "\[({b}\*{t}|{t}\*{b}), 16\]"', text)
+    assert f'tilecc.shape = "[{b}, {t}, 16]"' in text
+    # and it parses back
+    assert str(Parser(g.graph_context(), text).parse_module()) == text

@@ -18,7 +18,7 @@ import transformer_block as block_example  # noqa: E402
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_mlp_odd_sizes(dtype):
     model = mlp_example.MLP(53, 29, 31).to(dtype)
     x = torch.randn(37, 53, dtype=dtype)
@@ -36,6 +36,12 @@ def test_transformer_block(dtype, target):
     x = torch.randn(2, 19, 48, dtype=dtype)
     cm = run_and_compare(model, (x,), target)
     assert cm.report.roofline_ratio >= 1.0
+
+
+def test_transformer_block_fp16():
+    """fp16 storage and matmul inputs (fp32 accumulation, like bf16)."""
+    model = block_example.Block().to(torch.float16)
+    run_and_compare(model, (torch.randn(2, 19, 48, dtype=torch.float16),))
 
 
 def test_mlp_on_cloud_preset():

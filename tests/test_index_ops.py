@@ -713,3 +713,15 @@ def test_asm_of_a_compiled_embedding_round_trips():
     text = print_asm(s)
     assert "dma.gather" in text and "bound=20" in text
     assert parse_asm(text).tobytes() == s.tobytes()
+
+
+class _AnyNet(torch.nn.Module):
+    def forward(self, x):
+        rows = (x > 0.5).any(dim=1)  # bool [3, 4]
+        cols = torch.any(x < -1.0, dim=(0, 1), keepdim=True)[0]  # bool [1, 4]
+        return rows.to(x.dtype) + torch.any(x > 2.0).to(x.dtype) + cols.to(x.dtype)
+
+
+def test_any_reductions():
+    torch.manual_seed(0)
+    run_and_compare(_AnyNet(), (torch.randn(3, 5, 4),))

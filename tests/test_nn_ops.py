@@ -622,3 +622,23 @@ def test_resnet18_64x64_edge_cli():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "matches eager     yes" in out.stdout
+
+
+class _GroupNormNet(torch.nn.Module):
+    """Diffusion-UNet style block: conv, group norm with affine, SiLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 12, 3, padding=1)
+        self.gn = torch.nn.GroupNorm(4, 12)
+        torch.nn.init.normal_(self.gn.weight)
+        torch.nn.init.normal_(self.gn.bias)
+
+    def forward(self, x):
+        return torch.nn.functional.silu(self.gn(self.conv(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_group_norm(dtype):
+    torch.manual_seed(0)
+    run_and_compare(_GroupNormNet().to(dtype), (torch.randn(2, 3, 9, 7, dtype=dtype),))

@@ -11,6 +11,7 @@ from tilecc.errors import TileccError
 from torch.export import ExportedProgram
 
 from tilecc.frontend.torch_export import decompose, export_model, import_exported_program
+from tilecc.ir.graph import GraphProgram
 from tilecc.runtime import specialize
 from tilecc.runtime.compiler import CompileStats, compile_graph
 from tilecc.runtime.executor import run_program
@@ -40,6 +41,9 @@ class CompiledModel:
         self.sanitize = False  # check races, uninitialised reads and deadlocks on every run
         self._dynamic = dynamic
         self.programs: dict[tuple, Program] = {}
+        # dynamic shapes: the graph IR imported at the example shapes, with the symbolic
+        # sizes (sympy) and their ranges as attributes
+        self.graph: GraphProgram | None = None
 
     def program_for(self, inputs: tuple) -> Program:
         if self._dynamic is None:
@@ -89,11 +93,27 @@ def compile(
             raise TileccError("tilecc.compile: example_inputs are required to export an nn.Module")
         ep = export_model(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     if specialize.is_dynamic(ep):
-        return CompiledModel(None, dynamic=(decompose(ep), cfg))
+        core = decompose(ep)
+        cm = CompiledModel(None, dynamic=(core, cfg))
+        examples = example_inputs if example_inputs is not None else _example_args(ep)
+        if examples is not None:
+            # the graph IR at the example shapes, with every symbolic size kept as a sympy
+            # expression (`tilecc.symbols`, `tilecc.shape`): unsupported ops and bad
+            # shapes are reported now, not at the first call
+            cm.graph = import_exported_program(core, specialize.bind(core, tuple(examples)), decomposed=True)
+        return cm
     gp = import_exported_program(ep)
     stats = CompileStats()
     program = compile_graph(gp, cfg, stats=stats)
     return CompiledModel(program, stats)
+
+
+def _example_args(ep: torch.export.ExportedProgram) -> tuple | None:
+    ex = getattr(ep, "example_inputs", None)
+    if not ex:
+        return None
+    args, kwargs = ex
+    return None if kwargs else tuple(args)
 
 
 def load(path: str | Path) -> CompiledModel:
