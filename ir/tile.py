@@ -313,6 +313,8 @@ class LoadOp(IRDLOperation, _DimsMixin):
     col_dim = prop_def(IntegerAttr)
     row_step = opt_prop_def(IntegerAttr)
     col_step = opt_prop_def(IntegerAttr)
+    # optional DMA queue (modulo the target's queue count); default: loads alternate
+    queue = opt_prop_def(IntegerAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
     assembly_format = (
         "$src `[` $indices `]` `into` $dst `sizes` `(` $rows `,` $cols `)` attr-dict "
@@ -321,15 +323,15 @@ class LoadOp(IRDLOperation, _DimsMixin):
 
     def __init__(
         self, src, indices, dst, rows, cols, row_dim: int, col_dim: int,
-        row_step: int = 1, col_step: int = 1,
+        row_step: int = 1, col_step: int = 1, queue: int | None = None,
     ):
-        super().__init__(
-            operands=[src, list(indices), dst, rows, cols],
-            properties={
-                "row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64),
-                **_steps(row_step, col_step),
-            },
-        )
+        props = {
+            "row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64),
+            **_steps(row_step, col_step),
+        }
+        if queue is not None:
+            props["queue"] = IntegerAttr(queue, i64)
+        super().__init__(operands=[src, list(indices), dst, rows, cols], properties=props)
 
     def verify_(self) -> None:
         _expect_space(self, "source", self.src, (HBM,))

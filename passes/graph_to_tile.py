@@ -94,8 +94,9 @@ class _Operand:
 
 
 class GraphToTile:
-    def __init__(self, cfg: HardwareConfig):
+    def __init__(self, cfg: HardwareConfig, opt_level: int = 2):
         self.cfg = cfg
+        self.opt_level = opt_level  # 0: baseline kernels (fixed tiles, single buffering)
         self.P = cfg.sram.partitions
         self.kernels: list[func.FuncOp] = []
         self.main_ops: list[Operation] = []
@@ -199,7 +200,10 @@ class GraphToTile:
         elif isinstance(op, g.PermuteOp):
             self.lower_permute(op, loc)
         elif isinstance(op, g.MatmulOp):
-            self.lower_matmul(op, loc)
+            from tilecc.passes.lower_matmul import lower_matmul_blocked
+
+            if not (self.opt_level >= 2 and lower_matmul_blocked(self, op, loc)):
+                self.lower_matmul(op, loc)
         elif isinstance(op, g.SoftmaxOp):
             self.lower_softmax(op, loc)
         elif isinstance(op, g.LayerNormOp):
@@ -540,6 +544,7 @@ def _dense(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> DenseIntO
 class LowerGraphToTilePass(ModulePass):
     name = "lower-graph-to-tile"
     target: str = "tiny"
+    opt_level: int = 2
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        GraphToTile(load_config(self.target)).run(op)
+        GraphToTile(load_config(self.target), self.opt_level).run(op)

@@ -119,14 +119,57 @@ def conflicts(p: _Inst, c: _Inst) -> bool:
     return bool(p.writes & (c.reads | c.writes) or p.reads & c.writes)
 
 
+def _undominated(cands: list[tuple[tuple[int, bool, int], int, Affine]]) -> list:
+    """The candidates of one queue whose wait is not implied by another's.
+
+    A queue runs in program order, so waiting for producer B's latest preceding
+    execution also waits for A's whenever B's comes later in every iteration: a
+    same-iteration producer (``before``) at a deeper common loop or a later position
+    comes after every other same-iteration producer and after every loop-carried one
+    with a common depth not deeper than its own; of loop-carried producers with the
+    same common depth the later position comes after.
+    """
+    before = [x for x in cands if x[0][1]]
+    out = []
+    if before:
+        best = max(before, key=lambda x: (x[0][0], x[0][2], x[1]))  # x[1]: program order
+        out.append(best)
+        depth = best[0][0]
+        carried = [x for x in cands if not x[0][1] and x[0][0] > depth]
+    else:
+        carried = [x for x in cands if not x[0][1]]
+    by_depth: dict[int, tuple] = {}
+    for x in carried:
+        cur = by_depth.get(x[0][0])
+        if cur is None or (x[0][2], x[1]) > (cur[0][2], cur[1]):
+            by_depth[x[0][0]] = x
+    out.extend(by_depth[d] for d in sorted(by_depth))
+    return out
+
+
 def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
     insts = collect(kernel)
+    readers: dict[str, list[int]] = {}
+    writers: dict[str, list[int]] = {}
+    for i, inst in enumerate(insts):
+        for b in inst.reads:
+            readers.setdefault(b, []).append(i)
+        for b in inst.writes:
+            writers.setdefault(b, []).append(i)
     sems: dict[int, int] = {}  # producer index -> semaphore
     waits: dict[int, list[tuple[int, Affine]]] = {}
     for ci, c in enumerate(insts):
+        # producers that touch c's buffers: writers of what c reads or writes, readers
+        # of what c writes
+        related: set[int] = set()
+        for b in c.reads | c.writes:
+            related.update(writers.get(b, ()))
+        for b in c.writes:
+            related.update(readers.get(b, ()))
         by_queue: dict[str, list[tuple[tuple[int, bool, int], int, Affine]]] = {}
-        for pi, p in enumerate(insts):
-            if pi == ci or p.queue == c.queue or not conflicts(p, c):
+        for pi in sorted(related):
+            p = insts[pi]
+            if pi == ci or p.queue == c.queue:
                 continue
             count, key = count_before(p, c)
             if count.is_const and count.const <= 0:
@@ -134,11 +177,7 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
             by_queue.setdefault(p.queue, []).append((key, pi, count))
         chosen: list[tuple[int, Affine]] = []
         for cands in by_queue.values():
-            cands.sort(key=lambda x: x[0])
-            latest = cands[-1]
-            same_shape = all(k[0][:2] == latest[0][:2] for k in cands)
-            picked = [latest] if same_shape else cands
-            chosen.extend((pi, count) for _, pi, count in picked)
+            chosen.extend((pi, count) for _, pi, count in _undominated(cands))
         if len(chosen) > MAX_WAITS:
             raise CompileError(
                 f"{kernel.sym_name.data}: instruction {c.op.name} needs {len(chosen)} waits, "
@@ -148,9 +187,7 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
             sems.setdefault(pi, len(sems))
         waits[ci] = chosen
     if len(sems) > max_semaphores:
-        raise CompileError(
-            f"{kernel.sym_name.data}: needs {len(sems)} semaphores, the target has {max_semaphores}"
-        )
+        return _sync_by_queue(kernel, insts, waits, max_semaphores)
     for i, inst in enumerate(insts):
         w = [f"s{sems[pi]} >= {count}" for pi, count in waits.get(i, [])]
         inst.op.properties["waits"] = ArrayAttr([StringAttr(x) for x in w])
@@ -159,6 +196,37 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
         elif "signal" in inst.op.properties:
             del inst.op.properties["signal"]
     return len(sems)
+
+
+def _sync_by_queue(kernel: npu.KernelOp, insts: list[_Inst], waits: dict, max_semaphores: int) -> int:
+    """One semaphore per engine queue, for kernels with more producers than semaphores
+    (long unrolled bodies): every instruction of an awaited queue signals the queue's
+    semaphore, and a consumer waits until every execution of that queue that precedes
+    it in program order has completed (the queue runs in order, so this includes the
+    producers it depends on)."""
+    needed: dict[int, set[str]] = {
+        ci: {insts[pi].queue for pi, _ in chosen} for ci, chosen in waits.items() if chosen
+    }
+    queues = sorted({q for qs in needed.values() for q in qs})
+    if len(queues) > max_semaphores:
+        raise CompileError(
+            f"{kernel.sym_name.data}: needs {len(queues)} semaphores, the target has {max_semaphores}"
+        )
+    sem = {q: i for i, q in enumerate(queues)}
+    members: dict[str, list[_Inst]] = {q: [x for x in insts if x.queue == q] for q in queues}
+    for ci, c in enumerate(insts):
+        w = []
+        for q in sorted(needed.get(ci, ())):
+            total = Affine()
+            for x in members[q]:
+                total = total + count_before(x, c)[0]
+            w.append(f"s{sem[q]} >= {total}")
+        c.op.properties["waits"] = ArrayAttr([StringAttr(x) for x in w])
+        if c.queue in sem:
+            c.op.properties["signal"] = IntegerAttr(sem[c.queue], i64)
+        elif "signal" in c.op.properties:
+            del c.op.properties["signal"]
+    return len(queues)
 
 
 @dataclass(frozen=True)

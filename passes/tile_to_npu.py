@@ -250,8 +250,11 @@ def _load(kl: KernelLowering, op: tile.LoadOp) -> npu.InstructionOp:
         t, op.indices, op.row_dim.value.data, op.col_dim.value.data,
         op.step("row_step"), op.step("col_step"),
     )
-    queue = kl.n_loads % kl.cfg.dma.queues
-    kl.n_loads += 1
+    if op.queue is not None:
+        queue = op.queue.value.data % kl.cfg.dma.queues
+    else:
+        queue = kl.n_loads % kl.cfg.dma.queues
+        kl.n_loads += 1
     fields = {
         "queue": queue,
         "a_addr": acc.pop("_addr"),

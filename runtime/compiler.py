@@ -36,11 +36,12 @@ def compile_graph(
     *,
     after_pass: StageCallback | None = None,
     stats: CompileStats | None = None,
+    opt_level: int = 2,
 ) -> Program:
     t0 = time.perf_counter()
     module = gp.module.clone()
     layout: _Layout | None = None
-    for name, run in default_pipeline(cfg):
+    for name, run in default_pipeline(cfg, opt_level):
         if name == "lower-tile-to-npu":
             layout = _read_layout(module, gp)
         ts = time.perf_counter()

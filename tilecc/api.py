@@ -34,7 +34,9 @@ class CompiledModel:
         stats: CompileStats | None = None,
         *,
         dynamic: tuple[ExportedProgram, HardwareConfig] | None = None,
+        opt_level: int = 2,
     ):
+        self.opt_level = opt_level
         self.program = program
         self.compile_stats = stats
         self.report: Report | None = None
@@ -55,7 +57,7 @@ class CompiledModel:
             bindings = specialize.bind(core, inputs)
             gp = import_exported_program(core, bindings, decomposed=True)
             self.compile_stats = CompileStats()
-            self.programs[key] = compile_graph(gp, cfg, stats=self.compile_stats)
+            self.programs[key] = compile_graph(gp, cfg, stats=self.compile_stats, opt_level=self.opt_level)
         self.program = self.programs[key]
         return self.program
 
@@ -79,6 +81,7 @@ def compile(
     *,
     target: str | Path | HardwareConfig = "tiny",
     dynamic_shapes: Any = None,
+    opt_level: int = 2,
 ) -> CompiledModel:
     """Export (if needed), import, lower and encode `model` for `target`.
 
@@ -86,6 +89,8 @@ def compile(
     with symbolic sizes gives a model that compiles per concrete shape at call time.
     """
     cfg = load_config(target)
+    if opt_level not in (0, 2):
+        raise TileccError(f"opt_level {opt_level!r}: tilecc has -O0 (baseline) and -O2 (default)")
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
     else:
@@ -94,7 +99,7 @@ def compile(
         ep = export_model(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     if specialize.is_dynamic(ep):
         core = decompose(ep)
-        cm = CompiledModel(None, dynamic=(core, cfg))
+        cm = CompiledModel(None, dynamic=(core, cfg), opt_level=opt_level)
         examples = example_inputs if example_inputs is not None else _example_args(ep)
         if examples is not None:
             # the graph IR at the example shapes, with every symbolic size kept as a sympy
@@ -104,8 +109,8 @@ def compile(
         return cm
     gp = import_exported_program(ep)
     stats = CompileStats()
-    program = compile_graph(gp, cfg, stats=stats)
-    return CompiledModel(program, stats)
+    program = compile_graph(gp, cfg, stats=stats, opt_level=opt_level)
+    return CompiledModel(program, stats, opt_level=opt_level)
 
 
 def _example_args(ep: torch.export.ExportedProgram) -> tuple | None:

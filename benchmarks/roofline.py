@@ -1,0 +1,143 @@
+"""Issue-5 table: simulated cycles against the roofline bound, -O2 against -O0.
+
+For each workload (preset `cloud`, bf16): compile at -O2 and -O0, simulate timing-only
+(the numerics of the same kernels are checked against eager at small sizes in the test
+suite), and print cycles, the roofline bound and the resource that sets it, the ratio,
+HBM bytes against compulsory bytes, the -O0 cycles and both compile times.
+
+    .venv/bin/python benchmarks/roofline.py [--only gemm] [--skip-o0] [--target cloud]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import types
+
+import torch
+
+# torchvision (imported by transformers too) next to a CPU torch: see README
+for _m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+    sys.modules.setdefault(_m, types.ModuleType(_m))
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import tilecc  # noqa: E402
+from tilecc.frontend.torch_export import export_model, import_exported_program  # noqa: E402
+from tilecc.runtime.compiler import compile_graph  # noqa: E402
+from tilecc.runtime.executor import run_program  # noqa: E402
+from tilecc.simulator.config import load_config  # noqa: E402
+
+DT = torch.bfloat16
+
+
+class Linear(torch.nn.Module):
+    """y = x @ W: x an activation [M, K], W a weight [K, N]."""
+
+    def __init__(self, K: int, N: int):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(K, N) / K**0.5)
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def gemm(M, K, N):
+    return lambda: (Linear(K, N).to(DT), (torch.randn(M, K, dtype=DT),))
+
+
+def gpt2_block():
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    cfg = GPT2Config(n_embd=768, n_head=12, n_layer=1, n_positions=1024)
+    cfg._attn_implementation = "sdpa"
+
+    class B(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = GPT2Block(cfg)
+
+        def forward(self, x):
+            y = self.b(x)
+            return y[0] if isinstance(y, tuple) else y
+
+    return B().to(DT), (torch.randn(1, 512, 768, dtype=DT),)
+
+
+def attention():
+    class A(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    x = lambda: torch.randn(1, 1, 2048, 128, dtype=DT)  # noqa: E731
+    return A(), (x(), x(), x())
+
+
+def resnet18():
+    from torchvision.models import resnet18 as rn
+
+    return rn(weights=None).eval().to(DT), (torch.randn(1, 3, 224, 224, dtype=DT),)
+
+
+WORKLOADS = {
+    "gemm 4096x4096x4096": gemm(4096, 4096, 4096),
+    "gemm 128x4096x11008": gemm(128, 4096, 11008),
+    "gemv 1x4096x4096": gemm(1, 4096, 4096),
+    "gpt2 block d768 s512": gpt2_block,
+    "causal attention s2048 d128": attention,
+    "resnet18 224": resnet18,
+}
+TARGETS = {"gemm 4096x4096x4096": 1.05, "gpt2 block d768 s512": 1.3, "causal attention s2048 d128": 1.3,
+           "resnet18 224": 1.5}
+
+
+def measure(name: str, target: str, skip_o0: bool) -> dict:
+    torch.manual_seed(0)
+    model, inputs = WORKLOADS[name]()
+    cfg = load_config(target)
+    with torch.no_grad():
+        ep = export_model(model.eval(), inputs)
+    gp = import_exported_program(ep)
+    row = {"workload": name}
+    for level in ((2,) if skip_o0 else (2, 0)):
+        t0 = time.perf_counter()
+        prog = compile_graph(gp, cfg, opt_level=level)
+        ct = time.perf_counter() - t0
+        _, rep = run_program(prog, inputs, functional=False)
+        row[f"O{level}"] = rep
+        row[f"compile_O{level}"] = ct
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="", help="substring of the workloads to run")
+    ap.add_argument("--skip-o0", action="store_true")
+    ap.add_argument("--target", default="cloud")
+    args = ap.parse_args()
+    print(f"preset {args.target}, bf16; ratio = simulated cycles / roofline bound (1.00 is the limit)\n")
+    print("| workload | -O2 cycles | bound (resource) | ratio | target | HBM bytes / compulsory | -O0 cycles | -O0 / -O2 | compile -O2 / -O0 |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name in WORKLOADS:
+        if args.only not in name:
+            continue
+        r = measure(name, args.target, args.skip_o0)
+        o2 = r["O2"]
+        o0 = r.get("O0")
+        tgt = TARGETS.get(name)
+        print(
+            f"| {name} | {o2.cycles:,.0f} | {o2.roofline_cycles:,.0f} ({o2.bottleneck}) | {o2.roofline_ratio:.2f} | "
+            f"{'<= %.2f' % tgt if tgt else '-'} | {o2.hbm_bytes / max(o2.compulsory_hbm_bytes, 1):.2f} | "
+            f"{f'{o0.cycles:,.0f}' if o0 else '-'} | {f'{o0.cycles / o2.cycles:.1f}x' if o0 else '-'} | "
+            f"{r['compile_O2']:.1f} s / {r.get('compile_O0', float('nan')):.1f} s |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
