@@ -246,7 +246,7 @@ def test_compiled_mlp_trace(mlp):
         if op in (Opcode.DMA_LOAD, Opcode.DMA_STORE):
             assert track == f"dma{int(stream['queue'][i])}"
         else:
-            assert track == ("matrix" if op == Opcode.MATMUL else "vector")
+            assert track.split(" overlap")[0] == ("matrix" if op == Opcode.MATMUL else "vector")  # pipelined matmuls overlap on sub-tracks
         assert e["cat"] == ("dma" if track.startswith("dma") else track)
         op_name = e["name"].split(" ")[0]
         assert op_name in ("dma.load", "dma.store", "matmul") or op_name.startswith("vec.")

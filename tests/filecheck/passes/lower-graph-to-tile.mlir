@@ -1,4 +1,4 @@
-// RUN: tilecc-opt %s -p 'lower-graph-to-tile{target=tiny}' | filecheck %s
+// RUN: tilecc-opt %s -p 'lower-graph-to-tile{target=tiny opt_level=0}' | filecheck %s
 
 // relu then matmul on `tiny` (16 partitions, 16x16 array): two kernels, a @main that
 // allocates HBM tensors and launches them; 20 rows tile as 16 + 4.
