@@ -26,7 +26,6 @@ for _m in ("torchvision._meta_registrations", "torchvision._autograd_registratio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import tilecc  # noqa: E402
 from tilecc.frontend.torch_export import export_model, import_exported_program  # noqa: E402
 from tilecc.runtime.compiler import compile_graph  # noqa: E402
 from tilecc.runtime.executor import run_program  # noqa: E402

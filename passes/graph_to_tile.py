@@ -337,14 +337,11 @@ class GraphToTile:
 
     # ---- matmul --------------------------------------------------------------------
     def lower_matmul(self, op: Operation, loc: str) -> None:
-        res = op.results[0]
-        out_shape = _shape(res.type)
-        a, b = op.operands
-        a_shape, b_shape = _shape(a.type), _shape(b.type)
-        if len(a_shape) < 2 or len(b_shape) < 2:
+        dims = matmul_dims(op)
+        if dims is None:
             raise CompileError(f"graph.matmul at {loc}: rank-1 operands are not supported yet")
+        res, out_shape, a, b, M, K, N = dims
         rank = len(out_shape)
-        M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
         A = self._aligned_batch(a, out_shape[:-2], (M, K))
         B = self._aligned_batch(b, out_shape[:-2], (K, N))
         out = self.hbm(out_shape, _elem(res.type))
@@ -531,6 +528,16 @@ def _dense_values(op: Operation) -> np.ndarray:
     attr = op.properties["value"]
     assert isinstance(attr, DenseIntOrFPElementsAttr)
     return np.asarray(attr.get_values(), dtype=np.float32)
+
+
+def matmul_dims(op: Operation):
+    """(result, output shape, a, b, M, K, N) of a graph.matmul; None for rank-1 operands."""
+    res = op.results[0]
+    a, b = op.operands
+    a_shape, b_shape = _shape(a.type), _shape(b.type)
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        return None
+    return res, _shape(res.type), a, b, a_shape[-2], a_shape[-1], b_shape[-1]
 
 
 def _dense(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> DenseIntOrFPElementsAttr:

@@ -31,7 +31,6 @@ then uses the -O0 kernel.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,16 +51,13 @@ def _align(n: int) -> int:
 
 
 def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
-    from tilecc.passes.graph_to_tile import _dense, _elem, _itemsize, _shape
+    from tilecc.passes.graph_to_tile import _dense, _elem, _itemsize, _shape, matmul_dims
 
-    res = op.results[0]
-    out_shape = _shape(res.type)
-    a, b = op.operands
-    a_shape, b_shape = _shape(a.type), _shape(b.type)
-    if len(a_shape) < 2 or len(b_shape) < 2:
+    dims = matmul_dims(op)
+    if dims is None:
         return False
+    res, out_shape, a, b, M, K, N = dims
     rank = len(out_shape)
-    M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
     ea, eb, eo = _elem(a.type), _elem(b.type), _elem(res.type)
     ia, ib, io = _itemsize(ea), _itemsize(eb), _itemsize(eo)
     cfg = lw.cfg
@@ -100,11 +96,12 @@ def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
                 return None
 
     nb = min(MAX_BLOCK, -(-M // TM))
-    while nb > 0 and plan(nb) is None:
+    chosen = None
+    while nb > 0 and (chosen := plan(nb)) is None:
         nb -= 1
-    if nb == 0:
+    if chosen is None:
         return False
-    w, D, KC = plan(nb)  # type: ignore[misc]
+    w, D, KC = chosen
     TNL = w * TN
     nkc = -(-K // KC)
     # DMA queues: stores use the last one (tile-to-npu); B tiles the first Q-2, A rows the
