@@ -914,12 +914,13 @@ ALL_OPS: tuple[type[GraphOp], ...] = (
 )
 
 # Op families in their own files (they import the base classes above).
+from tilecc.ir.graph_fusion import FUSION_OPS  # noqa: E402
 from tilecc.ir.graph_index import INDEX_OPS  # noqa: E402
 from tilecc.ir.graph_nn import NN_OPS  # noqa: E402
 
 ALL_OPS = (*ALL_OPS, *NN_OPS, *INDEX_OPS)
+Graph = Dialect("graph", [*ALL_OPS, *FUSION_OPS], [])
 
-Graph = Dialect("graph", list(ALL_OPS), [])
 
 
 def graph_context():

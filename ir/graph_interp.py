@@ -16,6 +16,7 @@ from xdsl.ir import SSAValue
 
 from tilecc.errors import InputMismatchError
 from tilecc.ir.graph import GraphOp, GraphProgram, WeightOp, element_dtype, shape_of, source_loc
+from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.simulator.numerics import round_to as _round_to
 
 
@@ -63,11 +64,28 @@ def run_graph(
             )
         env[arg] = round_to(np.asarray(x, dtype=np.float32), element_dtype(arg.type))
 
-    outputs: list[np.ndarray] | None = None
-    for op in fn.body.block.ops:
-        if isinstance(op, func.ReturnOp):
-            outputs = [env[v] for v in op.arguments]
-            break
+    outputs = _run_block(program, fn.body.block, env)
+    if outputs is None:
+        raise ValueError("@forward has no func.return")
+    if keep:
+        return outputs, env
+    return outputs
+
+
+def _run_block(program: GraphProgram, block, env: dict[SSAValue, np.ndarray]) -> list[np.ndarray] | None:
+    """Evaluate the ops of `block` into `env`; the values its terminator returns
+    (`func.return` or `graph.yield`), None without one."""
+    for op in block.ops:
+        if isinstance(op, (func.ReturnOp, YieldOp)):
+            return [env[v] for v in op.operands]
+        if isinstance(op, FusedOp):
+            for arg, v in zip(op.block.args, op.inputs, strict=True):
+                env[arg] = env[v]
+            vals = _run_block(program, op.block, env)
+            assert vals is not None
+            for res, val in zip(op.results, vals, strict=True):
+                env[res] = val
+            continue
         if isinstance(op, WeightOp):
             try:
                 data = program.weights[op.weight]
@@ -91,8 +109,4 @@ def run_graph(
                 f"type says {res.type}"
             )
         env[res] = round_to(val, element_dtype(res.type))
-    if outputs is None:
-        raise ValueError("@forward has no func.return")
-    if keep:
-        return outputs, env
-    return outputs
+    return None

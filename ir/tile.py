@@ -187,7 +187,19 @@ class HbmAllocOp(IRDLOperation):
 
 @irdl_op_definition
 class ViewOp(IRDLOperation):
-    """A reshape of a contiguous HBM tensor: the same bytes under another shape."""
+    """Another look at the bytes of an HBM tensor: a reshape, a permutation, a slice or
+    a broadcast, with no data movement.
+
+    A result without a layout is the source's bytes in row-major order (a reshape of a
+    contiguous tensor). A result with a strided layout addresses elements of the *root*
+    allocation (the `tile.hbm_alloc` the chain of views starts from): element ``i`` is
+    at ``offset + sum(i[d] * strides[d])`` elements from the root's first byte, so DMAs
+    that read the view walk the strides (a permutation is permuted strides, a slice an
+    offset and a scaled stride, a broadcast a stride of 0)::
+
+        %q = tile.view %qkv : memref<512x2304xbf16> to
+            memref<12x512x64xbf16, strided<[64, 2304, 1]>>
+    """
 
     name = "tile.view"
     source = operand_def(MemRefType)
@@ -200,8 +212,58 @@ class ViewOp(IRDLOperation):
     def verify_(self) -> None:
         src, dst = self.source.type, self.result.type
         assert isinstance(src, MemRefType) and isinstance(dst, MemRefType)
-        if src.element_type != dst.element_type or _numel(src) != _numel(dst):
-            raise VerifyException(f"tile.view: {src} and {dst} differ in element type or count")
+        if src.element_type != dst.element_type:
+            raise VerifyException(f"tile.view: {src} and {dst} differ in element type")
+        if isinstance(dst.layout, NoneAttr) and isinstance(src.layout, NoneAttr):
+            if _numel(src) != _numel(dst):
+                raise VerifyException(f"tile.view: {src} and {dst} differ in element count")
+            return
+        if _numel(dst) == 0:
+            return
+        lo, hi = element_span(dst)
+        slo, shi = element_span(src) if _numel(src) else (0, -1)
+        if lo < slo or hi > shi:
+            raise VerifyException(
+                f"tile.view: {dst} reaches elements [{lo}, {hi}] outside its source's [{slo}, {shi}]"
+            )
+
+
+def layout_of(t: MemRefType) -> tuple[tuple[int, ...], int]:
+    """(element strides, element offset) of an HBM memref: its strided layout, or
+    row-major strides and offset 0 without one."""
+    from xdsl.dialects.builtin import StridedLayoutAttr
+
+    if isinstance(t.layout, StridedLayoutAttr):
+        strides = t.layout.get_strides()
+        offset = t.layout.get_offset()
+        assert all(isinstance(s, int) for s in strides) and isinstance(offset, int)
+        return tuple(int(s) for s in strides), int(offset)  # type: ignore[arg-type]
+    return row_major(t.get_shape()), 0
+
+
+def row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(out[::-1])
+
+
+def element_span(t: MemRefType) -> tuple[int, int]:
+    """The first and last element (from the root) a non-empty memref can address."""
+    strides, offset = layout_of(t)
+    lo = hi = offset
+    for n, s in zip(t.get_shape(), strides):
+        lo += min(0, (n - 1) * s)
+        hi += max(0, (n - 1) * s)
+    return lo, hi
+
+
+def is_contiguous(t: MemRefType) -> bool:
+    """Row-major and dense (any offset): the bytes a reshape can reinterpret."""
+    strides, _ = layout_of(t)
+    shape = t.get_shape()
+    return 0 in shape or all(s == r for n, s, r in zip(shape, strides, row_major(shape)) if n != 1)
 
 
 def _numel(t: MemRefType) -> int:
@@ -353,6 +415,8 @@ class StoreOp(IRDLOperation, _DimsMixin):
     col_dim = prop_def(IntegerAttr)
     row_step = opt_prop_def(IntegerAttr)
     col_step = opt_prop_def(IntegerAttr)
+    # optional DMA queue (modulo the target's queue count); default: the last queue
+    queue = opt_prop_def(IntegerAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
     assembly_format = (
         "$src `into` $dst `[` $indices `]` `sizes` `(` $rows `,` $cols `)` attr-dict "
@@ -361,15 +425,15 @@ class StoreOp(IRDLOperation, _DimsMixin):
 
     def __init__(
         self, src, dst, indices, rows, cols, row_dim: int, col_dim: int,
-        row_step: int = 1, col_step: int = 1,
+        row_step: int = 1, col_step: int = 1, queue: int | None = None,
     ):
-        super().__init__(
-            operands=[src, dst, list(indices), rows, cols],
-            properties={
-                "row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64),
-                **_steps(row_step, col_step),
-            },
-        )
+        props = {
+            "row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64),
+            **_steps(row_step, col_step),
+        }
+        if queue is not None:
+            props["queue"] = IntegerAttr(queue, i64)
+        super().__init__(operands=[src, dst, list(indices), rows, cols], properties=props)
 
     def verify_(self) -> None:
         _expect_space(self, "source", self.src, (SRAM, ACC))
@@ -494,8 +558,8 @@ class UnaryOp(_VectorOp):
 
 @irdl_op_definition
 class BinaryOp(_VectorOp):
-    """out = lhs fn rhs; rhs is a tile or (rhs_mode "column") a rows x 1 column
-    broadcast along the free dimension."""
+    """out = lhs fn rhs (with `swap`: rhs fn lhs); rhs is a tile or (rhs_mode "column")
+    a rows x 1 column broadcast along the free dimension."""
 
     name = "tile.binary"
     lhs = operand_def(MemRefType)
@@ -505,6 +569,7 @@ class BinaryOp(_VectorOp):
     cols = operand_def(IndexType())
     fn = prop_def(StringAttr)
     rhs_mode = prop_def(StringAttr)
+    swap = opt_prop_def(UnitAttr)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
         "$fn $lhs `,` $rhs `into` $output `sizes` `(` $rows `,` $cols `)` attr-dict "
@@ -513,11 +578,11 @@ class BinaryOp(_VectorOp):
 
     MODES: ClassVar[tuple[str, ...]] = ("tile", "column")
 
-    def __init__(self, fn: str, lhs, rhs, output, rows, cols, rhs_mode: str = "tile"):
-        super().__init__(
-            operands=[lhs, rhs, output, rows, cols],
-            properties={"fn": StringAttr(fn), "rhs_mode": StringAttr(rhs_mode)},
-        )
+    def __init__(self, fn: str, lhs, rhs, output, rows, cols, rhs_mode: str = "tile", swap: bool = False):
+        props: dict[str, Attribute] = {"fn": StringAttr(fn), "rhs_mode": StringAttr(rhs_mode)}
+        if swap:
+            props["swap"] = UnitAttr()
+        super().__init__(operands=[lhs, rhs, output, rows, cols], properties=props)
 
     def verify_(self) -> None:
         self._verify_vector([self.lhs, self.rhs], self.output)
@@ -594,6 +659,10 @@ __all__ = [
     "AllocOp",
     "HbmAllocOp",
     "ViewOp",
+    "layout_of",
+    "row_major",
+    "element_span",
+    "is_contiguous",
     "SubviewOp",
     "LoadOp",
     "StoreOp",

@@ -46,6 +46,8 @@ from xdsl.dialects.builtin import (
     Float32Type,
     MemRefType,
     ModuleOp,
+    NoneAttr,
+    StridedLayoutAttr,
     TensorType,
     f32,
 )
@@ -55,6 +57,7 @@ from xdsl.passes import ModulePass
 from tilecc.errors import CompileError, TensorTooLargeError
 from tilecc.ir import graph as g
 from tilecc.ir import tile
+from tilecc.ir.graph_fusion import FusedOp
 from tilecc.passes.kernel_builder import KernelBuilder
 from tilecc.simulator.config import HardwareConfig, load_config
 
@@ -116,10 +119,63 @@ class GraphToTile:
         return self.emit(tile.HbmAllocOp(MemRefType(elem, list(shape)), **kw)).results[0]
 
     def view(self, v: SSAValue, shape: Sequence[int]) -> SSAValue:
+        """`v` reshaped: a free view where its strides allow (always for a dense
+        tensor), else a dense copy viewed."""
         shape = list(shape)
         if list(_shape(v.type)) == shape:
             return v
-        return self.emit(tile.ViewOp(v, MemRefType(_elem(v.type), shape))).results[0]
+        strides, offset = self.layout(v)
+        new = reshape_strides(_shape(v.type), strides, shape)
+        if new is None:
+            return self.view(self.dense(v), shape)
+        return self.strided(v, shape, new, offset)
+
+    def strided(self, v: SSAValue, shape: Sequence[int], strides: Sequence[int], offset: int) -> SSAValue:
+        """A view of `v`'s root with element `strides` and `offset` (tile.view)."""
+        shape, strides = [int(x) for x in shape], [int(x) for x in strides]
+        if strides == list(tile.row_major(shape)) and offset == 0:
+            layout: Attribute = NoneAttr()
+        else:
+            layout = StridedLayoutAttr(strides, offset)
+        t = MemRefType(_elem(v.type), shape, layout)
+        if t == v.type:
+            return v
+        root = v  # views chain back to the allocation: view it directly
+        while isinstance(root.owner, tile.ViewOp):
+            root = root.owner.source
+        if not isinstance(layout, NoneAttr) or self.layout(v) == (tile.row_major(_shape(v.type)), 0):
+            v = root
+        return self.emit(tile.ViewOp(v, t)).results[0]
+
+    def layout(self, v: SSAValue) -> tuple[tuple[int, ...], int]:
+        """(element strides, offset) of HBM value `v` relative to its root allocation."""
+        t = v.type
+        assert isinstance(t, MemRefType)
+        if isinstance(t.layout, StridedLayoutAttr):
+            return tile.layout_of(t)
+        owner = v.owner
+        offset = self.layout(owner.source)[1] if isinstance(owner, tile.ViewOp) else 0
+        return tile.row_major(t.get_shape()), offset
+
+    def is_dense(self, v: SSAValue) -> bool:
+        strides, _ = self.layout(v)
+        shape = _shape(v.type)
+        return 0 in shape or all(n == 1 or s == r for n, s, r in zip(shape, strides, tile.row_major(shape)))
+
+    def dense(self, v: SSAValue) -> SSAValue:
+        """`v` itself if its elements are dense and row-major, else a copy that is (the
+        copy's loads walk `v`'s strides; no vector work)."""
+        if self.is_dense(v):
+            return v
+        from tilecc.passes.lower_elementwise import ElementwiseKernel
+
+        shape = _shape(v.type)
+        full = self._out_shape2(shape)
+        strides, offset = self.layout(v)
+        src = self.strided(v, full, _padded(strides, len(full)), offset)
+        ek = ElementwiseKernel(self, "copy", "", full)
+        ek.output(ek.leaf_hbm(src, list(range(len(full)))), _elem(v.type))
+        return self.view(ek.build()[0], shape)
 
     def launch(self, kb: KernelBuilder, args: Sequence[SSAValue]) -> None:
         self.kernels.append(kb.finish())
@@ -147,7 +203,7 @@ class GraphToTile:
             ):
                 continue
             if isinstance(op, func.ReturnOp):
-                outputs = [self.materialise(v) for v in op.arguments]
+                outputs = [self.dense(self.materialise(v)) for v in op.arguments]
                 continue
             self.lower(op)
         out_types = [v.type for v in outputs]
@@ -196,7 +252,7 @@ class GraphToTile:
         elif type(op) in BINARY:
             self.lower_binary(op, BINARY[type(op)], loc)
         elif isinstance(op, g.ExpandOp):
-            self.lower_unary(op, "copy", loc, what="expand")
+            self.lower_expand(op)
         elif isinstance(op, g.PermuteOp):
             self.lower_permute(op, loc)
         elif isinstance(op, g.MatmulOp):
@@ -208,6 +264,10 @@ class GraphToTile:
             self.lower_softmax(op, loc)
         elif isinstance(op, g.LayerNormOp):
             self.lower_layer_norm(op, loc)
+        elif isinstance(op, FusedOp):
+            from tilecc.passes.lower_fused import lower_fused
+
+            lower_fused(self, op, loc)
         elif type(op) in self.extra:
             self.extra[type(op)](self, op, loc)
         else:
@@ -231,32 +291,6 @@ class GraphToTile:
         budget = self.cfg.sram.bytes_per_partition // (2 * 4 * max(n_bufs, 1))
         return max(1, min(cols, budget, 2048))
 
-    def map_kernel(
-        self,
-        what: str,
-        loc: str,
-        out_shape: Sequence[int],
-        out_elem: Attribute,
-        operands: list[_Operand],
-        compute: Callable[[KernelBuilder, list[SSAValue], SSAValue, SSAValue, SSAValue], None],
-    ) -> SSAValue:
-        """A kernel visiting the output in [rows x cols] tiles; rows = dim -2, cols = dim -1."""
-        rank = len(out_shape)
-        assert rank >= 2
-        out = self.hbm(out_shape, out_elem)
-        # rank >= 3: merge neighbouring dims every operand walks alike, so e.g. an NCHW
-        # tensor is a few long rows rather than one small H x W tile per (n, c)
-        kshape, operands = _collapse(out_shape, operands, self.view) if rank >= 3 else (out_shape, operands)
-        kout = self.view(out, kshape)
-        kb = KernelBuilder(self.kernel_name(what), [o.value.type for o in operands] + [kout.type], loc)
-        R, C = kshape[-2], kshape[-1]
-        TR, TC = min(self.P, R), self._col_tile(C, len(operands) + 1)
-        ivs: list[SSAValue] = []
-        self._outer_loops(kb, kshape[:-2], ivs, lambda: self._map_body(
-            kb, ivs, operands, out_elem, R, C, TR, TC, compute))
-        self.launch(kb, [o.value for o in operands] + [kout])
-        return out
-
     def _outer_loops(self, kb: KernelBuilder, extents: Sequence[int], ivs: list[SSAValue], body) -> None:
         if not extents:
             body()
@@ -265,75 +299,53 @@ class GraphToTile:
             ivs.append(i)
             self._outer_loops(kb, extents[1:], ivs, body)
 
-    def _map_body(self, kb, ivs, operands, out_elem, R, C, TR, TC, compute) -> None:
-        rank = len(ivs) + 2
-        with kb.tiles(R, TR) as (r0, r), kb.tiles(C, TC) as (c0, c):
-            idx = [*ivs, r0, c0]
-            bufs = []
-            for j, o in enumerate(operands):
-                arg = kb.args[j]
-                in_rank = len(_shape(arg.type))
-                ind = [kb.const(0)] * in_rank
-                for d, od in enumerate(o.imap):
-                    if od is not None:
-                        ind[od] = idx[d]
-                buf = kb.alloc([TR, TC], _elem(arg.type), tile.SRAM, f"in{j}")
-                row_dim = o.imap[-2] if o.imap[-2] is not None else -1
-                col_dim = o.imap[-1] if o.imap[-1] is not None else -1
-                kb.add(tile.LoadOp(arg, ind, buf, r, c, row_dim, col_dim))
-                bufs.append(buf)
-            ob = kb.alloc([TR, TC], out_elem, tile.SRAM, "out")
-            compute(kb, bufs, ob, r, c)
-            kb.add(tile.StoreOp(ob, kb.args[-1], idx, r, c, rank - 2, rank - 1))
-
     def lower_unary(self, op: Operation, fn: str, loc: str, what: str | None = None) -> None:
+        from tilecc.passes.lower_elementwise import ElementwiseKernel
+
         res = op.results[0]
-        shape = self._out_shape2(_shape(res.type))
-        operand = self._aligned(op.operands[0], shape)
+        ek = ElementwiseKernel(self, what or fn, loc, _shape(res.type))
+        self.finish_elementwise(ek, res, ek.unary(fn, ek.leaf(op.operands[0]), _elem(res.type)))
 
-        def compute(kb, bufs, ob, r, c):
-            kb.add(tile.UnaryOp(fn, bufs[0], ob, r, c))
-
-        out = self.map_kernel(what or fn, loc, shape, _elem(res.type), [operand], compute)
-        self.values[res] = self.view(out, _shape(res.type))
+    def finish_elementwise(self, ek, res: SSAValue, ref: int) -> None:
+        """`res` = value `ref` of `ek`: a scalar when it folded to a constant, else the
+        kernel's output."""
+        value = ek.constant(ref)
+        if value is not None:
+            self.scalars[res] = value
+            return
+        ek.output(ref, _elem(res.type))
+        self.values[res] = ek.build()[0]
 
     def lower_binary(self, op: Operation, fn: str, loc: str) -> None:
+        from tilecc.passes.lower_elementwise import ElementwiseKernel
+
         res = op.results[0]
-        shape = self._out_shape2(_shape(res.type))
-        lhs, rhs = op.operands
-        scalar = next((v for v in (rhs, lhs) if v in self.scalars), None)
-        if scalar is not None and not (lhs in self.scalars and rhs in self.scalars):
-            other = lhs if scalar is rhs else rhs
-            imm, swap = self.scalars[scalar], scalar is lhs
-            operand = self._aligned(other, shape)
+        ek = ElementwiseKernel(self, fn, loc, _shape(res.type))
+        self.finish_elementwise(ek, res, ek.binary(fn, ek.leaf(op.operands[0]), ek.leaf(op.operands[1]), _elem(res.type)))
 
-            def compute_scalar(kb, bufs, ob, r, c):
-                kb.add(tile.ScalarOp(fn, bufs[0], imm, ob, r, c, swap=swap))
-
-            out = self.map_kernel(fn, loc, shape, _elem(res.type), [operand], compute_scalar)
-        else:
-            operands = [self._aligned(v, shape) for v in (lhs, rhs)]
-
-            def compute(kb, bufs, ob, r, c):
-                kb.add(tile.BinaryOp(fn, bufs[0], bufs[1], ob, r, c))
-
-            out = self.map_kernel(fn, loc, shape, _elem(res.type), operands, compute)
-        self.values[res] = self.view(out, _shape(res.type))
-
-    def lower_permute(self, op: Operation, loc: str) -> None:
+    def lower_expand(self, op: Operation) -> None:
+        """A broadcast view: stride 0 along the expanded dimensions."""
         res = op.results[0]
-        perm = list(op.properties["perm"].get_values())
         src = self.materialise(op.operands[0])
         out_shape = _shape(res.type)
-        if len(out_shape) < 2:
-            self.values[res] = self.view(src, out_shape)
+        shape = _shape(src.type)
+        strides, offset = self.layout(src)
+        lead = len(out_shape) - len(shape)
+        new = [0] * lead + [0 if n == 1 and m != 1 else s for n, m, s in zip(shape, out_shape[lead:], strides)]
+        self.values[res] = self.strided(src, out_shape, new, offset)
+
+    def lower_permute(self, op: Operation, loc: str) -> None:
+        """A view when the innermost dimension stays innermost (DMAs still read long
+        rows), else a transposing copy."""
+        res = op.results[0]
+        perm = [int(p) for p in op.properties["perm"].get_values()]
+        src = self.materialise(op.operands[0])
+        out_shape = _shape(res.type)
+        if len(out_shape) < 2 or perm[-1] == len(perm) - 1:
+            strides, offset = self.layout(src)
+            self.values[res] = self.strided(src, out_shape, [strides[p] for p in perm], offset)
             return
-        operand = _Operand(src, [int(p) for p in perm])
-
-        def compute(kb, bufs, ob, r, c):
-            kb.add(tile.UnaryOp("copy", bufs[0], ob, r, c))
-
-        self.values[res] = self.map_kernel("permute", loc, out_shape, _elem(res.type), [operand], compute)
+        self.values[res] = self.permuted(src, perm, loc)
 
     # ---- matmul --------------------------------------------------------------------
     def lower_matmul(self, op: Operation, loc: str) -> None:
@@ -441,10 +453,11 @@ class GraphToTile:
         if len(out_shape) < 2:
             return self.view(src, out_shape)
 
-        def compute(kb, bufs, ob, r, c):
-            kb.add(tile.UnaryOp("copy", bufs[0], ob, r, c))
+        from tilecc.passes.lower_elementwise import ElementwiseKernel
 
-        return self.map_kernel("permute", loc, out_shape, _elem(src.type), [_Operand(src, [int(p) for p in perm])], compute)
+        ek = ElementwiseKernel(self, "permute", loc, out_shape)
+        ek.output(ek.leaf_hbm(src, [int(p) for p in perm]), _elem(src.type))
+        return ek.build()[0]
 
     def lower_layer_norm(self, op: Operation, loc: str) -> None:
         res = op.results[0]
@@ -488,10 +501,13 @@ class GraphToTile:
 
 
 def _collapse(
-    out_shape: Sequence[int], operands: list[_Operand], view: Callable[[SSAValue, Sequence[int]], SSAValue]
+    out_shape: Sequence[int], operands: list[_Operand], view: Callable[[SSAValue, Sequence[int]], SSAValue],
+    layout: Callable[[SSAValue], tuple[tuple[int, ...], int]], keep_last: bool = False,
 ) -> tuple[tuple[int, ...], list[_Operand]]:
     """Merge adjacent output dims that every operand maps to adjacent dims of its own (in
-    order) or broadcasts; the operands become views of the merged shape (rank >= 2)."""
+    order, with strides that merge: a strided view's dims merge only where one walks the
+    other's extent) or broadcasts; the operands become views of the merged shape.
+    `keep_last` keeps the last dim on its own."""
     rank = len(out_shape)
     for o in operands:  # aligned operands (imap d or None) or permutations only
         if len(_shape(o.value.type)) != rank or not (
@@ -501,8 +517,11 @@ def _collapse(
     groups = [[0]]
     for d in range(1, rank):
         p = groups[-1][-1]
-        if all((o.imap[p] is None and o.imap[d] is None)
-               or (o.imap[p] is not None and o.imap[d] == o.imap[p] + 1) for o in operands):
+        if keep_last and d == rank - 1:
+            groups.append([d])
+        elif all((o.imap[p] is None and o.imap[d] is None)
+               or (o.imap[p] is not None and o.imap[d] == o.imap[p] + 1 and _merges(o, o.imap[p], layout))
+               for o in operands):
             groups[-1].append(d)
         else:
             groups.append([d])
@@ -522,6 +541,44 @@ def _collapse(
         ]
         new_ops.append(_Operand(view(o.value, vshape), imap))
     return shape, new_ops
+
+
+def reshape_strides(
+    old_shape: Sequence[int], old_strides: Sequence[int], new_shape: Sequence[int]
+) -> list[int] | None:
+    """Strides that view a tensor of `old_shape`/`old_strides` as `new_shape` without
+    moving data, or None when no such strides exist (torch's `computeStride`)."""
+    if int(np.prod(old_shape, dtype=np.int64)) == 0 or not len(old_shape):
+        return list(tile.row_major(new_shape))
+    new = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk = old_strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new[view_d] = view_numel * chunk
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk = old_strides[d - 1]
+                tensor_numel = view_numel = 1
+    return new if view_d == -1 else None
+
+
+def _padded(strides: Sequence[int], rank: int) -> list[int]:
+    """Strides for leading unit dimensions added to reach `rank`."""
+    return [0] * (rank - len(strides)) + list(strides)
+
+
+def _merges(o: _Operand, d: int, layout: Callable[[SSAValue], tuple[tuple[int, ...], int]]) -> bool:
+    """Whether operand dims d and d+1 of `o` form one dimension in memory."""
+    strides, _ = layout(o.value)
+    shape = _shape(o.value.type)
+    return shape[d + 1] == 1 or shape[d] == 1 or strides[d] == strides[d + 1] * shape[d + 1]
 
 
 def _dense_values(op: Operation) -> np.ndarray:

@@ -93,61 +93,15 @@ def _copy_nest(
     lw._outer_loops(kb, list(extent[:-2]), ivs, body)
 
 
-def _at_least_2d(shape: Sequence[int]) -> tuple[int, ...]:
-    return (1,) * (2 - len(shape)) + tuple(shape) if len(shape) < 2 else tuple(shape)
-
-
-def _copy_kernel(
-    lw, what: str, loc: str, src: SSAValue, src_off: Sequence[int], dst: SSAValue,
-    dst_off: Sequence[int], extent: Sequence[int],
-) -> None:
-    """One kernel copying a region of HBM tensor `src` into HBM tensor `dst` (equal ranks)."""
-    pad = 2 - len(extent) if len(extent) < 2 else 0
-    src = lw.view(src, (1,) * pad + _shape(src.type))
-    dst = lw.view(dst, (1,) * pad + _shape(dst.type))
-    src_off, dst_off = ([0] * pad + list(v) for v in (src_off, dst_off))
-    extent = [1] * pad + list(extent)
-    kb = KernelBuilder(lw.kernel_name(what), [src.type, dst.type], loc)
-    _copy_nest(lw, kb, kb.args[0], src_off, kb.args[1], dst_off, extent, "buf")
-    lw.launch(kb, [src, dst])
-
-
 def lower_slice(lw, op: gi.SliceOp, loc: str) -> None:
+    """A view: the start folds into the offset, the step into the stride of `dim`."""
     res = op.results[0]
-    out_shape = _shape(res.type)
-    dim, start, end, step = op._params()
+    dim, start, _end, step = op._params()
     src = lw.materialise(op.input)
-    shape = list(_shape(src.type))
-    out = lw.hbm(out_shape, _elem(res.type))
-    L = out_shape[dim]
-    if _prod(out_shape) == 0:
-        lw.values[res] = out
-        return
-    if step > 1 and L > 1:
-        N = shape[dim]
-        if N % step:
-            # copy the span into a buffer padded to L * step along `dim`, then view it
-            span = (L - 1) * step + 1
-            padded = shape[:dim] + [L * step] + shape[dim + 1 :]
-            tmp = lw.hbm(padded, _elem(res.type))
-            ext = shape[:dim] + [span] + shape[dim + 1 :]
-            off = [0] * len(shape)
-            off[dim] = start
-            _copy_kernel(lw, "slice_span", loc, src, off, tmp, [0] * len(shape), ext)
-            src, shape, start, N = tmp, padded, 0, L * step
-        # element start + j*step of dim = element (start//step + j, start%step) of [N/step, step]
-        split = shape[:dim] + [N // step, step] + shape[dim + 1 :]
-        src = lw.view(src, split)
-        off = [0] * len(split)
-        off[dim], off[dim + 1] = start // step, start % step
-        ext = list(out_shape[:dim]) + [L, 1] + list(out_shape[dim + 1 :])
-        dst = lw.view(out, ext)
-        _copy_kernel(lw, "slice", loc, src, off, dst, [0] * len(ext), ext)
-    else:
-        off = [0] * len(shape)
-        off[dim] = start
-        _copy_kernel(lw, "slice", loc, src, off, out, [0] * len(shape), out_shape)
-    lw.values[res] = out
+    strides, offset = lw.layout(src)
+    new = list(strides)
+    new[dim] = strides[dim] * step
+    lw.values[res] = lw.strided(src, _shape(res.type), new, offset + start * strides[dim])
 
 
 def lower_concat(lw, op: gi.ConcatOp, loc: str) -> None:
@@ -213,43 +167,12 @@ def lower_gather_rows(lw, op: gi.GatherRowsOp, loc: str) -> None:
 
 
 def lower_where(lw, op: gi.WhereOp, loc: str) -> None:
+    from tilecc.passes.lower_elementwise import ElementwiseKernel
+
     res = op.results[0]
-    shape = lw._out_shape2(_shape(res.type))
     c, x, y = op.operands
-    if c in lw.scalars:  # a constant condition picks one side
-        chosen = x if lw.scalars[c] != 0.0 else y
-        operand = lw._aligned(chosen, shape)
-
-        def copy(kb, bufs, ob, r, cc):
-            kb.add(tile.UnaryOp("copy", bufs[0], ob, r, cc))
-
-        out = lw.map_kernel("where", loc, shape, _elem(res.type), [operand], copy)
-        lw.values[res] = lw.view(out, _shape(res.type))
-        return
-    sx = lw.scalars.get(x)
-    sy = lw.scalars.get(y)
-    tensors = [c] + [v for v, s in ((x, sx), (y, sy)) if s is None]
-    operands = [lw._aligned(v, shape) for v in tensors]
-
-    def compute(kb, bufs, ob, r, cc):
-        TR, TC = _shape(ob.type)
-        cb = bufs[0]
-        rest = list(bufs[1:])
-        t = kb.alloc([TR, TC], f32, tile.SRAM, "sel")
-        if sx is None:
-            kb.add(tile.BinaryOp("mask", rest.pop(0), cb, t, r, cc))
-        else:
-            kb.add(tile.ScalarOp("mask", cb, sx, t, r, cc, swap=True))
-        nc = kb.alloc([TR, TC], f32, tile.SRAM, "other")
-        kb.add(tile.ScalarOp("eq", cb, 0.0, nc, r, cc))
-        if sy is None:
-            kb.add(tile.BinaryOp("mask", rest.pop(0), nc, nc, r, cc))
-        else:
-            kb.add(tile.ScalarOp("mask", nc, sy, nc, r, cc, swap=True))
-        kb.add(tile.BinaryOp("add", t, nc, ob, r, cc))
-
-    out = lw.map_kernel("where", loc, shape, _elem(res.type), operands, compute)
-    lw.values[res] = lw.view(out, _shape(res.type))
+    ek = ElementwiseKernel(lw, "where", loc, _shape(res.type))
+    lw.finish_elementwise(ek, res, ek.where(ek.leaf(c), ek.leaf(x), ek.leaf(y), _elem(res.type)))
 
 
 # ---------------------------------------------------------------------------
@@ -344,21 +267,19 @@ def _binary(fn: str) -> Callable[[Any, Any, str], None]:
     return lambda lw, op, loc: lw.lower_binary(op, fn, loc)
 
 
+def _elementwise_lowerings() -> dict[type, Callable[[Any, Any, str], None]]:
+    from tilecc.passes.lower_elementwise import _INDEX_BINARY, _INDEX_UNARY
+
+    out: dict[type, Callable[[Any, Any, str], None]] = {t: _unary(fn) for t, fn in _INDEX_UNARY.items()}
+    out.update({t: _binary(fn) for t, fn in _INDEX_BINARY.items()})
+    return out
+
+
 LOWERINGS: dict[type, Callable[[Any, Any, str], None]] = {
+    **_elementwise_lowerings(),
     gi.GatherRowsOp: lower_gather_rows,
     gi.SliceOp: lower_slice,
     gi.ConcatOp: lower_concat,
-    gi.AbsOp: _unary("abs"),
-    gi.LogOp: _unary("log"),
-    gi.ErfOp: _unary("erf"),
-    gi.PowOp: _binary("pow"),
-    gi.MinimumOp: _binary("min"),
-    gi.EqOp: _binary("eq"),
-    gi.NeOp: _binary("ne"),
-    gi.LtOp: _binary("lt"),
-    gi.LeOp: _binary("le"),
-    gi.GtOp: _binary("gt"),
-    gi.GeOp: _binary("ge"),
     gi.WhereOp: lower_where,
     gi.LogSoftmaxOp: lower_log_softmax,
     gi.SdpaOp: lower_sdpa,

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from tilecc.passes.canonicalize_graph import CanonicalizeGraphPass, canonicalize
+from tilecc.passes.fuse_graph import FuseGraphPass, fuse
 from tilecc.passes.graph_to_tile import GraphToTile, LowerGraphToTilePass
 from tilecc.passes.insert_sync import InsertSyncPass, insert_sync
 from tilecc.passes.plan_hbm import PlanHbmPass, plan_hbm
@@ -16,7 +18,10 @@ from tilecc.simulator.config import HardwareConfig
 
 PASSES: dict[str, type[ModulePass]] = {
     p.name: p
-    for p in (LowerGraphToTilePass, PlanSramPass, PlanHbmPass, LowerTileToNpuPass, InsertSyncPass)
+    for p in (
+        CanonicalizeGraphPass, FuseGraphPass, LowerGraphToTilePass, PlanSramPass, PlanHbmPass,
+        LowerTileToNpuPass, InsertSyncPass,
+    )
 }
 
 Stage = tuple[str, Callable[[ModuleOp], None]]
@@ -31,7 +36,13 @@ def default_pipeline(cfg: HardwareConfig, opt_level: int = 2) -> list[Stage]:
     """
     if opt_level not in (0, 2):
         raise ValueError(f"optimisation level {opt_level}: tilecc has -O0 and -O2")
-    return [
+    graph: list[Stage] = []
+    if opt_level >= 2:
+        graph = [
+            ("canonicalize-graph", lambda m: _each_function(m, canonicalize)),
+            ("fuse-graph", lambda m: _each_function(m, fuse)),
+        ]
+    return graph + [
         ("lower-graph-to-tile", lambda m: GraphToTile(cfg, opt_level).run(m)),
         ("plan-sram", lambda m: plan_sram(m, cfg)),
         ("plan-hbm", lambda m: plan_hbm(m, cfg)),
@@ -40,5 +51,20 @@ def default_pipeline(cfg: HardwareConfig, opt_level: int = 2) -> list[Stage]:
     ]
 
 
+def _each_function(module: ModuleOp, fn: Callable) -> None:
+    from xdsl.dialects import func
+
+    for f in module.ops:
+        if isinstance(f, func.FuncOp):
+            fn(f)
+
+
 def pipeline_spec(target: str) -> str:
-    return ",".join(f"{name}{{target={target}}}" for name in PASSES)
+    """The default pipeline as a `tilecc-opt -p` string."""
+    import dataclasses
+
+    def spec(name: str) -> str:
+        fields = {f.name for f in dataclasses.fields(PASSES[name])}
+        return f"{name}{{target={target}}}" if "target" in fields else name
+
+    return ",".join(spec(name) for name in PASSES)

@@ -43,6 +43,7 @@ from xdsl.dialects.builtin import (
     IntegerType,
     MemRefType,
     ModuleOp,
+    NoneAttr,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
@@ -69,16 +70,30 @@ def dtype_of(elem: Attribute) -> DType:
 
 @dataclass(frozen=True)
 class HbmTensor:
+    """An HBM tensor as kernels see it: the root allocation's byte address, the shape,
+    and where its elements lie (element strides and offset from the root; row-major and
+    0 for a tensor of its own)."""
+
     base: int
     shape: tuple[int, ...]
     dtype: DType
+    elem_strides: tuple[int, ...] | None = None
+    offset: int = 0
 
     def strides(self) -> list[int]:
-        out, acc = [], 1
-        for d in reversed(self.shape):
-            out.append(acc)
-            acc *= d
-        return out[::-1]
+        if self.elem_strides is not None:
+            return list(self.elem_strides)
+        return list(tile.row_major(self.shape))
+
+    @property
+    def addr(self) -> int:
+        """Byte address of element 0."""
+        return self.base + self.offset * element_size_of(self.dtype)
+
+    @property
+    def contiguous(self) -> bool:
+        rm = tile.row_major(self.shape)
+        return 0 in self.shape or all(n == 1 or s == r for n, s, r in zip(self.shape, self.strides(), rm))
 
 
 @dataclass(frozen=True)
@@ -214,7 +229,7 @@ class KernelLowering:
         self, t: HbmTensor, indices, row_dim: int, col_dim: int, row_step: int = 1, col_step: int = 1
     ) -> dict[str, int | str]:
         strides = t.strides()
-        addr = Affine(t.base)
+        addr = Affine(t.addr)
         size = int(element_size_of(t.dtype))
         for idx, st in zip(indices, strides, strict=True):
             addr = addr + self.affine(idx).scale(st * size)
@@ -276,8 +291,9 @@ def _store(kl: KernelLowering, op: tile.StoreOp) -> npu.InstructionOp:
         t, op.indices, op.row_dim.value.data, op.col_dim.value.data,
         op.step("row_step"), op.step("col_step"),
     )
+    queue = kl.cfg.dma.queues - 1 if op.queue is None else op.queue.value.data % kl.cfg.dma.queues
     fields = {
-        "queue": kl.cfg.dma.queues - 1,
+        "queue": queue,
         **kl.operand("a", src),
         "o_addr": acc.pop("_addr"),
         "o_dtype": int(t.dtype),
@@ -293,8 +309,10 @@ def _gather(kl: KernelLowering, op: tile.GatherOp) -> npu.InstructionOp:
     index, dst = kl.buf(op.index), kl.buf(op.dst)
     if dst.dtype != t.dtype:
         raise CompileError(f"{kl.name}: tile.gather converts {t.dtype.name} to {dst.dtype.name}; DMA cannot")
-    rows_in_table, row_stride = t.shape[0], t.strides()[0]
-    addr = Affine(t.base) + kl.affine(op.col).scale(element_size_of(t.dtype))
+    rows_in_table, (row_stride, col_stride) = t.shape[0], t.strides()
+    if col_stride != 1:
+        raise CompileError(f"{kl.name}: tile.gather needs a table with contiguous rows")
+    addr = Affine(t.addr) + kl.affine(op.col).scale(element_size_of(t.dtype))
     queue = kl.n_loads % kl.cfg.dma.queues
     kl.n_loads += 1
     fields = {
@@ -338,6 +356,8 @@ def _unary(kl: KernelLowering, op: tile.UnaryOp) -> npu.InstructionOp:
 def _binary(kl: KernelLowering, op: tile.BinaryOp) -> npu.InstructionOp:
     a, b, o = kl.buf(op.lhs), kl.buf(op.rhs), kl.buf(op.output)
     flags = Flag.B_COLUMN if op.rhs_mode.data == "column" else Flag.NONE
+    if op.swap is not None:
+        flags |= Flag.SWAP
     fields = {
         "func": int(BinaryFn[op.fn.data.upper()]),
         "flags": int(flags),
@@ -400,7 +420,14 @@ def hbm_bindings(main: func.FuncOp) -> dict[SSAValue, HbmTensor]:
             src = out[op.source]
             t = op.result.type
             assert isinstance(t, MemRefType)
-            out[op.result] = HbmTensor(src.base, t.get_shape(), src.dtype)
+            shape = tuple(t.get_shape())
+            if isinstance(t.layout, NoneAttr):  # the source's bytes, row-major
+                if not src.contiguous:
+                    raise CompileError(f"lower-tile-to-npu: {t} reshapes a non-contiguous view")
+                out[op.result] = HbmTensor(src.base, shape, src.dtype, None, src.offset)
+            else:
+                strides, offset = tile.layout_of(t)
+                out[op.result] = HbmTensor(src.base, shape, src.dtype, strides, offset)
     return out
 
 

@@ -11,6 +11,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import MemRefType, ModuleOp
 
 from tilecc.codegen.expand import expand_module
+from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.registry import default_pipeline
@@ -62,6 +63,7 @@ def compile_graph(
         hbm_size=layout.hbm_size,
         config=cfg,
         work=work_figures(stream, layout, cfg),
+        meta={"hbm": layout.hbm_plan},
     )
     if stats is not None:
         stats.total_seconds = time.perf_counter() - t0
@@ -75,13 +77,16 @@ class _Layout:
     weights: list[TensorSpec]
     weight_data: dict[str, np.ndarray]
     hbm_size: int
+    hbm_plan: dict[str, int]  # bytes: size, persistent (inputs, weights, constants), intermediates
 
 
 def _spec(name: str, t: HbmTensor, torch_dtype: str = "") -> TensorSpec:
     native = numerics.DTYPE_TO_TORCH.get(t.dtype)
     if native is not None and torch_dtype == str(native).removeprefix("torch."):
         torch_dtype = ""  # the element type's own dtype: nothing to convert
-    return TensorSpec(name, t.base, tuple(t.shape), t.dtype, torch_dtype)
+    if not t.contiguous:
+        raise CompileError(f"tensor '{name}' is a strided view; program inputs and outputs are dense")
+    return TensorSpec(name, t.addr, tuple(t.shape), t.dtype, torch_dtype)
 
 
 def _at(names: list[str], i: int) -> str:
@@ -118,8 +123,16 @@ def _read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
         _spec(gp.output_names[i] if i < len(gp.output_names) else f"out{i}", bound[v], _at(gp.output_dtypes, i))
         for i, v in enumerate(ret.arguments)
     ]
-    hbm_size = module.attributes["tile.hbm_size"].value.data
-    return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size)
+    attrs = module.attributes
+    hbm_size = attrs["tile.hbm_size"].value.data
+    peak = attrs["tile.hbm_intermediate_peak"].value.data
+    plan = {
+        "size": hbm_size,
+        "persistent": hbm_size - peak,
+        "intermediate_peak": peak,
+        "intermediate_total": attrs["tile.hbm_intermediate_total"].value.data,
+    }
+    return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size, plan)
 
 
 def work_figures(stream: np.ndarray, layout: _Layout, cfg: HardwareConfig) -> dict[str, float]:

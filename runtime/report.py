@@ -89,6 +89,9 @@ class Report:
     bytes_moved: dict[str, int] = field(default_factory=dict)
     # simulator.energy.Energy as a dict: *_pj components, total_pj, joules, watts, ...
     energy: dict[str, float] = field(default_factory=dict)
+    # HBM footprint (bytes): size, persistent (inputs, weights, constants), and the
+    # intermediates' peak (shared by liveness, plan-hbm) against their sum
+    hbm_plan: dict[str, int] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +117,13 @@ class Report:
         lines.append(
             f"HBM traffic       {self.hbm_bytes:,} bytes (compulsory {self.compulsory_hbm_bytes:,})"
         )
+        hp = self.hbm_plan
+        if hp:
+            lines.append(
+                f"HBM footprint     {hp['size']:,} bytes: inputs, weights and constants "
+                f"{hp['persistent']:,}, intermediates {hp['intermediate_peak']:,} at peak "
+                f"(sum {hp['intermediate_total']:,})"
+            )
         if b:
             lines.append(
                 f"memory traffic    HBM read {b.get('hbm_read', 0):,} written {b.get('hbm_written', 0):,}, "
@@ -137,7 +147,10 @@ class Report:
 _SHORT = {"semaphore": "sem", "hbm_bandwidth": "hbm"}
 
 
-def make_report(sim, work: dict[str, float], cfg: HardwareConfig, simulate_seconds: float) -> Report:
+def make_report(
+    sim, work: dict[str, float], cfg: HardwareConfig, simulate_seconds: float,
+    hbm_plan: dict[str, int] | None = None,
+) -> Report:
     comps = roofline(work, cfg)
     bottleneck = max(comps, key=lambda k: comps[k])
     bound = max(max(comps.values()), 1.0)
@@ -169,4 +182,5 @@ def make_report(sim, work: dict[str, float], cfg: HardwareConfig, simulate_secon
             "accumulator": int(getattr(sim, "acc_bytes", 0)),
         },
         energy=energy.to_dict(),
+        hbm_plan=dict(hbm_plan or {}),
     )

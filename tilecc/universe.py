@@ -32,7 +32,11 @@ def _pass(name: str):
     return get
 
 
-PASS_NAMES = ("lower-graph-to-tile", "plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync")
+# the names of passes.registry.PASSES, kept here so the plugin loads passes lazily
+PASS_NAMES = (
+    "canonicalize-graph", "fuse-graph", "lower-graph-to-tile", "plan-sram", "plan-hbm",
+    "lower-tile-to-npu", "npu-insert-sync",
+)
 
 UNIVERSE = Universe(
     all_dialects={"graph": _graph, "tile": _tile, "npu": _npu},

@@ -1,0 +1,424 @@
+"""fuse-graph: group the graph ops that become one kernel into `graph.fused` regions.
+
+Each group keeps its intermediates on chip; only its outputs (values used outside the
+group) reach HBM. Groups, formed greedily in program order (as XLA's and TVM's
+producer-consumer fusion do):
+
+- **matmul** (kind ``matmul``): a `graph.matmul` with its epilogue (elementwise ops on
+  its result: bias, activation, residual add, scaling, casts) and, when the A operand
+  is a layer norm used only by this matmul, that layer norm (with its own prologue)
+  as the producer of the A rows;
+- **row-wise** (kind ``rowwise``): a layer norm over the last dim, a softmax or
+  log_softmax along the last dim, with an elementwise prologue producing its input
+  (a residual add: its value, used later, becomes a second output) and an
+  elementwise epilogue;
+- **elementwise** (kind ``elementwise``): connected elementwise ops over one iteration
+  space (e.g. a decomposed activation), any number of inputs and outputs.
+
+A convolution's chain of single-use elementwise consumers (batch norm, residual add,
+activation) is left to the convolution lowering, which fuses it into its epilogue.
+
+Shapes that differ only by unit dims are one iteration space, so a reshape that only
+adds or removes unit dims fuses (``[512, 3072] -> [1, 512, 3072]``). Scalar constants
+are cloned into the regions (they become immediates); weights and larger constants are
+inputs. A group is formed only when no path leaves it and re-enters it (the result
+stays acyclic); the function is then re-ordered topologically.
+
+Before::
+
+    %m = graph.matmul %a, %w : ...
+    %y = graph.add %m, %bias : ...
+    %z = graph.gelu %y approximate "tanh" : ...
+
+After::
+
+    %z = graph.fused "matmul" (%a, %w, %bias) : (...) -> tensor<...> {
+    ^bb0(%a1: ..., %w1: ..., %b1: ...):
+      %m = graph.matmul %a1, %w1 : ...
+      %y = graph.add %m, %b1 : ...
+      %z1 = graph.gelu %y approximate "tanh" : ...
+      graph.yield %z1 : ...
+    }
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+
+from tilecc.errors import CompileError
+from tilecc.ir import graph as g
+from tilecc.ir import graph_index as gi
+from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.passes.lower_elementwise import elementwise_fn
+
+
+def squeezed(t) -> tuple[int, ...]:
+    assert isinstance(t, TensorType)
+    return tuple(int(d) for d in t.get_shape() if d != 1)
+
+
+def is_transparent(op: Operation) -> bool:
+    """A reshape that only adds or removes unit dims."""
+    return isinstance(op, g.ReshapeOp) and squeezed(op.operands[0].type) == squeezed(op.results[0].type)
+
+
+def is_free(op: Operation) -> bool:
+    return isinstance(op, (g.WeightOp, g.ConstantOp))
+
+
+def is_scalar_const(op: Operation | None) -> bool:
+    return isinstance(op, g.ConstantOp) and op.values().size == 1
+
+
+def is_elementwise(op: Operation) -> bool:
+    return elementwise_fn(op) is not None or isinstance(op, g.ReshapeOp)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def compatible(op: Operation, space: tuple[int, ...], inside: set[Operation]) -> bool:
+    """Whether elementwise `op` computes in a group of iteration space `space`: its
+    result is that space up to unit dims, or has as many elements (a reshape in
+    between) with every operand from outside the group a scalar or a whole tensor
+    (viewed in the group's space; a broadcast would not map)."""
+    mine = squeezed(op.results[0].type)
+    if mine == space:
+        return True
+    if _numel(mine) != _numel(space):
+        return False
+    for v in op.operands:
+        p = v.owner
+        if isinstance(p, Operation) and p in inside:
+            continue
+        if not (is_scalar_const(p) or _numel(squeezed(v.type)) == _numel(space)):
+            return False
+    return True
+
+
+def is_rowwise(op: Operation) -> bool:
+    """The row-wise ops a fused kernel computes on whole rows of the last dim."""
+    if isinstance(op, g.LayerNormOp):
+        shape = op.results[0].type.get_shape()
+        return op.properties["normalized_ndim"].value.data == 1 and len(shape) >= 1 and shape[-1] > 1
+    if isinstance(op, (g.SoftmaxOp, gi.LogSoftmaxOp)):
+        shape = op.results[0].type.get_shape()
+        dim = op.properties["dim"].value.data if isinstance(op, g.SoftmaxOp) else op.axis
+        return len(shape) >= 1 and dim == len(shape) - 1 and shape[-1] > 1
+    return False
+
+
+def is_matmul(op: Operation) -> bool:
+    return isinstance(op, g.MatmulOp) and all(len(v.type.get_shape()) >= 2 for v in op.operands)
+
+
+@dataclass(eq=False)
+class _Group:
+    kind: str
+    anchor: Operation | None
+    ops: list[Operation] = field(default_factory=list)
+    # values computed from the anchor's result (a matmul's epilogue works on them only)
+    epilogue: set[SSAValue] = field(default_factory=set)
+
+    @property
+    def space(self) -> tuple[int, ...]:
+        """The iteration space an elementwise op joins: the anchor's result space."""
+        op = self.anchor if self.anchor is not None else self.ops[0]
+        return squeezed(op.results[0].type)
+
+
+class Fuser:
+    def __init__(self, fn: func.FuncOp):
+        self.fn = fn
+        self.pos = {op: i for i, op in enumerate(fn.body.block.ops)}
+        self.group: dict[Operation, _Group] = {}
+
+    # ---- legality ---------------------------------------------------------------
+    def legal(self, ops: set[Operation]) -> bool:
+        """No path from `ops` through ops outside back into `ops`."""
+        last = max(self.pos[o] for o in ops)
+        seen: set[Operation] = set()
+        frontier = [u.operation for o in ops for r in o.results for u in r.uses if u.operation not in ops]
+        while frontier:
+            op = frontier.pop()
+            if op in seen or op not in self.pos or self.pos[op] > last:
+                continue
+            seen.add(op)
+            for r in op.results:
+                for u in r.uses:
+                    if u.operation in ops:
+                        return False
+                    frontier.append(u.operation)
+        return True
+
+    def merge(self, into: _Group, other: _Group) -> None:
+        into.ops = sorted(set(into.ops) | set(other.ops), key=self.pos.__getitem__)
+        into.epilogue |= other.epilogue
+        for o in other.ops:
+            self.group[o] = into
+
+    def add(self, grp: _Group, op: Operation, epilogue: bool) -> None:
+        grp.ops.append(op)
+        self.group[op] = grp
+        if epilogue:
+            grp.epilogue.update(op.results)
+
+    # ---- grouping ---------------------------------------------------------------
+    def run(self) -> int:
+        owned = _conv_epilogues(self.fn)
+        for op in list(self.fn.body.block.ops):
+            if op in owned:
+                continue
+            if is_matmul(op):
+                grp = _Group("matmul", op, [op], set(op.results))
+                self.group[op] = grp
+                self.matmul_prologue(grp)
+            elif is_rowwise(op):
+                grp = _Group("rowwise", op, [op], set(op.results))
+                self.group[op] = grp
+                self.rowwise_prologue(grp)
+            elif is_elementwise(op):
+                self.place(op)
+        return self.materialise()
+
+    def producer_group(self, v: SSAValue) -> _Group | None:
+        op = v.owner
+        return self.group.get(op) if isinstance(op, Operation) else None
+
+    def rowwise_prologue(self, grp: _Group) -> None:
+        """An elementwise group producing the row-wise op's input joins as its prologue."""
+        prod = self.producer_group(grp.anchor.operands[0])  # type: ignore[union-attr]
+        if prod is None or prod.kind != "elementwise":
+            return
+        if any(not compatible(o, grp.space, set(prod.ops)) for o in prod.ops):
+            return
+        if self.legal(set(prod.ops) | set(grp.ops)):
+            self.merge(grp, prod)
+            grp.epilogue = set(grp.anchor.results)  # type: ignore[union-attr]
+
+    def matmul_prologue(self, grp: _Group) -> None:
+        """A layer norm (with its prologue, no epilogue) whose result only this matmul
+        reads, as its A operand rows: computed on chip, never stored."""
+        mm = grp.anchor
+        assert mm is not None
+        a = mm.operands[0]
+        chain: list[Operation] = []
+        while isinstance(a.owner, g.ReshapeOp) and is_transparent(a.owner) and a.has_one_use():
+            chain.append(a.owner)
+            a = a.owner.operands[0]
+        ln = a.owner
+        prod = self.group.get(ln) if isinstance(ln, Operation) else None
+        if prod is None or prod.kind != "rowwise" or not isinstance(ln, g.LayerNormOp) or not a.has_one_use():
+            return
+        if prod.anchor is not ln or any(self.pos[o] > self.pos[ln] for o in prod.ops):
+            return  # the layer norm's group has an epilogue: keep it a kernel of its own
+        if len(mm.operands[0].type.get_shape()) != 2 or len(mm.operands[1].type.get_shape()) != 2:
+            return
+        merged = set(prod.ops) | set(grp.ops) | set(chain)
+        if self.legal(merged):
+            for c in chain:
+                self.group[c] = grp
+            grp.ops = sorted(merged, key=self.pos.__getitem__)
+            for o in prod.ops:
+                self.group[o] = grp
+
+    def place(self, op: Operation) -> None:
+        cands: list[_Group] = []
+        for v in op.operands:
+            grp = self.producer_group(v)
+            if grp is None or grp in cands or not compatible(op, grp.space, set(grp.ops)):
+                continue
+            if grp.kind == "matmul" and v not in grp.epilogue:
+                continue  # a matmul's prologue values are rows of A, not output tiles
+            if grp.kind == "rowwise" and grp.anchor is not None and self.pos[grp.anchor] > self.pos[op]:
+                continue
+            cands.append(grp)
+        anchored = [c for c in cands if c.kind != "elementwise"]
+        target: _Group | None = None
+        for c in anchored + [c for c in cands if c.kind == "elementwise"]:
+            if self.legal(set(c.ops) | {op}):
+                target = c
+                break
+        if target is None:
+            grp = _Group("elementwise", None, [op])
+            self.group[op] = grp
+            return
+        on_epilogue = any(v in target.epilogue for v in op.operands)
+        self.add(target, op, on_epilogue or target.kind == "elementwise")
+        if target.kind == "elementwise":
+            target.epilogue.update(op.results)
+        for c in cands:  # other elementwise producers in the same space join too
+            if c is target or c.kind != "elementwise" or self.group.get(op) is not target:
+                continue
+            if c.space != target.space:
+                continue
+            if self.legal(set(c.ops) | set(target.ops)):
+                self.merge(target, c)
+        target.ops.sort(key=self.pos.__getitem__)
+
+    # ---- rewriting --------------------------------------------------------------
+    def materialise(self) -> int:
+        """Wrap every group of two or more ops in a graph.fused; re-order the body."""
+        block = self.fn.body.block
+        ops = list(block.ops)
+        for grp in {id(x): x for x in self.group.values()}.values():
+            _trim(grp)
+        self.group = {o: grp for grp in {id(x): x for x in self.group.values()}.values() for o in grp.ops}
+        groups: list[_Group] = []
+        for op in ops:
+            grp = self.group.get(op)
+            if grp is not None and grp not in groups and len([o for o in grp.ops if not is_transparent(o)]) >= 2:
+                groups.append(grp)
+        if not groups:
+            return 0
+        unit: dict[Operation, object] = {op: op for op in ops}
+        for grp in groups:
+            for o in grp.ops:
+                unit[o] = grp
+        order = _topological(ops, unit, self.pos)
+        for op in ops:
+            op.detach()
+        for u in order:
+            if isinstance(u, _Group):
+                block.add_op(self.build(u))
+            else:
+                block.add_op(u)  # type: ignore[arg-type]
+        for grp in groups:
+            for o in reversed(grp.ops):
+                o.erase()
+        return len(groups)
+
+    def build(self, grp: _Group) -> FusedOp:
+        inside = set(grp.ops)
+        inputs: list[SSAValue] = []
+        scalars: list[Operation] = []
+        for o in grp.ops:
+            for v in o.operands:
+                p = v.owner
+                if isinstance(p, Operation) and p in inside:
+                    continue
+                if is_scalar_const(p):
+                    if p not in scalars:
+                        scalars.append(p)  # type: ignore[arg-type]
+                elif v not in inputs:
+                    inputs.append(v)
+        outputs = [r for o in grp.ops for r in o.results if any(u.operation not in inside for u in r.uses)]
+        body = Block(arg_types=[v.type for v in inputs])
+        mapping: dict[SSAValue, SSAValue] = dict(zip(inputs, body.args))
+        for c in scalars:
+            clone = c.clone()
+            body.add_op(clone)
+            mapping[c.results[0]] = clone.results[0]
+        for o in grp.ops:
+            clone = o.clone(value_mapper=mapping)
+            body.add_op(clone)
+            for a, b in zip(o.results, clone.results):
+                mapping[a] = b
+        body.add_op(YieldOp(*[mapping[v] for v in outputs]))
+        fused = FusedOp(grp.kind, inputs, [v.type for v in outputs], Region(body))
+        anchor = grp.anchor if grp.anchor is not None else grp.ops[0]
+        g.set_loc(fused, g.source_loc(anchor))
+        for v, r in zip(outputs, fused.results):
+            v.replace_all_uses_with(r)
+        return fused
+
+
+def _conv_epilogues(fn: func.FuncOp) -> set[Operation]:
+    """The chains of single-use elementwise ops after each convolution: the convolution
+    lowering fuses them into its own epilogue (passes/lower_nn.py), so they are left out
+    of the groups formed here."""
+    from tilecc.ir import graph_nn as nn
+
+    owned: set[Operation] = set()
+    for op in fn.body.block.ops:
+        if not isinstance(op, nn.Conv2dOp):
+            continue
+        cur = op.results[0]
+        while cur.has_one_use():
+            user = cur.get_user_of_unique_use()
+            if user is None or elementwise_fn(user) is None or user.results[0].type != cur.type:
+                break
+            owned.add(user)
+            cur = user.results[0]
+    return owned
+
+
+def _trim(grp: _Group) -> None:
+    """Drop reshapes at a group's edge: one only the outside uses is a free view of the
+    group's output, one of an input only feeding such reshapes is a view of the input."""
+    changed = True
+    while changed:
+        changed = False
+        inside = set(grp.ops)
+        for o in list(grp.ops):
+            if not isinstance(o, g.ReshapeOp) or o is grp.anchor:
+                continue
+            users_inside = any(u.operation in inside for u in o.results[0].uses)
+            src = o.operands[0].owner
+            from_inside = isinstance(src, Operation) and src in inside
+            if not users_inside or not from_inside:
+                grp.ops.remove(o)
+                changed = True
+
+
+def _topological(ops: list[Operation], unit: dict[Operation, object], pos: dict[Operation, int]) -> list[object]:
+    """Units (ops or groups) in an order where each comes after the units it uses;
+    ties keep the original program order."""
+    first: dict[int, int] = {}
+    by_id: dict[int, object] = {}
+    for op in ops:
+        u = unit[op]
+        first.setdefault(id(u), pos[op])
+        by_id[id(u)] = u
+    users: dict[int, set[int]] = {k: set() for k in first}
+    pending: dict[int, set[int]] = {k: set() for k in first}
+    for op in ops:
+        me = id(unit[op])
+        for v in op.operands:
+            p = v.owner
+            if isinstance(p, Operation) and p in unit and id(unit[p]) != me:
+                pending[me].add(id(unit[p]))
+                users[id(unit[p])].add(me)
+    heap = [(first[k], k) for k in first if not pending[k]]
+    heapq.heapify(heap)
+    order: list[object] = []
+    while heap:
+        _, k = heapq.heappop(heap)
+        order.append(by_id[k])
+        for w in sorted(users[k], key=first.__getitem__):
+            pending[w].discard(k)
+            if not pending[w]:
+                heapq.heappush(heap, (first[w], w))
+    if len(order) != len(first):
+        raise CompileError("fuse-graph: the fusion groups form a cycle")
+    return order
+
+
+def fuse(fn: func.FuncOp) -> int:
+    """Fuse the ops of `fn` in place; the number of groups formed."""
+    from tilecc.passes.canonicalize_graph import dead_code
+
+    n = Fuser(fn).run()
+    dead_code(fn)
+    return n
+
+
+@dataclass(frozen=True)
+class FuseGraphPass(ModulePass):
+    name = "fuse-graph"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for f in op.ops:
+            if isinstance(f, func.FuncOp):
+                fuse(f)

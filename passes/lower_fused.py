@@ -1,0 +1,172 @@
+"""Lowering of `graph.fused` groups (from fuse-graph) to single kernels.
+
+- ``elementwise`` and ``rowwise`` groups become one `ElementwiseKernel`
+  (passes/lower_elementwise.py): the region's ops are the DAG's nodes, its block
+  arguments the leaves (loaded once per tile), its yielded values the outputs; a
+  row-wise op makes tiles hold whole rows.
+- ``matmul`` groups lower as up to three kernels: the prologue (a layer norm producing
+  A, with its own prologue) as one row-wise kernel, the matmul, and the epilogue as
+  one elementwise kernel.
+"""
+
+from __future__ import annotations
+
+from xdsl.ir import Operation, SSAValue
+
+from tilecc.errors import CompileError
+from tilecc.ir import graph as g
+from tilecc.ir import graph_index as gi
+from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.passes.lower_elementwise import ElementwiseKernel, add_graph_op, elementwise_fn
+
+
+def _shape(v: SSAValue) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.type.get_shape())  # type: ignore[attr-defined]
+
+
+def squeezed2(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The iteration space of a group: unit dims dropped, at least 2 dims."""
+    s = tuple(d for d in shape if d != 1)
+    return (1,) * (2 - len(s)) + s if len(s) < 2 else s
+
+
+def lower_fused(lw, op: FusedOp, loc: str) -> None:
+    kind = op.kind.data
+    _bind(lw, op)
+    if kind in ("elementwise", "rowwise"):
+        y = op.block.last_op
+        assert isinstance(y, YieldOp)
+        ops = [o for o in op.block.ops if o is not y]
+        lower_subdag(lw, ops, list(y.values), loc, _kernel_name(op), _space(ops))
+    elif kind == "matmul":
+        lower_matmul_group(lw, op, loc)
+    else:
+        lower_unfused(lw, op)
+    _results(lw, op)
+
+
+def _bind(lw, op: FusedOp) -> None:
+    """Block arguments stand for the group's inputs; scalar constants are immediates."""
+    for arg, v in zip(op.block.args, op.inputs, strict=True):
+        if v in lw.scalars:
+            lw.scalars[arg] = lw.scalars[v]
+        else:
+            lw.values[arg] = lw.materialise(v)
+    for inner in op.block.ops:
+        if isinstance(inner, g.ConstantOp):
+            lw.lower(inner)
+
+
+def _results(lw, op: FusedOp) -> None:
+    y = op.block.last_op
+    assert isinstance(y, YieldOp)
+    for res, v in zip(op.results, y.values, strict=True):
+        if v in lw.scalars:
+            lw.scalars[res] = lw.scalars[v]
+        else:
+            lw.values[res] = lw.values[v]
+
+
+def lower_unfused(lw, op: FusedOp) -> None:
+    """The region's ops one by one (each its own kernel)."""
+    for inner in op.block.ops:
+        if not isinstance(inner, (YieldOp, g.ConstantOp)):
+            lw.lower(inner)
+
+
+def lower_matmul_group(lw, op: FusedOp, loc: str) -> None:
+    """A matmul with its prologue (the ops before it: a layer norm producing A) and
+    epilogue (the ops after it)."""
+    ops = [o for o in op.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
+    mm = next(o for o in ops if isinstance(o, g.MatmulOp))
+    y = op.block.last_op
+    assert isinstance(y, YieldOp)
+    pro, epi = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]
+    if pro:
+        lower_subdag(lw, pro, _needed(pro, [mm, *epi], y), loc, _ops_name(pro), _space(pro))
+    lw.lower(mm)
+    if epi:
+        lower_subdag(lw, epi, _needed(epi, [], y), loc, _ops_name(epi), squeezed2(_shape(mm.results[0])))
+
+
+def _needed(part: list[Operation], later: list[Operation], y: YieldOp) -> list[SSAValue]:
+    """Values computed in `part` that `later` ops or the group's outputs use."""
+    used = {v for o in later for v in o.operands} | set(y.values)
+    return [r for o in part for r in o.results if r in used]
+
+
+def _space(ops: list[Operation]) -> tuple[int, ...]:
+    """The iteration space of a group's ops: its row-wise op's, else its first
+    computing op's (reshapes in a group keep the element count)."""
+    rows = [o for o in ops if isinstance(o, (g.LayerNormOp, g.SoftmaxOp, gi.LogSoftmaxOp))]
+    ops = rows or [o for o in ops if not isinstance(o, (g.ReshapeOp, g.ConstantOp))] or ops
+    return squeezed2(_shape(ops[0].results[0]))
+
+
+def lower_subdag(
+    lw, ops: list[Operation], outputs: list[SSAValue], loc: str, name: str, space: tuple[int, ...]
+) -> None:
+    """Elementwise / row-wise `ops` as one kernel computing `outputs` over `space`
+    (their other operands are lowered values: HBM tensors or immediates)."""
+    ek = ElementwiseKernel(lw, name, loc, space)
+    ref: dict[SSAValue, int] = {}
+    inside = {r for o in ops for r in o.results}
+    args = {v: v for o in ops for v in o.operands if v not in inside}
+    build_dag(ek, lw, ops, args, ref)
+    for v in outputs:
+        ek.output(ref[v], v.type.element_type)  # type: ignore[attr-defined]
+    for v, out in zip(outputs, ek.build(), strict=True):
+        lw.values[v] = lw.view(out, _shape(v))
+
+
+def build_dag(ek: ElementwiseKernel, lw, ops, args: dict[SSAValue, SSAValue], ref: dict[SSAValue, int]) -> None:
+    """Nodes of `ek` for the elementwise / row-wise graph ops `ops`; `args` maps block
+    arguments to the (lowered) graph values they stand for, `ref` collects the node of
+    every value computed."""
+
+    def use(v: SSAValue, at: tuple[int, ...]) -> int:
+        if v in ref:
+            return ref[v]
+        if v in args:
+            return ek.leaf_at(args[v], at)
+        raise CompileError(f"fused kernel {ek.what}: value {v} is defined outside the group")
+
+    for o in ops:
+        if isinstance(o, YieldOp):
+            return
+        res = o.results[0]
+        at = _shape(res)
+        if isinstance(o, g.ConstantOp):
+            data = o.values()
+            if data.size != 1:
+                raise CompileError(f"fused kernel {ek.what}: a tensor constant inside the group")
+            ref[res] = ek.imm(float(data.reshape(-1)[0]))
+        elif isinstance(o, g.ReshapeOp):
+            ref[res] = use(o.operands[0], _shape(o.operands[0]))
+        elif elementwise_fn(o) is not None:
+            ref[res] = add_graph_op(ek, o, [use(v, at) for v in o.operands])
+        elif isinstance(o, g.LayerNormOp):
+            x, w, b = o.operands
+            eps = o.properties["eps"].value.data
+            ref[res] = ek.rowwise("layer_norm", [use(x, at), use(w, at), use(b, at)], res.type.element_type, eps)
+        elif isinstance(o, g.SoftmaxOp):
+            ref[res] = ek.rowwise("softmax", [use(o.operands[0], at)], res.type.element_type)
+        elif isinstance(o, gi.LogSoftmaxOp):
+            ref[res] = ek.rowwise("log_softmax", [use(o.operands[0], at)], res.type.element_type)
+        else:
+            raise CompileError(f"fused kernel {ek.what}: {o.name} cannot be part of an elementwise group")
+
+
+def _kernel_name(op: FusedOp) -> str:
+    return _ops_name(list(op.block.ops))
+
+
+def _ops_name(ops: list[Operation]) -> str:
+    """`add` for one op, `fused_<anchor or first op>` for several."""
+    names = [o.name.removeprefix("graph.") for o in ops if not isinstance(o, (YieldOp, g.ConstantOp, g.ReshapeOp))]
+    anchor = next((n for n in names if n in ("layer_norm", "softmax", "log_softmax", "matmul")), None)
+    head = anchor or (names[0] if names else "fused")
+    return f"fused_{head}" if len(names) > 1 else head
+
+
+__all__ = ["lower_fused", "lower_unfused", "build_dag", "lower_subdag", "squeezed2"]
