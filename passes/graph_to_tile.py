@@ -105,6 +105,11 @@ class GraphToTile:
         self.main_ops: list[Operation] = []
         self.values: dict[SSAValue, SSAValue] = {}
         self.scalars: dict[SSAValue, float] = {}
+        # store-side layout absorption: a result whose only user is a permute keeping
+        # the innermost dim may be written straight into the permute's (dense) buffer
+        # through a strided view (`output_buffer`); `absorbed` records where it was
+        self.layout_requests: dict[SSAValue, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.absorbed: dict[SSAValue, SSAValue] = {}
         from tilecc.passes import lower_index, lower_nn
 
         # op families lowered in their own files: op class -> fn(lowering, op, loc)
@@ -181,6 +186,36 @@ class GraphToTile:
         self.kernels.append(kb.finish())
         self.emit(func.CallOp(kb.func.sym_name.data, list(args), []))
 
+    def output_buffer(self, res: SSAValue, elem: Attribute | None = None) -> SSAValue:
+        """The HBM tensor a kernel writes graph value `res` into: a fresh one, or a
+        strided view of its consumer permute's buffer (the permute is then free)."""
+        req = self.layout_requests.pop(res, None)
+        if req is None:
+            return self.hbm(_shape(res.type), elem if elem is not None else _elem(res.type))
+        out_shape, strides = req
+        buf = self.hbm(out_shape, _elem(res.type))
+        self.absorbed[res] = buf
+        return self.strided(buf, _shape(res.type), strides, 0)
+
+    def request_layout(self, op: Operation) -> None:
+        """Offer `op`'s result the layout of its only user, a permute that keeps the
+        innermost dim (its rows stay contiguous)."""
+        if len(op.results) != 1 or not op.results[0].has_one_use():
+            return
+        res = op.results[0]
+        user = res.get_user_of_unique_use()
+        if not isinstance(user, g.PermuteOp):
+            return
+        perm = [int(p) for p in user.properties["perm"].get_values()]
+        if len(perm) < 2 or perm[-1] != len(perm) - 1:
+            return
+        out_shape = _shape(user.results[0].type)
+        strides = tile.row_major(out_shape)
+        inv = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inv[p] = i
+        self.layout_requests[res] = (out_shape, tuple(strides[inv[d]] for d in range(len(perm))))
+
     def kernel_name(self, what: str) -> str:
         return f"k{len(self.kernels)}_{what}"
 
@@ -205,7 +240,10 @@ class GraphToTile:
             if isinstance(op, func.ReturnOp):
                 outputs = [self.dense(self.materialise(v)) for v in op.arguments]
                 continue
+            self.request_layout(op)
             self.lower(op)
+            if op.results:
+                self.layout_requests.pop(op.results[0], None)
         out_types = [v.type for v in outputs]
         main = func.FuncOp("main", ([], out_types))
         for op in self.main_ops:
@@ -313,7 +351,7 @@ class GraphToTile:
         if value is not None:
             self.scalars[res] = value
             return
-        ek.output(ref, _elem(res.type))
+        ek.output(ref, _elem(res.type), value=res)
         self.values[res] = ek.build()[0]
 
     def lower_binary(self, op: Operation, fn: str, loc: str) -> None:
@@ -339,6 +377,9 @@ class GraphToTile:
         rows), else a transposing copy."""
         res = op.results[0]
         perm = [int(p) for p in op.properties["perm"].get_values()]
+        if op.operands[0] in self.absorbed:  # the producer wrote this permute's layout
+            self.values[res] = self.absorbed[op.operands[0]]
+            return
         src = self.materialise(op.operands[0])
         out_shape = _shape(res.type)
         if len(out_shape) < 2 or perm[-1] == len(perm) - 1:

@@ -119,6 +119,7 @@ class ElementwiseKernel:
         self.shape = tuple(int(d) for d in out_shape)
         self.values: list[Value] = []
         self.outputs: list[tuple[int, Attribute]] = []
+        self.out_values: list[SSAValue | None] = []
 
     # ---- building the DAG --------------------------------------------------------
     def leaf(self, v: SSAValue) -> int:
@@ -202,22 +203,24 @@ class ElementwiseKernel:
         v = self.values[ref]
         return v.value if isinstance(v, Imm) else None
 
-    def output(self, ref: int, elem: Attribute) -> None:
+    def output(self, ref: int, elem: Attribute, value: SSAValue | None = None) -> None:
         """Store value `ref` as an output of element type `elem` (a leaf of that type is
-        stored straight from its load buffer: a copy without vector work)."""
+        stored straight from its load buffer: a copy without vector work). `value` is
+        the graph value it computes, whose buffer `GraphToTile.output_buffer` picks."""
         v = self.values[ref]
         if isinstance(v, Imm):
             raise CompileError(f"{self.what} at {self.loc}: a constant output has no elementwise kernel")
         if _elem_of(v) != elem or any(r == ref for r, _ in self.outputs):
             ref = self.unary("copy", ref, elem)
         self.outputs.append((ref, elem))
+        self.out_values.append(value)
 
     # ---- lowering ----------------------------------------------------------------
     def build(self) -> list[SSAValue]:
         """Emit and launch the kernel; the HBM tensors of the outputs (at `shape`)."""
         lw = self.lw
-        outs = [lw.hbm(self.shape, elem) for _, elem in self.outputs]
         full = self.shape if len(self.shape) >= 2 else lw._out_shape2(self.shape)
+        outs = [self._out_buffer(value, elem, full) for (_, elem), value in zip(self.outputs, self.out_values)]
         leaves = [i for i, v in enumerate(self.values) if isinstance(v, Leaf)]
         operands = [_Operand(self.values[i].value, self.values[i].imap) for i in leaves]  # type: ignore[union-attr]
         operands += [_Operand(lw.view(o, full), list(range(len(full)))) for o in outs]
@@ -231,6 +234,18 @@ class ElementwiseKernel:
         plan = self._plan(kshape)
         self._emit(kshape, plan, leaves, out_ops)
         return outs
+
+    def _out_buffer(self, value: SSAValue | None, elem: Attribute, full: Sequence[int]) -> SSAValue:
+        """An output's HBM tensor at the iteration space's shape: the buffer the graph
+        value asks for (`output_buffer`) when it reshapes to the space for free."""
+        from tilecc.passes.graph_to_tile import reshape_strides
+
+        lw = self.lw
+        if value is not None and value in lw.layout_requests:
+            _, strides = lw.layout_requests[value]
+            if reshape_strides(tuple(value.type.get_shape()), strides, self.shape) is not None:  # type: ignore[attr-defined]
+                return lw.view(lw.output_buffer(value, elem), self.shape)
+        return lw.hbm(self.shape, elem)
 
     def _kernel_space(self, full: Sequence[int], operands: list[_Operand]) -> tuple[tuple[int, ...], list[_Operand]]:
         """The iteration space the kernel walks: unit dims dropped, dims every operand
@@ -372,105 +387,40 @@ class ElementwiseKernel:
         return _Plan(extents, tiles, trips, b, D)
 
     def _emit(self, kshape: tuple[int, ...], plan: _Plan, leaves: list[int], out_ops: list[_Operand]) -> None:
-        out_views = [o.value for o in out_ops]
         lw = self.lw
         rank = len(kshape)
         leaf_args = [self.values[i].value for i in leaves]  # type: ignore[union-attr]
+        out_views = [o.value for o in out_ops]
         kb = KernelBuilder(lw.kernel_name(self.what), [v.type for v in leaf_args] + [v.type for v in out_views], self.loc)
-        arg_of = {i: kb.args[j] for j, i in enumerate(leaves)}
-        out_args = list(kb.args[len(leaves):])
         TR, TC = plan.tiles[-2], plan.tiles[-1]
-        stored = {ref: k for k, (ref, _) in enumerate(self.outputs)}
 
         # depth of each leaf: the innermost loop with >= 2 tiles whose index it uses
-        def depth(leaf: Leaf) -> int:
+        def depth(i: int) -> int:
+            leaf = self.values[i]
+            assert isinstance(leaf, Leaf)
             used = [lvl for lvl in range(rank) if leaf.imap[lvl] is not None and plan.trips[lvl] >= 2]
             return max(used, default=-1)
 
-        slots: dict[int, _Slot] = {}
+        sets = {i: plan.D if depth(i) == plan.b and plan.b >= 0 else 1 for i in leaves}
+        tp = TileProgram(self, kb, TR, TC, max(plan.D, 1), sets, plan.extents[-1])
+        tp.bind(dict(zip(leaves, kb.args)), list(kb.args[len(leaves):]), [o.imap for o in out_ops])
+        by_depth: dict[int, list[int]] = {}
         for i in leaves:
-            leaf = self.values[i]
-            assert isinstance(leaf, Leaf)
-            cols = 1 if leaf.cls == "column" else TC
-            n = plan.D if depth(leaf) == plan.b and plan.b >= 0 else 1
-            slots[i] = _Slot([kb.alloc([TR, cols], _leaf_elem(leaf), tile.SRAM, f"in{i}") for _ in range(n)])
-        assign = _assign_temps(self.values, stored)
-        temp_bufs: dict[tuple[str, str, int], SSAValue] = {}
-        for ref, key in sorted(assign.items()):
-            if key not in temp_bufs:
-                elem = self.values[ref].elem  # type: ignore[union-attr]
-                cols = 1 if key[1] == "column" else TC
-                temp_bufs[key] = kb.alloc([TR, cols], elem, tile.SRAM, "t")
-            slots[ref] = _Slot([temp_bufs[key]])
-        for ref, k in stored.items():
-            if isinstance(self.values[ref], Leaf):
-                continue  # stored from its load buffer
-            elem = self.outputs[k][1]
-            slots[ref] = _Slot([kb.alloc([TR, TC], elem, tile.SRAM, f"out{k}") for _ in range(max(plan.D, 1))])
-        scratch = [kb.alloc([TR, TC], f32, tile.SRAM, "w") for _ in range(_where_scratch(self.values))]
-        row_tiles, row_cols = _row_scratch(self.values)
-        row_scratch = (
-            [kb.alloc([TR, TC], f32, tile.SRAM, "row") for _ in range(row_tiles)],
-            [kb.alloc([TR, 1], f32, tile.SRAM, "stat") for _ in range(row_cols)],
-        )
-        Q = lw.cfg.dma.queues
-        order = _order(self.values, [ref for ref, _ in self.outputs])
-
-        def load(i: int, idx: list[SSAValue], r, c, s: int, q: int) -> None:
-            leaf = self.values[i]
-            assert isinstance(leaf, Leaf)
-            arg = arg_of[i]
-            in_rank = len(_shape(arg.type))
-            ind = [kb.const(0)] * in_rank
-            for d, od in enumerate(leaf.imap):
-                if od is not None:
-                    ind[od] = idx[d]
-            row_dim = leaf.imap[-2] if leaf.imap[-2] is not None else -1
-            col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
-            cols = kb.const(1) if leaf.cls == "column" else c
-            kb.add(tile.LoadOp(arg, ind, slots[i].at(s), r, cols, row_dim, col_dim, queue=q % Q))
-
-        queue = [0]  # DMA transfers rotate over the queues in program order
-
-        def next_queue() -> int:
-            queue[0] += 1
-            return (queue[0] - 1) % Q
+            by_depth.setdefault(depth(i), []).append(i)
 
         def body(idx: list[SSAValue], r, c, s: int, lvl_leaves: list[int]) -> None:
             for i in lvl_leaves:
-                load(i, idx, r, c, s, next_queue())
-            one = kb.const(1)
-            for ref in order:
-                v = self.values[ref]
-                if not isinstance(v, Node):
-                    continue
-                cols = one if v.cls == "column" else c
-                out = slots[ref].at(s)
-                ops = [(_cls(self.values[a]), self.values[a].value if isinstance(self.values[a], Imm)
-                        else slots[a].at(s)) for a in v.args]
-                if v.kind in ROWWISE:
-                    _emit_rowwise(kb, v, ops, out, r, c, row_scratch, plan.extents[-1])
-                else:
-                    _emit_node(kb, v, ops, out, r, cols, scratch)
-            for ref, k in stored.items():
-                # outputs are aligned (a None is the unit dim at its position) or permuted
-                imap = [d if m is None else m for d, m in enumerate(out_ops[k].imap)]
-                ind = [kb.const(0)] * rank
-                for d, od in enumerate(imap):
-                    ind[od] = idx[d]
-                kb.add(tile.StoreOp(slots[ref].at(s), out_args[k], ind, r, c, imap[-2], imap[-1], queue=next_queue()))
-
-        by_depth: dict[int, list[int]] = {}
-        for i in leaves:
-            by_depth.setdefault(depth(self.values[i]), []).append(i)  # type: ignore[arg-type]
+                tp.load(i, idx, r, c, s)
+            tp.compute(r, c, s)
+            tp.store(idx, r, c, s)
 
         def level(lvl: int, idx: list[SSAValue], sizes: list) -> None:
             E, T = plan.extents[lvl], plan.tiles[lvl]
             if lvl < plan.b:
                 with kb.tiles(E, T) as (start, size):
                     for i in by_depth.get(lvl, []):
-                        load(i, idx + [start] + [kb.const(0)] * (rank - lvl - 1),
-                             *(_rc(sizes + [size], plan, rank, lvl, kb)), 0, next_queue())
+                        tp.load(i, idx + [start] + [kb.const(0)] * (rank - lvl - 1),
+                                *(_rc(sizes + [size], plan, rank, lvl, kb)), 0)
                     level(lvl + 1, idx + [start], sizes + [size])
                 return
             # the buffered level: D sets, statically peeled tail
@@ -495,14 +445,111 @@ class ElementwiseKernel:
                 tile_at(kb.const(F * T), p, F % D)
 
         for i in by_depth.get(-1, []):
-            load(i, [kb.const(0)] * rank, kb.const(TR if plan.extents[-2] >= TR else plan.extents[-2]),
-                 kb.const(TC if plan.extents[-1] >= TC else plan.extents[-1]), 0, next_queue())
+            tp.load(i, [kb.const(0)] * rank, kb.const(min(TR, plan.extents[-2])),
+                    kb.const(min(TC, plan.extents[-1])), 0)
         if plan.b < 0:  # one tile: every leaf was loaded above
             zeros = [kb.const(0)] * rank
             body(zeros, kb.const(plan.extents[-2]), kb.const(plan.extents[-1]), 0, [])
         else:
             level(0, [], [])
         lw.launch(kb, [*leaf_args, *out_views])
+
+
+class TileProgram:
+    """The per-tile work of an `ElementwiseKernel`'s DAG inside some kernel: buffers
+    (allocated at construction: a buffer per set for loaded leaves and stored values,
+    temps by liveness, scratch), then per tile `load` (a leaf's DMA), `compute` (every
+    node), `store` (the outputs). Other kernels (a matmul's epilogue) drive it on their
+    own tiles; a leaf marked `acc` is not loaded but given to `compute` (an accumulator
+    tile)."""
+
+    def __init__(self, ek: ElementwiseKernel, kb: KernelBuilder, TR: int, TC: int, D: int,
+                 leaf_sets: dict[int, int], row_len: int):
+        self.ek, self.kb, self.TR, self.TC, self.D, self.row_len = ek, kb, TR, TC, D, row_len
+        values = ek.values
+        self.stored = {ref: k for k, (ref, _) in enumerate(ek.outputs)}
+        slots: dict[int, _Slot] = {}
+        for i, n in leaf_sets.items():
+            leaf = values[i]
+            assert isinstance(leaf, Leaf)
+            cols = 1 if leaf.cls == "column" else TC
+            slots[i] = _Slot([kb.alloc([TR, cols], _leaf_elem(leaf), tile.SRAM, f"in{i}") for _ in range(n)])
+        temp_bufs: dict[tuple[str, str, int], SSAValue] = {}
+        for ref, key in sorted(_assign_temps(values, set(self.stored)).items()):
+            if key not in temp_bufs:
+                cols = 1 if key[1] == "column" else TC
+                temp_bufs[key] = kb.alloc([TR, cols], values[ref].elem, tile.SRAM, "t")  # type: ignore[union-attr]
+            slots[ref] = _Slot([temp_bufs[key]])
+        for ref, k in self.stored.items():
+            if isinstance(values[ref], Leaf) and ref in slots:
+                continue  # stored from its load buffer
+            slots[ref] = _Slot([kb.alloc([TR, TC], ek.outputs[k][1], tile.SRAM, f"out{k}") for _ in range(D)])
+        self.slots = slots
+        self.scratch = [kb.alloc([TR, TC], f32, tile.SRAM, "w") for _ in range(_where_scratch(values))]
+        row_tiles, row_cols = _row_scratch(values)
+        self.row_scratch = (
+            [kb.alloc([TR, TC], f32, tile.SRAM, "row") for _ in range(row_tiles)],
+            [kb.alloc([TR, 1], f32, tile.SRAM, "stat") for _ in range(row_cols)],
+        )
+        self.order = _order(values, [ref for ref, _ in ek.outputs])
+        self.queues = ek.lw.cfg.dma.queues
+        self._q = 0
+
+    def bind(self, leaf_args: dict[int, SSAValue], out_args: list[SSAValue], out_imaps: list[IndexMap]) -> None:
+        """The kernel arguments holding each loaded leaf and each output."""
+        self.leaf_args, self.out_args, self.out_imaps = leaf_args, out_args, out_imaps
+
+    def next_queue(self) -> int:
+        """DMA transfers rotate over the queues in program order."""
+        self._q += 1
+        return (self._q - 1) % self.queues
+
+    def load(self, i: int, idx: list[SSAValue], r, c, s: int) -> None:
+        kb = self.kb
+        leaf = self.ek.values[i]
+        assert isinstance(leaf, Leaf)
+        arg = self.leaf_args[i]
+        ind = [kb.const(0)] * len(_shape(arg.type))
+        for d, od in enumerate(leaf.imap):
+            if od is not None:
+                ind[od] = idx[d]
+        row_dim = leaf.imap[-2] if leaf.imap[-2] is not None else -1
+        col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
+        cols = kb.const(1) if leaf.cls == "column" else c
+        kb.add(tile.LoadOp(arg, ind, self.slots[i].at(s), r, cols, row_dim, col_dim, queue=self.next_queue()))
+
+    def compute(self, r, c, s: int, acc: dict[int, SSAValue] | None = None) -> None:
+        """Every node on the leading r x c corner of set `s`; `acc` gives the buffers of
+        leaves that are not loaded."""
+        kb = self.kb
+        values = self.ek.values
+        one = kb.const(1)
+
+        def buf(a: int) -> SSAValue:
+            return acc[a] if acc is not None and a in acc else self.slots[a].at(s)
+
+        for ref in self.order:
+            v = values[ref]
+            if not isinstance(v, Node):
+                continue
+            cols = one if v.cls == "column" else c
+            ops = [(_cls(values[a]), values[a].value if isinstance(values[a], Imm) else buf(a)) for a in v.args]
+            if v.kind in ROWWISE:
+                _emit_rowwise(kb, v, ops, buf(ref), r, c, self.row_scratch, self.row_len)
+            else:
+                _emit_node(kb, v, ops, buf(ref), r, cols, self.scratch)
+
+    def store(self, idx: list[SSAValue], r, c, s: int) -> None:
+        kb = self.kb
+        rank = len(idx)
+        for ref, k in self.stored.items():
+            # outputs are aligned (a None is the unit dim at its position) or permuted
+            imap = [d if m is None else m for d, m in enumerate(self.out_imaps[k])]
+            ind = [kb.const(0)] * rank
+            for d, od in enumerate(imap):
+                ind[od] = idx[d]
+            kb.add(tile.StoreOp(self.slots[ref].at(s), self.out_args[k], ind, r, c, imap[-2], imap[-1],
+                                queue=self.next_queue()))
 
 
 @dataclass

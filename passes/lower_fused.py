@@ -46,7 +46,13 @@ def lower_fused(lw, op: FusedOp, loc: str) -> None:
 
 
 def _bind(lw, op: FusedOp) -> None:
-    """Block arguments stand for the group's inputs; scalar constants are immediates."""
+    """Block arguments stand for the group's inputs; scalar constants are immediates;
+    a layout offered to a result goes to the value yielded for it."""
+    y = op.block.last_op
+    assert isinstance(y, YieldOp)
+    for res, v in zip(op.results, y.values, strict=True):
+        if res in lw.layout_requests:
+            lw.layout_requests[v] = lw.layout_requests.pop(res)
     for arg, v in zip(op.block.args, op.inputs, strict=True):
         if v in lw.scalars:
             lw.scalars[arg] = lw.scalars[v]
@@ -65,6 +71,9 @@ def _results(lw, op: FusedOp) -> None:
             lw.scalars[res] = lw.scalars[v]
         else:
             lw.values[res] = lw.values[v]
+        if v in lw.absorbed:
+            lw.absorbed[res] = lw.absorbed[v]
+        lw.layout_requests.pop(v, None)
 
 
 def lower_unfused(lw, op: FusedOp) -> None:
@@ -114,7 +123,7 @@ def lower_subdag(
     args = {v: v for o in ops for v in o.operands if v not in inside}
     build_dag(ek, lw, ops, args, ref)
     for v in outputs:
-        ek.output(ref[v], v.type.element_type)  # type: ignore[attr-defined]
+        ek.output(ref[v], v.type.element_type, value=v)  # type: ignore[attr-defined]
     for v, out in zip(outputs, ek.build(), strict=True):
         lw.values[v] = lw.view(out, _shape(v))
 

@@ -189,3 +189,16 @@ def test_transformer_block_fused_matches_o0(dtype):
     got, want = fused(x), base(x)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * float(want.float().abs().max()))
+
+
+def test_producer_writes_its_consumer_permute_layout():
+    """relu(x) * 2 then permute + reshape: the kernel stores straight into the permuted
+    layout (a strided output view), so the permute and the reshape cost nothing."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            y = torch.relu(x) * 2.0
+            return y.permute(0, 2, 1, 3).reshape(2, 5, 24)
+
+    cm = run_and_compare(M(), (torch.randn(2, 4, 5, 6),), "tiny")
+    assert _kernels(cm) == ["k0_fused_relu"]
