@@ -453,39 +453,36 @@ class GraphToTile:
         return self.view(src, (R, C)), R, C
 
     def lower_softmax(self, op: Operation, loc: str) -> None:
+        """Softmax along the last dim (any other dim: moved last by a transposing copy
+        and back): one row-wise kernel."""
         res = op.results[0]
         shape = _shape(res.type)
         dim = op.properties["dim"].value.data
         src = self.materialise(op.operands[0])
         perm = list(range(len(shape)))
-        if shape and dim != len(shape) - 1:  # move the softmax dimension last (a strided copy)
+        if shape and dim != len(shape) - 1:
             perm = [d for d in perm if d != dim] + [dim]
             src = self.permuted(src, perm, loc)
         x, R, C = self._rows_view(None, loc, "graph.softmax", src=src)
-        out = self.hbm((R, C), _elem(res.type))
-        TR = min(self.P, R)
-        kb = KernelBuilder(self.kernel_name("softmax"), [x.type, out.type], loc)
-        with kb.tiles(R, TR) as (r0, r):
-            zero, cc, one = kb.const(0), kb.const(C), kb.const(1)
-            xb = kb.alloc([TR, C], _elem(x.type), tile.SRAM, "x")
-            kb.add(tile.LoadOp(kb.args[0], [r0, zero], xb, r, cc, 0, 1))
-            mx = kb.alloc([TR, 1], f32, tile.SRAM, "max")
-            kb.add(tile.ReduceOp("max", xb, mx, r, cc))
-            t = kb.alloc([TR, C], f32, tile.SRAM, "e")
-            kb.add(tile.BinaryOp("sub", xb, mx, t, r, cc, "column"))
-            kb.add(tile.UnaryOp("exp", t, t, r, cc))
-            sm = kb.alloc([TR, 1], f32, tile.SRAM, "sum")
-            kb.add(tile.ReduceOp("sum", t, sm, r, cc))
-            _ = one
-            ob = kb.alloc([TR, C], _elem(res.type), tile.SRAM, "out")
-            kb.add(tile.BinaryOp("div", t, sm, ob, r, cc, "column"))
-            kb.add(tile.StoreOp(ob, kb.args[1], [r0, zero], r, cc, 0, 1))
-        self.launch(kb, [x, out])
+        out = self.rowwise_kernel("softmax", loc, x, R, C, _elem(res.type))
         if perm != sorted(perm):
             moved = [shape[d] for d in perm]
             self.values[res] = self.permuted(self.view(out, moved), list(np.argsort(perm)), loc)
         else:
             self.values[res] = self.view(out, shape)
+
+    def rowwise_kernel(
+        self, kind: str, loc: str, x: SSAValue, R: int, C: int, elem: Attribute,
+        extra: Sequence[SSAValue] = (), eps: float = 0.0,
+    ) -> SSAValue:
+        """A row-wise op on the rows of 2-D HBM view `x` ([R, C]); `extra` are [1, C]
+        operands broadcast over the rows (a layer norm's weight and bias)."""
+        from tilecc.passes.lower_elementwise import ElementwiseKernel
+
+        ek = ElementwiseKernel(self, kind, loc, (R, C))
+        args = [ek.leaf_hbm(x, [0, 1])] + [ek.leaf_hbm(e, [None, 1]) for e in extra]
+        ek.output(ek.rowwise(kind, args, elem, eps), elem)
+        return ek.build()[0]
 
     def permuted(self, src: SSAValue, perm: list[int], loc: str) -> SSAValue:
         """A transposed copy of an HBM tensor: out[i] = src[perm-mapped i]."""
@@ -502,43 +499,13 @@ class GraphToTile:
 
     def lower_layer_norm(self, op: Operation, loc: str) -> None:
         res = op.results[0]
-        shape = _shape(res.type)
         nd = op.properties["normalized_ndim"].value.data
         eps = op.properties["eps"].value.data
         x, R, C = self._rows_view(op.operands[0], loc, "graph.layer_norm", row_ndim=nd)
         w = self.view(self.materialise(op.operands[1]), (1, C))
         b = self.view(self.materialise(op.operands[2]), (1, C))
-        out = self.hbm((R, C), _elem(res.type))
-        TR = min(self.P, R)
-        kb = KernelBuilder(self.kernel_name("layer_norm"), [x.type, w.type, b.type, out.type], loc)
-        zero, cc, tr = kb.const(0), kb.const(C), kb.const(TR)
-        wb = kb.alloc([TR, C], _elem(w.type), tile.SRAM, "weight")
-        kb.add(tile.LoadOp(kb.args[1], [zero, zero], wb, tr, cc, -1, 1))
-        bb = kb.alloc([TR, C], _elem(b.type), tile.SRAM, "bias")
-        kb.add(tile.LoadOp(kb.args[2], [zero, zero], bb, tr, cc, -1, 1))
-        with kb.tiles(R, TR) as (r0, r):
-            xb = kb.alloc([TR, C], _elem(x.type), tile.SRAM, "x")
-            kb.add(tile.LoadOp(kb.args[0], [r0, zero], xb, r, cc, 0, 1))
-            s = kb.alloc([TR, 1], f32, tile.SRAM, "mean")
-            kb.add(tile.ReduceOp("sum", xb, s, r, cc))
-            kb.add(tile.ScalarOp("mul", s, 1.0 / C, s, r, kb.const(1)))
-            xc = kb.alloc([TR, C], f32, tile.SRAM, "xc")
-            kb.add(tile.BinaryOp("sub", xb, s, xc, r, cc, "column"))
-            sq = kb.alloc([TR, C], f32, tile.SRAM, "sq")
-            kb.add(tile.BinaryOp("mul", xc, xc, sq, r, cc))
-            v = kb.alloc([TR, 1], f32, tile.SRAM, "rstd")
-            one = kb.const(1)
-            kb.add(tile.ReduceOp("sum", sq, v, r, cc))
-            kb.add(tile.ScalarOp("mul", v, 1.0 / C, v, r, one))
-            kb.add(tile.ScalarOp("add", v, float(eps), v, r, one))
-            kb.add(tile.UnaryOp("rsqrt", v, v, r, one))
-            kb.add(tile.BinaryOp("mul", xc, v, xc, r, cc, "column"))
-            kb.add(tile.BinaryOp("mul", xc, wb, xc, r, cc))
-            ob = kb.alloc([TR, C], _elem(res.type), tile.SRAM, "out")
-            kb.add(tile.BinaryOp("add", xc, bb, ob, r, cc))
-            kb.add(tile.StoreOp(ob, kb.args[3], [r0, zero], r, cc, 0, 1))
-        self.launch(kb, [x, w, b, out])
-        self.values[res] = self.view(out, shape)
+        out = self.rowwise_kernel("layer_norm", loc, x, R, C, _elem(res.type), (w, b), float(eps))
+        self.values[res] = self.view(out, _shape(res.type))
 
 
 def _collapse(
@@ -552,7 +519,8 @@ def _collapse(
     rank = len(out_shape)
     for o in operands:  # aligned operands (imap d or None) or permutations only
         if len(_shape(o.value.type)) != rank or not (
-            all(m is None or m == d for d, m in enumerate(o.imap)) or sorted(o.imap) == list(range(rank))
+            all(m is None or m == d for d, m in enumerate(o.imap))
+            or (None not in o.imap and sorted(o.imap) == list(range(rank)))  # type: ignore[type-var]
         ):
             return tuple(out_shape), operands
     groups = [[0]]

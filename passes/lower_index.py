@@ -188,27 +188,7 @@ def lower_log_softmax(lw, op: gi.LogSoftmaxOp, loc: str) -> None:
             f"graph.log_softmax at {loc}: only the last dimension is supported, got dim {op.axis}"
         )
     x, R, C = lw._rows_view(op.input, loc, "graph.log_softmax")
-    out = lw.hbm((R, C), _elem(res.type))
-    TR = min(lw.P, R)
-    kb = KernelBuilder(lw.kernel_name("log_softmax"), [x.type, out.type], loc)
-    with kb.tiles(R, TR) as (r0, r):
-        zero, cc, one = kb.const(0), kb.const(C), kb.const(1)
-        xb = kb.alloc([TR, C], _elem(x.type), tile.SRAM, "x")
-        kb.add(tile.LoadOp(kb.args[0], [r0, zero], xb, r, cc, 0, 1))
-        mx = kb.alloc([TR, 1], f32, tile.SRAM, "max")
-        kb.add(tile.ReduceOp("max", xb, mx, r, cc))
-        s = kb.alloc([TR, C], f32, tile.SRAM, "shifted")
-        kb.add(tile.BinaryOp("sub", xb, mx, s, r, cc, "column"))
-        e = kb.alloc([TR, C], f32, tile.SRAM, "e")
-        kb.add(tile.UnaryOp("exp", s, e, r, cc))
-        sm = kb.alloc([TR, 1], f32, tile.SRAM, "sum")
-        kb.add(tile.ReduceOp("sum", e, sm, r, cc))
-        kb.add(tile.UnaryOp("log", sm, sm, r, one))
-        ob = kb.alloc([TR, C], _elem(res.type), tile.SRAM, "out")
-        kb.add(tile.BinaryOp("sub", s, sm, ob, r, cc, "column"))
-        kb.add(tile.StoreOp(ob, kb.args[1], [r0, zero], r, cc, 0, 1))
-    lw.launch(kb, [x, out])
-    lw.values[res] = lw.view(out, shape)
+    lw.values[res] = lw.view(lw.rowwise_kernel("log_softmax", loc, x, R, C, _elem(res.type)), shape)
 
 
 # ---------------------------------------------------------------------------

@@ -202,3 +202,34 @@ def test_producer_writes_its_consumer_permute_layout():
 
     cm = run_and_compare(M(), (torch.randn(2, 4, 5, 6),), "tiny")
     assert _kernels(cm) == ["k0_fused_relu"]
+
+
+@st.composite
+def _views_case(draw):
+    rank = draw(st.integers(2, 4))
+    shape = [draw(st.sampled_from([1, 2, 3, 5, 8, 17, 33])) for _ in range(rank)]
+    perm = draw(st.permutations(range(rank)))
+    bcast = [draw(st.booleans()) for _ in range(rank)]
+    return shape, list(perm), bcast, draw(st.sampled_from(["tiny", "edge", "cloud"]))
+
+
+class _Mixed(torch.nn.Module):
+    def __init__(self, perm):
+        super().__init__()
+        self.perm = perm
+
+    def forward(self, x, b):
+        y = x.permute(*self.perm)  # a view or a transposing copy
+        z = torch.tanh(y) * 3.0 - b.permute(*self.perm)
+        return torch.where(z > 0, z, y * 0.5), z.sum(-1, keepdim=True) * 0 + z
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(_views_case())
+def test_elementwise_kernel_spaces(case):
+    """Permuted views, broadcast operands and unit dims through the kernel-space
+    transforms (unit dims dropped, dims merged by strides, rows chosen or split)."""
+    shape, perm, bcast, target = case
+    x = torch.randn(*shape)
+    b = torch.randn(*[1 if f else n for n, f in zip(shape, bcast)])
+    run_and_compare(_Mixed(perm), (x, b), target)
