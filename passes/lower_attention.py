@@ -96,6 +96,7 @@ NQ = 2  # q-block ring: Q^T, max, O_aug, output
 N2 = 3  # pass-2 ring: S^T accumulators, P^T
 MAX_BODY_TILES = 192  # key tiles of one scheduled body (heads per loop iteration)
 _DEBUG = bool(__import__('os').environ.get('TILECC_ATTN_DEBUG'))
+_PLAN: list = []  # debug: (kind, planned start, planned end) of the issued ops
 
 
 def _shape(t: Attribute) -> tuple[int, ...]:
@@ -303,6 +304,12 @@ class _Timing:
         cost = getattr(v.op_cost, kind)[fn]
         return v.latency_cycles + v.access_cycles + math.ceil(rows * cols / v.lanes) * cost * inputs
 
+    def latency(self, o: _Op) -> float:
+        """Cycles from an instruction's start to its result."""
+        if o.kind == "mm":
+            return self.preload + o.a + self.drain
+        return o.a + o.b
+
     def dma(self, rows: int, cols: int, isz: int, contiguous: bool = True) -> tuple[float, float]:
         d, h = self.cfg.dma, self.cfg.hbm
         chunk = cols * isz if contiguous else isz
@@ -343,57 +350,77 @@ def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None
         left[o.idx] = len(o.deps)
         for d in o.deps:
             succ[d].append(o.idx)
+    # priority: the longest latency path from an instruction to the end of the body
+    # (critical path first; ties: earlier in the sequential order)
+    lat = [tm.latency(o) for o in ops]
+    level = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        level[i] = lat[i] + max((level[x] for x in succ[i]), default=0.0)
     pro = init.get("ready", {})
     dep_ready = [max([pro.get(b, 0.0) for b in o.reads + o.writes], default=0.0) for o in ops]
     end = [0.0] * n
-    ready = [i for i in range(n) if left[i] == 0]
-    qfree = list(init.get("qfree", [0.0] * queues))
-    mat_free = stream_free = 0.0
-    vec_free = init.get("vec", 0.0)
+    # ready instructions per engine: DMA queues 0.., then matrix, vector
+    MAT, VEC = queues, queues + 1
+    ready: list[list[int]] = [[] for _ in range(queues + 2)]
+
+    def engine(o: _Op) -> int:
+        return o.queue if o.kind in ("load", "store") else MAT if o.kind == "mm" else VEC
+
+    for i in range(n):
+        if left[i] == 0:
+            ready[engine(ops[i])].append(i)
+    free = list(init.get("qfree", [0.0] * queues)) + [0.0, init.get("vec", 0.0)]
+    stream_free = 0.0
     out: list[tuple[_Op, int | None]] = []
-    while ready:
-        best, best_key, best_q = -1, None, None
-        for i in ready:
-            o = ops[i]
-            q = None
-            if o.kind in ("load", "store"):
-                q = o.queue
-                free = qfree[q]
-            elif o.kind == "mm":
-                free = mat_free
+    while True:
+        best = None  # (start, -level, index, engine)
+        for e_, cands in enumerate(ready):
+            if not cands:
+                continue
+            t_e = free[e_]
+            now = [i for i in cands if dep_ready[i] <= t_e]
+            if now:
+                i = max(now, key=lambda x: (level[x], -x))
+                key = (t_e, -level[i], i, e_)
             else:
-                free = vec_free
-            key = (max(free, dep_ready[i]), o.prio, i)
-            if best_key is None or key < best_key:
-                best, best_key, best_q = i, key, q
-        i, o = best, ops[best]
-        t = best_key[0]
+                i = min(cands, key=lambda x: (dep_ready[x], -level[x], x))
+                key = (dep_ready[i], -level[i], i, e_)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            break
+        t, _, i, e_ = best
+        o = ops[i]
         if o.kind in ("load", "store"):
-            e = t + o.a + o.b
-            qfree[best_q] = e
+            # HBM is shared by the transfers in flight (processor sharing): this one's
+            # transfer slows by the number of queues transferring when it starts
+            busy = sum(1 for q in range(queues) if q != e_ and free[q] > t + o.a)
+            e = free[e_] = t + o.a + o.b * (1 + busy)
         elif o.kind == "mm":
             if tm.pipelined:
                 f = max(t + tm.preload, stream_free)
-                mat_free = f
+                free[MAT] = f
                 stream_free = f + max(o.a, tm.cfg.matrix.min_interval_cycles)
                 e = f + o.a + tm.drain
             else:
-                e = mat_free = t + tm.preload + o.a + tm.drain
+                e = free[MAT] = t + tm.preload + o.a + tm.drain
         else:
-            e = vec_free = t + o.a
+            e = free[VEC] = t + o.a
         end[i] = e
-        ready.remove(i)
-        out.append((o, best_q if o.kind == "load" else None))
-        for s in succ[i]:
-            left[s] -= 1
-            if dep_ready[s] < e:
-                dep_ready[s] = e
-            if left[s] == 0:
-                ready.append(s)
+        if _DEBUG:
+            _PLAN.append((o.kind, t, e, o.prio, o.reads, o.writes))
+        ready[e_].remove(i)
+        out.append((o, o.queue if o.kind == "load" else None))
+        for x in succ[i]:
+            left[x] -= 1
+            if dep_ready[x] < e:
+                dep_ready[x] = e
+            if left[x] == 0:
+                ready[engine(ops[x])].append(x)
     assert len(out) == n, "attention schedule: dependence cycle"
     if _DEBUG:
-        print(f"attention schedule: {n} ops, planned end {max(end):,.0f}, matrix free {mat_free:,.0f}, "
-              f"vector free {vec_free:,.0f}, dma {[round(x) for x in qfree]}")
+        print(f"attention schedule: {n} ops, planned end {max(end):,.0f}, engines free at "
+              f"{[round(x) for x in free]}")
     return out
 
 
@@ -440,7 +467,6 @@ class _Kernel:
             tri = np.where(np.tril(np.ones((T, T), dtype=bool)), 0.0, masked_value(dt)).astype(np.float32)
             consts.append(lw.hbm([T, T], elem, value=_dense(tri, elem)))
         self.ones_w = max(p.Gt * T, T)
-        consts.append(lw.hbm([1, self.ones_w], elem, value=_dense(np.ones((1, self.ones_w), np.float32), elem)))
         self.hbm_args = list(args) + [out] + consts
         self.kb = KernelBuilder(lw.kernel_name("attention"), [a.type for a in self.hbm_args], loc)
         kb_args = self.kb.args
@@ -450,12 +476,11 @@ class _Kernel:
         self.a_out = kb_args[base]
         self.a_ident = kb_args[base + 1]
         self.a_tri = kb_args[base + 2] if p.causal else None
-        self.a_ones = kb_args[-1]
         self.names: dict[SSAValue, str] = {}
         # every buffer DMA loads write has one queue (round robin over the load queues):
         # a buffer loaded from several queues would need a wait per queue
         Q = self.cfg.dma.queues
-        self.load_queues = Q - 1 if Q >= 3 else Q
+        self.load_queues = Q  # stores share the last queue: the schedule models them
         self.qmap: dict[str, int] = {}
         self._win: dict[tuple, SSAValue] = {}
         self._true = self._false = None
@@ -565,8 +590,13 @@ class _Kernel:
         if p.causal:
             self.tri = self.alloc([T, T], SRAM, "causal")
             const_load(self.a_tri, self.tri, T, T, 0)
+        # a ones tile: max(I, 1) on the vector engine, no DMA
         self.ones = self.alloc([T, self.ones_w], SRAM, "ones")
-        const_load(self.a_ones, self.ones, T, self.ones_w, -1)
+        for c0 in range(0, self.ones_w, T):
+            w = min(T, self.ones_w - c0)
+            kb.add(tile.ScalarOp("max", self.win(self.ident, 0, 0, [T, w]), 1.0, self.win(self.ones, 0, c0, [T, w]),
+                                 c(T), c(w)))
+        ready["ones"] = ready["ident"] + -(-self.ones_w // T) * self.tm.vec("binary", "max", T, T)
         self.nk_ring = min(p.nkt, 2 * self.load_queues)
         self.knat = [self.dma_target(self.alloc([T, p.D], SRAM, "k")) for _ in range(self.nk_ring)]
         self.kt = [[self.alloc([T, nd * p.Gt * T], SRAM, "kT") for _ in range(ntg)] for _ in range(p.sets)]
@@ -714,7 +744,7 @@ class _Kernel:
                 ks = p.ks(j)
                 self._load(ops, self.a_v, (lambda j=j: [*vidx(), self.kb.const(j * T), self.kb.const(0)]),
                            self.vaug[s][j], 0, 0, ks, p.Dv, len(_shape(self.a_v.type)) - 2,
-                           len(_shape(self.a_v.type)) - 1, (u, self._first_use(j), 0))
+                           len(_shape(self.a_v.type)) - 1, (u, self._first_use(j), 2))
 
     def _transposed_chunks(self, chunks1: list[list[int]]) -> int:
         """How many of the q-block's last pass-1 chunks run in transposed mode: the share
