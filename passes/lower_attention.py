@@ -14,8 +14,10 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import (
     BFloat16Type,
     DenseIntOrFPElementsAttr,
+    Float16Type,
     Float32Type,
     IntegerAttr,
+    MemRefType,
     TensorType,
     f32,
     i1,
@@ -40,6 +42,7 @@ CANDS = ((3, 2, 3), (3, 1, 3), (2, 2, 3), (2, 1, 3), (2, 1, 2))
 MAX_BODY_TILES = 192  # (q-tile, key-tile) pairs of one scheduled body (heads per iteration)
 _DEBUG = bool(__import__("os").environ.get("TILECC_ATTN_DEBUG"))
 _PATH: list = []  # debug: the critical path
+_REPLAY: list = []  # debug: replayed end of each issued op of the last replay
 _PLAN: list = []  # debug: (kind, planned start, planned end, ...) of the issued ops
 
 
@@ -125,7 +128,7 @@ class _Plan:
     na1: int = 2  # pass-1 accumulators (a transposed-mode chunk holds one until its subtract)
     ntr: int = 2  # accumulators for the K transposes
     n2: int = N2  # pass-2 accumulators (normal-mode tiles)
-    tfrac: float = 0.0  # share of key tiles in transposed mode (see _transposed_share)
+    tmode: bool = False  # key tiles may run in transposed mode (see _Kernel._transposed_chunks)
 
     @property
     def v_paired(self) -> bool:
@@ -189,7 +192,7 @@ def _sram_bytes(p: _Plan, isz: int, queues: int) -> int:
         total += NQ * _align(p.S * isz)
     total += N2 * _align(p.G * T * isz)  # P^T
     total += 2 * _align(fq * p.Dv * isz)  # output blocks
-    if p.tfrac:
+    if p.tmode:
         total += p.na1 * _align(p.W1 * T * isz)  # S - m of transposed-mode chunks
     return total
 
@@ -201,7 +204,11 @@ def _acc_bytes(p: _Plan) -> int:
 
 
 def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: bool, has_mask: bool,
-          elem: Attribute, pair: bool | None = None) -> _Plan | None:
+          elem: Attribute, pair: int = 1, sep_rowsum: bool = False) -> _Plan | None:
+    """The kernel's tiling and buffers, or None where it does not fit. `pair`: rows per
+    DMA row (1, 2 or 4) for q and k (k only without an additive mask); `sep_rowsum`:
+    the row sum as its own matmul even where a ones column would fit the PV matmul
+    (so V can load paired)."""
     L, D = q_shape[-2:]
     S, Dv = k_shape[-2], v_shape[-1]
     batch = tuple(out_shape[:-2])
@@ -209,15 +216,13 @@ def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: boo
         return None
     T = min(cfg.sram.partitions, cfg.matrix.rows, cfg.matrix.cols, cfg.accumulator.partitions)
     isz = _isz(elem)
-    if pair is None:  # pair rows when a row is shorter than an efficient DMA chunk
-        pair = min(D, Dv) * isz < cfg.dma.efficient_chunk_bytes
-    fq = 2 if pair and L % 2 == 0 and L > T else 1
-    fk = 2 if pair and S % 2 == 0 and S > T and not has_mask else 1
+    fq = pair if L % pair == 0 and L > T else 1
+    fk = pair if S % pair == 0 and S > T and not has_mask else 1
     qseq, kseq = _Seq(L, fq, T), _Seq(S, fk, T)
     chunks = [(d0, min(T, D - d0)) for d0 in range(0, D, T)]
     fold_row = D % T if D % T else None
     C = cfg.matrix.cols
-    rowsum_fused = Dv % C != 0
+    rowsum_fused = Dv % C != 0 and not sep_rowsum
     width = Dv + 1 if rowsum_fused else Dv
     vchunks = [(c0, min(C, width - c0)) for c0 in range(0, width, C)]
     pairs, masks = _pairs(qseq, kseq, causal)
@@ -233,10 +238,8 @@ def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: boo
                 p = _Plan(T, L, S, D, Dv, batch, qseq, kseq, chunks, fold_row, vchunks, rowsum_fused,
                           causal, has_mask, pairs, masks, G, W1, sets, U, na1, ntr, n2)
                 if na1 > 2:
-                    p.tfrac = _transposed_share(cfg, p, elem)
-                    if _DEBUG and __import__("os").environ.get("TILECC_ATTN_TFRAC"):
-                        p.tfrac = float(__import__("os").environ["TILECC_ATTN_TFRAC"])
-                    if not p.tfrac:
+                    p.tmode = _transposed_ok(elem, causal or has_mask)
+                    if not p.tmode:
                         continue
                 if (_sram_bytes(p, isz, cfg.dma.queues) <= cfg.sram.bytes_per_partition
                         and _acc_bytes(p) <= cfg.accumulator.bytes_per_partition):
@@ -244,31 +247,14 @@ def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: boo
     return None
 
 
-def _transposed_share(cfg: HardwareConfig, p: _Plan, elem: Attribute) -> float:
-    """The share of key tiles to compute in *transposed mode*, balancing the engines.
-
-    Normal mode recomputes ``S^T - m`` in pass 2 (the fold costs one more matmul per key
-    tile when D is a multiple of T). Transposed mode keeps pass 1's ``S`` in the
-    accumulator, subtracts ``m`` on the vector engine (a column operand, into SRAM in
-    the model dtype) and transposes it on the matrix engine: one matmul fewer, one
-    vector element-op per score more. Only for bf16 (fp16's range would overflow the
-    masked scores of ``S - m`` to -inf, an fp32 transpose is 4 passes) and a separate
-    fold (otherwise the fold is free)."""
-    if not isinstance(elem, BFloat16Type) or p.fold_row is not None:
-        return 0.0
-    tm = _Timing(cfg)
-    T, nd = p.T, len(p.chunks)
-    mm = max(tm.preload, tm.mm(T, T, T, False), cfg.matrix.min_interval_cycles)
-    pv = len(p.vchunks) + (0 if p.rowsum_fused else 1)
-    mm_n, mm_t = (2 * nd + 1 + pv) * mm, (nd + 1 + pv) * mm
-    v = cfg.vector
-    over = v.latency_cycles + v.access_cycles
-    elems = T * T / v.lanes
-    vec_n = elems * (v.op_cost.reduce["max"] + v.op_cost.unary["exp"]) + over / p.W1 + over / p.G
-    vec_t = vec_n + elems * v.op_cost.binary["sub"] + over / p.W1
-    if mm_n <= vec_n:
-        return 0.0
-    return min(1.0, (mm_n - vec_n) / ((mm_n - mm_t) + (vec_t - vec_n)))
+def _transposed_ok(elem: Attribute, masked: bool) -> bool:
+    """Whether key tiles may run in *transposed mode*: pass 1's ``S`` stays in the
+    accumulator, the vector engine subtracts ``m`` (a column operand) into SRAM in the
+    model dtype and the matrix engine transposes it (one matmul instead of the pass-2
+    recompute and its fold; masks are already in ``S``). Not for fp16 with masks:
+    ``S - m`` of a masked score (-65504 - m) overflows fp16 to -inf, and the identity's
+    zeros times -inf are NaN."""
+    return not (masked and isinstance(elem, Float16Type))
 
 
 # ---------------------------------------------------------------------------------------
@@ -329,7 +315,7 @@ class _Timing:
         return d.latency_cycles + h.latency_cycles + desc * d.per_descriptor_cycles, rows * cols * isz / (h.bytes_per_cycle * eff)
 
 
-def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None) -> list[tuple[_Op, int | None]]:
+def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None) -> tuple[list, float]:
     """A topological order of `ops` (dependences: shared buffers, in the given order) for
     the engines' queues, and each load's DMA queue: list schedules under a few
     priority functions (critical paths by latency or by engine occupancy, and seeded
@@ -389,13 +375,31 @@ def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None
     best = None
     spans = []
     for v, level in enumerate(variants):
-        order, span = _list_schedule(ops, succ, level, tm, queues, init)
+        order, _, start, end = _list_schedule(ops, succ, level, tm, queues, init)
+        span = _replay(order, tm, queues, init)
         spans.append(round(span))
         if best is None or span < best[1]:
-            best = (order, span, v)
+            best = (order, span, level, start, end)
+    # loads in the order their data is needed: the planned start of their first
+    # consumer in the best schedule so far (repeated while it helps)
+    for _ in range(3):
+        level = list(best[2])
+        end = best[4]
+        for i, o in enumerate(ops):
+            if o.kind == "load" and succ[i]:
+                # when its consumers could start but for the loads they wait on
+                level[i] = -min(max([end[d] for d in ops[x].deps if ops[d].kind != "load"], default=0.0)
+                                for x in succ[i])
+        order, _, start, end = _list_schedule(ops, succ, level, tm, queues, init)
+        span = _replay(order, tm, queues, init)
+        spans.append(round(span))
+        if span >= best[1]:
+            break
+        best = (order, span, level, start, end)
     if _DEBUG:
         _PLAN.clear()
-        _list_schedule(ops, succ, variants[best[2]], tm, queues, init)
+        _list_schedule(ops, succ, best[2], tm, queues, init)
+        _replay(best[0], tm, queues, init)
         i = max(range(n), key=lambda x: lat[x])
         path = []
         while True:
@@ -409,7 +413,114 @@ def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None
             occ_by[o.kind] = occ_by.get(o.kind, 0.0) + tm.occupancy(o)
         print(f"attention schedule: {n} ops, planned ends {spans}, critical path {max(lat):,.0f}, "
               f"occupancy {({k: round(x) for k, x in occ_by.items()})}")
-    return best[0]
+    return best[0], best[1]
+
+
+def _replay(order: list[tuple[_Op, int | None]], tm: _Timing, queues: int, init: dict) -> float:
+    """The end of a schedule, timed the way the simulator times it: each engine runs
+    its instructions in program order (`init["pre"]`, the kernel prologue, then
+    `order`), an instruction waits for the earlier ones of other engines it shares a
+    buffer with, pipelined matmuls overlap, DMA transfers share HBM (processor sharing)."""
+    import heapq
+
+    seq_all = [(o, o.queue if o.kind in ("load", "store") and q is None else q) for o, q in init.get("pre", [])]
+    seq_all += list(order)
+    n = len(seq_all)
+    eng_of = [0] * n
+    seqs: list[list[int]] = [[] for _ in range(queues + 2)]
+    deps: list[list[int]] = []
+    last_w: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    for k, (o, q) in enumerate(seq_all):
+        e = q if o.kind == "load" else _engine(o, queues)
+        eng_of[k] = e
+        seqs[e].append(k)
+        d: set[int] = set()
+        for b in o.reads:
+            if b in last_w:
+                d.add(last_w[b])
+        for b in o.writes:
+            if b in last_w:
+                d.add(last_w[b])
+            d.update(readers.get(b, ()))
+        for b in o.reads:
+            readers.setdefault(b, []).append(k)
+        for b in o.writes:
+            last_w[b] = k
+            readers[b] = []
+        deps.append(sorted(x for x in d if x != k and eng_of[x] != e))
+    base = [0.0] * n
+    order = seq_all
+    end: list[float | None] = [None] * n
+    head = [0] * (queues + 2)
+    free = [0.0] * (queues + 2)
+    busy = [False] * queues
+    MAT = queues
+    stream_free = 0.0
+    pending: list[tuple[float, int]] = []  # DMAs to join HBM: (time, k)
+    flying: dict[int, float] = {}  # DMA k -> transfer work left (cycles alone)
+    t_now = 0.0
+    while True:
+        progress = True
+        while progress:
+            progress = False
+            for e in range(queues + 2):
+                seq = seqs[e]
+                while head[e] < len(seq):
+                    k = seq[head[e]]
+                    if e < queues and busy[e]:
+                        break
+                    t = max(free[e], base[k])
+                    known = True
+                    for d in deps[k]:
+                        x = end[d]
+                        if x is None:
+                            known = False
+                            break
+                        t = max(t, x)
+                    if not known:
+                        break
+                    o = order[k][0]
+                    head[e] += 1
+                    progress = True
+                    if e < queues:
+                        busy[e] = True
+                        heapq.heappush(pending, (t + o.a, k))
+                        break
+                    if e == MAT and tm.pipelined:
+                        f = max(t + tm.preload, stream_free)
+                        free[e] = f
+                        stream_free = f + max(o.a, tm.cfg.matrix.min_interval_cycles)
+                        end[k] = f + o.a + tm.drain
+                    elif e == MAT:
+                        end[k] = free[e] = t + tm.preload + o.a + tm.drain
+                    else:
+                        end[k] = free[e] = t + o.a
+        # the next HBM event: a transfer joins or the first one in flight finishes
+        t_fin, k_fin = math.inf, -1
+        if flying:
+            k_fin = min(flying, key=lambda x: (flying[x], x))
+            t_fin = t_now + flying[k_fin] * len(flying)
+        if pending and pending[0][0] <= t_fin:
+            t_join, k = heapq.heappop(pending)
+            t_join = max(t_join, t_now)
+            for x in flying:
+                flying[x] -= (t_join - t_now) / len(flying)
+            t_now = t_join
+            flying[k] = order[k][0].b
+            continue
+        if k_fin < 0:
+            break
+        for x in flying:
+            flying[x] -= (t_fin - t_now) / len(flying)
+        t_now = t_fin
+        del flying[k_fin]
+        end[k_fin] = free[eng_of[k_fin]] = t_fin
+        busy[eng_of[k_fin]] = False
+    assert all(x is not None for x in end), "attention schedule: replay deadlock"
+    if _DEBUG:
+        _REPLAY[:] = list(end)
+    return max(end, default=0.0)  # type: ignore[type-var]
 
 
 def _engine(o: _Op, queues: int) -> int:
@@ -422,7 +533,7 @@ def _engine(o: _Op, queues: int) -> int:
     return queues if o.kind == "mm" else queues + 1
 
 
-def _list_schedule(ops, succ, level, tm: _Timing, queues: int, init: dict) -> tuple[list, float]:
+def _list_schedule(ops, succ, level, tm: _Timing, queues: int, init: dict) -> tuple[list, float, list, list]:
     """One list schedule: whenever an engine is free, the ready instruction with the
     highest `level` (else the one ready first); issued in estimated start order. A
     buffer's loads all use one DMA queue: the first free when its first load issues."""
@@ -451,6 +562,8 @@ def _list_schedule(ops, succ, level, tm: _Timing, queues: int, init: dict) -> tu
             enqueue(i)
     free = list(init.get("qfree", [0.0] * queues)) + [0.0, init.get("vec", 0.0)]
     stream_free = span = 0.0
+    start = [0.0] * n
+    end = [0.0] * n
     out: list[tuple[_Op, int | None]] = []
     while True:
         best = None  # (start, -level, index, engine)
@@ -496,6 +609,7 @@ def _list_schedule(ops, succ, level, tm: _Timing, queues: int, init: dict) -> tu
             ready[e_].remove(i)
             e = free[VEC] = t + o.a
         span = max(span, e)
+        start[i], end[i] = t, e
         if _DEBUG:
             _PLAN.append((o.kind, t, e, o.prio, o.reads, o.writes))
         out.append((o, e_ if o.kind == "load" else None))
@@ -506,7 +620,7 @@ def _list_schedule(ops, succ, level, tm: _Timing, queues: int, init: dict) -> tu
             if left[x] == 0:
                 enqueue(x)
     assert len(out) == n, "attention schedule: dependence cycle"
-    return out, span
+    return out, span, start, end
 
 
 # ---------------------------------------------------------------------------------------
@@ -520,20 +634,59 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
     q_shape, k_shape, v_shape = (_shape(x.type) for x in (op.q, op.k, op.v))
     out_shape = _shape(res.type)
     has_mask = op.mask is not None
-    plan = _plan(lw.cfg, q_shape, k_shape, v_shape, out_shape, op.is_causal, has_mask, elem)
-    if plan is None:
+    mask_shape = None
+    if has_mask:
+        ms = _shape(op.mask.type)
+        mask_shape = (1,) * (2 - len(ms)) + ms if len(ms) < 2 else ms
+    scale, dt = float(op.scale.value.data), g.element_dtype(res.type)
+    # plain and paired tilings: the one whose schedule (a dry run) ends first
+    best = None
+    force = __import__("os").environ.get("TILECC_ATTN_PAIR") if _DEBUG else None
+    tried = set()
+    for pair, sep in ((1, False), (2, False), (2, True), (4, False), (4, True)):
+        if force is not None and f"{pair}{int(sep)}" != force:
+            continue
+        plan = _plan(lw.cfg, q_shape, k_shape, v_shape, out_shape, op.is_causal, has_mask, elem, pair, sep)
+        key = plan and (plan.qseq.f, plan.kseq.f, plan.rowsum_fused)
+        if plan is None or key in tried or (sep and plan.kseq.f == 1):
+            continue
+        tried.add(key)
+        types = _hbm_types(plan, elem, q_shape, k_shape, v_shape, mask_shape, out_shape)
+        est = _Kernel(lw, plan, elem, scale, dt, loc, types=types).build()
+        if _DEBUG:
+            print(f"attention tiling q x{plan.qseq.f} k x{plan.kseq.f} fused row sum {plan.rowsum_fused}: "
+                  f"{est:,.0f} cycles")
+        if best is None or est < best[0]:
+            best = (est, plan)
+    if best is None:
         return False
+    plan = best[1]
     q, k, v = (lw.materialise(x) for x in (op.q, op.k, op.v))
     mask = None
     if has_mask:
         mask = lw.materialise(op.mask)
-        ms = _shape(mask.type)
-        if len(ms) < 2:
-            mask = lw.view(mask, (1,) * (2 - len(ms)) + ms)
+        if _shape(mask.type) != mask_shape:
+            mask = lw.view(mask, mask_shape)
     out = lw.hbm(out_shape, elem)
-    _Kernel(lw, plan, elem, float(op.scale.value.data), g.element_dtype(res.type), (q, k, v, mask, out), loc).build()
+    _Kernel(lw, plan, elem, scale, dt, loc, tensors=(q, k, v, mask, out)).build()
     lw.values[res] = out
     return True
+
+
+def _hbm_types(p: _Plan, elem, q_shape, k_shape, v_shape, mask_shape, out_shape) -> list[MemRefType]:
+    """The kernel's argument types: q, k, v (paired views where the plan pairs rows),
+    the mask, the output, the identity and the causal mask patterns."""
+    def paired(s, f):
+        return tuple(s) if f == 1 else (*s[:-2], s[-2] // f, f * s[-1])
+
+    fq, fk, T = p.qseq.f, p.kseq.f, p.T
+    shapes = [paired(q_shape, fq), paired(k_shape, fk), paired(v_shape, fk) if p.v_paired else tuple(v_shape)]
+    if mask_shape is not None:
+        shapes.append(tuple(mask_shape))
+    shapes += [paired(out_shape, fq), (T, T)]
+    if p.masks:
+        shapes.append((T, T * len(p.masks)))
+    return [MemRefType(elem, list(x)) for x in shapes]
 
 
 def _paired(lw, v: SSAValue, f: int) -> SSAValue:
@@ -545,31 +698,39 @@ def _paired(lw, v: SSAValue, f: int) -> SSAValue:
 
 
 class _Kernel:
-    def __init__(self, lw, p: _Plan, elem, scale: float, dt, tensors, loc):
+    def __init__(self, lw, p: _Plan, elem, scale: float, dt, loc, tensors=None, types=None):
+        """With `tensors` (q, k, v, mask or None, out in HBM) build and launch the kernel;
+        with only the argument `types`, a dry run: `build` returns the estimated cycles
+        of its schedule and nothing is emitted."""
         self.lw, self.p, self.elem, self.scale, self.loc = lw, p, elem, scale, loc
         self.cfg: HardwareConfig = lw.cfg
         self.isz = _isz(elem)
         self.fp32 = isinstance(elem, Float32Type)
         self.tm = _Timing(self.cfg)
+        self.dry = tensors is None
         T, fq, fk = p.T, p.qseq.f, p.kseq.f
         from tilecc.passes.lower_index import masked_value
 
-        q, k, v, mask, out = tensors
-        hbm = [_paired(lw, q, fq), _paired(lw, k, fk), _paired(lw, v, fk) if p.v_paired else v]
-        if mask is not None:
-            hbm.append(mask)
-        hbm.append(_paired(lw, out, fq))
-        hbm.append(lw.hbm([T, T], elem, value=_dense(np.eye(T, dtype=np.float32), elem)))
-        if p.masks:
-            low = masked_value(dt)  # finite: the constant's printed form reads back
-            pats = np.concatenate([np.where(m, 0.0, low) for m in p.masks], axis=1).astype(np.float32)
-            hbm.append(lw.hbm([T, T * len(p.masks)], elem, value=_dense(pats, elem)))
-        self.hbm_args = hbm
-        self.kb = KernelBuilder(lw.kernel_name("attention"), [a.type for a in hbm], loc)
+        if self.dry:
+            self.hbm_args = None
+        else:
+            q, k, v, mask, out = tensors
+            hbm = [_paired(lw, q, fq), _paired(lw, k, fk), _paired(lw, v, fk) if p.v_paired else v]
+            if mask is not None:
+                hbm.append(mask)
+            hbm.append(_paired(lw, out, fq))
+            hbm.append(lw.hbm([T, T], elem, value=_dense(np.eye(T, dtype=np.float32), elem)))
+            if p.masks:
+                low = masked_value(dt)  # finite: the constant's printed form reads back
+                pats = np.concatenate([np.where(m, 0.0, low) for m in p.masks], axis=1).astype(np.float32)
+                hbm.append(lw.hbm([T, T * len(p.masks)], elem, value=_dense(pats, elem)))
+            self.hbm_args = hbm
+            types = [a.type for a in hbm]
+        self.kb = KernelBuilder(lw.kernel_name("attention"), types, loc)
         args = list(self.kb.args)
         self.a_q, self.a_k, self.a_v = args[:3]
-        self.a_mask = args[3] if mask is not None else None
-        rest = args[4:] if mask is not None else args[3:]
+        self.a_mask = args[3] if p.has_mask else None
+        rest = args[4:] if p.has_mask else args[3:]
         self.a_out, self.a_ident = rest[0], rest[1]
         self.a_masks = rest[2] if p.masks else None
         self.names: dict[SSAValue, str] = {}
@@ -661,7 +822,7 @@ class _Kernel:
         ops.append(_Op("store", emit, (self.name(src),), (), prio, fixed, transfer, self.queues - 1))
 
     # -- the kernel ----------------------------------------------------------------------
-    def build(self) -> None:
+    def build(self) -> float:
         p, kb, T = self.p, self.kb, self.p.T
         fq, fk, nd = p.qseq.f, p.kseq.f, len(p.chunks)
         nkb, nkt = p.kseq.blocks, len(p.kseq.tiles())
@@ -671,7 +832,8 @@ class _Kernel:
         # this prologue for the schedule of the first body
         qfree = [0.0] * self.queues
         ready: dict[str, float] = {}
-        self.init = {"qfree": qfree, "ready": ready, "qmap": self.qmap}
+        pre: list[tuple[_Op, int | None]] = []  # the prologue, for the replay of the first body
+        self.init = {"qfree": qfree, "ready": ready, "qmap": self.qmap, "pre": pre}
 
         def const_load(arg, buf, cols):
             q = self.qmap[self.name(self.dma_target(buf))]
@@ -679,6 +841,11 @@ class _Kernel:
             fixed, transfer = self.tm.dma(T, cols, self.isz)
             qfree[q] += fixed + transfer
             ready[self.name(buf)] = qfree[q]
+            pre.append((_Op("load", lambda _q: None, (), (self.name(buf),), (), fixed, transfer, q), q))
+
+        def pre_copy(src, dst, rows, cols):
+            pre.append((_Op("vec", lambda _q: None, (self.name(src),), (self.name(dst),), (),
+                            self.tm.vec("unary", "copy", rows, cols)), None))
 
         self.ident = self.alloc([T, T], SRAM, "ident")
         const_load(self.a_ident, self.ident, T)
@@ -690,6 +857,7 @@ class _Kernel:
         kb.add(tile.ScalarOp("max", self.ident, 1.0, self.ones, c(T), c(T)))
         vec = ready["ident"] + self.tm.vec("binary", "max", T, T)
         ready["ones"] = vec
+        pre_copy(self.ident, self.ones, T, T)
         self.nk_ring = min(nkb, 2 * self.queues)
         self.knat = [self.alloc([T, fk * p.D], SRAM, "k") for _ in range(self.nk_ring)]
         self.kt = [[self.alloc([T, nd * fk * T], SRAM, "kT") for _ in range(nkb)] for _ in range(p.sets)]
@@ -711,7 +879,7 @@ class _Kernel:
                      if p.has_mask else None)
         self.pt = [self.alloc([T, p.G * T], SRAM, "pT") for _ in range(N2)]
         self.obuf = [self.alloc([T, fq * p.Dv], SRAM, "out") for _ in range(2)]
-        self.sm = [self.alloc([T, p.W1 * T], SRAM, "s_m") for _ in range(p.na1)] if p.tfrac else []
+        self.sm = [self.alloc([T, p.W1 * T], SRAM, "s_m") for _ in range(p.na1)] if p.tmode else []
         self.acc_tr = [self.alloc([T, nd * fk * T], ACC, "acc_kT", f32) for _ in range(p.ntr)]
         self.acc_q = [self.alloc([T, nd * T], ACC, "acc_qT", f32) for _ in range(2)]
         self.acc1 = [self.alloc([T, p.W1 * T], ACC, "acc_s", f32) for _ in range(p.na1)]
@@ -728,6 +896,7 @@ class _Kernel:
                         kb.add(tile.UnaryOp("copy", self.win(self.ones, r, 0, [1, T]),
                                             self.win(buf, r, (nd - 1) * w + c0, [1, T]), c(1), c(T)))
                         vec += self.tm.vec("unary", "copy", 1, T)
+                        pre_copy(self.ones, buf, 1, T)
                     ready[self.name(buf)] = vec
         if p.rowsum_fused:
             for s in range(p.sets):
@@ -735,18 +904,31 @@ class _Kernel:
                     kb.add(tile.UnaryOp("copy", self.win(self.ones, 0, 0, [T, 1]), self.win(buf, 0, p.Dv, [T, 1]),
                                         c(T), c(1)))
                     vec += self.tm.vec("unary", "copy", T, 1)
+                    pre_copy(self.ones, buf, T, 1)
                     ready[self.name(buf)] = vec
         self.init["vec"] = vec
         self._win.clear()
         # loops: outer batch dims, then the last batch dim in bodies of U heads
+        self.estimate = 0.0
         if not p.batch:
             self.body([[]])
         else:
             self._outer(list(p.batch[:-1]), [])
+        if self.dry:
+            return self.estimate
         self.lw.launch(kb, self.hbm_args)
+        return self.estimate
 
     def _outer(self, extents, ivs) -> None:
         kb, p = self.kb, self.p
+        if self.dry:  # the schedule of each distinct body, times its repetitions
+            outer = int(np.prod(extents)) if extents else 1
+            trips, rest = divmod(p.batch[-1], p.U)
+            est = self.body([[None] * len(p.batch)] * p.U) * trips if trips else 0.0
+            if rest:
+                est += self.body([[None] * len(p.batch)] * rest)
+            self.estimate = est * outer
+            return
         if extents:
             with kb.loop(extents[0]) as i:
                 self._outer(extents[1:], [*ivs, i])
@@ -793,7 +975,7 @@ class _Kernel:
         return True
 
     # -- one scheduled body: the heads `heads` (batch index values) --------------------------
-    def body(self, heads: list[list]) -> None:
+    def body(self, heads: list[list]) -> float:
         p = self.p
         ops: list[_Op] = []
         ring = {"k": 0, "q": 0, "qt": 0, "s1": 0, "s2": 0, "pt": 0, "tr": 0, "sm": 0, "o": 0}
@@ -805,14 +987,19 @@ class _Kernel:
             qidx = self._index(bidx, self.a_q)
             for bq in range(p.qseq.blocks):
                 self._q_block(ops, u, bidx, s, bq, qidx, ring)
-        order = _schedule(ops, self.tm, self.queues, self.init)
+        order, span = _schedule(ops, self.tm, self.queues, self.init)
         for o, q in order:
             if o.kind == "load":
                 self.qmap.setdefault(o.writes[0], q)
         self.init = {"qmap": self.qmap}  # later bodies follow a loop or another body
+        if not p.batch:
+            self.estimate = span
+        if self.dry:
+            return span
         for o, q in order:
             o.emit(q)
         self._win.clear()
+        return span
 
     def _prep_kv(self, ops, u, bidx, s, ring) -> None:
         """K blocks: load, transpose every tile and chunk, copy into K^T; V blocks / tiles."""
@@ -863,20 +1050,47 @@ class _Kernel:
             return self.vaug[s][k // p.kseq.f], (k % p.kseq.f) * p.Dv
         return self.vaug[s][k], 0
 
-    def _transposed_chunks(self, chunks1: list[list]) -> int:
-        """How many of the q-tile's last pass-1 chunks run in transposed mode: the share
-        `tfrac` of its key tiles, at most na1 - 1 chunks (one accumulator stays free for
-        the next q-tile's pass 1)."""
-        p = self.p
-        if not p.tfrac:
+    def _transposed_chunks(self, chunks1: list[list], qs: int) -> int:
+        """How many of the q-tile's last pass-1 chunks run in transposed mode (at most
+        MAX_HELD and na1 - 1: one accumulator stays free for the next q-tile's pass 1):
+        the count that best balances the q-tile's matrix and vector cycles.
+
+        Per key tile, normal mode: pass 1, pass 2 (+ the fold matmul when D is a multiple
+        of T), 2 mask matmuls if masked, PV (+ row sum); max-reduce and exp on the vector
+        engine. Transposed mode: pass 1, one transpose, 1 mask matmul, PV; plus the
+        subtract. Normal mode also needs the -m row (one matmul, one copy)."""
+        p, tm, cfg = self.p, self.tm, self.cfg
+        if not p.tmode:
             return 0
-        want = p.tfrac * sum(len(ch) for ch in chunks1)
-        n, got = 0, 0
-        for ch in reversed(chunks1[-min(p.na1 - 1, MAX_HELD):]):
-            if got + len(ch) / 2 > want:
-                break
-            n, got = n + 1, got + len(ch)
-        return n
+        v = cfg.vector
+        nd, pv = len(p.chunks), len(p.vchunks) + (0 if p.rowsum_fused else 1)
+        mmc = max(tm.preload, tm.mm(p.T, p.T, p.T, self.fp32), cfg.matrix.min_interval_cycles)
+        over = v.latency_cycles + v.access_cycles
+        fold = 0 if p.fold_row is not None else 1
+
+        def cost(n_t: int) -> tuple[float, float]:
+            mm = vec = 0.0
+            tiles = [km for ch in chunks1 for km in ch]
+            t_set = {km[0] for ch in chunks1[len(chunks1) - n_t:] for km in ch} if n_t else set()
+            for k, mid in tiles:
+                el = math.ceil(p.ks(k) * qs / v.lanes)
+                masked = (mid is not None) + p.has_mask
+                vec += el * (v.op_cost.reduce["max"] + v.op_cost.unary["exp"]) + over / p.G + over / p.W1
+                if k in t_set:
+                    mm += mmc * (nd + 1 + pv + masked)
+                    vec += el * v.op_cost.binary["sub"] + over / p.W1
+                else:
+                    mm += mmc * (2 * nd + fold + pv + 2 * masked)
+            if len(t_set) < len(tiles):
+                mm += mmc
+                vec += over
+            return mm, vec
+
+        best = (math.inf, 0)
+        for n_t in range(min(len(chunks1), MAX_HELD, p.na1 - 1) + 1):
+            mm, vec = cost(n_t)
+            best = min(best, (max(mm, vec) + 1e-3 * n_t, n_t))
+        return best[1]
 
     def _groups(self, keys: list) -> list[list]:
         """Consecutive key tiles of equal size, at most G per group (one exp each)."""
@@ -935,7 +1149,7 @@ class _Kernel:
         # are computed in transposed mode
         pr = (u, qi, 2)
         chunks1 = [keys[x:x + p.W1] for x in range(0, len(keys), p.W1)]
-        n_t = self._transposed_chunks(chunks1)
+        n_t = self._transposed_chunks(chunks1, qs)
         held: list[tuple[list, SSAValue]] = []
         for w, ch in enumerate(chunks1):
             acc = self.acc1[ring["s1"] % p.na1]
@@ -1027,8 +1241,16 @@ class _Kernel:
                 if not p.rowsum_fused:
                     self._mm(ops, pt, (0, jj * qs), self.ones, (0, 0), acco, (0, p.Dv), qs, ks, 1, not first, pr)
                 first = False
-        # O = O_aug[:, :Dv] / O_aug[:, Dv] into the q-block's output tile
-        self._vec(ops, "column", "div", acco, (0, 0), ob, (0, tq * p.Dv), qs, p.Dv, (u, qi, 5), col=(acco, (0, p.Dv)))
+        # O = O_aug[:, :Dv] / O_aug[:, Dv] into the q-block's output tile: a column divide,
+        # or a reciprocal of the column and a multiply where that is cheaper
+        pr = (u, qi, 5)
+        tm = self.tm
+        if (tm.vec("unary", "reciprocal", qs, 1) + tm.vec("binary", "mul", qs, p.Dv)
+                < tm.vec("binary", "div", qs, p.Dv)):
+            self._vec(ops, "unary", "reciprocal", acco, (0, p.Dv), acco, (0, p.Dv), qs, 1, pr)
+            self._vec(ops, "column", "mul", acco, (0, 0), ob, (0, tq * p.Dv), qs, p.Dv, pr, col=(acco, (0, p.Dv)))
+        else:
+            self._vec(ops, "column", "div", acco, (0, 0), ob, (0, tq * p.Dv), qs, p.Dv, pr, col=(acco, (0, p.Dv)))
 
 
 __all__ = ["lower_attention", "lower_attention_kernel"]
