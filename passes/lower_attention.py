@@ -41,6 +41,7 @@ INPLACE = False
 CANDS = ((3, 2, 3), (3, 1, 3), (2, 2, 3), (2, 1, 3), (2, 1, 2))
 MAX_BODY_TILES = 192  # (q-tile, key-tile) pairs of one scheduled body (heads per iteration)
 _DEBUG = bool(__import__("os").environ.get("TILECC_ATTN_DEBUG"))
+ESTIMATES: dict[str, float] = {}  # diagnostics: kernel name -> cycles its schedule replays to
 _PATH: list = []  # debug: the critical path
 _REPLAY: list = []  # debug: replayed end of each issued op of the last replay
 _PLAN: list = []  # debug: (kind, planned start, planned end, ...) of the issued ops
@@ -668,7 +669,8 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
         if _shape(mask.type) != mask_shape:
             mask = lw.view(mask, mask_shape)
     out = lw.hbm(out_shape, elem)
-    _Kernel(lw, plan, elem, scale, dt, loc, tensors=(q, k, v, mask, out)).build()
+    kernel = _Kernel(lw, plan, elem, scale, dt, loc, tensors=(q, k, v, mask, out))
+    ESTIMATES[kernel.kb.func.sym_name.data] = kernel.build()
     lw.values[res] = out
     return True
 
@@ -935,12 +937,14 @@ class _Kernel:
             return
         H, U = p.batch[-1], p.U
         trips, rest = divmod(H, U)
+        est = 0.0
         if trips:
             with kb.loop(trips) as it:
                 base = kb.muli(it, kb.const(U)) if trips > 1 else kb.const(0)
-                self.body([[*ivs, (base, u)] for u in range(U)])
+                est += trips * self.body([[*ivs, (base, u)] for u in range(U)])
         if rest:
-            self.body([[*ivs, (kb.const(trips * U), u)] for u in range(rest)])
+            est += self.body([[*ivs, (kb.const(trips * U), u)] for u in range(rest)])
+        self.estimate = est * int(np.prod(p.batch[:-1], dtype=np.int64))
 
     def _index(self, bidx, arg: SSAValue) -> Callable[[], list[SSAValue]]:
         """The leading (batch) indices of kernel argument `arg` for batch index `bidx`
