@@ -990,6 +990,7 @@ class _Kernel:
                 self._prep_kv(ops, u, bidx, s, ring)
             qidx = self._index(bidx, self.a_q)
             for bq in range(p.qseq.blocks):
+                self._last_block = u == len(heads) - 1 and bq == p.qseq.blocks - 1
                 self._q_block(ops, u, bidx, s, bq, qidx, ring)
         order, span = _schedule(ops, self.tm, self.queues, self.init)
         for o, q in order:
@@ -1054,7 +1055,7 @@ class _Kernel:
             return self.vaug[s][k // p.kseq.f], (k % p.kseq.f) * p.Dv
         return self.vaug[s][k], 0
 
-    def _transposed_chunks(self, chunks1: list[list], qs: int) -> int:
+    def _transposed_chunks(self, chunks1: list[list], qs: int, last: bool = False) -> int:
         """How many of the q-tile's last pass-1 chunks run in transposed mode (at most
         MAX_HELD and na1 - 1: one accumulator stays free for the next q-tile's pass 1):
         the count that best balances the q-tile's matrix and vector cycles.
@@ -1091,7 +1092,9 @@ class _Kernel:
             return mm, vec
 
         best = (math.inf, 0)
-        for n_t in range(min(len(chunks1), MAX_HELD, p.na1 - 1) + 1):
+        # the body's last q-tile has no successor to keep an accumulator free for
+        limit = p.na1 if last else min(MAX_HELD, p.na1 - 1)
+        for n_t in range(min(len(chunks1), limit) + 1):
             mm, vec = cost(n_t)
             best = min(best, (max(mm, vec) + 1e-3 * n_t, n_t))
         return best[1]
@@ -1118,6 +1121,7 @@ class _Kernel:
         self._load(ops, self.a_q, lambda: [*qidx(), kc(bq * T), kc(0)], qn, (0, 0), rq, fq * p.D,
                    qrank - 2, qrank - 1, (u, bq * fq, 0))
         for tq in range(fq):
+            self._last_tile = self._last_block and tq == fq - 1
             self._q_tile(ops, u, bidx, s, bq, tq, qn, ob, ring)
         oidx = self._index(bidx, self.a_out)
         self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, fq * p.Dv, (u, bq * fq, 9))
@@ -1153,7 +1157,7 @@ class _Kernel:
         # are computed in transposed mode
         pr = (u, qi, 2)
         chunks1 = [keys[x:x + p.W1] for x in range(0, len(keys), p.W1)]
-        n_t = self._transposed_chunks(chunks1, qs)
+        n_t = self._transposed_chunks(chunks1, qs, last=self._last_tile)
         held: list[tuple[list, SSAValue]] = []
         for w, ch in enumerate(chunks1):
             acc = self.acc1[ring["s1"] % p.na1]
