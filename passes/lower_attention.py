@@ -1,6 +1,93 @@
 """The -O2 attention kernel: ``graph.sdpa`` as one flash-attention kernel.
 
-(docstring placeholder)
+At ``-O0`` (and where this kernel does not apply, see the end) sdpa is the decomposition
+of `lower_index.lower_sdpa`: one kernel per graph op, every score matrix round-tripping
+HBM. Here the whole attention is one kernel and no score leaves the chip.
+
+The machine: the matrix engine computes ``acc[M x N] (+)= lhsT[K x M]^T @ rhs[K x N]``
+(K on partitions for both operands) and costs about one preload (array rows, 128 cycles
+on ``cloud``) per matmul whatever K and N are; the vector engine works lane-aligned,
+reduces along the free dimension only, and pays ~76 cycles per instruction on
+``cloud``. Tiles are ``T = min(partitions, array rows, array cols, accumulator
+partitions)`` queries or keys.
+
+Layout (*transposed scores*), per (batch, head):
+
+- K load blocks in their natural layout (``[keys x D]``) and are transposed on the
+  matrix engine (a matmul with an identity) into resident ``K^T`` buffers (D on
+  partitions, one buffer per load block so later blocks do not hold up earlier
+  q-tiles); V loads naturally into resident ``V_aug`` buffers. K^T / V_aug are
+  double-buffered across heads (and loaded once per body when k and v broadcast over
+  heads).
+- Per q-tile: Q is transposed the same way; the accumulator copy multiplies by `scale`
+  (fp32, one rounding) into ``Q^T``.
+- Pass 1 (queries on partitions): ``S = Q K^T`` for up to 4 key tiles side by side in
+  the accumulator (one matmul per key tile and D chunk), one vector max-reduce per such
+  chunk, the partial maxes reduced to the row max ``m`` (a column).
+- Pass 2 (keys on partitions), *normal mode*: ``m`` is transposed into a row (a matmul
+  with M = 1 against the identity, landing at the accumulator partition of the fold
+  row) and copied, negated, into row D of ``Q^T`` (``Q^T_aug``) or, when D is a multiple
+  of T, a separate ``-m`` row. ``S^T - m = K^T_aug^T @ Q^T_aug``: the ones row of
+  ``K^T_aug`` times the ``-m`` row folds the max subtraction into the matmul (when D is a
+  multiple of T the fold is one more matmul, K = 1). *Transposed mode* instead keeps
+  pass 1's ``S`` in the accumulator, subtracts ``m`` on the vector engine (a column
+  operand, into SRAM in the model dtype) and transposes that on the matrix engine: one
+  matmul (and one mask matmul) fewer per key tile, one vector element-op per score
+  more. Each q-tile picks how many of its last pass-1 chunks run in transposed mode
+  from a cost model of both engines (bf16 / fp32; fp16 with masks would overflow
+  ``S - m`` of masked scores to -inf).
+- Either way up to 4 key tiles of ``S^T - m`` sit side by side in the accumulator and
+  one vector ``exp`` writes ``P^T`` to SRAM in the model dtype: already the lhsT of
+  ``O_aug[q x Dv+1] += P^T^T @ V_aug``, accumulated over the key tiles. Column Dv of
+  ``O_aug`` is the softmax denominator: a ones column of ``V_aug`` where Dv + 1 fits the
+  array columns, else one more matmul per key tile (N = 1).
+- ``O = O_aug[:, :Dv] / O_aug[:, Dv]`` (a column divide, or reciprocal and multiply),
+  and a store.
+
+Per 128 x 128 key tile on ``cloud`` at D = 128 that is 5 matmuls (pass 1, pass 2,
+fold, PV, row sum) and 3 vector element-ops per score (exp costs 2, max 1) in normal
+mode, 4 matmuls and 4 element-ops in transposed mode; the flash-attention-2 layout
+(S with queries on partitions, P transposed on the matrix engine, online rescale) needs
+3-4 matmuls but 6 element-ops per score (max, subtract, exp, sum, copy of the
+transposed P), and the vector engine is the scarce one.
+
+Masks: `is_causal` (torch's top-left aligned ``tril(ones(L, S))``) skips key tiles
+above the diagonal entirely; a tile the diagonal crosses adds a constant pattern
+(``0`` / the dtype's most negative finite value) through one more matmul in each pass
+(``acc += I^T @ Mask`` in pass 1, ``acc += Mask^T @ I`` in pass 2, so both read the
+pattern in its natural q-major layout; transposed mode needs only the first). The
+patterns come from the tiles' row indices (`_pairs`), deduplicated. An additive `mask`
+(any broadcast over batch, heads, rows or columns; bool masks arrive additive) loads one
+``[T x S]`` row block per q-tile and is added the same way on every key tile.
+
+Tilings: a row of D bf16 elements is shorter than an efficient DMA chunk at D <= 128 on
+``cloud``, and each transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view
+``[N / f, f * D]`` (f = 2 or 4) loads f tiles per DMA, tile t of a block holding rows
+``f (b T + r) + t``; the causal patterns follow. Paired tiles cost more diagonal tiles
+(and mask matmuls) under a causal mask. The kernel is planned for the plain and the
+paired tilings (and a separate row sum, so V can load paired too) and the one whose
+schedule ends first is built.
+
+Scheduling: a kernel body (one or more heads; a loop runs bodies over the remaining
+heads) is first written as a plain sequential program over rotating buffers
+(accumulators, ``P^T``, ``Q^T``, DMA rings); a list scheduler then reorders it into the
+order each engine queue runs: an instruction may move ahead of any other it shares no
+buffer with (the rule `npu-insert-sync` derives semaphores from, so the emitted order
+keeps every dependence), priorities are critical-path lengths (an edge to another
+engine costs the producer's latency, one on its own in-order queue its occupancy), and
+each buffer's loads keep one DMA queue (picked when its first load issues; several
+queues would need one semaphore wait each). Several priority variants are scheduled
+and each order is *replayed* with the simulator's timing rules (in-order queues,
+pipelined matmuls, processor-shared HBM; exact for a kernel of one body): the fastest
+is emitted, and the replay's cycles are kept in `ESTIMATES`. So the pass-1 matmuls of
+the next q-tile fill the matrix engine while the vector engine runs this q-tile's exps,
+and loads run ahead into free buffers.
+
+Falls back to the decomposition (returns False) when a dimension is zero, or when the
+resident K^T / V_aug of a head, the mask row block and the working buffers do not fit
+SRAM or the accumulator (very long sequences or head dims far above the partition count
+on a small target). Every float dtype, any L, S, D, Dv, batch / head broadcasting of q,
+k, v, and every additive mask broadcast are handled by the kernel.
 """
 
 from __future__ import annotations
@@ -12,7 +99,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import (
-    BFloat16Type,
     DenseIntOrFPElementsAttr,
     Float16Type,
     Float32Type,
@@ -37,14 +123,11 @@ NQ = 2  # q-tile ring: Q^T, max, O_aug
 N2 = 3  # pass-2 ring: S^T accumulators, P^T
 MAX_HELD = 2  # transposed-mode chunks per q-tile
 SCHEDULE_TRIES = 8  # seeded perturbations of the critical-path priorities
-INPLACE = False
-CANDS = ((3, 2, 3), (3, 1, 3), (2, 2, 3), (2, 1, 3), (2, 1, 2))
+# (pass-1 accumulators, K-transpose accumulators, pass-2 accumulators), most first
+ACC_SETS = ((3, 2, 3), (3, 1, 3), (2, 2, 3), (2, 1, 3), (2, 1, 2))
 MAX_BODY_TILES = 192  # (q-tile, key-tile) pairs of one scheduled body (heads per iteration)
-_DEBUG = bool(__import__("os").environ.get("TILECC_ATTN_DEBUG"))
+_DEBUG = bool(__import__("os").environ.get("TILECC_ATTN_DEBUG"))  # print the schedules' ends
 ESTIMATES: dict[str, float] = {}  # diagnostics: kernel name -> cycles its schedule replays to
-_PATH: list = []  # debug: the critical path
-_REPLAY: list = []  # debug: replayed end of each issued op of the last replay
-_PLAN: list = []  # debug: (kind, planned start, planned end, ...) of the issued ops
 
 
 def _shape(t: Attribute) -> tuple[int, ...]:
@@ -235,7 +318,7 @@ def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: boo
     nkt = len(kseq.tiles())
     for sets in (2, 1):
         for G, W1 in ((min(G_EXP, nkt), min(W_MAX, nkt)), (min(2, nkt), min(2, nkt)), (1, 1)):
-            for na1, ntr, n2 in CANDS:
+            for na1, ntr, n2 in ACC_SETS:
                 p = _Plan(T, L, S, D, Dv, batch, qseq, kseq, chunks, fold_row, vchunks, rowsum_fused,
                           causal, has_mask, pairs, masks, G, W1, sets, U, na1, ntr, n2)
                 if na1 > 2:
@@ -313,7 +396,8 @@ class _Timing:
         chunk = cols * isz if contiguous else isz
         desc = rows if contiguous else rows * cols
         eff = min(1.0, chunk / d.efficient_chunk_bytes)
-        return d.latency_cycles + h.latency_cycles + desc * d.per_descriptor_cycles, rows * cols * isz / (h.bytes_per_cycle * eff)
+        fixed = d.latency_cycles + h.latency_cycles + desc * d.per_descriptor_cycles
+        return fixed, rows * cols * isz / (h.bytes_per_cycle * eff)
 
 
 def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None) -> tuple[list, float]:
@@ -398,18 +482,7 @@ def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None
             break
         best = (order, span, level, start, end)
     if _DEBUG:
-        _PLAN.clear()
-        _list_schedule(ops, succ, best[2], tm, queues, init)
-        _replay(best[0], tm, queues, init)
-        i = max(range(n), key=lambda x: lat[x])
-        path = []
-        while True:
-            path.append(i)
-            if not succ[i]:
-                break
-            i = max(succ[i], key=lambda x: lat[x])
-        _PATH[:] = [(ops[x].kind, ops[x].prio, ops[x].reads, ops[x].writes, tm.latency(ops[x])) for x in path]
-        occ_by = {}
+        occ_by: dict[str, float] = {}
         for o in ops:
             occ_by[o.kind] = occ_by.get(o.kind, 0.0) + tm.occupancy(o)
         print(f"attention schedule: {n} ops, planned ends {spans}, critical path {max(lat):,.0f}, "
@@ -450,7 +523,6 @@ def _replay(order: list[tuple[_Op, int | None]], tm: _Timing, queues: int, init:
             last_w[b] = k
             readers[b] = []
         deps.append(sorted(x for x in d if x != k and eng_of[x] != e))
-    base = [0.0] * n
     order = seq_all
     end: list[float | None] = [None] * n
     head = [0] * (queues + 2)
@@ -471,7 +543,7 @@ def _replay(order: list[tuple[_Op, int | None]], tm: _Timing, queues: int, init:
                     k = seq[head[e]]
                     if e < queues and busy[e]:
                         break
-                    t = max(free[e], base[k])
+                    t = free[e]
                     known = True
                     for d in deps[k]:
                         x = end[d]
@@ -519,8 +591,6 @@ def _replay(order: list[tuple[_Op, int | None]], tm: _Timing, queues: int, init:
         end[k_fin] = free[eng_of[k_fin]] = t_fin
         busy[eng_of[k_fin]] = False
     assert all(x is not None for x in end), "attention schedule: replay deadlock"
-    if _DEBUG:
-        _REPLAY[:] = list(end)
     return max(end, default=0.0)  # type: ignore[type-var]
 
 
@@ -611,8 +681,6 @@ def _list_schedule(ops, succ, level, tm: _Timing, queues: int, init: dict) -> tu
             e = free[VEC] = t + o.a
         span = max(span, e)
         start[i], end[i] = t, e
-        if _DEBUG:
-            _PLAN.append((o.kind, t, e, o.prio, o.reads, o.writes))
         out.append((o, e_ if o.kind == "load" else None))
         for x in succ[i]:
             left[x] -= 1
@@ -642,11 +710,8 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
     scale, dt = float(op.scale.value.data), g.element_dtype(res.type)
     # plain and paired tilings: the one whose schedule (a dry run) ends first
     best = None
-    force = __import__("os").environ.get("TILECC_ATTN_PAIR") if _DEBUG else None
     tried = set()
     for pair, sep in ((1, False), (2, False), (2, True), (4, False), (4, True)):
-        if force is not None and f"{pair}{int(sep)}" != force:
-            continue
         plan = _plan(lw.cfg, q_shape, k_shape, v_shape, out_shape, op.is_causal, has_mask, elem, pair, sep)
         key = plan and (plan.qseq.f, plan.kseq.f, plan.rowsum_fused)
         if plan is None or key in tried or (sep and plan.kseq.f == 1):
@@ -1009,7 +1074,7 @@ class _Kernel:
     def _prep_kv(self, ops, u, bidx, s, ring) -> None:
         """K blocks: load, transpose every tile and chunk, copy into K^T; V blocks / tiles."""
         p, T, kc = self.p, self.p.T, self.kb.const
-        fk, nd = p.kseq.f, len(p.chunks)
+        fk = p.kseq.f
         kidx, vidx = self._index(bidx, self.a_k), self._index(bidx, self.a_v)
         krank, vrank = len(_shape(self.a_k.type)), len(_shape(self.a_v.type))
         for bk in range(p.kseq.blocks):
@@ -1203,29 +1268,18 @@ class _Kernel:
                 self._vec(ops, "scalar", "mul", self.acc_m, (fr, 0), qt, (fr, (nd - 1) * T), 1, qs, pr, imm=-1.0)
             else:
                 self._vec(ops, "scalar", "mul", self.acc_m, (0, 0), self.negm[r], (0, 0), 1, qs, pr, imm=-1.0)
-        # pass 2: P^T = exp(S^T - m), O_aug += P^T^T V_aug. Transposed-mode tiles first, each
-        # chunk transposed back into its own pass-1 accumulator (freed sooner that way)
+        # pass 2: P^T = exp(S^T - m), O_aug += P^T^T V_aug; transposed-mode tiles first (their
+        # pass-1 accumulators are then free for the next q-tile)
         pr = (u, qi, 4)
-        groups: list[tuple[list[tuple[int, int | None]], SSAValue | None]] = []
-        for ch, acc in held:
-            for grp in self._groups(ch):
-                groups.append((grp, acc if INPLACE else None))
-        groups += [(grp, None) for grp in self._groups(normal)]
         first = True
-        used: dict[str, int] = {}  # columns of a held accumulator already transposed into
-        for grp, acc in groups:
+        for grp in self._groups([km for ch, _ in held for km in ch]) + self._groups(normal):
             pt = self.pt[ring["pt"] % len(self.pt)]
             ring["pt"] += 1
-            if acc is None:
-                acc = self.acc2[ring["s2"] % p.n2]
-                ring["s2"] += 1
-                base = 0
-            else:
-                base = used.get(self.name(acc), 0)
-                used[self.name(acc)] = base + len(grp) * qs
+            acc = self.acc2[ring["s2"] % p.n2]
+            ring["s2"] += 1
             ks = p.ks(grp[0][0])
             for jj, (k, mid) in enumerate(grp):
-                slot = (0, base + jj * qs)
+                slot = (0, jj * qs)
                 if k in tmode:
                     sm, col = tmode[k]
                     self._mm(ops, sm, (0, col), self.ident, (0, 0), acc, slot, ks, qs, qs, False, pr)
@@ -1241,7 +1295,7 @@ class _Kernel:
                 if mrow is not None:
                     self._mm(ops, mrow, (0, k * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)
             width = len(grp) * qs
-            self._vec(ops, "unary", "exp", acc, (0, base), pt, (0, 0), ks, width, pr)
+            self._vec(ops, "unary", "exp", acc, (0, 0), pt, (0, 0), ks, width, pr)
             for jj, (k, _) in enumerate(grp):
                 va, vcol = self._v(s, k)
                 for e0, ne in p.vchunks:
