@@ -126,7 +126,7 @@ MAX_HELD = 2  # transposed-mode chunks per q-tile
 SCHEDULE_TRIES = 8  # seeded perturbations of the critical-path priorities
 # (pass-1 accumulators, K-transpose accumulators, pass-2 accumulators), most first
 ACC_SETS = ((3, 2, 3), (3, 1, 3), (2, 2, 3), (2, 1, 3), (2, 1, 2))
-MAX_BODY_TILES = 192  # (q-tile, key-tile) pairs of one scheduled body (heads per iteration)
+SEMAPHORES_PER_PAIR = 4  # a body of n (q-tile, key-tile) pairs needs up to ~3.5 n semaphores
 _DEBUG = bool(__import__("os").environ.get("TILECC_ATTN_DEBUG"))  # print the schedules' ends
 ESTIMATES: dict[str, float] = {}  # diagnostics: kernel name -> cycles its schedule replays to
 
@@ -209,7 +209,7 @@ class _Plan:
     G: int = G_EXP  # key tiles per pass-2 group
     W1: int = W_MAX  # key tiles per pass-1 chunk
     sets: int = 2  # K^T / V_aug sets (double buffering across heads)
-    U: int = 1  # heads per scheduled body
+    U: int = 1  # (unused: a kernel picks its heads per body, `_Kernel.U`)
     na1: int = 2  # pass-1 accumulators (a transposed-mode chunk holds one until its subtract)
     ntr: int = 2  # accumulators for the K transposes
     n2: int = N2  # pass-2 accumulators (normal-mode tiles)
@@ -311,17 +311,12 @@ def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: boo
     width = Dv + 1 if rowsum_fused else Dv
     vchunks = [(c0, min(C, width - c0)) for c0 in range(0, width, C)]
     pairs, masks = _pairs(qseq, kseq, causal)
-    heads = batch[-1] if batch else 1
-    per_head = sum(len(row) for row in pairs)
-    U = max(1, min(heads, MAX_BODY_TILES // max(per_head, 1)))
-    if 1 < U < heads and U % 2:
-        U -= 1  # an even body keeps the K^T / V_aug set parity across loop iterations
     nkt = len(kseq.tiles())
     for sets in (2, 1):
         for G, W1 in ((min(G_EXP, nkt), min(W_MAX, nkt)), (min(2, nkt), min(2, nkt)), (1, 1)):
             for na1, ntr, n2 in ACC_SETS:
                 p = _Plan(T, L, S, D, Dv, batch, qseq, kseq, chunks, fold_row, vchunks, rowsum_fused,
-                          causal, has_mask, pairs, masks, G, W1, sets, U, na1, ntr, n2)
+                          causal, has_mask, pairs, masks, G, W1, sets, 1, na1, ntr, n2)
                 if na1 > 2:
                     p.tmode = _transposed_ok(elem, causal or has_mask)
                     if not p.tmode:
@@ -720,7 +715,8 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
             continue
         tried.add(key)
         types = _hbm_types(plan, elem, q_shape, k_shape, v_shape, mask_shape, out_shape)
-        est = _Kernel(lw, plan, elem, scale, dt, loc, types=types).build()
+        est = sum(_Kernel(lw, plan, elem, scale, dt, loc, types=types, qblocks=r).build()
+                  for r in _qranges(plan, lw.cfg))
         if _DEBUG:
             print(f"attention tiling q x{plan.qseq.f} k x{plan.kseq.f} fused row sum {plan.rowsum_fused}: "
                   f"{est:,.0f} cycles")
@@ -736,10 +732,35 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
         if _shape(mask.type) != mask_shape:
             mask = lw.view(mask, mask_shape)
     out = lw.hbm(out_shape, elem)
-    kernel = _Kernel(lw, plan, elem, scale, dt, loc, tensors=(q, k, v, mask, out))
-    ESTIMATES[kernel.kb.func.sym_name.data] = kernel.build()
+    for r in _qranges(plan, lw.cfg):
+        kernel = _Kernel(lw, plan, elem, scale, dt, loc, tensors=(q, k, v, mask, out), qblocks=r)
+        ESTIMATES[kernel.kb.func.sym_name.data] = kernel.build()
     lw.values[res] = out
     return True
+
+
+def _budget(cfg: HardwareConfig) -> int:
+    """(q-tile, key-tile) pairs one scheduled body may hold: its instructions are straight
+    line, each producer another queue waits on takes a semaphore, and a kernel with more
+    producers than semaphores falls back to one semaphore per queue (npu-insert-sync),
+    which serialises the engines."""
+    return max(1, cfg.semaphores // SEMAPHORES_PER_PAIR)
+
+
+def _qranges(p: _Plan, cfg: HardwareConfig) -> list[range]:
+    """The q-blocks of each kernel: consecutive blocks while one head's pairs fit a body
+    (a long causal sequence becomes several kernels, each preparing the K / V blocks
+    its q-blocks see)."""
+    budget, out, start, pairs = _budget(cfg), [], 0, 0
+    fq = p.qseq.f
+    for bq in range(p.qseq.blocks):
+        n = sum(len(p.pairs[bq * fq + tq]) for tq in range(fq))
+        if pairs and pairs + n > budget:
+            out.append(range(start, bq))
+            start, pairs = bq, 0
+        pairs += n
+    out.append(range(start, p.qseq.blocks))
+    return out
 
 
 def _hbm_types(p: _Plan, elem, q_shape, k_shape, v_shape, mask_shape, out_shape) -> list[MemRefType]:
@@ -767,7 +788,7 @@ def _paired(lw, v: SSAValue, f: int) -> SSAValue:
 
 
 class _Kernel:
-    def __init__(self, lw, p: _Plan, elem, scale: float, dt, loc, tensors=None, types=None):
+    def __init__(self, lw, p: _Plan, elem, scale: float, dt, loc, tensors=None, types=None, qblocks=None):
         """With `tensors` (q, k, v, mask or None, out in HBM) build and launch the kernel;
         with only the argument `types`, a dry run: `build` returns the estimated cycles
         of its schedule and nothing is emitted."""
@@ -778,6 +799,16 @@ class _Kernel:
         self.tm = _Timing(self.cfg)
         self.dry = tensors is None
         T, fq, fk = p.T, p.qseq.f, p.kseq.f
+        self.qblocks = range(p.qseq.blocks) if qblocks is None else qblocks
+        qtiles = [bq * fq + tq for bq in self.qblocks for tq in range(fq)]
+        self.kblocks = sorted({k // fk for qi in qtiles for k, _ in p.pairs[qi]})
+        # heads per body: the largest divisor of the head count whose pairs fit a body
+        # (an even one when it is not much smaller: the K^T / V sets alternate by head)
+        heads = p.batch[-1] if p.batch else 1
+        per_head = max(1, sum(len(p.pairs[qi]) for qi in qtiles))
+        fits = [d for d in range(1, heads + 1) if heads % d == 0 and d * per_head <= _budget(self.cfg)] or [1]
+        even = [d for d in fits if d % 2 == 0]
+        self.U = max(even) if even and max(even) * 2 >= max(fits) else max(fits)
         from tilecc.passes.lower_index import masked_value
 
         if self.dry:
@@ -990,28 +1021,20 @@ class _Kernel:
 
     def _outer(self, extents, ivs) -> None:
         kb, p = self.kb, self.p
-        if self.dry:  # the schedule of each distinct body, times its repetitions
+        H, U = p.batch[-1], self.U
+        trips = H // U  # U divides H
+        if self.dry:  # the schedule of the body, times its repetitions
             outer = int(np.prod(extents)) if extents else 1
-            trips, rest = divmod(p.batch[-1], p.U)
-            est = self.body([[None] * len(p.batch)] * p.U) * trips if trips else 0.0
-            if rest:
-                est += self.body([[None] * len(p.batch)] * rest)
-            self.estimate = est * outer
+            self.estimate = self.body([[None] * len(p.batch)] * U) * trips * outer
             return
         if extents:
             with kb.loop(extents[0]) as i:
                 self._outer(extents[1:], [*ivs, i])
             return
-        H, U = p.batch[-1], p.U
-        trips, rest = divmod(H, U)
-        est = 0.0
-        if trips:
-            with kb.loop(trips) as it:
-                base = kb.muli(it, kb.const(U)) if trips > 1 else kb.const(0)
-                est += trips * self.body([[*ivs, (base, u)] for u in range(U)])
-        if rest:
-            est += self.body([[*ivs, (kb.const(trips * U), u)] for u in range(rest)])
-        self.estimate = est * int(np.prod(p.batch[:-1], dtype=np.int64))
+        with kb.loop(trips) as it:
+            base = kb.muli(it, kb.const(U)) if trips > 1 else kb.const(0)
+            span = self.body([[*ivs, (base, u)] for u in range(U)])
+        self.estimate = span * trips * int(np.prod(p.batch[:-1], dtype=np.int64))
 
     def _index(self, bidx, arg: SSAValue) -> Callable[[], list[SSAValue]]:
         """The leading (batch) indices of kernel argument `arg` for batch index `bidx`
@@ -1056,8 +1079,8 @@ class _Kernel:
             if not shared or u == 0:
                 self._prep_kv(ops, u, bidx, s, ring)
             qidx = self._index(bidx, self.a_q)
-            for bq in range(p.qseq.blocks):
-                self._last_block = u == len(heads) - 1 and bq == p.qseq.blocks - 1
+            for bq in self.qblocks:
+                self._last_block = u == len(heads) - 1 and bq == self.qblocks[-1]
                 self._q_block(ops, u, bidx, s, bq, qidx, ring)
         # a dry run compares tilings: the unperturbed priorities suffice for that
         order, span = _schedule(ops, self.tm, self.queues, self.init, 0 if self.dry else SCHEDULE_TRIES)
@@ -1080,7 +1103,7 @@ class _Kernel:
         fk = p.kseq.f
         kidx, vidx = self._index(bidx, self.a_k), self._index(bidx, self.a_v)
         krank, vrank = len(_shape(self.a_k.type)), len(_shape(self.a_v.type))
-        for bk in range(p.kseq.blocks):
+        for bk in self.kblocks:
             rk = p.kseq.rows(bk)
             pr = (u, -1, bk)
             kn = self.knat[ring["k"] % self.nk_ring]

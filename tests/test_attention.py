@@ -109,6 +109,35 @@ def test_kv_broadcast_over_heads():
     run_and_compare(_Sdpa(True), (q, k, v), "tiny")
 
 
+def _attention_kernels(cm) -> list[str]:
+    return [n for n in _kernel_names(cm) if "attention" in n]
+
+
+def test_heads_in_a_loop_of_bodies():
+    """8 heads of 10-12 key-tile pairs on tiny (256 semaphores): bodies of 4 heads
+    (the K^T / V sets alternate within a body), a loop of 2 iterations."""
+    q, k, v = _qkv((1,), 8, 64, 64, 16, 16, torch.bfloat16)
+    cm = run_and_compare(_Sdpa(True), (q, k, v), "tiny")
+    assert len(_attention_kernels(cm)) == 1
+    # a semaphore per producer, not npu-insert-sync's one-per-queue fallback
+    assert len(set(cm.program.stream["signal_sem"].tolist()) - {-1}) > 8
+
+
+def test_long_causal_sequence_splits_into_kernels():
+    """136 pairs per head exceed one body's semaphores on tiny: consecutive q-block
+    ranges become kernels of their own, each preparing the K / V blocks it sees."""
+    q, k, v = _qkv((1,), 1, 256, 256, 16, 16, torch.bfloat16)
+    cm = run_and_compare(_Sdpa(True), (q, k, v), "tiny")
+    names = _attention_kernels(cm)
+    assert len(names) >= 2 and all(n in la.ESTIMATES for n in names)
+
+
+def test_q_broadcast_over_batch():
+    q, _, _ = _qkv((1,), 2, 9, 12, 8, 8, torch.float32)
+    _, k, v = _qkv((3,), 2, 9, 12, 8, 8, torch.float32, seed=5)
+    run_and_compare(_Sdpa(), (q, k, v), "tiny")
+
+
 # -------------------------------------------------------------------------------- masks
 
 
