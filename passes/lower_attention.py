@@ -58,7 +58,9 @@ above the diagonal entirely; a tile the diagonal crosses adds a constant pattern
 pattern in its natural q-major layout; transposed mode needs only the first). The
 patterns come from the tiles' row indices (`_pairs`), deduplicated. An additive `mask`
 (any broadcast over batch, heads, rows or columns; bool masks arrive additive) loads one
-``[T x S]`` row block per q-tile and is added the same way on every key tile.
+``[T x S]`` row block per q-tile, clamped to the dtype's lowest finite value (a float
+mask may hold -inf, and the identity's zeros times -inf are NaN; a vector max, one
+element-op per score), and is added the same way on every key tile.
 
 Tilings: a row of D bf16 elements is shorter than an efficient DMA chunk at D <= 128 on
 ``cloud``, and each transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view
@@ -799,6 +801,9 @@ class _Kernel:
         self.tm = _Timing(self.cfg)
         self.dry = tensors is None
         T, fq, fk = p.T, p.qseq.f, p.kseq.f
+        from tilecc.passes.lower_index import masked_value
+
+        self.lowest = masked_value(dt)  # the dtype's most negative finite value
         self.qblocks = range(p.qseq.blocks) if qblocks is None else qblocks
         qtiles = [bq * fq + tq for bq in self.qblocks for tq in range(fq)]
         self.kblocks = sorted({k // fk for qi in qtiles for k, _ in p.pairs[qi]})
@@ -809,7 +814,6 @@ class _Kernel:
         fits = [d for d in range(1, heads + 1) if heads % d == 0 and d * per_head <= _budget(self.cfg)] or [1]
         even = [d for d in fits if d % 2 == 0]
         self.U = max(even) if even and max(even) * 2 >= max(fits) else max(fits)
-        from tilecc.passes.lower_index import masked_value
 
         if self.dry:
             self.hbm_args = None
@@ -821,8 +825,8 @@ class _Kernel:
             hbm.append(_paired(lw, out, fq))
             hbm.append(lw.hbm([T, T], elem, value=_dense(np.eye(T, dtype=np.float32), elem)))
             if p.masks:
-                low = masked_value(dt)  # finite: the constant's printed form reads back
-                pats = np.concatenate([np.where(m, 0.0, low) for m in p.masks], axis=1).astype(np.float32)
+                # finite: the constant's printed form reads back
+                pats = np.concatenate([np.where(m, 0.0, self.lowest) for m in p.masks], axis=1).astype(np.float32)
                 hbm.append(lw.hbm([T, T * len(p.masks)], elem, value=_dense(pats, elem)))
             self.hbm_args = hbm
             types = [a.type for a in hbm]
@@ -1244,6 +1248,9 @@ class _Kernel:
             row0 = fq * bq * T + tq if row_dim >= 0 else 0
             self._load(ops, self.a_mask, lambda: [*midx(), kc(row0), kc(0)], mrow, (0, 0), qs, p.S,
                        row_dim, col_dim, pr, row_step=fq if row_dim >= 0 else 1)
+            # -inf (a float mask may hold it) becomes the lowest finite value: the mask is
+            # added by a matmul with an identity, whose zeros times -inf would be NaN
+            self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), qs, p.S, pr, imm=self.lowest)
         keys = p.pairs[qi]
         # pass 1: row max of S = Q K^T; the last chunks stay in the accumulator when they
         # are computed in transposed mode

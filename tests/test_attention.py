@@ -153,6 +153,15 @@ def test_additive_masks(mask_shape):
     run_and_compare(_Masked(), (q, k, v, mask), "tiny")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_mask_with_minus_inf(dtype):
+    """A float mask may hold -inf (torch's ``full(-inf).triu(1)``): added through a matmul
+    with an identity it would give 0 * -inf = NaN; the kernel clamps it."""
+    q, k, v = _qkv((1,), 2, 20, 20, 8, 8, dtype)
+    mask = torch.full((20, 20), float("-inf")).triu(1).to(dtype)
+    run_and_compare(_Masked(), (q, k, v, mask), "tiny")
+
+
 def test_bool_mask_bf16():
     q, k, v = _qkv((1,), 2, 30, 30, 16, 16, torch.bfloat16)
     keep = torch.rand(1, 2, 30, 30, generator=torch.Generator().manual_seed(4)) > 0.4
