@@ -60,7 +60,8 @@ patterns come from the tiles' row indices (`_pairs`), deduplicated. An additive 
 (any broadcast over batch, heads, rows or columns; bool masks arrive additive) loads one
 ``[T x S]`` row block per q-tile, clamped to the dtype's lowest finite value (a float
 mask may hold -inf, and the identity's zeros times -inf are NaN; a vector max, one
-element-op per score), and is added the same way on every key tile.
+element-op per score; a row masking every key then averages V where torch gives NaN),
+and is added the same way on every key tile.
 
 Tilings: a row of D bf16 elements is shorter than an efficient DMA chunk at D <= 128 on
 ``cloud``, and each transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view
