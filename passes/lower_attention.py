@@ -107,6 +107,7 @@ from xdsl.dialects.builtin import (
     Float32Type,
     IntegerAttr,
     MemRefType,
+    NoneAttr,
     TensorType,
     f32,
     i1,
@@ -292,11 +293,13 @@ def _acc_bytes(p: _Plan) -> int:
 
 
 def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: bool, has_mask: bool,
-          elem: Attribute, pair: int = 1, sep_rowsum: bool = False) -> _Plan | None:
+          elem: Attribute, pair: int = 1, sep_rowsum: bool = False,
+          pair_ok: tuple[bool, bool] = (True, True)) -> _Plan | None:
     """The kernel's tiling and buffers, or None where it does not fit. `pair`: rows per
     DMA row (1, 2 or 4) for q and k (k only without an additive mask); `sep_rowsum`:
     the row sum as its own matmul even where a ones column would fit the PV matmul
-    (so V can load paired)."""
+    (so V can load paired); `pair_ok`: whether q / k and v are contiguous (pairing views
+    their rows as ``[N / f, f * width]``)."""
     L, D = q_shape[-2:]
     S, Dv = k_shape[-2], v_shape[-1]
     batch = tuple(out_shape[:-2])
@@ -304,8 +307,8 @@ def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: boo
         return None
     T = min(cfg.sram.partitions, cfg.matrix.rows, cfg.matrix.cols, cfg.accumulator.partitions)
     isz = _isz(elem)
-    fq = pair if L % pair == 0 and L > T else 1
-    fk = pair if S % pair == 0 and S > T and not has_mask else 1
+    fq = pair if L % pair == 0 and L > T and pair_ok[0] else 1
+    fk = pair if S % pair == 0 and S > T and not has_mask and pair_ok[1] else 1
     qseq, kseq = _Seq(L, fq, T), _Seq(S, fk, T)
     chunks = [(d0, min(T, D - d0)) for d0 in range(0, D, T)]
     fold_row = D % T if D % T else None
@@ -708,11 +711,16 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
         ms = _shape(op.mask.type)
         mask_shape = (1,) * (2 - len(ms)) + ms if len(ms) < 2 else ms
     scale, dt = float(op.scale.value.data), g.element_dtype(res.type)
+    q, k, v = (lw.materialise(x) for x in (op.q, op.k, op.v))
+    # pairing reshapes rows: only of tensors laid out contiguously (a strided view's rows
+    # 2r and 2r + 1 need not be neighbours)
+    pair_ok = (_contiguous(q), _contiguous(k) and _contiguous(v))
     # plain and paired tilings: the one whose schedule (a dry run) ends first
     best = None
     tried = set()
     for pair, sep in ((1, False), (2, False), (2, True), (4, False), (4, True)):
-        plan = _plan(lw.cfg, q_shape, k_shape, v_shape, out_shape, op.is_causal, has_mask, elem, pair, sep)
+        plan = _plan(lw.cfg, q_shape, k_shape, v_shape, out_shape, op.is_causal, has_mask, elem, pair, sep,
+                     pair_ok)
         key = plan and (plan.qseq.f, plan.kseq.f, plan.rowsum_fused)
         if plan is None or key in tried or (sep and plan.kseq.f == 1):
             continue
@@ -728,7 +736,6 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
     if best is None:
         return False
     plan = best[1]
-    q, k, v = (lw.materialise(x) for x in (op.q, op.k, op.v))
     mask = None
     if has_mask:
         mask = lw.materialise(op.mask)
@@ -764,6 +771,11 @@ def _qranges(p: _Plan, cfg: HardwareConfig) -> list[range]:
         pairs += n
     out.append(range(start, p.qseq.blocks))
     return out
+
+
+def _contiguous(v: SSAValue) -> bool:
+    """An HBM tensor in its default (row-major, dense) layout."""
+    return isinstance(v.type, MemRefType) and isinstance(v.type.layout, NoneAttr)
 
 
 def _hbm_types(p: _Plan, elem, q_shape, k_shape, v_shape, mask_shape, out_shape) -> list[MemRefType]:

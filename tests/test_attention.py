@@ -209,6 +209,21 @@ def test_falls_back_to_the_decomposition_when_buffers_do_not_fit():
     assert not any("attention" in n for n in _kernel_names(cm))
 
 
+def test_rows_pair_only_in_contiguous_tensors():
+    """Pairing views rows as ``[N / 2, 2 D]``: not for a strided HBM view."""
+    from xdsl.dialects.builtin import MemRefType, StridedLayoutAttr, f32
+    from xdsl.ir import Block
+
+    cfg, bf16 = load_config("tiny"), torch_to_elem(torch.bfloat16)
+    shapes = [(1, 64, 8)] * 4
+    assert la._plan(cfg, *shapes, False, False, bf16, 2).qseq.f == 2
+    plan = la._plan(cfg, *shapes, False, False, bf16, 2, pair_ok=(False, False))
+    assert plan.qseq.f == plan.kseq.f == 1
+    plain = Block(arg_types=[MemRefType(f32, [64, 8])]).args[0]
+    strided = Block(arg_types=[MemRefType(f32, [64, 8], StridedLayoutAttr([32, 1], 0))]).args[0]
+    assert la._contiguous(plain) and not la._contiguous(strided)
+
+
 def torch_to_elem(dtype):
     from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type
 
