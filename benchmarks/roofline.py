@@ -68,13 +68,13 @@ def gpt2_block():
     return B().to(DT), (torch.randn(1, 512, 768, dtype=DT),)
 
 
-def attention():
+def attention(heads=1, seq=2048, dim=128):
     class A(torch.nn.Module):
         def forward(self, q, k, v):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    x = lambda: torch.randn(1, 1, 2048, 128, dtype=DT)  # noqa: E731
-    return A(), (x(), x(), x())
+    x = lambda: torch.randn(1, heads, seq, dim, dtype=DT)  # noqa: E731
+    return lambda: (A(), (x(), x(), x()))
 
 
 def resnet18():
@@ -88,7 +88,8 @@ WORKLOADS = {
     "gemm 128x4096x11008": gemm(128, 4096, 11008),
     "gemv 1x4096x4096": gemm(1, 4096, 4096),
     "gpt2 block d768 s512": gpt2_block,
-    "causal attention s2048 d128": attention,
+    "causal attention s2048 d128": attention(),
+    "causal attention gpt2-small 12h s512 d64": attention(12, 512, 64),
     "resnet18 224": resnet18,
 }
 TARGETS = {"gemm 4096x4096x4096": 1.05, "gpt2 block d768 s512": 1.3, "causal attention s2048 d128": 1.3,

@@ -262,7 +262,16 @@ LOWERINGS: dict[type, Callable[[Any, Any, str], None]] = {
     gi.ConcatOp: lower_concat,
     gi.WhereOp: lower_where,
     gi.LogSoftmaxOp: lower_log_softmax,
-    gi.SdpaOp: lower_sdpa,
+    gi.SdpaOp: lambda lw, op, loc: _attention(lw, op, loc),
 }
+
+
+def _attention(lw, op, loc: str) -> None:
+    """-O2: the flash-attention kernel of lower_attention.py (which falls back to
+    `lower_sdpa` at -O0 and where it does not apply)."""
+    from tilecc.passes.lower_attention import lower_attention
+
+    lower_attention(lw, op, loc)
+
 
 __all__ = ["LOWERINGS"]
