@@ -33,6 +33,7 @@ copies. The program's weights and inputs become `tile.hbm_alloc` with `weight` /
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -136,21 +137,22 @@ class GraphToTile:
         return self.strided(v, shape, new, offset)
 
     def strided(self, v: SSAValue, shape: Sequence[int], strides: Sequence[int], offset: int) -> SSAValue:
-        """A view of `v`'s root with element `strides` and `offset` (tile.view)."""
+        """A view of `v`'s root with element `strides` and `offset` (tile.view). The
+        result has no layout attribute only when it is the whole root, row-major (a
+        reshape): a memref without a layout is always dense."""
         shape, strides = [int(x) for x in shape], [int(x) for x in strides]
-        if strides == list(tile.row_major(shape)) and offset == 0:
+        root = v  # views chain back to the allocation: view it directly
+        while isinstance(root.owner, tile.ViewOp):
+            root = root.owner.source
+        whole = math.prod(shape) == math.prod(_shape(root.type))
+        if whole and strides == list(tile.row_major(shape)) and offset == 0:
             layout: Attribute = NoneAttr()
         else:
             layout = StridedLayoutAttr(strides, offset)
         t = MemRefType(_elem(v.type), shape, layout)
         if t == v.type:
             return v
-        root = v  # views chain back to the allocation: view it directly
-        while isinstance(root.owner, tile.ViewOp):
-            root = root.owner.source
-        if not isinstance(layout, NoneAttr) or self.layout(v) == (tile.row_major(_shape(v.type)), 0):
-            v = root
-        return self.emit(tile.ViewOp(v, t)).results[0]
+        return self.emit(tile.ViewOp(root, t)).results[0]
 
     def layout(self, v: SSAValue) -> tuple[tuple[int, ...], int]:
         """(element strides, offset) of HBM value `v` relative to its root allocation."""

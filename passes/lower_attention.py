@@ -714,7 +714,10 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
     q, k, v = (lw.materialise(x) for x in (op.q, op.k, op.v))
     # pairing reshapes rows: only of tensors laid out contiguously (a strided view's rows
     # 2r and 2r + 1 need not be neighbours)
-    pair_ok = (_contiguous(q), _contiguous(k) and _contiguous(v))
+    # the output goes straight into a consumer permute's layout when one asks for it
+    # (GraphToTile.output_buffer): a strided view, so q rows (and output rows) unpaired
+    absorbs = res in lw.layout_requests
+    pair_ok = (_contiguous(q) and not absorbs, _contiguous(k) and _contiguous(v))
     # plain and paired tilings: the one whose schedule (a dry run) ends first
     best = None
     tried = set()
@@ -741,7 +744,7 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
         mask = lw.materialise(op.mask)
         if _shape(mask.type) != mask_shape:
             mask = lw.view(mask, mask_shape)
-    out = lw.hbm(out_shape, elem)
+    out = lw.output_buffer(res, elem)
     for r in _qranges(plan, lw.cfg):
         kernel = _Kernel(lw, plan, elem, scale, dt, loc, tensors=(q, k, v, mask, out), qblocks=r)
         ESTIMATES[kernel.kb.func.sym_name.data] = kernel.build()

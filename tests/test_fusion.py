@@ -233,3 +233,18 @@ def test_elementwise_kernel_spaces(case):
     x = torch.randn(*shape)
     b = torch.randn(*[1 if f else n for n, f in zip(shape, bcast)])
     run_and_compare(_Mixed(perm), (x, b), target)
+
+
+def test_attention_writes_its_output_in_the_consumer_layout():
+    """sdpa -> permute(0, 2, 1, 3) -> reshape: the attention kernel stores into the
+    [B, S, H*D] layout directly, no copy kernel."""
+
+    class A(torch.nn.Module):
+        def forward(self, q, k, v):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return o.permute(0, 2, 1, 3).reshape(2, 21, 4 * 12)
+
+    q, k, v = (torch.randn(2, 4, 21, 12) for _ in range(3))
+    cm = run_and_compare(A(), (q, k, v), "tiny")
+    names = _kernels(cm)
+    assert len(names) >= 1 and all("attention" in n for n in names), names
