@@ -11,7 +11,7 @@ API::
 
     tuner = Autotuner(cfg)                       # cache: $TILECC_CACHE_DIR or ~/.cache/tilecc
     tuner = Autotuner(cfg, "/tmp/c", max_candidates=4)   # measure at most 4 candidates
-    best = tuner.tune("matmul", signature, candidates, measure)
+    best = tuner.tune("matmul", signature, candidates, measure, validate=None)
     best.params, best.cycles, best.cached        # the winner; cached: no search was run
     tuner.searches, tuner.evaluations, tuner.hits  # counters (tests, reports)
 
@@ -163,12 +163,17 @@ class Autotuner:
 
     # -- tuning -------------------------------------------------------------------------
 
-    def lookup(self, kind: str, signature: Mapping[str, Any]) -> TuneResult | None:
+    def lookup(self, kind: str, signature: Mapping[str, Any],
+               validate: Callable[[Mapping[str, Any]], bool] | None = None) -> TuneResult | None:
         key = entry_key(kind, signature)
         if key in self._memo:
             return self._memo[key]
         e = self._read().get(key)
         if e is None:
+            return None
+        if validate is not None and not validate(e["params"]):
+            warnings.warn(f"autotune cache {self.cache_file}: the {kind} entry for {dict(signature)} is not a valid "
+                          f"candidate ({e['params']}); searching again", stacklevel=3)
             return None
         res = TuneResult(dict(e["params"]), float(e["cycles"]), True, int(e["evaluated"]))
         self._memo[key] = res
@@ -180,13 +185,15 @@ class Autotuner:
         signature: Mapping[str, Any],
         candidates: Sequence[Mapping[str, Any]],
         measure: Callable[[Mapping[str, Any]], float],
+        validate: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> TuneResult:
-        """The fastest candidate (from the cache when this kernel was tuned before)."""
+        """The fastest candidate (from the cache when this kernel was tuned before; a
+        cached winner that `validate` rejects is searched again)."""
         if not candidates:
             raise TileccError(f"autotune {kind}: no candidates to rank")
         if self.max_candidates is not None:
             candidates = list(candidates)[: max(1, self.max_candidates)]
-        hit = self.lookup(kind, signature)
+        hit = self.lookup(kind, signature, validate)
         if hit is not None:
             self.hits += 1
             return hit

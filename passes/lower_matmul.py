@@ -592,6 +592,37 @@ def measure_schedule(problem: MatmulProblem, sched: MatmulSchedule, cfg) -> floa
     return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
 
 
+def diverse(ranked, first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
+    """The best-ranked schedules that differ from each other (and from `first`) in the
+    block, the chunk width, the number of B queues or staggering; then the next best."""
+    def shape(s: MatmulSchedule) -> tuple:
+        return (s.nb, s.w, len(s.qb), s.stagger)
+
+    seen = {shape(first)}
+    out: list[MatmulSchedule] = []
+    for _, s in ranked:
+        if len(out) < n and s != first and shape(s) not in seen:
+            seen.add(shape(s))
+            out.append(s)
+    for _, s in ranked:
+        if len(out) < n and s != first and s not in out:
+            out.append(s)
+    return out
+
+
+def _valid_schedule(d, problem: MatmulProblem, cfg) -> bool:
+    """A cached winner is a schedule that fits (a hand-edited or stale file may hold anything)."""
+    from tilecc.passes.matmul_schedule import fits
+
+    try:
+        s = MatmulSchedule.from_dict(d)
+    except (KeyError, TypeError, ValueError):
+        return False
+    Q = cfg.dma.queues
+    return (s.nb >= 1 and s.w >= 1 and s.g >= 1 and s.b_sets in (1, 2) and bool(s.qb) and bool(s.qa)
+            and all(0 <= q < Q for q in s.qb + s.qa) and fits(problem, s, cfg))
+
+
 def tuning_policy(cfg, tuner=None, n_candidates: int = TUNE_CANDIDATES) -> Callable:
     """problem -> schedule: the fastest of the cost model's best `n_candidates`
     schedules, simulated (the first is the cost model's own choice), via `tuner`'s
@@ -605,10 +636,11 @@ def tuning_policy(cfg, tuner=None, n_candidates: int = TUNE_CANDIDATES) -> Calla
         first = cost_model.choose(problem, cfg)
         if first is None:
             return None
-        cands = [first] + [s for _, s in cost_model.rank(problem, cfg) if s != first][: n_candidates - 1]
+        cands = [first] + diverse(cost_model.rank(problem, cfg), first, n_candidates - 1)
         sig = {**problem.signature(), "tiles": [problem.TM, problem.TK, problem.TN], "kernel": KERNEL_VERSION}
         best = tuner.tune("matmul", sig, [s.to_dict() for s in cands],
-                          lambda d: measure_schedule(problem, MatmulSchedule.from_dict(d), cfg))
+                          lambda d: measure_schedule(problem, MatmulSchedule.from_dict(d), cfg),
+                          validate=lambda d: _valid_schedule(d, problem, cfg))
         return MatmulSchedule.from_dict(best.params)
 
     policy.tuner = tuner

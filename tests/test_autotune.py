@@ -203,3 +203,24 @@ def test_cli_autotune(tmp_path, monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["allclose"]
     assert list(tmp_path.glob("autotune-*.json"))
+
+
+def test_an_invalid_cached_matmul_schedule_is_searched_again(tmp_path):
+    torch.manual_seed(0)
+    a, b = torch.randn(20, 30), torch.randn(30, 25)
+
+    class MM(torch.nn.Module):
+        def forward(self, a, b):
+            return a @ b
+
+    t = Autotuner(load_config("tiny"), tmp_path, max_candidates=2)
+    tilecc.compile(MM(), (a, b), target="tiny", autotune=t)
+    data = json.loads(t.cache_file.read_text())
+    (entry,) = data["entries"].values()
+    entry["params"]["qb"] = [99]  # no such DMA queue
+    t.cache_file.write_text(json.dumps(data))
+    t2 = Autotuner(load_config("tiny"), tmp_path, max_candidates=2)
+    with pytest.warns(UserWarning, match="not a valid candidate"):
+        cm = tilecc.compile(MM(), (a, b), target="tiny", autotune=t2)
+    assert t2.searches == 1
+    torch.testing.assert_close(cm(a, b), a @ b, rtol=1e-4, atol=1e-4)
