@@ -397,8 +397,10 @@ def queue_plans(cfg: HardwareConfig) -> list[tuple[tuple[int, ...], tuple[int, .
     out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     for nbq in range(1, Q):
         qb = tuple(range(nbq))
-        for qa in (Q - 2 if nbq < Q - 1 else None, Q - 1, nbq - 1):
-            if qa is not None and (qb, (qa,)) not in out:
+        # A rows on a queue of their own if one is left, else with the stores, or (two
+        # queues in all) with B
+        for qa in ((Q - 2,) if nbq < Q - 1 else ()) + (Q - 1,) + ((nbq - 1,) if Q == 2 else ()):
+            if (qb, (qa,)) not in out:
                 out.append((qb, (qa,)))
     return out
 
