@@ -109,11 +109,13 @@ def test_any_fitting_schedule_matches_eager(m, k, n, batch, dtype, which):
 ])
 def test_edge_shapes_every_structure(schedule):
     """Several blocks with a short last block and m-tile, a short k tile, a narrow last
-    chunk, two batch dims with a broadcast B: each forced structure matches eager."""
+    chunk, two batch dims with a broadcast B (then a broadcast A): each forced structure
+    matches eager."""
     torch.manual_seed(0)
     a = torch.randn(2, 3, 119, 37)
     b = torch.randn(1, 3, 37, 75)
     _forced(a, b, "tiny", schedule)
+    _forced(torch.randn(3, 119, 37), torch.randn(2, 3, 37, 75), "tiny", schedule)
 
 
 def test_staggered_queues_on_edge():
