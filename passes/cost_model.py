@@ -193,11 +193,14 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         alone = max(fixed[q] + x[q] for q in range(Q))
         # HBM idles while every B queue is in its fixed part: with independent phases a
         # queue is there a fraction phi = F / (F + its stretched transfer) of the time,
-        # HBM idle phi**queues, so phi = (1 - phi**queues) * F / (queues * tile time)
+        # HBM idle phi**queues, so phi = (1 - phi**queues) * F / (queues * tile time);
+        # stores and A rows move on top
         tile = max(xb[q] / n[q] for q in qb if n[q])
         busy = _hbm_busy(round(fB / (nbq * tile), 6), nbq)
-        if total_x / busy >= alone:
-            t = total_x / busy  # HBM (nearly) saturated
+        x_b = sum(xb[q] for q in qb)
+        t_sat = x_b / busy + (total_x - x_b)  # B at its phase-limited rate, the rest on top
+        if t_sat >= alone:
+            t = t_sat  # HBM (nearly) saturated by B
         else:
             # not saturated: a queue's transfers still overlap others' part of the time
             u = total_x / alone
@@ -243,6 +246,10 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         # hiccups stall the other (an empirical p-norm, calibrated on the simulator)
         busy = max(mat, vec)
         m = (busy ** CONTENTION_P + min(d, busy) ** CONTENTION_P) ** (1.0 / CONTENTION_P) + stall
+        # when the chunk's loads land while it computes, its matmuls wait group by group:
+        # about half a group's compute per chunk
+        rho = min(d, busy) / max(busy, 1.0)
+        m += rho ** CONTENTION_P * busy / (2.0 * KG)
         # the part of it after the chunk's last B group arrived, if the chunk waits for
         # its own loads: the first step's last group and the other steps
         exposed = busy - steps[0] * (1.0 - 1.0 / KG) + stall
@@ -276,6 +283,9 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     first_ms = blks[0][0]
     start = tm.fixed(first_ms) + tm.xfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq) + tr_item \
         + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
+    # ... and the first matmul needs the whole first B group (its tiles load one after
+    # the other on one queue)
+    start = max(start, grp[0][1] * (fB + tm.xfer(TK, widths[0], p.ib)))
     last_ms = blks[-1][-1]
     end = tm.mm_latency(last_ms, TK, TN, fp32) + tm.copy(last_ms, widths[-1]) + tm.fixed(last_ms) \
         + tm.xfer(last_ms, widths[-1], p.io)
@@ -307,15 +317,24 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
             st = repeat(n, 6, lambda t, x=x: advance(x, t), st)
         return st
 
-    def one_batch(st):
+    def one_batch(st, exposed_start):
         st = list(st)
-        st[3] += start
+        st[3] += exposed_start
         st[2] = st[3]
         for ch_runs, n in block_runs:
             st = repeat(n, 3, lambda t, cr=ch_runs: one_block(cr, t), st)
         return st
 
-    st = repeat(p.batches, 3, one_batch, [0.0, 0.0, 0.0, 0.0])
+    # later batch indices: the first m-tile's A rows were loaded during the previous
+    # index, unless they queue behind its stores (A on the store queue); its transposes
+    # have no matmuls to hide behind
+    prep_lat = tr_item + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
+    start_next = prep_lat
+    if s.qa[0] == store_q:
+        start_next += tm.fixed(first_ms) + tm.xfer(first_ms, p.K, p.ia) + tm.fixed(last_ms) \
+            + tm.xfer(last_ms, widths[-1], p.io)
+    st = one_batch([0.0, 0.0, 0.0, 0.0], start)
+    st = repeat(p.batches - 1, 3, lambda t: one_batch(t, start_next), st)
     total = st[3] + end
     def total_of(i: int) -> float:
         return p.batches * sum(x[i] * n * nbk for ch_runs, nbk in block_runs for x, n in ch_runs)
@@ -326,7 +345,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         dma=total_of(0),
         hbm=total_of(7) / tm.bw,
         vector=total_of(6),
-        start=start * nb_,
+        start=start + start_next * (nb_ - 1),
         end=end,
         stalls=total_of(4),
     )
@@ -353,5 +372,5 @@ def choose(p: MatmulProblem, cfg: HardwareConfig) -> MatmulSchedule | None:
     if not ranked:
         return None
     best = ranked[0][0]
-    near = [s for e, s in ranked if e <= best * 1.002]
+    near = [s for e, s in ranked if e <= best * 1.0005]
     return min(near, key=lambda s: _size_key(p, s))

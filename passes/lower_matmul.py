@@ -71,6 +71,8 @@ from tilecc.passes.kernel_builder import KernelBuilder
 from tilecc.passes.matmul_schedule import (
     BlockPlan,
     Item,
+    batch_unrolled,
+    blocks,
     chunk_widths,
     MatmulProblem,
     MatmulSchedule,
@@ -180,6 +182,8 @@ class BlockedMatmulKernel:
         self.ivs: list[SSAValue] = []
         self._cache: dict = {}
         self.n_sites = 0
+        self.beta_par = 0
+        self.chunks_per_batch = self.steps_per_batch = 0
         self._alloc()
 
     # -- helpers ------------------------------------------------------------------------
@@ -257,10 +261,12 @@ class BlockedMatmulKernel:
         sets = 2 if uses_two_sets(p, s) else 1
         per_par = -(-nb // self.pars)
         TM, TK, TN, TNL = p.TM, p.TK, p.TN, self.TNL
-        # one identity per A queue, loaded on it before its first A rows: a transpose's
-        # wait for its A rows then implies the identity (no semaphore wait of its own)
+        # one identity per A queue, loaded on it once, before every A load (outside the
+        # batch loops): a transpose's wait for its A rows then implies the identity
         self.ibuf = [kb.alloc([TM, TM], self.ea, tile.SRAM, "ident") for _ in s.qa]
-        self.ident_loaded = [False] * len(s.qa)
+        for qi, q in enumerate(s.qa):
+            kb.add(tile.LoadOp(self.argI, [self.c(0), self.c(0)], self.ibuf[qi], self.c(TM), self.c(TM), 0, 1,
+                               queue=q))
         self.a_nat = [kb.alloc([TM, p.K], self.ea, tile.SRAM, "a") for _ in range(2)]
         self.lhsT = [[kb.alloc([TK, per_par * p.nk * TM], self.ea, tile.SRAM, "lhsT") for _ in range(self.pars)]
                      for _ in range(sets)]
@@ -290,10 +296,6 @@ class BlockedMatmulKernel:
 
     def load_item_rows(self, u: _Aff, u_par: int, ms: int) -> None:
         qi = u_par % len(self.s.qa)
-        if not self.ident_loaded[qi]:
-            self.kb.add(tile.LoadOp(self.argI, [self.c(0), self.c(0)], self.ibuf[qi], self.c(self.p.TM),
-                                    self.c(self.p.TM), 0, 1, queue=self.s.qa[qi]))
-            self.ident_loaded[qi] = True
         self.load_a_rows(self.a_nat[u_par], self.ix(u * self.p.TM), self.c(0), ms, self.p.K, self.s.qa[qi])
 
     def site_acc(self) -> list[SSAValue]:
@@ -363,7 +365,7 @@ class BlockedMatmulKernel:
             ib_par = (b.par + item.db) % 2
             ij_par = (j.par + item.dj) % 2
             u = (b.aff + item.db) * nb + j.aff + item.dj
-            u_par = (ib_par * nb + ij_par) % 2
+            u_par = (self.beta_par * p.n_mtiles + ib_par * nb + ij_par) % 2
             if item.next_ms is not None:
                 self.load_item_rows(u + 1, 1 - u_par, item.next_ms)
             dst = self.lhsT[ib_par if len(self.lhsT) == 2 else 0][ij_par if self.pars == 2 else 0]
@@ -407,7 +409,7 @@ class BlockedMatmulKernel:
         ib_par = (b.par + item.db) % 2
         j = item.dj  # relative to m-tile 0 of the block
         u = (b.aff + item.db) * nb + j
-        u_par = (ib_par * nb + j) % 2
+        u_par = (self.beta_par * p.n_mtiles + ib_par * nb + j) % 2
         if item.next_ms is not None:
             self.load_item_rows(u + 1, 1 - u_par, item.next_ms)
         dst = self.lhsT[ib_par if len(self.lhsT) == 2 else 0][j % 2 if self.pars == 2 else 0]
@@ -425,7 +427,9 @@ class BlockedMatmulKernel:
     def chunk(self, b: _Pos, plan: BlockPlan, c: _Pos, n0: _Aff, width: int, items: tuple, first: bool) -> None:
         p, s = self.p, self.s
         nch, nb = self.nch, s.nb
-        bp = (b.par * nch + c.par) % 2 if s.b_sets == 2 else 0
+        # global chunk / step counters continue across batch indices (consecutive batch
+        # indices have opposite parities), so the next batch's loads prefetch too
+        bp = (self.beta_par * self.chunks_per_batch + b.par * nch + c.par) % 2 if s.b_sets == 2 else 0
         self.load_b_chunk(bp, n0, width, first)
         msz = plan.msz
         nbb = len(msz)
@@ -435,7 +439,7 @@ class BlockedMatmulKernel:
             ms, item = keys[j0]
 
             def one(j: _Pos, ms=ms, item=item) -> None:
-                q = (b.par * (nch * nb % 2) + c.par * (nbb % 2) + j.par) % 2
+                q = (self.beta_par * self.steps_per_batch + b.par * (nch * nb % 2) + c.par * (nbb % 2) + j.par) % 2
                 self.step(b, j, ms, m_base + j.aff * p.TM, n0, width, bp, q, item)
 
             self.run_positions(j0, j1 - j0, one)
@@ -454,11 +458,13 @@ class BlockedMatmulKernel:
             self.run_positions(c0, c1 - c0, lambda c, width=width, items=items, first=first, c0=c0, n_start=n_start:
                                self.chunk(b, plan, c, (c.aff + (-c0)) * width + n_start, width, items, first))
 
-    def body(self) -> None:
+    def body(self, beta_par: int = 0) -> None:
+        """One batch index (of parity `beta_par`)."""
         p, s = self.p, self.s
+        self.beta_par = beta_par
         plans = plan_blocks(p, s, self.nch)
         first = plans[0].prologue[0]
-        self.load_item_rows(_Aff(0), 0, first.ms)
+        self.load_item_rows(_Aff(0), beta_par * p.n_mtiles % 2, first.ms)
         self.block(_pos_static(0), plans[0])
         end = 1
         while end < len(plans) and plans[end] == plans[1]:
@@ -468,8 +474,38 @@ class BlockedMatmulKernel:
         for b in range(end, len(plans)):
             self.block(_pos_static(b), plans[b])
 
-    def emit(self, batch: Sequence[int], outer_loops) -> None:
-        outer_loops(self.kb, batch, self.ivs, self.body)
+    def emit(self, batch: Sequence[int]) -> None:
+        """The kernel body inside loops over the batch dimensions; the innermost one is
+        unrolled by two, so consecutive batch indices alternate B sets, accumulators
+        and A buffers (one batch's loads run ahead during the previous one)."""
+        dims = list(batch)
+        blks = blocks(self.p, self.s.nb)
+        self.chunks_per_batch = len(blks) * self.nch
+        self.steps_per_batch = self.nch * sum(len(b) for b in blks)
+        if not dims:
+            self.body(0)
+        else:
+            def rec(d: int) -> None:
+                if d == len(dims) - 1:
+                    def inner(pos: _Pos) -> None:
+                        self.ivs.append(self.ix(pos.aff))
+                        self.body(pos.par)
+                        self.ivs.pop()
+
+                    if batch_unrolled(self.p, self.s):
+                        self.run_positions(0, dims[d], inner)
+                    else:
+                        with self.kb.loop(dims[d]) as iv:
+                            self.ivs.append(iv)
+                            self.body(0)
+                            self.ivs.pop()
+                    return
+                with self.kb.loop(dims[d]) as iv:
+                    self.ivs.append(iv)
+                    rec(d + 1)
+                    self.ivs.pop()
+
+            rec(0)
         # the footprint (matmul_schedule.footprint) counted the same transposing places
         assert self.n_sites == prep_sites(self.p, self.s), (self.n_sites, prep_sites(self.p, self.s))
 
@@ -547,7 +583,7 @@ def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
     kernel_cls = getattr(lw, "matmul_kernel", None) or BlockedMatmulKernel
     kernel = kernel_cls(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,
                                  elems=(ea, eb, eo))
-    kernel.emit(out_shape[:-2], lw._outer_loops)
+    kernel.emit(out_shape[:-2])
     lw.launch(kb, [A.value, B.value, ident, out])
     lw.values[res] = out
     return True

@@ -276,11 +276,29 @@ def _calls(n: int) -> int:
     return (2 if pairs else 0) + odd
 
 
+def batch_unrolled(p: MatmulProblem, s: MatmulSchedule) -> bool:
+    """Whether the kernel unrolls its innermost batch loop by two: when one batch index
+    holds an odd number of chunks (two B sets), steps (accumulators) or m-tiles (A
+    buffers), so the next index alternates them (its loads then run ahead)."""
+    if not p.batch or p.batch[-1] == 1:
+        return False
+    nch = len(chunk_widths(p, s.w))
+    blks = blocks(p, s.nb)
+    chunks = len(blks) * nch
+    steps = nch * sum(len(b) for b in blks)
+    return (s.b_sets == 2 and chunks % 2 == 1) or steps % 2 == 1 or p.n_mtiles % 2 == 1
+
+
+def body_copies(p: MatmulProblem, s: MatmulSchedule) -> int:
+    """Static copies of the per-batch body (`BlockedMatmulKernel.emit`)."""
+    return _calls(p.batch[-1]) if batch_unrolled(p, s) else 1
+
+
 def prep_sites(p: MatmulProblem, s: MatmulSchedule) -> int:
     """Static places in the kernel that transpose A (each has its own pair of
     accumulator tiles, so a transpose waits on one vector copy only); mirrors
     `BlockedMatmulKernel.body`."""
-    return _prep_sites(p, s.nb, uses_two_sets(p, s), len(chunk_widths(p, s.w)))
+    return body_copies(p, s) * _prep_sites(p, s.nb, uses_two_sets(p, s), len(chunk_widths(p, s.w)))
 
 
 @lru_cache(maxsize=4096)
@@ -330,8 +348,9 @@ def kernel_size(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int, int]:
     kernel with more awaited instructions than the target has semaphores falls back to
     one semaphore per queue (coarse waits that serialise the prefetching)."""
     widths = tuple(chunk_widths(p, s.w))
-    prep, with_item, without, chunks = _sites(p, s.nb, uses_two_sets(p, s), len(widths),
-                                              widths if s.stagger else ())
+    copies = body_copies(p, s)
+    prep, with_item, without, chunks = (copies * x for x in _sites(p, s.nb, uses_two_sets(p, s), len(widths),
+                                                                   widths if s.stagger else ()))
     short = 1 if p.K % p.TK else 0
     fulls = [n - (short if k0 + n == p.nk else 0) for k0, n in groups(p, s.g)]
     wc = min(s.w, _cdiv(p.N, p.TN))
