@@ -51,11 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tilecc import __version__
 from tilecc.errors import TileccError
 from tilecc.simulator.config import HardwareConfig
 
 FORMAT = 1
-VERSION = "tilecc-0.1.0/autotune-1"  # compiler version tag of every cache entry
+VERSION = f"tilecc-{__version__}/autotune-1"  # compiler version tag of every cache entry
 ENV_DIR = "TILECC_CACHE_DIR"
 
 
