@@ -5,7 +5,11 @@ For each workload (preset `cloud`, bf16): compile at -O2 and -O0, simulate timin
 suite), and print cycles, the roofline bound and the resource that sets it, the ratio,
 HBM bytes against compulsory bytes, the -O0 cycles and both compile times.
 
-    .venv/bin/python benchmarks/roofline.py [--only gemm] [--skip-o0] [--target cloud]
+    .venv/bin/python benchmarks/roofline.py [--only gemm] [--skip-o0] [--target cloud] [--autotune]
+
+With `--autotune` the -O2 matmul kernels' schedules come from the autotuner (simulated
+candidates, cached in $TILECC_CACHE_DIR or ~/.cache/tilecc) instead of the cost model;
+the compile time then includes the search unless the cache already holds the kernels.
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ TARGETS = {"gemm 4096x4096x4096": 1.05, "gpt2 block d768 s512": 1.3, "causal att
            "resnet18 224": 1.5}
 
 
-def measure(name: str, target: str, skip_o0: bool) -> dict:
+def measure(name: str, target: str, skip_o0: bool, autotune: bool = False) -> dict:
     torch.manual_seed(0)
     model, inputs = WORKLOADS[name]()
     cfg = load_config(target)
@@ -106,7 +110,7 @@ def measure(name: str, target: str, skip_o0: bool) -> dict:
     row = {"workload": name}
     for level in ((2,) if skip_o0 else (2, 0)):
         t0 = time.perf_counter()
-        prog = compile_graph(gp, cfg, opt_level=level)
+        prog = compile_graph(gp, cfg, opt_level=level, autotune=autotune and level == 2)
         ct = time.perf_counter() - t0
         _, rep = run_program(prog, inputs, functional=False)
         row[f"O{level}"] = rep
@@ -119,14 +123,16 @@ def main() -> None:
     ap.add_argument("--only", default="", help="substring of the workloads to run")
     ap.add_argument("--skip-o0", action="store_true")
     ap.add_argument("--target", default="cloud")
+    ap.add_argument("--autotune", action="store_true", help="-O2 matmul schedules from the autotuner")
     args = ap.parse_args()
-    print(f"preset {args.target}, bf16; ratio = simulated cycles / roofline bound (1.00 is the limit)\n")
+    print(f"preset {args.target}, bf16; ratio = simulated cycles / roofline bound (1.00 is the limit)"
+          f"{'; -O2 matmul schedules autotuned' if args.autotune else ''}\n")
     print("| workload | -O2 cycles | bound (resource) | ratio | target | HBM bytes / compulsory | -O0 cycles | -O0 / -O2 | compile -O2 / -O0 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in WORKLOADS:
         if args.only not in name:
             continue
-        r = measure(name, args.target, args.skip_o0)
+        r = measure(name, args.target, args.skip_o0, args.autotune)
         o2 = r["O2"]
         o0 = r.get("O0")
         tgt = TARGETS.get(name)

@@ -98,9 +98,11 @@ class _Operand:
 
 
 class GraphToTile:
-    def __init__(self, cfg: HardwareConfig, opt_level: int = 2):
+    def __init__(self, cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None):
         self.cfg = cfg
         self.opt_level = opt_level  # 0: baseline kernels (fixed tiles, single buffering)
+        # problem -> schedule for the -O2 matmul kernels (autotuning), else the cost model's
+        self.matmul_policy = matmul_policy
         self.P = cfg.sram.partitions
         self.kernels: list[func.FuncOp] = []
         self.main_ops: list[Operation] = []

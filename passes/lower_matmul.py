@@ -1,225 +1,589 @@
-"""The -O2 matmul kernel: blocked GEMM with on-chip transposes and multi-buffered loads.
+"""The -O2 matmul kernel: A^T resident per m-block, B streamed per n-chunk, the next
+block's A prepared while this one computes.
 
 The matrix engine computes ``acc[M x N] (+)= lhsT[K x M]^T @ rhs[K x N]`` with K on
-partitions for both operands. B (``[K, N]``, row-major) loads as it is; A (``[M, K]``)
-would need an element-strided DMA (one descriptor per element, ~2-byte chunks), which
-is what the -O0 kernel does. Here A loads in its natural layout (``[m rows, k cols]``,
-one descriptor per row) and is transposed on the matrix engine by a matmul with an
-identity (``a^T @ I``), the result copied from the accumulator into a resident
-``lhsT`` buffer. Schedule, per batch index::
+partitions for both operands. B (``[K, N]``, row-major) loads as it is. A (``[M, K]``)
+would need an element-strided DMA (one descriptor per element), which is what the -O0
+kernel does; here A rows load in their natural layout (one descriptor per row) and are
+transposed on the matrix engine by a matmul with an identity, the result copied from
+the accumulator into a resident ``lhsT`` buffer ("preparing" the m-tile).
 
-    for each block of nb m-tiles (TM rows each):          # nb chosen by SRAM capacity
-        for j, kt: load A[m_j, k_t] -> transpose -> lhsT[j][:, kt]   # once per block
-        for n-chunks of TNL columns (two per loop iteration, accumulator sets 0 / 1):
-            for kt (unrolled): load B[k_t, n-chunk] into rhs[kt % D]  # D-deep prefetch
-                for j, sub-tile t: matmul lhsT[j][kt], rhs[t] -> acc[set][j][t]
-            for j: copy acc -> out buffer, store the TM x TNL tile
+Loop nest, per batch index (TM x TK x TN: the target's tile; TNL = w * TN)::
 
-- A is read once per m-block, B once per m-block (``nb * TM`` rows reuse each B tile),
-  the output written once: HBM traffic is compulsory traffic times ``1 + M/(nb TM)``
-  for B.
-- B loads are ``TNL`` columns wide so each row is at least ``dma.efficient_chunk_bytes``;
-  the matmuls use ``TN``-column windows of them (``tile.subview``).
-- ``D`` rotating rhs buffers let the loads of the next k tiles run ahead of the
-  matmuls; the two accumulator / output sets let the evacuation (vector copy and store)
-  of one n-chunk overlap the matmuls of the next.
+    prepare m-tile 0                                   # the only exposed preparation
+    for each block of nb m-tiles:                      # lhsT of the block stays in SRAM
+        for each n-chunk of TNL columns:
+            load B[:, chunk] (nk tiles TK x TNL) into B set (chunk % 2)   # prefetched
+            for each m-tile j of the block:
+                for kt (dynamic loops, one per B group of g k-tiles):
+                    w matmuls lhsT[j][kt] x B[kt][t] -> acc[step % 2][t]
+                    (first chunk only) transpose one k-tile of a later m-tile
+                evacuate acc[step % 2] (TM x TNL) to HBM
 
-All sizes are static (edge tiles are peeled in Python), so the kernel works for any
-M, K, N. Returns False when even one m-tile's ``lhsT`` does not fit SRAM; the caller
-then uses the -O0 kernel.
+- B is read once per block (``M / (nb TM)`` times in all), A and the output once.
+- Each m-tile's accumulation ends on its own, so two accumulators (alternating between
+  consecutive m-tiles) let the evacuation of one overlap the next; only two exist
+  whatever nb and w are.
+- Preparation is interleaved into the matmul stream, one k-tile transpose (and one
+  vector copy) after the matmuls of each k-tile of a step of the block's first n-chunk:
+  block 0 prepares its own m-tiles 1.. (one step ahead), block b its successor's into
+  the second lhsT set (`pipelined`; block 0 does that during its second chunk). Without
+  `pipelined` a block prepares its own m-tiles, the first before the block starts.
+  A rows load one preparation ahead into two natural-layout buffers.
+- B tiles of a chunk live in group buffers of g k-tiles; one group's loads run on one
+  DMA queue. Matmuls wait for their whole group (synchronisation is per buffer).
+- Everything is static except loop indices: edge tiles (M, K, N not multiples of the
+  tile, a last block of fewer m-tiles, a narrower last chunk) are peeled in Python, and
+  loops over uniform runs of blocks, chunks, m-tiles and k-tiles are unrolled by two so
+  every alternating buffer is a static one.
+
+The schedule parameters (`MatmulSchedule`: nb, w, g, B sets, pipelining, DMA queues)
+come from the analytical cost model (`passes/cost_model.py`) or, with autotuning, from
+`passes/autotune.py` (simulating candidates, cached on disk).
+
+Extension points (for fusing producers / epilogues into the kernel; override them in a
+subclass of `BlockedMatmulKernel`):
+
+- `BlockedMatmulKernel.load_a_rows(dst, m0, k0, ms, cols, queue)`: produce the
+  natural-layout A rows ``m0 .. m0+ms`` x columns ``k0 .. k0+cols`` into the SRAM
+  buffer `dst` (``[TM, K]``). Default: one `tile.load` from the A argument.
+- `BlockedMatmulKernel.evacuate(acc, parity, m0, n0, ms, ns)`: move one finished
+  accumulator tile (``ms x ns`` fp32 in `acc`, output rows ``m0..`` and columns
+  ``n0..``) to HBM. Default: vector copy into the SRAM out buffer ``parity``, then one
+  `tile.store`. Two evacuations can be in flight (parity 0 / 1).
+
+`lower_matmul_blocked` returns False when no schedule fits the target (the caller then
+uses the -O0 kernel).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import IntegerAttr, f32, i1
+from xdsl.dialects.builtin import Float32Type, IntegerAttr, f32, i1
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import tile
 from tilecc.passes.kernel_builder import KernelBuilder
+from tilecc.passes.matmul_schedule import (
+    BlockPlan,
+    Item,
+    batch_unrolled,
+    blocks,
+    chunk_widths,
+    MatmulProblem,
+    MatmulSchedule,
+    groups,
+    plan_blocks,
+    prep_sites,
+    runs,
+    uses_two_sets,
+)
 
-ALIGN = 64
-MAX_BLOCK = 8  # m-tiles per block (bounded by SRAM and the accumulator)
-RHS_DEPTH = 4  # rotating rhs buffers
+# bump when the kernel's structure changes: cached autotuning results are keyed by it
+KERNEL_VERSION = "matmul-resident-1"
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+# ----------------------------------------------------------------------------- indices
 
 
-def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
-    from tilecc.passes.graph_to_tile import _dense, _elem, _itemsize, _shape, matmul_dims
+class _Aff:
+    """An affine index expression ``const + sum(coeff * iv)`` built in Python and turned
+    into `arith` ops only where a tile op needs it (once per block of the IR)."""
+
+    __slots__ = ("const", "terms")
+
+    def __init__(self, const: int = 0, terms: tuple[tuple[SSAValue, int], ...] = ()):
+        self.const = const
+        self.terms = terms
+
+    @staticmethod
+    def iv(v: SSAValue) -> _Aff:
+        return _Aff(0, ((v, 1),))
+
+    def __add__(self, other: int | _Aff) -> _Aff:
+        if isinstance(other, int):
+            return _Aff(self.const + other, self.terms)
+        terms = list(self.terms)
+        for v, k in other.terms:
+            for i, (u, q) in enumerate(terms):
+                if u is v:
+                    terms[i] = (u, q + k)
+                    break
+            else:
+                terms.append((v, k))
+        return _Aff(self.const + other.const, tuple((v, k) for v, k in terms if k))
+
+    __radd__ = __add__
+
+    def __mul__(self, k: int) -> _Aff:
+        return _Aff(self.const * k, tuple((v, q * k) for v, q in self.terms if q * k))
+
+    __rmul__ = __mul__
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+
+def _idx(x: int | _Aff) -> _Aff:
+    return x if isinstance(x, _Aff) else _Aff(x)
+
+
+@dataclass(frozen=True)
+class _Pos:
+    """A loop position ``off + 2*i`` (i an affine of loop ivs, `off` static): loops over
+    uniform runs are unrolled by two, so the parity of every position is static."""
+
+    i: _Aff
+    off: int
+
+    @property
+    def aff(self) -> _Aff:
+        return self.i * 2 + self.off
+
+    @property
+    def par(self) -> int:
+        return self.off % 2
+
+    def half(self, delta: int) -> _Aff:
+        """(position + delta) // 2."""
+        return self.i + (self.off + delta) // 2
+
+
+def _pos_static(i: int) -> _Pos:
+    return _Pos(_Aff(0), i)
+
+
+# ----------------------------------------------------------------------------- kernel
+
+
+class BlockedMatmulKernel:
+    """Builds the tile-dialect kernel of one matmul for one schedule (see the module
+    docstring for the loop nest and the two extension points)."""
+
+    def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg, *, rank: int,
+                 a_imap: Sequence, b_imap: Sequence, elems: tuple):
+        self.kb, self.p, self.s, self.cfg = kb, p, s, cfg
+        self.rank = rank
+        self.a_imap, self.b_imap = list(a_imap), list(b_imap)
+        self.argA, self.argB, self.argI, self.argO = kb.args
+        ea, eb, eo = elems
+        self.ea, self.eb, self.eo = ea, eb, eo
+        self.TNL = s.w * p.TN
+        self.widths = chunk_widths(p, s.w)
+        self.nch = len(self.widths)
+        self.groups = groups(p, s.g)
+        self.KG = len(self.groups)
+        self.ksz = [min(p.TK, p.K - kt * p.TK) for kt in range(p.nk)]
+        self.ivs: list[SSAValue] = []
+        self._cache: dict = {}
+        self.n_sites = 0
+        self.beta_par = 0
+        self.chunks_per_batch = self.steps_per_batch = 0
+        self._alloc()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def c(self, v: int) -> SSAValue:
+        return self.kb.const(v)
+
+    def ix(self, a: int | _Aff) -> SSAValue:
+        a = _idx(a)
+        if a.is_const:
+            return self.c(a.const)
+        key = (id(self.kb.block), a.const, tuple((id(v), k) for v, k in a.terms))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        acc = None
+        for v, k in a.terms:
+            term = v if k == 1 else self.kb.muli(v, self.c(k))
+            acc = term if acc is None else self.kb.addi(acc, term)
+        if a.const:
+            acc = self.kb.addi(acc, self.c(a.const))
+        self._cache[key] = acc
+        return acc
+
+    def window(self, buf: SSAValue, col: int | _Aff, shape: Sequence[int]) -> SSAValue:
+        col = _idx(col)
+        full = list(tile_shape(buf))
+        if col.is_const and col.const == 0 and list(shape) == full:
+            return buf
+        return self.kb.add(tile.SubviewOp(buf, self.c(0), self.ix(col), list(shape))).results[0]
+
+    def loop2(self, n: int, body: Callable[[_Aff, int], None]) -> None:
+        """body(index, parity of index) for index in 0..n-1, as a loop over pairs."""
+        pairs, odd = divmod(n, 2)
+        if pairs == 1:
+            body(_Aff(0), 0)
+            body(_Aff(1), 1)
+        elif pairs > 1:
+            with self.kb.loop(pairs) as iv:
+                base = _Aff.iv(iv) * 2
+                body(base, 0)
+                body(base + 1, 1)
+        if odd:
+            body(_Aff(2 * pairs), 0)
+
+    def loop1(self, n: int, body: Callable[[_Aff], None]) -> None:
+        if n == 1:
+            body(_Aff(0))
+        elif n > 1:
+            with self.kb.loop(n) as iv:
+                body(_Aff.iv(iv))
+
+    def run_positions(self, start: int, n: int, body: Callable[[_Pos], None]) -> None:
+        """body(position) for positions start .. start+n-1 (a loop over pairs)."""
+        pairs, odd = divmod(n, 2)
+        if pairs == 1:
+            body(_pos_static(start))
+            body(_pos_static(start + 1))
+        elif pairs > 1:
+            with self.kb.loop(pairs) as iv:
+                body(_Pos(_Aff.iv(iv), start))
+                body(_Pos(_Aff.iv(iv), start + 1))
+        if odd:
+            body(_pos_static(start + 2 * pairs))
+
+    def batch_idx(self, imap: Sequence) -> list[SSAValue]:
+        return [self.ivs[d] if imap[d] is not None else self.c(0) for d in range(self.rank - 2)]
+
+    # -- buffers ------------------------------------------------------------------------
+
+    def _alloc(self) -> None:
+        kb, p, s = self.kb, self.p, self.s
+        nb = min(s.nb, p.n_mtiles)
+        self.pars = 2 if nb > 1 else 1
+        sets = 2 if uses_two_sets(p, s) else 1
+        per_par = -(-nb // self.pars)
+        TM, TK, TN, TNL = p.TM, p.TK, p.TN, self.TNL
+        # one identity per A queue, loaded on it once, before every A load (outside the
+        # batch loops): a transpose's wait for its A rows then implies the identity
+        self.ibuf = [kb.alloc([TM, TM], self.ea, tile.SRAM, "ident") for _ in s.qa]
+        for qi, q in enumerate(s.qa):
+            kb.add(tile.LoadOp(self.argI, [self.c(0), self.c(0)], self.ibuf[qi], self.c(TM), self.c(TM), 0, 1,
+                               queue=q))
+        self.a_nat = [kb.alloc([TM, p.K], self.ea, tile.SRAM, "a") for _ in range(2)]
+        self.lhsT = [[kb.alloc([TK, per_par * p.nk * TM], self.ea, tile.SRAM, "lhsT") for _ in range(self.pars)]
+                     for _ in range(sets)]
+        self.bset = [[kb.alloc([TK, n * TNL], self.eb, tile.SRAM, "rhs") for _, n in self.groups]
+                     for _ in range(s.b_sets)]
+        self.obuf = [kb.alloc([TM, TNL], self.eo, tile.SRAM, "out") for _ in range(2)]
+        self.acc = [kb.alloc([TM, TNL], f32, tile.ACC, "acc") for _ in range(2)]
+        self.acc_win = [[self.window(self.acc[q], t * TN, [TM, TN]) for t in range(s.w)] for q in range(2)]
+        self.true = _bool(kb, True)
+        self.false = _bool(kb, False)
+
+    # -- extension points ---------------------------------------------------------------
+
+    def load_a_rows(self, dst: SSAValue, m0: SSAValue, k0: SSAValue, ms: int, cols: int, queue: int) -> None:
+        """Natural-layout A rows m0..m0+ms, columns k0..k0+cols, into SRAM `dst`."""
+        self.kb.add(tile.LoadOp(self.argA, [*self.batch_idx(self.a_imap), m0, k0], dst, self.c(ms), self.c(cols),
+                                self.rank - 2, self.rank - 1, queue=queue))
+
+    def evacuate(self, acc: SSAValue, parity: int, m0: SSAValue, n0: SSAValue, ms: int, ns: int) -> None:
+        """One finished ms x ns accumulator tile -> output rows m0.., columns n0..."""
+        out = self.obuf[parity]
+        self.kb.add(tile.UnaryOp("copy", acc, out, self.c(ms), self.c(ns)))
+        self.kb.add(tile.StoreOp(out, self.argO, [*self.ivs, m0, n0], self.c(ms), self.c(ns),
+                                 self.rank - 2, self.rank - 1))
+
+    # -- pieces -------------------------------------------------------------------------
+
+    def load_item_rows(self, u: _Aff, u_par: int, ms: int) -> None:
+        qi = u_par % len(self.s.qa)
+        self.load_a_rows(self.a_nat[u_par], self.ix(u * self.p.TM), self.c(0), ms, self.p.K, self.s.qa[qi])
+
+    def site_acc(self) -> list[SSAValue]:
+        """A pair of accumulator tiles private to one transposing place of the kernel."""
+        p = self.p
+        return [self.kb._add_entry(tile.AllocOp(tile.onchip_type([p.TK, p.TM], f32, tile.ACC), f"acc_t{self.n_sites}_{i}"))
+                for i in range(2)]
+
+    def transpose(self, kt: _Aff, kt_par: int, ksz: int, a_buf: SSAValue, u_par: int, ms: int, dst: SSAValue,
+                  dst_col: _Aff, acc_t: list[SSAValue]) -> None:
+        """One k-tile of a natural-layout A m-tile -> its lhsT columns."""
+        p = self.p
+        a_win = self.window(a_buf, kt * p.TK, [p.TM, ksz])
+        t = acc_t[kt_par]
+        ident = self.ibuf[u_par % len(self.s.qa)]
+        self.kb.add(tile.MatmulOp(a_win, ident, t, self.c(ksz), self.c(ms), self.c(ms), self.false))
+        self.kb.add(tile.UnaryOp("copy", t, self.window(dst, dst_col + kt * p.TM, [p.TK, p.TM]),
+                                 self.c(ksz), self.c(ms)))
+
+    def load_b_chunk(self, bp: int, n0: _Aff, width: int, first: bool = False) -> None:
+        """The chunk's B tiles into B set `bp`, group by group. In the kernel's first
+        chunk (`first`, with `stagger`) the first tile of the i-th queue loads in i+1
+        row pieces, so the queues' fixed DMA latencies fall at different times from
+        then on (equal transfers sharing HBM otherwise start and end together)."""
+        p, s = self.p, self.s
+        n0s = self.ix(n0)
+        for g, (kt0, n) in enumerate(self.groups):
+            q = s.qb[(bp * self.KG + g) % len(s.qb)]
+            buf = self.bset[bp][g]
+            short = kt0 + n == p.nk and self.ksz[-1] != p.TK
+            full = n - 1 if short else n
+
+            def one(i: _Aff, ksz: int, buf=buf, q=q, kt0=kt0, pieces=1) -> None:
+                k0 = (i + kt0) * p.TK
+                win = self.window(buf, i * self.TNL, [p.TK, self.TNL])
+                for r in range(pieces):
+                    r0, r1 = r * ksz // pieces, (r + 1) * ksz // pieces
+                    if r1 == r0:
+                        continue
+                    dst = win if pieces == 1 else self.kb.add(
+                        tile.SubviewOp(win, self.c(r0), self.c(0), [p.TK - r0, self.TNL])).results[0]
+                    self.kb.add(tile.LoadOp(self.argB, [*self.batch_idx(self.b_imap), self.ix(k0 + r0), n0s],
+                                            dst, self.c(r1 - r0), self.c(width), self.rank - 2, self.rank - 1,
+                                            queue=q))
+
+            split = 1 + g if first and s.stagger and g < len(s.qb) else 1
+            if split > 1 and full >= 1:
+                one(_Aff(0), p.TK, pieces=split)
+                self.loop1(full - 1, lambda i: one(i + 1, p.TK))
+            else:
+                self.loop1(full, lambda i: one(i, p.TK))
+            if short:
+                one(_Aff(n - 1), self.ksz[-1], pieces=split if full == 0 else 1)
+
+    # -- a step: one m-tile on one chunk --------------------------------------------------
+
+    def step(self, b: _Pos, j: _Pos, ms: int, m_row: _Aff, n0: _Aff, width: int, bp: int, q: int,
+             item: Item | None) -> None:
+        p, s = self.p, self.s
+        nb = s.nb
+        set_here = b.par if len(self.lhsT) == 2 else 0
+        lhs = self.lhsT[set_here][j.par if self.pars == 2 else 0]
+        lhs_col = j.half(0) * (p.nk * p.TM) if self.pars == 2 else _Aff(0)
+        prep = None
+        if item is not None:
+            # the prepared m-tile: block b + db, m-tile j + dj, global index u
+            ib_par = (b.par + item.db) % 2
+            ij_par = (j.par + item.dj) % 2
+            u = (b.aff + item.db) * nb + j.aff + item.dj
+            u_par = (self.beta_par * p.n_mtiles + ib_par * nb + ij_par) % 2
+            if item.next_ms is not None:
+                self.load_item_rows(u + 1, 1 - u_par, item.next_ms)
+            dst = self.lhsT[ib_par if len(self.lhsT) == 2 else 0][ij_par if self.pars == 2 else 0]
+            dst_col = j.half(item.dj) * (p.nk * p.TM) if self.pars == 2 else _Aff(0)
+            prep = (self.a_nat[u_par], u_par, item.ms, dst, dst_col, self.site_acc())
+            self.n_sites += 1
+        wc = -(-width // p.TN)
+        cs = [min(p.TN, width - t * p.TN) for t in range(wc)]
+
+        def kt_body(g: int, i: _Aff, kt: _Aff, kt_par: int, ksz: int) -> None:
+            lwin = self.window(lhs, lhs_col + kt * p.TM, [p.TK, p.TM])
+            if kt.is_const:
+                acc_flag = self.true if kt.const else self.false
+            elif kt.const > 0 and all(k > 0 for _, k in kt.terms):
+                acc_flag = self.true
+            else:
+                acc_flag = self.kb.ne_zero(self.ix(kt))
+            for t in range(wc):
+                rwin = self.window(self.bset[bp][g], i * self.TNL + t * p.TN, [p.TK, p.TN])
+                self.kb.add(tile.MatmulOp(lwin, rwin, self.acc_win[q][t], self.c(ms), self.c(ksz), self.c(cs[t]),
+                                          acc_flag))
+            if prep is not None:
+                a_buf, u_par, ims, dst, dst_col, acc_t = prep
+                self.transpose(kt, kt_par, ksz, a_buf, u_par, ims, dst, dst_col, acc_t)
+
+        for g, (kt0, n) in enumerate(self.groups):
+            short = kt0 + n == p.nk and self.ksz[-1] != p.TK
+            full = n - 1 if short else n
+            if prep is not None:
+                self.loop2(full, lambda i, v, g=g, kt0=kt0: kt_body(g, i, i + kt0, (kt0 + v) % 2, p.TK))
+            else:
+                self.loop1(full, lambda i, g=g, kt0=kt0: kt_body(g, i, i + kt0, 0, p.TK))
+            if short:
+                kt_body(g, _Aff(n - 1), _Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1])
+        self.evacuate(self.acc[q] if width == self.TNL else self.window(self.acc[q], 0, [p.TM, width]), q,
+                      self.ix(m_row), self.ix(n0), ms, width)
+
+    def prep_only(self, b: _Pos, item: Item) -> None:
+        """Prepare one m-tile with no matmuls to hide it behind (a block's prologue)."""
+        p, nb = self.p, self.s.nb
+        ib_par = (b.par + item.db) % 2
+        j = item.dj  # relative to m-tile 0 of the block
+        u = (b.aff + item.db) * nb + j
+        u_par = (self.beta_par * p.n_mtiles + ib_par * nb + j) % 2
+        if item.next_ms is not None:
+            self.load_item_rows(u + 1, 1 - u_par, item.next_ms)
+        dst = self.lhsT[ib_par if len(self.lhsT) == 2 else 0][j % 2 if self.pars == 2 else 0]
+        dst_col = _Aff((j // 2) * p.nk * p.TM) if self.pars == 2 else _Aff(0)
+        full = p.nk - (1 if self.ksz[-1] != p.TK else 0)
+        a_buf = self.a_nat[u_par]
+        acc_t = self.site_acc()
+        self.n_sites += 1
+        self.loop2(full, lambda kt, v: self.transpose(kt, v, p.TK, a_buf, u_par, item.ms, dst, dst_col, acc_t))
+        if full < p.nk:
+            self.transpose(_Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1], a_buf, u_par, item.ms, dst, dst_col, acc_t)
+
+    # -- chunks and blocks --------------------------------------------------------------
+
+    def chunk(self, b: _Pos, plan: BlockPlan, c: _Pos, n0: _Aff, width: int, items: tuple, first: bool) -> None:
+        p, s = self.p, self.s
+        nch, nb = self.nch, s.nb
+        # global chunk / step counters continue across batch indices (consecutive batch
+        # indices have opposite parities), so the next batch's loads prefetch too
+        bp = (self.beta_par * self.chunks_per_batch + b.par * nch + c.par) % 2 if s.b_sets == 2 else 0
+        self.load_b_chunk(bp, n0, width, first)
+        msz = plan.msz
+        nbb = len(msz)
+        keys = [(msz[j], items[j] if j < len(items) else None) for j in range(nbb)]
+        m_base = b.aff * (nb * p.TM)
+        for j0, j1 in runs(keys):
+            ms, item = keys[j0]
+
+            def one(j: _Pos, ms=ms, item=item) -> None:
+                q = (self.beta_par * self.steps_per_batch + b.par * (nch * nb % 2) + c.par * (nbb % 2) + j.par) % 2
+                self.step(b, j, ms, m_base + j.aff * p.TM, n0, width, bp, q, item)
+
+            self.run_positions(j0, j1 - j0, one)
+
+    def block(self, b: _Pos, plan: BlockPlan) -> None:
+        for item in plan.prologue:
+            self.prep_only(b, item)
+        widths = self.widths
+        first_block = b.i.is_const and b.off == 0 and self.s.stagger
+        keys = [(widths[c], plan.chunk_items[c] if c < len(plan.chunk_items) else (), first_block and c == 0)
+                for c in range(self.nch)]
+        for c0, c1 in runs(keys):
+            width, items, first = keys[c0]
+            n_start = sum(widths[:c0])
+            # chunks of one run have one width: n0 = n_start + (c - c0) * width
+            self.run_positions(c0, c1 - c0, lambda c, width=width, items=items, first=first, c0=c0, n_start=n_start:
+                               self.chunk(b, plan, c, (c.aff + (-c0)) * width + n_start, width, items, first))
+
+    def body(self, beta_par: int = 0) -> None:
+        """One batch index (of parity `beta_par`)."""
+        p, s = self.p, self.s
+        self.beta_par = beta_par
+        plans = plan_blocks(p, s, self.nch)
+        first = plans[0].prologue[0]
+        self.load_item_rows(_Aff(0), beta_par * p.n_mtiles % 2, first.ms)
+        self.block(_pos_static(0), plans[0])
+        end = 1
+        while end < len(plans) and plans[end] == plans[1]:
+            end += 1
+        if end > 1:
+            self.run_positions(1, end - 1, lambda b: self.block(b, plans[1]))
+        for b in range(end, len(plans)):
+            self.block(_pos_static(b), plans[b])
+
+    def emit(self, batch: Sequence[int]) -> None:
+        """The kernel body inside loops over the batch dimensions; the innermost one is
+        unrolled by two, so consecutive batch indices alternate B sets, accumulators
+        and A buffers (one batch's loads run ahead during the previous one)."""
+        dims = list(batch)
+        blks = blocks(self.p, self.s.nb)
+        self.chunks_per_batch = len(blks) * self.nch
+        self.steps_per_batch = self.nch * sum(len(b) for b in blks)
+        if not dims:
+            self.body(0)
+        else:
+            def rec(d: int) -> None:
+                if d == len(dims) - 1:
+                    def inner(pos: _Pos) -> None:
+                        self.ivs.append(self.ix(pos.aff))
+                        self.body(pos.par)
+                        self.ivs.pop()
+
+                    if batch_unrolled(self.p, self.s):
+                        self.run_positions(0, dims[d], inner)
+                    else:
+                        with self.kb.loop(dims[d]) as iv:
+                            self.ivs.append(iv)
+                            self.body(0)
+                            self.ivs.pop()
+                    return
+                with self.kb.loop(dims[d]) as iv:
+                    self.ivs.append(iv)
+                    rec(d + 1)
+                    self.ivs.pop()
+
+            rec(0)
+        # the footprint (matmul_schedule.footprint) counted the same transposing places
+        assert self.n_sites == prep_sites(self.p, self.s), (self.n_sites, prep_sites(self.p, self.s))
+
+
+# ----------------------------------------------------------------------------- entry
+
+
+def tile_shape(v: SSAValue) -> tuple[int, ...]:
+    return tuple(v.type.get_shape())
+
+
+def _dtype_name(elem) -> str:
+    from xdsl.dialects.builtin import BFloat16Type, Float16Type
+
+    if isinstance(elem, Float32Type):
+        return "f32"
+    if isinstance(elem, BFloat16Type):
+        return "bf16"
+    if isinstance(elem, Float16Type):
+        return "f16"
+    return ""
+
+
+def problem_of(lw, op: Operation):
+    """(MatmulProblem, dims) of a graph.matmul, or None when the kernel does not apply."""
+    from tilecc.passes.graph_to_tile import _elem, _shape, matmul_dims
 
     dims = matmul_dims(op)
     if dims is None:
-        return False
+        return None
     res, out_shape, a, b, M, K, N = dims
-    rank = len(out_shape)
-    ea, eb, eo = _elem(a.type), _elem(b.type), _elem(res.type)
-    ia, ib, io = _itemsize(ea), _itemsize(eb), _itemsize(eo)
-    cfg = lw.cfg
-    P = cfg.sram.partitions
-    TM = min(cfg.accumulator.partitions, P, cfg.matrix.rows, cfg.matrix.cols)
-    TK = min(cfg.matrix.rows, P)
-    TN = min(cfg.matrix.cols, cfg.accumulator.bytes_per_partition // 4)
-    nk = -(-K // TK)
-    tw = max(1, min(4, nk, cfg.matrix.cols // TM))  # transposes per accumulator tile (one copy)
-    ncol = -(-N // TN)
-    # rhs loads as wide as the accumulator allows (long DMA transfers amortise the fixed
-    # per-transfer latency); D of them in flight
-    latency_bytes = (cfg.dma.latency_cycles + cfg.hbm.latency_cycles) * cfg.hbm.bytes_per_cycle
+    names = [_dtype_name(_elem(v.type)) for v in (a, b, res)]
+    if "" in names:
+        return None
+    a_shape, b_shape = _shape(a.type), _shape(b.type)
+    batch = tuple(out_shape[:-2])
 
-    def plan(nb: int) -> tuple[int, int, int] | None:
-        """(w, D, KC) for a block of nb m-tiles, or None if it does not fit."""
-        acc_left = cfg.accumulator.bytes_per_partition - 2 * _align(tw * TM * 4)
-        w = min(ncol, 16, acc_left // (2 * nb * _align(TN * 4)))
-        if w < 1:
-            return None
-        tile_bytes = min(K, TK) * w * TN * ib
-        D = 1 if nk == 1 else max(2, min(8, nk, -(-int(latency_bytes) // max(tile_bytes, 1)) + 1))
-        KC = K
-        while True:
-            sram = (2 * _align(KC * ia) + _align(TM * ia) + D * _align(w * TN * ib)
-                    + nb * _align(nk * TM * ia) + 2 * nb * _align(w * TN * io))
-            if sram <= cfg.sram.bytes_per_partition:
-                return w, D, KC
-            if KC > TK:
-                KC = max(TK, (KC // 2) // TK * TK)
-            elif D > 2:
-                D -= 1
-            elif w > 1:
-                w -= 1
-            else:
-                return None
+    def walks(shape) -> tuple[bool, ...]:
+        full = (1,) * (len(batch) + 2 - len(shape)) + tuple(shape)
+        return tuple(full[d] == batch[d] for d in range(len(batch)))
 
-    nb = min(MAX_BLOCK, -(-M // TM))
-    chosen = None
-    while nb > 0 and (chosen := plan(nb)) is None:
-        nb -= 1
-    if chosen is None:
+    problem = MatmulProblem.make(lw.cfg, M, K, N, batch=batch, a_batch=walks(a_shape), b_batch=walks(b_shape),
+                                 a_dtype=names[0], b_dtype=names[1], o_dtype=names[2])
+    return problem, dims
+
+
+def choose_schedule(lw, problem: MatmulProblem) -> MatmulSchedule | None:
+    """The schedule of this matmul: the lowering's policy (autotuning, a forced
+    schedule) if it has one, else the cost model's choice."""
+    policy = lw.matmul_policy
+    if policy is not None:
+        return policy(problem)
+    from tilecc.passes.cost_model import choose
+
+    return choose(problem, lw.cfg)
+
+
+def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
+    from tilecc.passes.graph_to_tile import _dense, _elem
+
+    got = problem_of(lw, op)
+    if got is None:
         return False
-    w, D, KC = chosen
-    TNL = w * TN
-    nkc = -(-K // KC)
-    # DMA queues: stores use the last one (tile-to-npu); B tiles the first Q-2, A rows the
-    # one before the stores, so neither waits in line behind a store or the other
-    Q = cfg.dma.queues
-    q_rhs = max(1, Q - 2) if Q >= 3 else 1
-    q_a = Q - 2 if Q >= 3 else 0
-
+    problem, (res, out_shape, a, b, M, K, N) = got
+    sched = choose_schedule(lw, problem)
+    if sched is None:
+        return False
+    ea, eb, eo = _elem(a.type), _elem(b.type), _elem(res.type)
+    TM = problem.TM
     A = lw._aligned_batch(a, out_shape[:-2], (M, K))
     B = lw._aligned_batch(b, out_shape[:-2], (K, N))
     ident = lw.hbm([TM, TM], ea, value=_dense(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
     out = lw.hbm(out_shape, eo)
     kb = KernelBuilder(lw.kernel_name("matmul"), [A.value.type, B.value.type, ident.type, out.type], loc)
-    argA, argB, argI, argO = kb.args
-    c = kb.const
-    true, false = _bool(kb, True), _bool(kb, False)
-
-    # buffers, allocated once at the top of the kernel
-    ibuf = kb.alloc([TM, TM], ea, tile.SRAM, "ident")
-    kb.add(tile.LoadOp(argI, [c(0), c(0)], ibuf, c(TM), c(TM), 0, 1))
-    a_nat = [kb.alloc([TM, KC], ea, tile.SRAM, "a") for _ in range(2)]
-    acc_t = [kb.alloc([TK, tw * TM], f32, tile.ACC, "acc_t") for _ in range(2)]
-    lhsT = [kb.alloc([TK, nk * TM], ea, tile.SRAM, "lhsT") for _ in range(nb)]
-    rhs = [kb.alloc([TK, TNL], eb, tile.SRAM, "rhs") for _ in range(D)]
-    acc = [[[kb.alloc([TM, TN], f32, tile.ACC, "acc") for _ in range(w)] for _ in range(nb)] for _ in range(2)]
-    obuf = [[kb.alloc([TM, TNL], eo, tile.SRAM, "out") for _ in range(nb)] for _ in range(2)]
-
-    def window(buf: SSAValue, col: int, shape: Sequence[int]) -> SSAValue:
-        if col == 0 and list(shape) == list(_shape(buf.type)):
-            return buf
-        return kb.add(tile.SubviewOp(buf, c(0), c(col), shape)).results[0]
-
-    lhsT_win = [[window(lhsT[j], kt * TM, [TK, TM]) for kt in range(nk)] for j in range(nb)]
-    rhs_win = [[window(rhs[d], t * TN, [TK, TN]) for t in range(w)] for d in range(D)]
-    out_win = [[[window(obuf[s][j], t * TN, [TM, TN]) for t in range(w)] for j in range(nb)] for s in range(2)]
-    ksz = [min(TK, K - kt * TK) for kt in range(nk)]
-    ivs: list[SSAValue] = []
-    counter = [0]
-
-    def batch_idx(o) -> list[SSAValue]:
-        return [ivs[d] if o.imap[d] is not None else c(0) for d in range(rank - 2)]
-
-    def n_chunk(m_base: SSAValue, msz: list[int], n0: SSAValue, ncols: int, s: int) -> None:
-        subs = [(t, min(TN, ncols - t * TN)) for t in range(-(-ncols // TN))]
-        for kt in range(nk):
-            rb = counter[0] % D
-            counter[0] += 1
-            kb.add(tile.LoadOp(argB, [*batch_idx(B), c(kt * TK), n0], rhs[rb], c(ksz[kt]), c(ncols), rank - 2, rank - 1,
-                                queue=rb % q_rhs))
-            for j, ms in enumerate(msz):
-                for t, cs in subs:
-                    kb.add(tile.MatmulOp(lhsT_win[j][kt], rhs_win[rb][t], acc[s][j][t], c(ms), c(ksz[kt]), c(cs),
-                                         true if kt else false))
-        for j, ms in enumerate(msz):
-            for t, cs in subs:
-                kb.add(tile.UnaryOp("copy", acc[s][j][t], out_win[s][j][t], c(ms), c(cs)))
-            m0 = kb.addi(m_base, c(j * TM)) if j else m_base
-            kb.add(tile.StoreOp(obuf[s][j], argO, [*ivs, m0, n0], c(ms), c(ncols), rank - 2, rank - 1))
-
-    a_win = [[window(a_nat[q], (kt * TK) % KC, [TM, min(TK, KC - (kt * TK) % KC)]) for kt in range(nk)] for q in range(2)]
-    t_win = [[window(acc_t[q], u * TM, [TK, TM]) for u in range(tw)] for q in range(2)]
-    t_dst = {}
-
-    def m_block(m_base: SSAValue, msz: list[int]) -> None:
-        """Load the block's A rows (KC columns per DMA), transpose them on the matrix
-        engine (tw k-tiles per accumulator tile, one vector copy each) into lhsT."""
-        load_n, tile_n = 0, 0
-        for j, ms in enumerate(msz):
-            m0 = kb.addi(m_base, c(j * TM)) if j else m_base
-            for kc in range(nkc):
-                q = load_n % 2
-                load_n += 1
-                cols = min(KC, K - kc * KC)
-                kb.add(tile.LoadOp(argA, [*batch_idx(A), m0, c(kc * KC)], a_nat[q], c(ms), c(cols),
-                                   rank - 2, rank - 1, queue=q_a))
-                kts = list(range(kc * KC // TK, -(-(kc * KC + cols) // TK)))
-                for g0 in range(0, len(kts), tw):
-                    group = kts[g0:g0 + tw]
-                    t = tile_n % 2
-                    tile_n += 1
-                    for u, kt in enumerate(group):
-                        kb.add(tile.MatmulOp(a_win[q][kt], ibuf, t_win[t][u], c(ksz[kt]), c(ms), c(ms), false))
-                    # one copy of the group: columns u*TM.. of acc_t -> lhsT columns kt0*TM..
-                    kt0, width = group[0], len(group) * TM
-                    key = (j, kt0, width)
-                    if key not in t_dst:
-                        t_dst[key] = window(lhsT[j], kt0 * TM, [TK, width])
-                    src = acc_t[t] if width == tw * TM else window(acc_t[t], 0, [TK, width])
-                    rows = max(ksz[kt] for kt in group)
-                    if ms == TM and len({ksz[kt] for kt in group}) == 1:
-                        kb.add(tile.UnaryOp("copy", src, t_dst[key], c(rows), c(width)))
-                    else:  # a short m tile leaves gaps between the transposed k tiles
-                        for u, kt in enumerate(group):
-                            kb.add(tile.UnaryOp("copy", t_win[t][u], lhsT_win[j][kt], c(ksz[kt]), c(ms)))
-        pairs, rest = divmod(N, 2 * TNL)
-        if pairs:
-            with kb.loop(pairs) as i:
-                n0 = kb.muli(i, c(2 * TNL)) if pairs > 1 else c(0)
-                n_chunk(m_base, msz, n0, TNL, 0)
-                n_chunk(m_base, msz, kb.addi(n0, c(TNL)), TNL, 1)
-        base = pairs * 2 * TNL
-        s = 0
-        while rest > 0:
-            cols = min(TNL, rest)
-            n_chunk(m_base, msz, c(base), cols, s)
-            base, rest, s = base + cols, rest - cols, 1 - s
-
-    def body() -> None:
-        MB = nb * TM
-        full, rem = divmod(M, MB)
-        if full:
-            with kb.loop(full) as i:
-                m_block(kb.muli(i, c(MB)) if full > 1 else c(0), [TM] * nb)
-        if rem:
-            msz = [TM] * (rem // TM) + ([rem % TM] if rem % TM else [])
-            m_block(c(full * MB), msz)
-
-    lw._outer_loops(kb, out_shape[:-2], ivs, body)
+    kernel_cls = getattr(lw, "matmul_kernel", None) or BlockedMatmulKernel
+    kernel = kernel_cls(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,
+                                 elems=(ea, eb, eo))
+    kernel.emit(out_shape[:-2])
     lw.launch(kb, [A.value, B.value, ident, out])
     lw.values[res] = out
     return True
@@ -227,3 +591,93 @@ def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
 
 def _bool(kb: KernelBuilder, value: bool) -> SSAValue:
     return kb._add_entry(arith.ConstantOp(IntegerAttr(int(value), i1)))
+
+
+# ----------------------------------------------------------------------------- autotuning
+
+TUNE_CANDIDATES = 8  # schedules the autotuner simulates per matmul: the cost model's best
+
+
+def kernel_alone(problem: MatmulProblem, cfg):
+    """A graph program holding only this matmul (inputs a, b; output out)."""
+    from xdsl.dialects import func
+    from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, TensorType
+    from xdsl.ir import Block, Region
+
+    from tilecc.ir import graph as g
+
+    elem = {"f32": f32, "bf16": BFloat16Type(), "f16": Float16Type()}
+    p = problem
+    a_shape = [x if w else 1 for x, w in zip(p.batch, p.a_batch)] + [p.M, p.K]
+    b_shape = [x if w else 1 for x, w in zip(p.batch, p.b_batch)] + [p.K, p.N]
+    ta, tb = TensorType(elem[p.a_dtype], a_shape), TensorType(elem[p.b_dtype], b_shape)
+    block = Block(arg_types=[ta, tb])
+    mm = g.MatmulOp.make(block.args[0], block.args[1], loc="<autotune>")
+    block.add_op(mm)
+    block.add_op(func.ReturnOp(mm.results[0]))
+    fn = func.FuncOp("forward", ([ta, tb], [mm.results[0].type]), Region(block))
+    return g.GraphProgram(ModuleOp([fn]), {}, ["a", "b"], ["out"])
+
+
+def measure_schedule(problem: MatmulProblem, sched: MatmulSchedule, cfg) -> float:
+    """Cycles of this matmul's kernel alone under `sched` (timing-only simulation)."""
+    from tilecc.runtime.compiler import compile_graph
+    from tilecc.simulator.machine import simulate
+
+    prog = compile_graph(kernel_alone(problem, cfg), cfg, matmul_policy=lambda _p: sched)
+    return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
+
+
+def diverse(ranked, first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
+    """The best-ranked schedules that differ from each other (and from `first`) in the
+    block, the chunk width, the number of B queues or staggering; then the next best."""
+    def shape(s: MatmulSchedule) -> tuple:
+        return (s.nb, s.w, len(s.qb), s.stagger)
+
+    seen = {shape(first)}
+    out: list[MatmulSchedule] = []
+    for _, s in ranked:
+        if len(out) < n and s != first and shape(s) not in seen:
+            seen.add(shape(s))
+            out.append(s)
+    for _, s in ranked:
+        if len(out) < n and s != first and s not in out:
+            out.append(s)
+    return out
+
+
+def _valid_schedule(d, problem: MatmulProblem, cfg) -> bool:
+    """A cached winner is a schedule that fits (a hand-edited or stale file may hold anything)."""
+    from tilecc.passes.matmul_schedule import fits
+
+    try:
+        s = MatmulSchedule.from_dict(d)
+    except (KeyError, TypeError, ValueError):
+        return False
+    Q = cfg.dma.queues
+    return (s.nb >= 1 and s.w >= 1 and s.g >= 1 and s.b_sets in (1, 2) and bool(s.qb) and bool(s.qa)
+            and all(0 <= q < Q for q in s.qb + s.qa) and fits(problem, s, cfg))
+
+
+def tuning_policy(cfg, tuner=None, n_candidates: int = TUNE_CANDIDATES) -> Callable:
+    """problem -> schedule: the fastest of the cost model's best `n_candidates`
+    schedules, simulated (the first is the cost model's own choice), via `tuner`'s
+    on-disk cache (a new `Autotuner(cfg)` by default)."""
+    from tilecc.passes import cost_model
+    from tilecc.passes.autotune import Autotuner
+
+    tuner = tuner if tuner is not None else Autotuner(cfg)
+
+    def policy(problem: MatmulProblem) -> MatmulSchedule | None:
+        first = cost_model.choose(problem, cfg)
+        if first is None:
+            return None
+        cands = [first] + diverse(cost_model.rank(problem, cfg), first, n_candidates - 1)
+        sig = {**problem.signature(), "tiles": [problem.TM, problem.TK, problem.TN], "kernel": KERNEL_VERSION}
+        best = tuner.tune("matmul", sig, [s.to_dict() for s in cands],
+                          lambda d: measure_schedule(problem, MatmulSchedule.from_dict(d), cfg),
+                          validate=lambda d: _valid_schedule(d, problem, cfg))
+        return MatmulSchedule.from_dict(best.params)
+
+    policy.tuner = tuner
+    return policy

@@ -27,12 +27,15 @@ PASSES: dict[str, type[ModulePass]] = {
 Stage = tuple[str, Callable[[ModuleOp], None]]
 
 
-def default_pipeline(cfg: HardwareConfig, opt_level: int = 2) -> list[Stage]:
+def default_pipeline(
+    cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None
+) -> list[Stage]:
     """(pass name, function) in order; `hbm-layout` is read between plan-hbm and lowering.
 
     `opt_level` 0 is the baseline every figure is compared with (one single-buffered
     kernel per op, fixed tiles, strided operand loads); 2 (default) uses the optimised
-    kernels (see `passes/lower_matmul.py`).
+    kernels (see `passes/lower_matmul.py`). `matmul_policy` (problem -> schedule) picks
+    the -O2 matmul kernels' schedules instead of the cost model (autotuning).
     """
     if opt_level not in (0, 2):
         raise ValueError(f"optimisation level {opt_level}: tilecc has -O0 and -O2")
@@ -42,8 +45,9 @@ def default_pipeline(cfg: HardwareConfig, opt_level: int = 2) -> list[Stage]:
             ("canonicalize-graph", lambda m: _each_function(m, canonicalize)),
             ("fuse-graph", lambda m: _each_function(m, fuse)),
         ]
+
     return graph + [
-        ("lower-graph-to-tile", lambda m: GraphToTile(cfg, opt_level).run(m)),
+        ("lower-graph-to-tile", lambda m: GraphToTile(cfg, opt_level, matmul_policy).run(m)),
         ("plan-sram", lambda m: plan_sram(m, cfg)),
         ("plan-hbm", lambda m: plan_hbm(m, cfg)),
         ("lower-tile-to-npu", lambda m: lower_tile_to_npu(m, cfg)),

@@ -14,6 +14,7 @@ from tilecc.codegen.expand import expand_module
 from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
+from tilecc.passes.autotune import Autotuner
 from tilecc.passes.registry import default_pipeline
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
@@ -38,11 +39,21 @@ def compile_graph(
     after_pass: StageCallback | None = None,
     stats: CompileStats | None = None,
     opt_level: int = 2,
+    autotune: bool | Autotuner = False,
+    matmul_policy: Callable | None = None,
 ) -> Program:
+    """Compile `gp` for `cfg`. With `autotune` (True, or an `Autotuner` to use its cache
+    directory and counters) the -O2 matmul kernels' schedules are picked by simulating
+    candidates (`passes/autotune.py`, cached on disk); `matmul_policy` (problem ->
+    schedule) forces them (the autotuner measures candidates this way)."""
     t0 = time.perf_counter()
     module = gp.module.clone()
     layout: _Layout | None = None
-    for name, run in default_pipeline(cfg, opt_level):
+    if autotune and matmul_policy is None:
+        from tilecc.passes.lower_matmul import tuning_policy
+
+        matmul_policy = tuning_policy(cfg, autotune if isinstance(autotune, Autotuner) else None)
+    for name, run in default_pipeline(cfg, opt_level, matmul_policy):
         if name == "lower-tile-to-npu":
             layout = _read_layout(module, gp)
         ts = time.perf_counter()

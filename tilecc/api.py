@@ -12,6 +12,7 @@ from torch.export import ExportedProgram
 
 from tilecc.frontend.torch_export import decompose, export_model, import_exported_program
 from tilecc.ir.graph import GraphProgram
+from tilecc.passes.autotune import Autotuner
 from tilecc.runtime import specialize
 from tilecc.runtime.compiler import CompileStats, compile_graph
 from tilecc.runtime.executor import run_program
@@ -35,8 +36,10 @@ class CompiledModel:
         *,
         dynamic: tuple[ExportedProgram, HardwareConfig] | None = None,
         opt_level: int = 2,
+        autotune: bool | Autotuner = False,
     ):
         self.opt_level = opt_level
+        self.autotune = autotune
         self.program = program
         self.compile_stats = stats
         self.report: Report | None = None
@@ -57,7 +60,8 @@ class CompiledModel:
             bindings = specialize.bind(core, inputs)
             gp = import_exported_program(core, bindings, decomposed=True)
             self.compile_stats = CompileStats()
-            self.programs[key] = compile_graph(gp, cfg, stats=self.compile_stats, opt_level=self.opt_level)
+            self.programs[key] = compile_graph(gp, cfg, stats=self.compile_stats, opt_level=self.opt_level,
+                                               autotune=self.autotune)
         self.program = self.programs[key]
         return self.program
 
@@ -82,11 +86,15 @@ def compile(
     target: str | Path | HardwareConfig = "tiny",
     dynamic_shapes: Any = None,
     opt_level: int = 2,
+    autotune: bool | Autotuner = False,
 ) -> CompiledModel:
     """Export (if needed), import, lower and encode `model` for `target`.
 
     `dynamic_shapes` (torch.export's argument, with `Dim` ranges) or an ExportedProgram
     with symbolic sizes gives a model that compiles per concrete shape at call time.
+    `autotune` (True, or an `Autotuner` with its own cache directory) picks each -O2
+    matmul kernel's schedule by simulating candidates instead of by the cost model;
+    winners are cached on disk (`passes/autotune.py`), so recompiling skips the search.
     """
     cfg = load_config(target)
     if opt_level not in (0, 2):
@@ -99,7 +107,7 @@ def compile(
         ep = export_model(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     if specialize.is_dynamic(ep):
         core = decompose(ep)
-        cm = CompiledModel(None, dynamic=(core, cfg), opt_level=opt_level)
+        cm = CompiledModel(None, dynamic=(core, cfg), opt_level=opt_level, autotune=autotune)
         examples = example_inputs if example_inputs is not None else _example_args(ep)
         if examples is not None:
             # the graph IR at the example shapes, with every symbolic size kept as a sympy
@@ -109,8 +117,8 @@ def compile(
         return cm
     gp = import_exported_program(ep)
     stats = CompileStats()
-    program = compile_graph(gp, cfg, stats=stats, opt_level=opt_level)
-    return CompiledModel(program, stats, opt_level=opt_level)
+    program = compile_graph(gp, cfg, stats=stats, opt_level=opt_level, autotune=autotune)
+    return CompiledModel(program, stats, opt_level=opt_level, autotune=autotune)
 
 
 def _example_args(ep: torch.export.ExportedProgram) -> tuple | None:

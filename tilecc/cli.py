@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.target)
     model, inputs = load_factory(args.source)
     t0 = time.perf_counter()
-    cm = tilecc.compile(model, inputs, target=cfg, opt_level=args.opt_level)
+    cm = tilecc.compile(model, inputs, target=cfg, opt_level=args.opt_level, autotune=args.autotune)
     compile_seconds = time.perf_counter() - t0
     outputs, report = run_program(cm.program, inputs, trace=args.trace, sanitize=not args.no_sanitize)
     cm.report = report
@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("-O", dest="opt_level", type=int, choices=[0, 2], default=2,
                      help="-O0: baseline kernels (the reference for every figure); -O2 (default): optimised")
+    run.add_argument("--autotune", action="store_true",
+                     help="pick each matmul kernel's schedule by simulating candidates (cached in "
+                          "$TILECC_CACHE_DIR or ~/.cache/tilecc; a second run skips the search)")
     run.add_argument("--save", help="write the compiled program to this file")
     run.add_argument("--trace", help="write a Perfetto / Chrome-trace timeline (JSON) here")
     run.add_argument("--no-sanitize", action="store_true", help="skip the race / uninitialised-read checks")

@@ -1,0 +1,376 @@
+"""Analytical cost model of the -O2 matmul kernel: cycles of a schedule, from the config.
+
+`estimate(problem, schedule, cfg)` follows the kernel's structure (`passes/lower_matmul.py`)
+with the simulator's closed forms (`docs/architecture.md`, "The simulator"):
+
+- matrix: a pipelined engine accepts the next matmul when the previous one starts
+  streaming and preloads in the background, so back-to-back matmuls issue every
+  ``max(preload, max(T * passes, min_interval))`` cycles (T the streamed dimension of
+  the dataflow); a result is ready ``preload + T * passes + R + C - 2`` after issue.
+  Compatible mode holds the engine for ``preload + stream + drain`` per matmul.
+- DMA: ``F + bytes / bandwidth`` per transfer, ``F = latency + hbm latency +
+  descriptors * per_descriptor`` (bandwidth scaled by the short-chunk efficiency), one
+  transfer at a time per queue, transfers in flight sharing HBM. HBM idles only while
+  every B queue is in its fixed part: with independent phases each queue is there a
+  fraction ``phi = F / (F + stretched transfer)`` of the time, which solves ``phi =
+  (1 - phi**Q) * F / (Q * tile time)`` (bisection), so a chunk's transfers take
+  ``bytes / bandwidth / (1 - phi**Q)`` when that exceeds the busiest queue's own sum of
+  ``F + transfer`` (else that sum, transfers stretched by the others' overlap).
+  Unstaggered queues moving equal tiles start and end together (processor sharing)
+  and leave HBM idle for F every round: at least ``tiles per queue * (F + Q * tile
+  time)``.
+- vector: ``latency + access + ceil(elements / lanes) * op_cost`` per copy.
+
+The kernel is a pipeline over its n-chunks (in block order, every batch), simulated
+chunk by chunk (runs of equal chunks and blocks extrapolated): the loads of chunk i
+start when the previous loads are done and its B set is free (chunk i-2 computed with
+two sets; the previous chunk's last step reached with one); its compute (M_i: the
+larger of its matmuls and vector copies, plus A loads that do not keep up with the
+preparations they feed) ends after the previous chunk's and, if it waits for its own
+loads, after they land plus the matmuls left after its last B group. When compute and
+transfers are both busy each one's hiccups stall the other: M_i is the p-norm (p = 4,
+calibrated on the simulator) of the compute and min(transfers, compute). The start
+adds the first m-tile's A rows and transposes, the end the last matmul's latency, its
+evacuation copy and its store.
+
+`choose(problem, cfg)` ranks `matmul_schedule.candidates` by the estimate and returns
+the best (ties, within 0.2 %, go to the smaller kernel, which compiles faster, then to
+A loads off the B queues); `rank` gives the ordered list the autotuner samples from.
+Measured against the simulator (kernel alone, timing-only) over random candidates of
+the three roofline GEMMs the estimate is mostly within a few percent; it is least
+accurate for configurations near HBM saturation with short transfers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tilecc.passes.matmul_schedule import (
+    MatmulProblem,
+    MatmulSchedule,
+    blocks,
+    candidates,
+    chunk_widths,
+    groups,
+    kernel_matmuls,
+    plan_blocks,
+)
+from tilecc.simulator.config import HardwareConfig
+
+
+CONTENTION_P = 4.0  # chunk time = (compute^p + transfers^p)^(1/p): see breakdown()
+
+
+@dataclass
+class Breakdown:
+    """The parts of an estimate, in cycles (`total` is the estimate)."""
+
+    total: float
+    matrix: float  # matmul + transpose issue time (all batches)
+    dma: float  # sum over chunks of the DMA time
+    hbm: float  # all bytes at peak bandwidth
+    vector: float
+    start: float  # the first m-tile's preparation before the first matmul
+    end: float  # last matmul result, evacuation and store
+    stalls: float  # A loads slower than the steps hiding them, single-B-set waits
+
+
+class Timing:
+    """The simulator's closed forms for one config (see the module docstring)."""
+
+    def __init__(self, cfg: HardwareConfig):
+        self.cfg = cfg
+        mx = cfg.matrix
+        self.preload = float(mx.rows) if mx.dataflow in ("ws", "is") else 0.0
+        self.drain = float(mx.rows + mx.cols - 2)
+        self.bw = cfg.hbm.bytes_per_cycle
+        self.fixed0 = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
+
+    def stream(self, m: int, k: int, n: int, fp32: bool) -> float:
+        # the streamed dimension of the dataflow (simulator.machine.matmul_mapping)
+        t = {"ws": m, "os": k}.get(self.cfg.matrix.dataflow, n)
+        return float(t * (self.cfg.matrix.fp32_slowdown if fp32 else 1))
+
+    def mm_interval(self, m: int, k: int, n: int, fp32: bool) -> float:
+        s = self.stream(m, k, n, fp32)
+        if self.cfg.matrix.mode == "compatible":
+            return self.preload + s + self.drain
+        return max(self.preload, max(s, self.cfg.matrix.min_interval_cycles))
+
+    def mm_latency(self, m: int, k: int, n: int, fp32: bool) -> float:
+        return self.preload + self.stream(m, k, n, fp32) + self.drain
+
+    def fixed(self, rows: int) -> float:
+        return self.fixed0 + rows * self.cfg.dma.per_descriptor_cycles
+
+    def xfer(self, rows: int, cols: int, itemsize: int) -> float:
+        eff = min(1.0, cols * itemsize / self.cfg.dma.efficient_chunk_bytes)
+        return rows * cols * itemsize / (self.bw * eff)
+
+    def copy(self, rows: int, cols: int) -> float:
+        v = self.cfg.vector
+        return v.latency_cycles + v.access_cycles + math.ceil(rows * cols / v.lanes) * v.op_cost.unary["copy"]
+
+
+@lru_cache(maxsize=4096)
+def _hbm_busy(r: float, queues: int) -> float:
+    """1 - phi**queues for the phi solving phi = (1 - phi**queues) * r (bisection: the
+    left side minus the right rises from -r at 0 to 1 at 1)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if mid - r * (1.0 - mid ** queues) < 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return max(1.0 - hi ** queues, 1e-6)
+
+
+def estimate(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None = None) -> float:
+    return breakdown(p, s, cfg, timing).total
+
+
+def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None = None) -> Breakdown:
+    tm = timing or Timing(cfg)
+    Q = cfg.dma.queues
+    store_q = Q - 1
+    fp32 = "f32" in (p.a_dtype, p.b_dtype)
+    widths = chunk_widths(p, s.w)
+    nch = len(widths)
+    TK, TM, TN = p.TK, p.TM, p.TN
+    kfull, klast = divmod(p.K, TK)
+    ksizes = [(TK, kfull)] + ([(klast, 1)] if klast else [])
+    grp = groups(p, s.g)
+    KG = len(grp)
+    blks = blocks(p, s.nb)
+    plans = plan_blocks(p, s, nch)
+    qb = s.qb
+    nbq = len(qb)
+    fB = tm.fixed(TK)
+    a_x = tm.xfer(TM, p.K, p.ia)
+    a_fixed = tm.fixed(TM)
+
+    def mm_k(m: int, n: int) -> float:  # one TN-column block of an m-tile over all of K
+        return sum(c * tm.mm_interval(m, k, n, fp32) for k, c in ksizes)
+
+    tr_item = sum(c * tm.mm_interval(k, TM, TM, fp32) for k, c in ksizes)  # transposes of one m-tile
+    cp_item = sum(c * tm.copy(k, TM) for k, c in ksizes)
+
+    def step_mat(ms: int, width: int) -> float:
+        full, rest = divmod(width, TN)
+        return full * mm_k(ms, TN) + (mm_k(ms, rest) if rest else 0.0)
+
+    # the B tiles of one chunk per queue, (transfers, transfer time), both B sets averaged
+    b_cache: dict[int, tuple[list[float], list[float]]] = {}
+
+    def b_queues(width: int) -> tuple[list[float], list[float]]:
+        if width not in b_cache:
+            n, x = [0.0] * Q, [0.0] * Q
+            full_x, last_x = tm.xfer(TK, width, p.ib), tm.xfer(klast, width, p.ib) if klast else 0.0
+            for bp in range(s.b_sets):
+                for g, (kt0, cnt) in enumerate(grp):
+                    q = qb[(bp * KG + g) % nbq]
+                    short = klast and kt0 + cnt == p.nk
+                    n[q] += cnt / s.b_sets
+                    x[q] += ((cnt - 1) * full_x + last_x if short else cnt * full_x) / s.b_sets
+            b_cache[width] = (n, x)
+        return b_cache[width]
+
+    def dma_time(width: int, msz: tuple[int, ...], n_a: int, first: bool) -> tuple[float, float]:
+        """(time of the chunk's transfers, their time at peak bandwidth)."""
+        n, xb = b_queues(width)
+        fixed = [n[q] * fB for q in range(Q)]
+        x = list(xb)
+        for ms in msz:
+            fixed[store_q] += tm.fixed(ms)
+            x[store_q] += tm.xfer(ms, width, p.io)
+        qa = s.qa[0]
+        fixed[qa] += n_a * a_fixed
+        x[qa] += n_a * a_x
+        total_x = sum(x)
+        alone = max(fixed[q] + x[q] for q in range(Q))
+        # HBM idles while every B queue is in its fixed part: with independent phases a
+        # queue is there a fraction phi = F / (F + its stretched transfer) of the time,
+        # HBM idle phi**queues, so phi = (1 - phi**queues) * F / (queues * tile time);
+        # stores and A rows move on top
+        tile = max(xb[q] / n[q] for q in qb if n[q])
+        busy = _hbm_busy(round(fB / (nbq * tile), 6), nbq)
+        x_b = sum(xb[q] for q in qb)
+        t_sat = x_b / busy + (total_x - x_b)  # B at its phase-limited rate, the rest on top
+        if t_sat >= alone:
+            t = t_sat  # HBM (nearly) saturated by B
+        else:
+            # not saturated: a queue's transfers still overlap others' part of the time
+            u = total_x / alone
+            t = max(total_x, max(fixed[q] + x[q] * (1.0 + 0.5 * u * (total_x - x[q]) / max(total_x, 1e-9))
+                                 for q in range(Q)))
+        if nbq > 1 and not s.stagger:
+            # equal B tiles on several queues start and end together: every round pays
+            # one fixed latency with HBM idle
+            per = max(n[q] for q in qb)
+            t = max(t, per * (fB + nbq * tile))
+        if first and s.stagger and nbq > 1:
+            t += (nbq - 1) * fB  # the staggering pieces of the first tiles
+        return t, total_x
+
+    # per distinct (block plan, chunk): (D, M, exposed part of M, last step, stalls,
+    # matrix, vector, bytes)
+    c_cache: dict = {}
+
+    def chunk_figures(bi: int, plan, c: int):
+        first = bi == 0 and c == 0
+        items = plan.chunk_items[c] if c < len(plan.chunk_items) else ()
+        key = (id(plan), c if c < len(plan.chunk_items) or (c == 0 and plan.prologue) else -1, widths[c], first,
+               bi > 0)
+        if key in c_cache:
+            return c_cache[key]
+        width, msz = widths[c], plan.msz
+        n_items = sum(1 for x in items if x is not None)
+        pro = len(plan.prologue) if (c == 0 and bi > 0) else 0
+        steps = [step_mat(ms, width) for ms in msz]
+        mat = sum(steps) + (n_items + pro) * tr_item
+        vec = sum(tm.copy(ms, width) for ms in msz) + (n_items + pro) * cp_item
+        d, x = dma_time(width, msz, n_items + (len(plan.prologue) if c == 0 else 0), first)
+        stall = 0.0
+        if pro:
+            # a block prologue: the last transpose's latency and copy before the matmuls;
+            # A rows after the first were not loaded ahead
+            stall += tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM) + (pro - 1) * (a_fixed + a_x)
+        if n_items:
+            # the next m-tile's A rows load (sharing HBM) while this step runs
+            rho = min(1.0, x / max(mat, 1.0))
+            stall += max(0.0, a_fixed + a_x * (1.0 + rho) - (min(steps) + tr_item)) * n_items
+        # the busier of matrix and DMA sets the pace; when both are busy, each one's
+        # hiccups stall the other (an empirical p-norm, calibrated on the simulator)
+        busy = max(mat, vec)
+        m = (busy ** CONTENTION_P + min(d, busy) ** CONTENTION_P) ** (1.0 / CONTENTION_P) + stall
+        # when the chunk's loads land while it computes, its matmuls wait group by group:
+        # about half a group's compute per chunk
+        rho = min(d, busy) / max(busy, 1.0)
+        m += rho ** CONTENTION_P * busy / (2.0 * KG)
+        # the part of it after the chunk's last B group arrived, if the chunk waits for
+        # its own loads: the first step's last group and the other steps
+        exposed = busy - steps[0] * (1.0 - 1.0 / KG) + stall
+        bytes_ = p.K * width * p.ib + sum(msz) * width * p.io + (n_items + pro) * TM * p.K * p.ia
+        out = (d, m, exposed, steps[-1], stall, mat, vec, bytes_)
+        c_cache[key] = out
+        return out
+
+    # the chunk sequence as runs: consecutive blocks with one plan (middle blocks), and
+    # within a block consecutive chunks with one figure
+    block_runs: list[list] = []  # [chunk runs [[figure, count]...], count]
+    runs_of: dict = {}
+    for bi, plan in enumerate(plans):
+        key = (id(plan), bi == 0)
+        if key not in runs_of:
+            ch_runs: list[list] = []
+            for c in range(nch):
+                x = chunk_figures(bi, plan, c)
+                if ch_runs and ch_runs[-1][0] is x:
+                    ch_runs[-1][1] += 1
+                else:
+                    ch_runs.append([x, 1])
+            runs_of[key] = ch_runs
+        ch_runs = runs_of[key]
+        if block_runs and block_runs[-1][0] is ch_runs:
+            block_runs[-1][1] += 1
+        else:
+            block_runs.append([ch_runs, 1])
+    # prologue: the first m-tile's A rows (sharing HBM with the first B loads), its
+    # transposes, the latency and copy of the last one
+    first_ms = blks[0][0]
+    start = tm.fixed(first_ms) + tm.xfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq) + tr_item \
+        + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
+    # ... and the first matmul needs the whole first B group (its tiles load one after
+    # the other on one queue)
+    start = max(start, grp[0][1] * (fB + tm.xfer(TK, widths[0], p.ib)))
+    last_ms = blks[-1][-1]
+    end = tm.mm_latency(last_ms, TK, TN, fp32) + tm.copy(last_ms, widths[-1]) + tm.fixed(last_ms) \
+        + tm.xfer(last_ms, widths[-1], p.io)
+    # the pipeline, chunk after chunk: loads of chunk i start when the previous loads
+    # are done and the B set is free (two sets: chunk i-2 computed; one set: the
+    # previous chunk's last step reached); compute ends after the previous chunk's and
+    # after the chunk's own loads plus what is left of it
+    # (runs of equal chunks or blocks reach a steady increment within a few of them:
+    # the rest of a long run is extrapolated)
+    def advance(x, st):
+        d, m, exposed, last = x[0], x[1], x[2], x[3]
+        d_end, m2, m1, m_end = st
+        free = m2 if s.b_sets == 2 else m1 - last
+        d_end = max(d_end, free) + d
+        m_new = max(m_end + m, d_end + exposed)
+        return [d_end, m1, m_new, m_new]
+
+    def repeat(n: int, limit: int, body, st):
+        k = min(n, limit)
+        prev = st
+        for _ in range(k):
+            prev, st = st, body(st)
+        if n > k:
+            st = [a + (n - k) * (a - b) for a, b in zip(st, prev)]
+        return st
+
+    def one_block(ch_runs, st):
+        for x, n in ch_runs:
+            st = repeat(n, 6, lambda t, x=x: advance(x, t), st)
+        return st
+
+    def one_batch(st, exposed_start):
+        st = list(st)
+        st[3] += exposed_start
+        st[2] = st[3]
+        for ch_runs, n in block_runs:
+            st = repeat(n, 3, lambda t, cr=ch_runs: one_block(cr, t), st)
+        return st
+
+    # later batch indices: the first m-tile's A rows were loaded during the previous
+    # index, unless they queue behind its stores (A on the store queue); its transposes
+    # have no matmuls to hide behind
+    prep_lat = tr_item + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
+    start_next = prep_lat
+    if s.qa[0] == store_q:
+        start_next += tm.fixed(first_ms) + tm.xfer(first_ms, p.K, p.ia) + tm.fixed(last_ms) \
+            + tm.xfer(last_ms, widths[-1], p.io)
+    st = one_batch([0.0, 0.0, 0.0, 0.0], start)
+    st = repeat(p.batches - 1, 3, lambda t: one_batch(t, start_next), st)
+    total = st[3] + end
+    def total_of(i: int) -> float:
+        return p.batches * sum(x[i] * n * nbk for ch_runs, nbk in block_runs for x, n in ch_runs)
+    nb_ = p.batches
+    return Breakdown(
+        total=total,
+        matrix=total_of(5) + tr_item * nb_,
+        dma=total_of(0),
+        hbm=total_of(7) / tm.bw,
+        vector=total_of(6),
+        start=start + start_next * (nb_ - 1),
+        end=end,
+        stalls=total_of(4),
+    )
+
+
+def _size_key(p: MatmulProblem, s: MatmulSchedule) -> tuple:
+    """Smaller kernels (IR ops, hence compile time) first, A loads off the B queues (a
+    1-row-block A load delays the B loads queued behind it), then a fixed order."""
+    return (kernel_matmuls(p, s), s.qa[0] in s.qb, s.nb, s.w, s.g, s.b_sets, not s.pipelined, s.stagger, s.qb, s.qa)
+
+
+def rank(p: MatmulProblem, cfg: HardwareConfig) -> list[tuple[float, MatmulSchedule]]:
+    """Every fitting schedule with its estimate, best first (deterministic order)."""
+    tm = Timing(cfg)
+    scored = [(estimate(p, s, cfg, tm), i, s) for i, s in enumerate(candidates(p, cfg))]
+    scored.sort(key=lambda x: (x[0], x[1]))
+    return [(e, s) for e, _, s in scored]
+
+
+@lru_cache(maxsize=256)
+def choose(p: MatmulProblem, cfg: HardwareConfig) -> MatmulSchedule | None:
+    """The cost model's schedule (None: nothing fits, the caller uses -O0)."""
+    ranked = rank(p, cfg)
+    if not ranked:
+        return None
+    best = ranked[0][0]
+    near = [s for e, s in ranked if e <= best * 1.0005]
+    return min(near, key=lambda s: _size_key(p, s))

@@ -1,0 +1,452 @@
+"""The -O2 matmul kernel's problem description and schedule space.
+
+`MatmulProblem` is what a `graph.matmul` asks for (sizes, batch broadcasting, element
+types) together with the tile sizes the target imposes; `MatmulSchedule` is one point
+of the kernel's parameter space (see `passes/lower_matmul.py` for the loop nest each
+parameter shapes). `footprint` gives the SRAM / accumulator bytes per partition a
+schedule needs (the same 64-byte aligned sum `plan-sram` computes) and `candidates`
+lists every schedule that fits, in a fixed order (no dict or set iteration), so both
+the cost model's choice and an autotuning search are deterministic.
+
+This module knows the kernel's buffers but not its timing: `passes/cost_model.py`
+estimates cycles, `passes/autotune.py` measures them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from tilecc.simulator.config import HardwareConfig
+
+ALIGN = 64  # plan-sram aligns every buffer to 64 bytes
+ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2}
+MAX_BLOCK = 16  # m-tiles per block considered by `candidates`
+MAX_WIDTH = 16  # TN-column sub-tiles per n-chunk considered by `candidates`
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class MatmulProblem:
+    """out[batch..., M, N] = A[batch..., M, K] @ B[batch..., K, N] on one target.
+
+    `a_batch` / `b_batch` say, per output batch dimension, whether the operand walks it
+    (False: broadcast). Element types are "f32", "bf16" or "f16".
+    """
+
+    M: int
+    K: int
+    N: int
+    batch: tuple[int, ...]
+    a_batch: tuple[bool, ...]
+    b_batch: tuple[bool, ...]
+    a_dtype: str
+    b_dtype: str
+    o_dtype: str
+    # tile sizes of the target: TM output rows (accumulator partitions), TK contraction
+    # rows (array rows), TN output columns of one matmul (array columns)
+    TM: int
+    TK: int
+    TN: int
+
+    @staticmethod
+    def make(cfg: HardwareConfig, M: int, K: int, N: int, *, batch=(), a_batch=None, b_batch=None,
+             a_dtype="bf16", b_dtype="bf16", o_dtype=None) -> MatmulProblem:
+        batch = tuple(int(x) for x in batch)
+        return MatmulProblem(
+            M, K, N, batch,
+            tuple(a_batch) if a_batch is not None else (True,) * len(batch),
+            tuple(b_batch) if b_batch is not None else (True,) * len(batch),
+            a_dtype, b_dtype, o_dtype or a_dtype,
+            TM=min(cfg.accumulator.partitions, cfg.sram.partitions, cfg.matrix.rows, cfg.matrix.cols),
+            TK=min(cfg.matrix.rows, cfg.sram.partitions),
+            TN=min(cfg.matrix.cols, cfg.accumulator.bytes_per_partition // 4),
+        )
+
+    @property
+    def nk(self) -> int:
+        return _cdiv(self.K, self.TK)
+
+    @property
+    def n_mtiles(self) -> int:
+        return _cdiv(self.M, self.TM)
+
+    @property
+    def batches(self) -> int:
+        n = 1
+        for x in self.batch:
+            n *= x
+        return n
+
+    @property
+    def ia(self) -> int:
+        return ITEMSIZE[self.a_dtype]
+
+    @property
+    def ib(self) -> int:
+        return ITEMSIZE[self.b_dtype]
+
+    @property
+    def io(self) -> int:
+        return ITEMSIZE[self.o_dtype]
+
+    def signature(self) -> dict:
+        """What identifies the kernel for a schedule cache (the tile sizes follow from
+        the config, which the cache keys separately)."""
+        return {
+            "M": self.M, "K": self.K, "N": self.N, "batch": list(self.batch),
+            "a_batch": list(self.a_batch), "b_batch": list(self.b_batch),
+            "dtypes": [self.a_dtype, self.b_dtype, self.o_dtype], "layout": "A[M,K] row-major, B[K,N] row-major",
+        }
+
+
+@dataclass(frozen=True)
+class MatmulSchedule:
+    """One point of the -O2 kernel's parameter space.
+
+    - `nb`: m-tiles (TM rows each) per block; the block's A^T stays in SRAM (`lhsT`)
+      while every n-chunk of B streams past it, so B is read once per block.
+    - `w`: TN-column sub-tiles per n-chunk (the chunk is TNL = w*TN columns wide: one
+      B load is TK x TNL, one accumulator tile TM x TNL, one store TM x TNL).
+    - `g`: k-tiles per B group. A chunk's B tiles live in ceil(nk / g) group buffers;
+      each group's loads run on one DMA queue (so a matmul waits on one queue) and the
+      matmuls of a group wait for the whole group.
+    - `b_sets`: 2 double-buffers the B chunk (the next chunk loads while this one is
+      used), 1 loads a chunk only once the previous one is consumed.
+    - `pipelined`: two lhsT sets; the next block's A rows are loaded, transposed and
+      copied during this block's first n-chunk. Without it a block's first m-tile is
+      prepared before the block (its matmuls wait) and the others during its first chunk.
+    - `qb` / `qa`: DMA queues of the B groups and of the A loads (round robin).
+    """
+
+    nb: int
+    w: int
+    g: int
+    b_sets: int = 2
+    pipelined: bool = True
+    qb: tuple[int, ...] = (0,)
+    qa: tuple[int, ...] = (0,)
+    stagger: bool = False
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["qb"], d["qa"] = list(self.qb), list(self.qa)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> MatmulSchedule:
+        return MatmulSchedule(
+            nb=int(d["nb"]), w=int(d["w"]), g=int(d["g"]), b_sets=int(d["b_sets"]),
+            pipelined=bool(d["pipelined"]), qb=tuple(int(q) for q in d["qb"]),
+            qa=tuple(int(q) for q in d["qa"]), stagger=bool(d["stagger"]),
+        )
+
+    def short(self) -> str:
+        return (f"nb={self.nb} w={self.w} g={self.g} sets={self.b_sets} "
+                f"{'pipe' if self.pipelined else 'serial'} qb={list(self.qb)} qa={list(self.qa)}"
+                f"{' stagger' if self.stagger else ''}")
+
+
+def groups(p: MatmulProblem, g: int) -> list[tuple[int, int]]:
+    """(first k-tile, k-tiles) of each B group."""
+    return [(k, min(g, p.nk - k)) for k in range(0, p.nk, g)]
+
+
+def chunk_widths(p: MatmulProblem, w: int) -> list[int]:
+    """Column counts of the n-chunks: at most w*TN each, balanced (the TN-column tiles
+    split as evenly as possible, the larger chunks first), the last one short by
+    whatever N lacks of a whole tile."""
+    ncols = _cdiv(p.N, p.TN)
+    nch = _cdiv(ncols, w)
+    base, extra = divmod(ncols, nch)
+    widths = [(base + (c < extra)) * p.TN for c in range(nch)]
+    widths[-1] -= ncols * p.TN - p.N
+    return widths
+
+
+def blocks(p: MatmulProblem, nb: int) -> list[list[int]]:
+    """Row counts of the m-tiles of each block: full blocks of nb TM-row tiles, then
+    the rest (its last tile possibly short)."""
+    out, row = [], 0
+    while row < p.M:
+        tiles = []
+        while len(tiles) < nb and row < p.M:
+            tiles.append(min(p.TM, p.M - row))
+            row += tiles[-1]
+        out.append(tiles)
+    return out
+
+
+@dataclass(frozen=True)
+class Item:
+    """Preparing one m-tile, relative to the block (db) and m-tile (dj) of the step
+    holding it; `next_ms` is the size of the following m-tile (whose A rows this step
+    loads), None for the last m-tile."""
+
+    db: int
+    dj: int
+    ms: int
+    next_ms: int | None
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    msz: tuple[int, ...]
+    prologue: tuple[Item, ...]  # preparations before the block's first chunk
+    chunk_items: tuple[tuple[Item | None, ...], ...]  # chunk c < len: item of each step
+
+
+def plan_blocks(p: MatmulProblem, s: MatmulSchedule, nch: int) -> list[BlockPlan]:
+    """What each block prepares where: the first m-tile of a block before its first
+    chunk (`prologue`) and, per step of its first chunk(s), the m-tile it transposes
+    (see `lower_matmul`). Middle blocks get equal plans (one loop in the kernel)."""
+    return list(_plans(p, s.nb, uses_two_sets(p, s), nch))
+
+
+@lru_cache(maxsize=4096)
+def _plans(p: MatmulProblem, nb: int, two: bool, nch: int) -> tuple[BlockPlan, ...]:
+    s = MatmulSchedule(nb, 1, 1)
+    blks = blocks(p, nb)
+    nblk = len(blks)
+    nmt = p.n_mtiles
+
+    def ms_of(u: int) -> int:
+        return min(p.TM, p.M - u * p.TM)
+
+    def item(b_here: int, j_here: int, b: int, j: int) -> Item:
+        u = b * s.nb + j
+        return Item(b - b_here, j - j_here, ms_of(u), ms_of(u + 1) if u + 1 < nmt else None)
+
+    plans = []
+    for b, msz in enumerate(blks):
+        prologue: list[Item] = []
+        chunks: list[tuple[Item | None, ...]] = []
+        own = tuple(item(b, j, b, j + 1) if j + 1 < len(msz) else None for j in range(len(msz)))
+        if not two:
+            prologue.append(item(b, 0, b, 0))
+            chunks.append(own)
+        elif b == 0:
+            prologue.append(item(0, 0, 0, 0))
+            chunks.append(own)
+            if nblk > 1:
+                nxt = tuple(item(0, j, 1, j) if j < len(blks[1]) else None for j in range(len(msz)))
+                if nch > 1:
+                    chunks.append(nxt)
+        else:
+            if b == 1 and nch == 1:  # block 0 had no second chunk to prepare block 1 in
+                prologue.extend(item(1, 0, 1, j) for j in range(len(msz)))
+            if b + 1 < nblk:
+                chunks.append(tuple(item(b, j, b + 1, j) if j < len(blks[b + 1]) else None
+                                    for j in range(len(msz))))
+        while chunks and all(x is None for x in chunks[-1]):
+            chunks.pop()
+        plan = BlockPlan(tuple(msz), tuple(prologue), tuple(chunks))
+        plans.append(plans[-1] if plans and plans[-1] == plan else plan)  # equal plans: one object
+    return tuple(plans)
+
+
+def runs(keys: Sequence) -> list[tuple[int, int]]:
+    """[start, end) of the maximal runs of equal consecutive keys."""
+    out, i = [], 0
+    while i < len(keys):
+        j = i + 1
+        while j < len(keys) and keys[j] == keys[i]:
+            j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+def uses_two_sets(p: MatmulProblem, s: MatmulSchedule) -> bool:
+    """Whether the kernel allocates two lhsT sets (pipelining needs a second block)."""
+    return s.pipelined and _cdiv(p.M, s.nb * p.TM) > 1
+
+
+def _calls(n: int) -> int:
+    """Static emissions of a body run n times by `run_positions` (a loop over pairs)."""
+    pairs, odd = divmod(n, 2)
+    return (2 if pairs else 0) + odd
+
+
+def batch_unrolled(p: MatmulProblem, s: MatmulSchedule) -> bool:
+    """Whether the kernel unrolls its innermost batch loop by two: when one batch index
+    holds an odd number of chunks (two B sets), steps (accumulators) or m-tiles (A
+    buffers), so the next index alternates them (its loads then run ahead)."""
+    if not p.batch or p.batch[-1] == 1:
+        return False
+    nch = len(chunk_widths(p, s.w))
+    blks = blocks(p, s.nb)
+    chunks = len(blks) * nch
+    steps = nch * sum(len(b) for b in blks)
+    return (s.b_sets == 2 and chunks % 2 == 1) or steps % 2 == 1 or p.n_mtiles % 2 == 1
+
+
+def body_copies(p: MatmulProblem, s: MatmulSchedule) -> int:
+    """Static copies of the per-batch body (`BlockedMatmulKernel.emit`)."""
+    return _calls(p.batch[-1]) if batch_unrolled(p, s) else 1
+
+
+def prep_sites(p: MatmulProblem, s: MatmulSchedule) -> int:
+    """Static places in the kernel that transpose A (each has its own pair of
+    accumulator tiles, so a transpose waits on one vector copy only); mirrors
+    `BlockedMatmulKernel.body`."""
+    return body_copies(p, s) * _prep_sites(p, s.nb, uses_two_sets(p, s), len(chunk_widths(p, s.w)))
+
+
+@lru_cache(maxsize=4096)
+def _prep_sites(p: MatmulProblem, nb: int, two: bool, nch: int) -> int:
+    return _sites(p, nb, two, nch)[0]
+
+
+@lru_cache(maxsize=4096)
+def _sites(p: MatmulProblem, nb: int, two: bool, nch: int, widths: tuple[int, ...] = ()) -> tuple[int, int, int, int]:
+    """(transposing places, steps with an item, steps without, chunks) emitted
+    statically, mirroring `BlockedMatmulKernel.body` / `block` / `chunk`."""
+    plans = _plans(p, nb, two, nch)
+    widths = widths or (0,) * nch
+
+    def block_sites(plan: BlockPlan, first: bool) -> tuple[int, int, int, int]:
+        prep, with_item, without, chunks = len(plan.prologue), 0, 0, 0
+        keys_c = [(widths[c], plan.chunk_items[c] if c < len(plan.chunk_items) else (), first and c == 0)
+                  for c in range(nch)]
+        for c0, c1 in runs(keys_c):
+            calls_c = _calls(c1 - c0)
+            chunks += calls_c
+            items = keys_c[c0][1]
+            keys = [(plan.msz[j], items[j] if j < len(items) else None) for j in range(len(plan.msz))]
+            for j0, j1 in runs(keys):
+                n = _calls(j1 - j0) * calls_c
+                if keys[j0][1] is not None:
+                    prep += n
+                    with_item += n
+                else:
+                    without += n
+        return prep, with_item, without, chunks
+
+    end = 1
+    while end < len(plans) and plans[end] == plans[1]:
+        end += 1
+    parts = [block_sites(plans[0], True)]
+    if end > 1:
+        parts += [block_sites(plans[1], False)] * _calls(end - 1)
+    parts += [block_sites(pl, False) for pl in plans[end:]]
+    return tuple(sum(x[i] for x in parts) for i in range(4))
+
+
+def kernel_size(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int, int]:
+    """(static matmul instructions, static instructions, semaphores) of the kernel: its
+    IR size and an estimate of the instructions the sync pass gives a semaphore.
+    Compile time grows with it (the synchronisation pass faster than linearly), and a
+    kernel with more awaited instructions than the target has semaphores falls back to
+    one semaphore per queue (coarse waits that serialise the prefetching)."""
+    widths = tuple(chunk_widths(p, s.w))
+    copies = body_copies(p, s)
+    prep, with_item, without, chunks = (copies * x for x in _sites(p, s.nb, uses_two_sets(p, s), len(widths),
+                                                                   widths if s.stagger else ()))
+    short = 1 if p.K % p.TK else 0
+    fulls = [n - (short if k0 + n == p.nk else 0) for k0, n in groups(p, s.g)]
+    wc = min(s.w, _cdiv(p.N, p.TN))
+    plain_bodies = sum(1 for f in fulls if f) + short  # kt bodies of a step (one loop per group)
+    item_bodies = sum(_calls(f) for f in fulls) + short  # ... unrolled by two with transposes
+    pro_bodies = _calls(p.nk - short) + short
+    matmuls = with_item * item_bodies * (wc + 1) + without * plain_bodies * wc + (prep - with_item) * pro_bodies
+    loads = len(groups(p, s.g)) + short + (len(s.qb) if s.stagger else 0)
+    instructions = (matmuls + with_item * (item_bodies + 1) + (prep - with_item) * (pro_bodies + 1)
+                    + 2 * (with_item + without) + chunks * loads)
+    # awaited instructions (one semaphore each, as the sync pass assigns them): every
+    # load; per kt body the last matmul reading its B group (awaited by the next loads)
+    # and the transpose; every vector copy; every store
+    steps = with_item + without
+    pro_sites = prep - with_item
+    semaphores = (chunks * loads + prep
+                  + with_item * item_bodies * 3 + without * plain_bodies + pro_sites * pro_bodies * 2
+                  + 2 * steps)
+    return matmuls, instructions, semaphores
+
+
+def kernel_matmuls(p: MatmulProblem, s: MatmulSchedule) -> int:
+    return kernel_size(p, s)[0]
+
+
+def footprint(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int]:
+    """(SRAM, accumulator) bytes per partition of the kernel's buffers."""
+    TNL = s.w * p.TN
+    nb = min(s.nb, p.n_mtiles)
+    pars = 2 if nb > 1 else 1
+    sets = 2 if uses_two_sets(p, s) else 1
+    per_par = _cdiv(nb, pars)
+    sram = len(s.qa) * _align(p.TM * p.ia)  # identity, one per A queue
+    sram += 2 * _align(p.K * p.ia)  # natural-layout A rows (two in flight)
+    sram += sets * pars * _align(per_par * p.nk * p.TM * p.ia)  # lhsT
+    sram += s.b_sets * sum(_align(n * TNL * p.ib) for _, n in groups(p, s.g))  # B chunk
+    sram += 2 * _align(TNL * p.io)  # output tiles
+    acc = 2 * _align(TNL * 4) + prep_sites(p, s) * 2 * _align(p.TM * 4)  # outputs, transposes
+    return sram, acc
+
+
+MAX_KERNEL_MATMULS = 2000  # static matmul instructions of one kernel (compile time)
+SEMAPHORE_MARGIN = 1.0  # the estimate is an upper bound (20-30 % above the sync pass's count)
+
+
+def fits(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig) -> bool:
+    """The schedule's buffers fit the target and its kernel is small enough: to compile
+    fast, and to give every awaited instruction its own semaphore."""
+    sram, acc = footprint(p, s)
+    if sram > cfg.sram.bytes_per_partition or acc > cfg.accumulator.bytes_per_partition:
+        return False
+    matmuls, _, semaphores = kernel_size(p, s)
+    return matmuls <= MAX_KERNEL_MATMULS and semaphores <= SEMAPHORE_MARGIN * cfg.semaphores
+
+
+def queue_plans(cfg: HardwareConfig) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(B queues, A queues) assignments tried. Stores use the last queue (tile-to-npu)
+    and B never shares it: a store waits for its evacuation, so B loads queued behind it
+    in program order would wait for the chunk's compute and stop prefetching."""
+    Q = cfg.dma.queues
+    if Q == 1:
+        return [((0,), (0,))]
+    out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for nbq in range(1, Q):
+        qb = tuple(range(nbq))
+        # A rows on a queue of their own if one is left, else with the stores, or (two
+        # queues in all) with B
+        for qa in ((Q - 2,) if nbq < Q - 1 else ()) + (Q - 1,) + ((nbq - 1,) if Q == 2 else ()):
+            if (qb, (qa,)) not in out:
+                out.append((qb, (qa,)))
+    return out
+
+
+def candidates(p: MatmulProblem, cfg: HardwareConfig) -> list[MatmulSchedule]:
+    """Every schedule of the search space that fits the target, in a fixed order.
+
+    One B set is only offered when two do not fit; staggering only with several B
+    queues."""
+    ntiles = p.n_mtiles
+    ncols = _cdiv(p.N, p.TN)
+    nbs = sorted({min(x, ntiles) for x in (1, 2, 3, 4, 6, 8, 10, 12, MAX_BLOCK)})
+    ws = sorted({min(x, ncols) for x in (1, 2, 3, 4, 6, 8, 12, MAX_WIDTH)})
+    gs = sorted({min(x, p.nk) for x in (1, 2, 4, 8)})
+    out: list[MatmulSchedule] = []
+    for nb in nbs:
+        multi = _cdiv(p.M, nb * p.TM) > 1
+        for w in ws:
+            for g in gs:
+                for pipelined in ((True, False) if multi else (False,)):
+                    for qb, qa in queue_plans(cfg):
+                        for stagger in ((False, True) if len(qb) > 1 else (False,)):
+                            s = MatmulSchedule(nb, w, g, 2, pipelined, qb, qa, stagger)
+                            if fits(p, s, cfg):
+                                out.append(s)
+                                continue
+                            s = MatmulSchedule(nb, w, g, 1, pipelined, qb, qa, stagger)
+                            if fits(p, s, cfg):
+                                out.append(s)
+    return out
