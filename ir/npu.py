@@ -27,6 +27,8 @@ vectorised numpy, never one IR op per dynamic instruction.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from typing import ClassVar
 
@@ -117,9 +119,9 @@ class InstructionOp(IRDLOperation):
     ):
         props: dict[str, Attribute] = {
             "fields": DictionaryAttr({k: _field_attr(v) for k, v in fields.items()}),
-            "waits": ArrayAttr([StringAttr(w) for w in waits or []]),
-            "reads": ArrayAttr([StringAttr(r) for r in reads]),
-            "writes": ArrayAttr([StringAttr(w) for w in writes]),
+            "waits": ArrayAttr([_attr(str, w) for w in waits or []]),
+            "reads": ArrayAttr([_attr(str, r) for r in reads]),
+            "writes": ArrayAttr([_attr(str, w) for w in writes]),
         }
         if signal is not None:
             props["signal"] = IntegerAttr(signal, i64)
@@ -175,12 +177,23 @@ class InstructionOp(IRDLOperation):
 
 def _field_attr(v: FieldValue) -> Attribute:
     if isinstance(v, bool):
-        return IntegerAttr(int(v), i64)
+        return _attr(int, int(v))
     if isinstance(v, int):
-        return IntegerAttr(v, i64)
+        return _attr(int, v)
     if isinstance(v, float):
+        return _attr(float, v)
+    return _attr(str, str(v))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _attr(kind: type, v) -> Attribute:
+    """Attributes are immutable: equal field values share one (building an xDSL
+    attribute costs tens of microseconds; a kernel repeats few distinct values)."""
+    if kind is int:
+        return IntegerAttr(v, i64)
+    if kind is float:
         return FloatAttr(v, 32)
-    return StringAttr(str(v))
+    return StringAttr(v)
 
 
 _SIZES = ("rows", "cols")

@@ -113,6 +113,20 @@ class Timing:
         v = self.cfg.vector
         return v.latency_cycles + v.access_cycles + math.ceil(rows * cols / v.lanes) * v.op_cost.unary["copy"]
 
+    def vector(self, rows: int, cols: int, cost: float, ops: int) -> float:
+        """`ops` vector instructions over rows x cols costing `cost` per element in all."""
+        v = self.cfg.vector
+        return ops * (v.latency_cycles + v.access_cycles) + math.ceil(rows * cols / v.lanes) * cost
+
+    def evac(self, p: MatmulProblem, rows: int, cols: int) -> float:
+        """One evacuation (the copy, or a fused epilogue)."""
+        cost = p.evac_cost if p.evac_cost > 0 else self.cfg.vector.op_cost.unary["copy"]
+        return self.vector(rows, cols, cost, p.evac_ops)
+
+    def prep(self, p: MatmulProblem) -> float:
+        """Producing one m-tile's A rows on the vector engine (a fused prologue)."""
+        return self.vector(p.TM, p.K, p.prep_cost, p.prep_ops) if p.prep_ops else 0.0
+
 
 @lru_cache(maxsize=4096)
 def _hbm_busy(r: float, queues: int) -> float:
@@ -156,7 +170,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         return sum(c * tm.mm_interval(m, k, n, fp32) for k, c in ksizes)
 
     tr_item = sum(c * tm.mm_interval(k, TM, TM, fp32) for k, c in ksizes)  # transposes of one m-tile
-    cp_item = sum(c * tm.copy(k, TM) for k, c in ksizes)
+    cp_item = sum(c * tm.copy(k, TM) for k, c in ksizes) + tm.prep(p)
 
     def step_mat(ms: int, width: int) -> float:
         full, rest = divmod(width, TN)
@@ -231,7 +245,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         pro = len(plan.prologue) if (c == 0 and bi > 0) else 0
         steps = [step_mat(ms, width) for ms in msz]
         mat = sum(steps) + (n_items + pro) * tr_item
-        vec = sum(tm.copy(ms, width) for ms in msz) + (n_items + pro) * cp_item
+        vec = sum(tm.evac(p, ms, width) for ms in msz) + (n_items + pro) * cp_item
         d, x = dma_time(width, msz, n_items + (len(plan.prologue) if c == 0 else 0), first)
         stall = 0.0
         if pro:
@@ -282,12 +296,12 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     # transposes, the latency and copy of the last one
     first_ms = blks[0][0]
     start = tm.fixed(first_ms) + tm.xfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq) + tr_item \
-        + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
+        + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM) + tm.prep(p)
     # ... and the first matmul needs the whole first B group (its tiles load one after
     # the other on one queue)
     start = max(start, grp[0][1] * (fB + tm.xfer(TK, widths[0], p.ib)))
     last_ms = blks[-1][-1]
-    end = tm.mm_latency(last_ms, TK, TN, fp32) + tm.copy(last_ms, widths[-1]) + tm.fixed(last_ms) \
+    end = tm.mm_latency(last_ms, TK, TN, fp32) + tm.evac(p, last_ms, widths[-1]) + tm.fixed(last_ms) \
         + tm.xfer(last_ms, widths[-1], p.io)
     # the pipeline, chunk after chunk: loads of chunk i start when the previous loads
     # are done and the B set is free (two sets: chunk i-2 computed; one set: the
@@ -359,10 +373,15 @@ def _size_key(p: MatmulProblem, s: MatmulSchedule) -> tuple:
 
 def rank(p: MatmulProblem, cfg: HardwareConfig) -> list[tuple[float, MatmulSchedule]]:
     """Every fitting schedule with its estimate, best first (deterministic order)."""
+    return list(_rank(p, cfg))
+
+
+@lru_cache(maxsize=256)
+def _rank(p: MatmulProblem, cfg: HardwareConfig) -> tuple[tuple[float, MatmulSchedule], ...]:
     tm = Timing(cfg)
     scored = [(estimate(p, s, cfg, tm), i, s) for i, s in enumerate(candidates(p, cfg))]
     scored.sort(key=lambda x: (x[0], x[1]))
-    return [(e, s) for e, _, s in scored]
+    return tuple((e, s) for e, _, s in scored)
 
 
 @lru_cache(maxsize=256)

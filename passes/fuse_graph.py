@@ -69,6 +69,13 @@ def is_transparent(op: Operation) -> bool:
     return isinstance(op, g.ReshapeOp) and squeezed(op.operands[0].type) == squeezed(op.results[0].type)
 
 
+def keeps_rows(op: Operation) -> bool:
+    """A reshape that keeps the last dim (rows of it merge or split): a layer norm over
+    the last dim computes the same rows before or after it."""
+    a, r = op.operands[0].type.get_shape(), op.results[0].type.get_shape()  # type: ignore[attr-defined]
+    return len(a) >= 1 and len(r) >= 1 and a[-1] == r[-1]
+
+
 def is_free(op: Operation) -> bool:
     return isinstance(op, (g.WeightOp, g.ConstantOp))
 
@@ -214,14 +221,14 @@ class Fuser:
         assert mm is not None
         a = mm.operands[0]
         chain: list[Operation] = []
-        while isinstance(a.owner, g.ReshapeOp) and is_transparent(a.owner) and a.has_one_use():
+        while isinstance(a.owner, g.ReshapeOp) and keeps_rows(a.owner) and a.has_one_use():
             chain.append(a.owner)
             a = a.owner.operands[0]
         ln = a.owner
         prod = self.group.get(ln) if isinstance(ln, Operation) else None
         if prod is None or prod.kind != "rowwise" or not isinstance(ln, g.LayerNormOp) or not a.has_one_use():
             return
-        if prod.anchor is not ln or any(self.pos[o] > self.pos[ln] for o in prod.ops):
+        if prod.anchor is not ln or any(self.pos[o] > self.pos[ln] and o not in chain for o in prod.ops):
             return  # the layer norm's group has an epilogue: keep it a kernel of its own
         if len(mm.operands[0].type.get_shape()) != 2 or len(mm.operands[1].type.get_shape()) != 2:
             return

@@ -276,7 +276,7 @@ class GraphToTile:
             self.values[res] = self.hbm(_shape(res.type), _elem(res.type), weight=op.properties["name"].data)
         elif isinstance(op, g.ConstantOp):
             data = _dense_values(op)
-            if data.size == 1:
+            if data.size >= 1 and np.all(data == data.reshape(-1)[0]):  # a splat: an immediate
                 self.scalars[res] = float(data.reshape(-1)[0])
             else:
                 self.values[res] = self.hbm(

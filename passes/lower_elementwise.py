@@ -54,6 +54,7 @@ class Leaf:
     value: SSAValue  # HBM memref in @main, of the iteration space's rank
     imap: IndexMap
     cls: str = "tile"  # "tile" or "column" (broadcast along columns: one value per row)
+    given: Attribute | None = None  # element type of a leaf not loaded (an accumulator tile)
 
 
 @dataclass
@@ -129,6 +130,12 @@ class ElementwiseKernel:
         op = self.lw._aligned(v, self.shape if len(self.shape) >= 2 else self.lw._out_shape2(self.shape))
         return self.leaf_hbm(op.value, op.imap)
 
+    def given_leaf(self, elem: Attribute) -> int:
+        """A tile of the whole iteration space that is not loaded: `TileProgram.compute`
+        is given its buffer (a matmul's accumulator tile)."""
+        self.values.append(Leaf(None, list(range(len(self.shape))), "tile", elem))  # type: ignore[arg-type]
+        return len(self.values) - 1
+
     def leaf_hbm(self, value: SSAValue, imap: IndexMap) -> int:
         for i, x in enumerate(self.values):
             if isinstance(x, Leaf) and x.value is value and x.imap == imap:
@@ -181,7 +188,13 @@ class ElementwiseKernel:
         if v in self.lw.scalars:
             return self.imm(self.lw.scalars[v])
         if tuple(d for d in op_shape if d != 1) != tuple(d for d in self.shape if d != 1):
-            # an op after a reshape in the group: `v` is a whole tensor, viewed here
+            # an op after a reshape in the group: `v` is a whole tensor, viewed here, or
+            # a row vector along a last dim the reshape kept
+            o = self.lw._aligned(v, tuple(op_shape))
+            if op_shape and op_shape[-1] == self.shape[-1] and all(m is None for m in o.imap[:-1]) \
+                    and o.imap[-1] is not None:
+                row = self.lw.view(self.lw.materialise(v), [1] * (len(self.shape) - 1) + [self.shape[-1]])
+                return self.leaf_hbm(row, [None] * (len(self.shape) - 1) + [len(self.shape) - 1])
             n = math.prod(_shape(self.lw.materialise(v).type))
             if n != math.prod(self.shape):
                 raise CompileError(f"{self.what} at {self.loc}: a broadcast operand across a reshape")
@@ -464,7 +477,10 @@ class TileProgram:
     tile)."""
 
     def __init__(self, ek: ElementwiseKernel, kb: KernelBuilder, TR: int, TC: int, D: int,
-                 leaf_sets: dict[int, int], row_len: int):
+                 leaf_sets: dict[int, int], row_len: int, roots: Sequence[int] = (),
+                 external: frozenset[int] = frozenset()):
+        """`roots`: values computed besides the outputs; `external`: values whose
+        buffers `compute` is given (an accumulator tile, a buffer another kernel reads)."""
         self.ek, self.kb, self.TR, self.TC, self.D, self.row_len = ek, kb, TR, TC, D, row_len
         values = ek.values
         self.stored = {ref: k for k, (ref, _) in enumerate(ek.outputs)}
@@ -475,14 +491,14 @@ class TileProgram:
             cols = 1 if leaf.cls == "column" else TC
             slots[i] = _Slot([kb.alloc([TR, cols], _leaf_elem(leaf), tile.SRAM, f"in{i}") for _ in range(n)])
         temp_bufs: dict[tuple[str, str, int], SSAValue] = {}
-        for ref, key in sorted(_assign_temps(values, set(self.stored)).items()):
+        for ref, key in sorted(_assign_temps(values, set(self.stored), roots, external).items()):
             if key not in temp_bufs:
                 cols = 1 if key[1] == "column" else TC
                 temp_bufs[key] = kb.alloc([TR, cols], values[ref].elem, tile.SRAM, "t")  # type: ignore[union-attr]
             slots[ref] = _Slot([temp_bufs[key]])
         for ref, k in self.stored.items():
-            if isinstance(values[ref], Leaf) and ref in slots:
-                continue  # stored from its load buffer
+            if (isinstance(values[ref], Leaf) and ref in slots) or ref in external:
+                continue  # stored from its load buffer, or from the given buffer
             slots[ref] = _Slot([kb.alloc([TR, TC], ek.outputs[k][1], tile.SRAM, f"out{k}") for _ in range(D)])
         self.slots = slots
         self.scratch = [kb.alloc([TR, TC], f32, tile.SRAM, "w") for _ in range(_where_scratch(values))]
@@ -491,9 +507,34 @@ class TileProgram:
             [kb.alloc([TR, TC], f32, tile.SRAM, "row") for _ in range(row_tiles)],
             [kb.alloc([TR, 1], f32, tile.SRAM, "stat") for _ in range(row_cols)],
         )
-        self.order = _order(values, [ref for ref, _ in ek.outputs])
+        self.order = _order(values, [ref for ref, _ in ek.outputs] + list(roots))
         self.queues = ek.lw.cfg.dma.queues
         self._q = 0
+
+    @staticmethod
+    def sram_bytes(ek: ElementwiseKernel, TC: int, D: int, leaf_sets: dict[int, int],
+                   roots: Sequence[int] = (), external: frozenset[int] = frozenset()) -> int:
+        """Bytes per partition the buffers of a TileProgram of these arguments take."""
+        values = ek.values
+        stored = {ref for ref, _ in ek.outputs}
+
+        def buf(cols: int, elem) -> int:
+            return -(-max(cols * _isz(elem), 1) // _ALIGN) * _ALIGN
+
+        total = 0
+        for i, n in leaf_sets.items():
+            leaf = values[i]
+            assert isinstance(leaf, Leaf)
+            total += n * buf(1 if leaf.cls == "column" else TC, _leaf_elem(leaf))
+        for (_, cls), (elem, n) in _temp_demand(values, stored, roots, external).items():
+            total += n * buf(1 if cls == "column" else TC, elem)
+        for ref, k in ((r, k) for k, (r, _) in enumerate(ek.outputs)):
+            if (isinstance(values[ref], Leaf) and ref in leaf_sets) or ref in external:
+                continue
+            total += D * buf(TC, ek.outputs[k][1])
+        total += _where_scratch(values) * buf(TC, f32)
+        row_tiles, row_cols = _row_scratch(values)
+        return total + row_tiles * buf(TC, f32) + row_cols * _ALIGN
 
     def bind(self, leaf_args: dict[int, SSAValue], out_args: list[SSAValue], out_imaps: list[IndexMap]) -> None:
         """The kernel arguments holding each loaded leaf and each output."""
@@ -504,7 +545,7 @@ class TileProgram:
         self._q += 1
         return (self._q - 1) % self.queues
 
-    def load(self, i: int, idx: list[SSAValue], r, c, s: int) -> None:
+    def load(self, i: int, idx: list[SSAValue], r, c, s: int, queue: int | None = None) -> None:
         kb = self.kb
         leaf = self.ek.values[i]
         assert isinstance(leaf, Leaf)
@@ -516,7 +557,8 @@ class TileProgram:
         row_dim = leaf.imap[-2] if leaf.imap[-2] is not None else -1
         col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
         cols = kb.const(1) if leaf.cls == "column" else c
-        kb.add(tile.LoadOp(arg, ind, self.slots[i].at(s), r, cols, row_dim, col_dim, queue=self.next_queue()))
+        q = self.next_queue() if queue is None else queue
+        kb.add(tile.LoadOp(arg, ind, self.slots[i].at(s), r, cols, row_dim, col_dim, queue=q))
 
     def compute(self, r, c, s: int, acc: dict[int, SSAValue] | None = None) -> None:
         """Every node on the leading r x c corner of set `s`; `acc` gives the buffers of
@@ -539,7 +581,9 @@ class TileProgram:
             else:
                 _emit_node(kb, v, ops, buf(ref), r, cols, self.scratch)
 
-    def store(self, idx: list[SSAValue], r, c, s: int) -> None:
+    def store(self, idx: list[SSAValue], r, c, s: int, queue: int | None = None,
+              given: dict[int, SSAValue] | None = None) -> None:
+        """The outputs of set `s` (`given`: buffers of external values)."""
         kb = self.kb
         rank = len(idx)
         for ref, k in self.stored.items():
@@ -548,8 +592,9 @@ class TileProgram:
             ind = [kb.const(0)] * rank
             for d, od in enumerate(imap):
                 ind[od] = idx[d]
-            kb.add(tile.StoreOp(self.slots[ref].at(s), self.out_args[k], ind, r, c, imap[-2], imap[-1],
-                                queue=self.next_queue()))
+            src = given[ref] if given is not None and ref in given else self.slots[ref].at(s)
+            kb.add(tile.StoreOp(src, self.out_args[k], ind, r, c, imap[-2], imap[-1],
+                                queue=self.next_queue() if queue is None else queue))
 
 
 @dataclass
@@ -573,6 +618,8 @@ def _shape(t: Attribute) -> tuple[int, ...]:
 
 
 def _leaf_elem(v: Leaf) -> Attribute:
+    if v.given is not None:
+        return v.given
     t = v.value.type
     assert isinstance(t, MemRefType)
     return t.element_type
@@ -649,11 +696,15 @@ def _last_use(values: list[Value], order: list[int]) -> dict[int, int]:
     return last
 
 
-def _assign_temps(values: list[Value], stored: set[int]) -> dict[int, tuple[str, str, int]]:
-    """Buffer of each unstored node, by liveness: (element type, class, index); a node
-    may take the buffer of an input that dies there (not a `where`: it reads its
-    inputs after writing scratch)."""
-    order = _order(values, sorted(stored))
+def _assign_temps(
+    values: list[Value], stored: set[int], roots: Sequence[int] = (), external: set[int] | frozenset = frozenset()
+) -> dict[int, tuple[str, str, int]]:
+    """Buffer of each node that is neither stored nor `external` (its buffer comes from
+    elsewhere), by liveness: (element type, class, index); a node may take the buffer
+    of an input that dies there (not a `where`: it reads its inputs after writing
+    scratch). `roots` are values computed besides the stored ones."""
+    stored = set(stored) | set(external)
+    order = _order(values, sorted(stored | set(roots)))
     last = _last_use(values, order)
     free: dict[tuple[str, str], list[int]] = {}
     count: dict[tuple[str, str], int] = {}
@@ -683,8 +734,10 @@ def _assign_temps(values: list[Value], stored: set[int]) -> dict[int, tuple[str,
     return owner
 
 
-def _temp_demand(values: list[Value], stored: set[int]) -> dict[tuple[str, str], tuple[Attribute, int]]:
-    owner = _assign_temps(values, stored)
+def _temp_demand(
+    values: list[Value], stored: set[int], roots: Sequence[int] = (), external: set[int] | frozenset = frozenset()
+) -> dict[tuple[str, str], tuple[Attribute, int]]:
+    owner = _assign_temps(values, stored, roots, external)
     out: dict[tuple[str, str], tuple[Attribute, int]] = {}
     for i, (e, cls, idx) in owner.items():
         elem = values[i].elem  # type: ignore[union-attr]
@@ -716,9 +769,13 @@ def _emit_rowwise(kb: KernelBuilder, v: Node, ops, out: SSAValue, r, c, scratch,
         kb.add(tile.ScalarOp("mul", rstd, 1.0 / C, rstd, r, one))
         kb.add(tile.ScalarOp("add", rstd, v.eps, rstd, r, one))
         kb.add(tile.UnaryOp("rsqrt", rstd, rstd, r, one))
-        kb.add(tile.BinaryOp("mul", xc, rstd, xc, r, c, "column"))
-        _binary(kb, "mul", ("tile", xc), ops[1], xc, r, c)
-        _binary(kb, "add", ("tile", xc), ops[2], out, r, c)
+        scale = ops[1] != ("imm", 1.0)  # an affine of ones and zeros (folded into the
+        shift = ops[2] != ("imm", 0.0)  # next matmul, passes/fold_norm_affine.py) is skipped
+        kb.add(tile.BinaryOp("mul", xc, rstd, xc if scale or shift else out, r, c, "column"))
+        if scale:
+            _binary(kb, "mul", ("tile", xc), ops[1], xc if shift else out, r, c)
+        if shift:
+            _binary(kb, "add", ("tile", xc), ops[2], out, r, c)
         return
     mx, sm = cols[0], cols[1]
     kb.add(tile.ReduceOp("max", x, mx, r, c))
@@ -760,8 +817,11 @@ def _vector_steps(values: list[Value], cfg) -> list[tuple[float, bool]]:
                       (2 * costs.binary["mask"], col), (2 * costs.binary["add"], col)]
         elif v.kind == "layer_norm":
             steps += [(costs.reduce["sum"], False), (costs.binary["sub"], False), (costs.unary["square"], False),
-                      (costs.reduce["sum"], False), (costs.binary["mul"], False),
-                      (2 * costs.binary["mul"], False), (2 * costs.binary["add"], False)] + [(1.0, True)] * 4
+                      (costs.reduce["sum"], False), (costs.binary["mul"], False)] + [(1.0, True)] * 4
+            if not (isinstance(values[v.args[1]], Imm) and values[v.args[1]].value == 1.0):
+                steps.append((2 * costs.binary["mul"], False))
+            if not (isinstance(values[v.args[2]], Imm) and values[v.args[2]].value == 0.0):
+                steps.append((2 * costs.binary["add"], False))
         elif v.kind == "softmax":
             steps += [(costs.reduce["max"], False), (costs.binary["sub"], False), (costs.unary["exp"], False),
                       (costs.reduce["sum"], False), (costs.binary["mul"], False)] + [(1.0, True)]

@@ -4,9 +4,10 @@
   (passes/lower_elementwise.py): the region's ops are the DAG's nodes, its block
   arguments the leaves (loaded once per tile), its yielded values the outputs; a
   row-wise op makes tiles hold whole rows.
-- ``matmul`` groups lower as up to three kernels: the prologue (a layer norm producing
-  A, with its own prologue) as one row-wise kernel, the matmul, and the epilogue as
-  one elementwise kernel.
+- ``matmul`` groups lower as one kernel (passes/lower_fused_matmul.py: the epilogue on
+  each accumulator tile, the layer-norm prologue producing A rows on chip); where that
+  kernel does not apply, as up to three: the prologue as one row-wise kernel, the
+  matmul, the epilogue as one elementwise kernel.
 """
 
 from __future__ import annotations
@@ -86,8 +87,12 @@ def lower_unfused(lw, op: FusedOp) -> None:
 def lower_matmul_group(lw, op: FusedOp, loc: str) -> None:
     """A matmul with its prologue (the ops before it: a layer norm producing A) and
     epilogue (the ops after it)."""
+    from tilecc.passes.lower_fused_matmul import lower_fused_matmul
+
     ops = [o for o in op.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
     mm = next(o for o in ops if isinstance(o, g.MatmulOp))
+    if lw.opt_level >= 2 and lower_fused_matmul(lw, op, mm, loc):
+        return
     y = op.block.last_op
     assert isinstance(y, YieldOp)
     pro, epi = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]

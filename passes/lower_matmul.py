@@ -170,7 +170,7 @@ class BlockedMatmulKernel:
         self.kb, self.p, self.s, self.cfg = kb, p, s, cfg
         self.rank = rank
         self.a_imap, self.b_imap = list(a_imap), list(b_imap)
-        self.argA, self.argB, self.argI, self.argO = kb.args
+        self.argA, self.argB, self.argI, self.argO = kb.args[:4]  # a fused kernel has more
         ea, eb, eo = elems
         self.ea, self.eb, self.eo = ea, eb, eo
         self.TNL = s.w * p.TN
@@ -552,12 +552,14 @@ def problem_of(lw, op: Operation):
     return problem, dims
 
 
-def choose_schedule(lw, problem: MatmulProblem) -> MatmulSchedule | None:
+def choose_schedule(lw, problem: MatmulProblem, measure: Callable | None = None) -> MatmulSchedule | None:
     """The schedule of this matmul: the lowering's policy (autotuning, a forced
-    schedule) if it has one, else the cost model's choice."""
+    schedule) if it has one, else the cost model's choice. `measure` (schedule ->
+    cycles) times a candidate when the kernel is more than the matmul alone (a fused
+    group); by default the autotuner simulates the matmul alone."""
     policy = lw.matmul_policy
     if policy is not None:
-        return policy(problem)
+        return policy(problem, measure)
     from tilecc.passes.cost_model import choose
 
     return choose(problem, lw.cfg)
@@ -624,7 +626,7 @@ def measure_schedule(problem: MatmulProblem, sched: MatmulSchedule, cfg) -> floa
     from tilecc.runtime.compiler import compile_graph
     from tilecc.simulator.machine import simulate
 
-    prog = compile_graph(kernel_alone(problem, cfg), cfg, matmul_policy=lambda _p: sched)
+    prog = compile_graph(kernel_alone(problem, cfg), cfg, matmul_policy=lambda _p, _m=None: sched)
     return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
 
 
@@ -668,14 +670,18 @@ def tuning_policy(cfg, tuner=None, n_candidates: int = TUNE_CANDIDATES) -> Calla
 
     tuner = tuner if tuner is not None else Autotuner(cfg)
 
-    def policy(problem: MatmulProblem) -> MatmulSchedule | None:
+    def policy(problem: MatmulProblem, measure: Callable | None = None) -> MatmulSchedule | None:
         first = cost_model.choose(problem, cfg)
         if first is None:
             return None
         cands = [first] + diverse(cost_model.rank(problem, cfg), first, n_candidates - 1)
         sig = {**problem.signature(), "tiles": [problem.TM, problem.TK, problem.TN], "kernel": KERNEL_VERSION}
-        best = tuner.tune("matmul", sig, [s.to_dict() for s in cands],
-                          lambda d: measure_schedule(problem, MatmulSchedule.from_dict(d), cfg),
+
+        def timed(d: dict) -> float:
+            sched = MatmulSchedule.from_dict(d)
+            return measure(sched) if measure is not None else measure_schedule(problem, sched, cfg)
+
+        best = tuner.tune("matmul", sig, [s.to_dict() for s in cands], timed,
                           validate=lambda d: _valid_schedule(d, problem, cfg))
         return MatmulSchedule.from_dict(best.params)
 

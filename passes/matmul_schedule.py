@@ -56,6 +56,18 @@ class MatmulProblem:
     TM: int
     TK: int
     TN: int
+    # a fused epilogue / A-row producer (passes/lower_fused_matmul.py): the vector work
+    # of one evacuation per output element (sum of op cost x inputs; 0: a plain copy)
+    # and its instruction count; the vector work producing one m-tile's A rows per A
+    # element and its instructions (0: A rows are loaded); SRAM bytes per partition of
+    # their buffers, fixed and per column of the chunk width TNL
+    evac_cost: float = 0.0
+    evac_ops: int = 1
+    prep_cost: float = 0.0
+    prep_ops: int = 0
+    fused_sram: int = 0
+    fused_sram_per_col: int = 0
+    fused_ops: str = ""  # the fused group's ops and shapes (part of the cache signature)
 
     @staticmethod
     def make(cfg: HardwareConfig, M: int, K: int, N: int, *, batch=(), a_batch=None, b_batch=None,
@@ -105,6 +117,8 @@ class MatmulProblem:
             "M": self.M, "K": self.K, "N": self.N, "batch": list(self.batch),
             "a_batch": list(self.a_batch), "b_batch": list(self.b_batch),
             "dtypes": [self.a_dtype, self.b_dtype, self.o_dtype], "layout": "A[M,K] row-major, B[K,N] row-major",
+            "fused": [self.evac_cost, self.evac_ops, self.prep_cost, self.prep_ops, self.fused_sram,
+                      self.fused_sram_per_col, self.fused_ops],
         }
 
 
@@ -388,6 +402,7 @@ def footprint(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int]:
     sram += sets * pars * _align(per_par * p.nk * p.TM * p.ia)  # lhsT
     sram += s.b_sets * sum(_align(n * TNL * p.ib) for _, n in groups(p, s.g))  # B chunk
     sram += 2 * _align(TNL * p.io)  # output tiles
+    sram += p.fused_sram + TNL * p.fused_sram_per_col  # a fused epilogue / A producer
     acc = 2 * _align(TNL * 4) + prep_sites(p, s) * 2 * _align(p.TM * 4)  # outputs, transposes
     return sram, acc
 

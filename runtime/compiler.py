@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.autotune import Autotuner
+from tilecc.passes.fold_norm_affine import fold_norm_affine
 from tilecc.passes.registry import default_pipeline
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
@@ -53,6 +55,15 @@ def compile_graph(
         from tilecc.passes.lower_matmul import tuning_policy
 
         matmul_policy = tuning_policy(cfg, autotune if isinstance(autotune, Autotuner) else None)
+    if opt_level >= 2:  # a transform that needs the weights' data (not a module pass)
+        ts = time.perf_counter()
+        weights = dict(gp.weights)
+        if fold_norm_affine(module, weights):
+            gp = dataclasses.replace(gp, weights=weights)
+        if stats is not None:
+            stats.pass_seconds["fold-norm-affine"] = time.perf_counter() - ts
+        if after_pass is not None:
+            after_pass("fold-norm-affine", module)
     for name, run in default_pipeline(cfg, opt_level, matmul_policy):
         if name == "lower-tile-to-npu":
             layout = _read_layout(module, gp)

@@ -248,3 +248,37 @@ def test_attention_writes_its_output_in_the_consumer_layout():
     cm = run_and_compare(A(), (q, k, v), "tiny")
     names = _kernels(cm)
     assert len(names) >= 1 and all("attention" in n for n in names), names
+
+
+class NormLinear(torch.nn.Module):
+    def __init__(self, d=40, n=24, bias=True):
+        super().__init__()
+        self.ln, self.fc = torch.nn.LayerNorm(d), torch.nn.Linear(d, n, bias=bias)
+        with torch.no_grad():  # a non-trivial affine
+            self.ln.weight.uniform_(0.5, 1.5)
+            self.ln.bias.normal_()
+
+    def forward(self, x):
+        return torch.relu(self.fc(self.ln(x)))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_affine_folds_into_the_linear(bias, dtype):
+    from tilecc.passes.fold_norm_affine import fold_norm_affine
+
+    model = NormLinear(bias=bias).to(dtype)
+    x = torch.randn(3, 17, 40, dtype=dtype)
+    gp = _graph(model, (x,))
+    want = run_graph(gp, [x])[0]
+    weights = dict(gp.weights)
+    assert fold_norm_affine(gp.module, weights) == 1
+    gp.module.verify()
+    ln = next(op for op in gp.func.body.block.ops if op.name == "graph.layer_norm")
+    assert all(o.owner.name == "graph.constant" for o in ln.operands[1:])  # ones and zeros
+    gp.weights = weights
+    got = run_graph(gp, [x])[0]
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))
+    cm = run_and_compare(model, (x,), "edge")
+    assert len(cm.program.kernels) == 1  # layer norm, linear and relu in one kernel

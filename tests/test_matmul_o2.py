@@ -54,7 +54,7 @@ def _forced(a, b, target, schedule=None, pick=None):
     gp = import_exported_program(export_model(_MM(), (a, b)))
     seen = {}
 
-    def policy(problem):
+    def policy(problem, measure=None):
         seen["p"] = problem
         return schedule if schedule is not None else pick(problem, cfg)
 
@@ -212,7 +212,7 @@ def test_footprint_and_kernel_size_match_the_kernel():
         if name == "lower-graph-to-tile":
             counts["matmuls"] = sum(1 for op in module.walk() if op.name == "tile.matmul")
 
-    compile_graph(gp, cfg, matmul_policy=lambda _p: s, after_pass=after)
+    compile_graph(gp, cfg, matmul_policy=lambda _p, _m=None: s, after_pass=after)
     sram, acc = footprint(p, s)
     assert max(o + n for o, n in counts["sram"]) <= sram
     assert max(o + n for o, n in counts["acc"]) <= acc

@@ -1,0 +1,151 @@
+"""fold-norm-affine: a layer norm's scale and shift folded into the linear layer it feeds.
+
+``layer_norm(x, g, b) @ W + c`` equals ``layer_norm(x, 1, 0) @ (g[:, None] * W) + (b @ W + c)``
+when g, b, W (and c) are weights: the new weight and bias are computed once, at compile
+time (fp32, rounded to the weights' type when laid out), and the normalisation loses
+two vector passes over its rows (the per-element multiply and add, and their
+broadcast operand loads). Applies when the layer norm (over the last dim) is used only
+by the matmul's A operand (through reshapes that keep the last dim) and B
+is a 2-D weight; a bias add on the matmul's result (its only user, a weight of N
+elements) absorbs the shift, otherwise one is added.
+
+Before::
+
+    %n = graph.layer_norm %x, %g, %b normalized_ndim 1 eps 1e-05 : ...
+    %m = graph.matmul %n, %W : tensor<512x768xbf16>, tensor<768x2304xbf16> -> ...
+    %y = graph.add %m, %c : ...
+
+After::
+
+    %one = graph.constant dense<1.0> : tensor<768xbf16>
+    %zero = graph.constant dense<0.0> : tensor<768xbf16>
+    %n = graph.layer_norm %x, %one, %zero normalized_ndim 1 eps 1e-05 : ...
+    %W2 = graph.weight "W.norm_folded" : tensor<768x2304xbf16>
+    %m = graph.matmul %n, %W2 : ...
+    %c2 = graph.weight "c.norm_folded" : tensor<2304xbf16>
+    %y = graph.add %m, %c2 : ...
+
+It needs the weights' data, so it runs on a `GraphProgram` (in `compile_graph` at -O2),
+not as a module pass; splat constants are immediates in the lowering, so the layer
+norm kernel skips the multiply by one and the add of zero.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+
+from tilecc.ir import graph as g
+from tilecc.passes.canonicalize_graph import dead_code
+
+
+def _weight(v: SSAValue) -> g.WeightOp | None:
+    op = v.owner
+    return op if isinstance(op, g.WeightOp) else None
+
+
+def _squeezed(v: SSAValue) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.type.get_shape() if d != 1)  # type: ignore[attr-defined]
+
+
+def _keeps_rows(op: Operation) -> bool:
+    from tilecc.passes.fuse_graph import keeps_rows
+
+    return keeps_rows(op)
+
+
+def _only_user(v: SSAValue) -> Operation | None:
+    return v.get_user_of_unique_use() if v.has_one_use() else None
+
+
+def fold_norm_affine(module: ModuleOp, weights: dict[str, np.ndarray]) -> int:
+    """Rewrite every foldable layer norm of `module` in place; new weights go into
+    `weights`. Returns the number folded."""
+    count = 0
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp):
+            continue
+        for ln in [op for op in fn.body.block.ops if isinstance(op, g.LayerNormOp)]:
+            if _fold(fn, ln, weights):
+                count += 1
+        if count:
+            dead_code(fn)
+    return count
+
+
+def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) -> bool:
+    if ln.properties["normalized_ndim"].value.data != 1:
+        return False
+    x, gw, bw = ln.operands
+    gop, bop = _weight(gw), _weight(bw)
+    if gop is None or bop is None:
+        return False
+    v = ln.results[0]
+    user = _only_user(v)
+    while isinstance(user, g.ReshapeOp) and _keeps_rows(user):
+        v = user.results[0]
+        user = _only_user(v)
+    if not isinstance(user, g.MatmulOp) or user.operands[0] is not v:
+        return False
+    wop = _weight(user.operands[1])
+    if wop is None or len(user.operands[1].type.get_shape()) != 2:  # type: ignore[attr-defined]
+        return False
+    gamma = np.asarray(weights[gop.weight], dtype=np.float32).reshape(-1)
+    beta = np.asarray(weights[bop.weight], dtype=np.float32).reshape(-1)
+    W = np.asarray(weights[wop.weight], dtype=np.float32)
+    if W.shape[0] != gamma.size:
+        return False
+    mm = user
+    res = mm.results[0]
+    add = _only_user(res)
+    cop = None
+    if isinstance(add, g.AddOp):
+        other = add.operands[1] if add.operands[0] is res else add.operands[0]
+        cop = _weight(other)
+        if cop is None or _squeezed(other) != (W.shape[1],) or add.results[0].type != res.type:
+            cop = None
+    shift = beta.astype(np.float64) @ W.astype(np.float64)
+    loc = g.source_loc(ln)
+    block = fn.body.block
+    et = gw.type.element_type  # type: ignore[attr-defined]
+    one = g.ConstantOp.make(np.ones(gamma.size, dtype=np.float32), et, loc=loc)
+    zero = g.ConstantOp.make(np.zeros(gamma.size, dtype=np.float32), et, loc=loc)
+    block.insert_op_before(one, ln)
+    block.insert_op_before(zero, ln)
+    ln.operands[1] = one.results[0]
+    ln.operands[2] = zero.results[0]
+    wname = _fresh(weights, f"{wop.weight}.norm_folded")
+    weights[wname] = (gamma[:, None] * W).astype(np.float32)
+    new_w = g.WeightOp.make(wname, mm.operands[1].type, loc=g.source_loc(mm))  # type: ignore[arg-type]
+    block.insert_op_before(new_w, mm)
+    mm.operands[1] = new_w.results[0]
+    if cop is not None:
+        c = np.asarray(weights[cop.weight], dtype=np.float32).reshape(-1)
+        cname = _fresh(weights, f"{cop.weight}.norm_folded")
+        weights[cname] = (c + shift).astype(np.float32).reshape(np.asarray(weights[cop.weight]).shape)
+        new_c = g.WeightOp.make(cname, cop.results[0].type, loc=g.source_loc(add))  # type: ignore[arg-type]
+        block.insert_op_before(new_c, add)
+        idx = 1 if add.operands[1] is cop.results[0] else 0
+        add.operands[idx] = new_c.results[0]
+    else:
+        cname = _fresh(weights, f"{wop.weight}.norm_shift")
+        weights[cname] = shift.astype(np.float32)
+        new_c = g.WeightOp.make(cname, g.tensor_type([W.shape[1]], g.element_dtype(res.type)), loc=g.source_loc(mm))
+        after = g.AddOp.make(res, new_c.results[0], loc=g.source_loc(mm))
+        block.insert_op_after(new_c, mm)
+        block.insert_op_after(after, new_c)
+        res.replace_all_uses_with(after.results[0])
+        after.operands[0] = res  # the add itself keeps the matmul's result
+    return True
+
+
+def _fresh(weights: dict[str, np.ndarray], name: str) -> str:
+    base, i = name, 1
+    while name in weights:
+        name, i = f"{base}.{i}", i + 1
+    return name
+
+
+__all__ = ["fold_norm_affine"]

@@ -1,0 +1,350 @@
+"""A `graph.fused "matmul"` group as one kernel: the -O2 matmul kernel with its epilogue
+applied to every accumulator tile as it is evacuated, and its A rows produced on chip.
+
+`FusedMatmulKernel` is a `BlockedMatmulKernel` (passes/lower_matmul.py) whose two
+extension points run `TileProgram`s (passes/lower_elementwise.py) of the group's DAGs:
+
+- `evacuate(acc, parity, m0, n0, ms, ns)`: the epilogue DAG reads the accumulator tile
+  directly (its first op replaces the copy: ``out = acc + bias`` costs one vector
+  instruction, as the copy did), loads the other operands of this output tile (a
+  residual tile, a per-row column) into the buffer set `parity`, and stores every
+  output of the group at ``(m0, n0)``. Operands that do not vary along the rows (a
+  bias row) are loaded once for the whole kernel, full width, and read through a
+  column window at ``n0``.
+- `load_a_rows(dst, m0, k0, ms, K, queue)`: the prologue DAG (a layer norm with its own
+  prologue, e.g. a residual add) loads its inputs' rows ``m0..m0+ms`` on the A queue and
+  writes the layer norm's result straight into `dst`, the natural-layout A buffer the
+  kernel then transposes; prologue values the group yields (the residual stream) are
+  stored from the same rows.
+
+The matmul's schedule is chosen for the fused kernel: the problem carries the
+epilogue's and prologue's vector work and SRAM (`MatmulProblem.evac_*`, `prep_*`,
+`fused_sram*`), so the cost model weighs them and only schedules that fit are taken.
+Not fused (the caller lowers the group as separate kernels): a matmul with M or N of 1
+(its tiles would not map to the epilogue's iteration space), a batched matmul with a
+prologue, or a group no schedule fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+from xdsl.ir import Operation, SSAValue
+
+from tilecc.ir import graph as g
+from tilecc.ir import tile
+from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.passes.kernel_builder import KernelBuilder
+from tilecc.passes.lower_elementwise import ElementwiseKernel, Leaf, TileProgram, _vector_steps
+from tilecc.passes.lower_matmul import BlockedMatmulKernel, choose_schedule, problem_of
+
+
+def _shape(v: SSAValue) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.type.get_shape())  # type: ignore[attr-defined]
+
+
+@dataclass
+class _Part:
+    """One DAG of the group (epilogue or prologue) as a TileProgram's inputs."""
+
+    ek: ElementwiseKernel
+    root: int  # the value the kernel hands over: the accumulator leaf / the A rows
+    values: list[SSAValue]  # graph values of the outputs, in ek.outputs order
+    hoisted: list[int] = field(default_factory=list)  # leaves loaded once, full width
+    per_tile: list[int] = field(default_factory=list)  # leaves loaded per tile, per set
+
+    def split_leaves(self, hoist: bool) -> None:
+        for i, v in enumerate(self.ek.values):
+            if not isinstance(v, Leaf) or v.given is not None:
+                continue
+            if hoist and v.imap[-2] is None and all(m is None for m in v.imap[:-2]):
+                self.hoisted.append(i)
+            else:
+                self.per_tile.append(i)
+
+    def cost(self) -> tuple[float, int]:
+        steps = _vector_steps(self.ek.values, self.ek.lw.cfg)
+        return sum(f for f, col in steps if not col), len(steps)
+
+
+def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
+    got = problem_of(lw, mm)
+    if got is None:
+        return False
+    problem, (res, out_shape, a, b, M, K, N) = got
+    if M == 1 or N == 1:
+        return False
+    y = group.block.last_op
+    assert isinstance(y, YieldOp)
+    ops = [o for o in group.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
+    pro_ops, epi_ops = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]
+    if pro_ops and len(out_shape) != 2:
+        return False
+    yielded = list(y.values)
+
+    # epilogue: on the accumulator tile, over the output's space
+    space = tuple(d for d in out_shape if d != 1)
+    epi = None
+    epi_values = [v for v in yielded if v.owner in epi_ops or v is res]
+    if epi_values:
+        ek = ElementwiseKernel(lw, "epilogue", loc, space)
+        acc = ek.given_leaf(res.type.element_type)
+        ref = {res: acc}
+        _build(ek, lw, epi_ops, ref)
+        for v in epi_values:
+            ek.output(ref[v], v.type.element_type, value=v)  # type: ignore[attr-defined]
+        ek._classify()
+        epi = _Part(ek, acc, epi_values)
+        epi.split_leaves(hoist=True)
+
+    # prologue: the A rows [M, K]
+    pro = None
+    if pro_ops:
+        a_val = mm.operands[0]
+        while isinstance(a_val.owner, g.ReshapeOp) and a_val.owner in pro_ops:
+            a_val = a_val.owner.operands[0]
+        ek = ElementwiseKernel(lw, "prologue", loc, (M, K))
+        ref = {}
+        _build(ek, lw, pro_ops, ref)
+        pro_values = [v for v in yielded if v.owner in pro_ops]
+        for v in pro_values:
+            ek.output(ref[v], v.type.element_type, value=v)  # type: ignore[attr-defined]
+        ek._classify()
+        pro = _Part(ek, ref[a_val], pro_values)
+        pro.split_leaves(hoist=True)
+
+    # the schedule, for the fused kernel
+    fields: dict = {}
+    if epi is not None:
+        cost, n_ops = epi.cost()
+        per_col = _sram_per_col(epi)
+        fields.update(evac_cost=cost, evac_ops=n_ops, fused_sram_per_col=per_col,
+                      fused_sram=sum(_hoist_bytes(epi.ek, i, N) for i in epi.hoisted))
+    if pro is not None:
+        cost, n_ops = pro.cost()
+        fields.update(prep_cost=cost, prep_ops=n_ops, fused_sram=fields.get("fused_sram", 0)
+                      + TileProgram.sram_bytes(pro.ek, K, 2, {i: 2 for i in pro.per_tile}, [pro.root],
+                                               frozenset({pro.root}))
+                      + sum(_hoist_bytes(pro.ek, i, K) for i in pro.hoisted))
+    fields["fused_ops"] = ";".join(f"{o.name.removeprefix('graph.')}:{o.results[0].type}" for o in ops)
+    problem = dataclasses.replace(problem, **fields)
+    sched = choose_schedule(lw, problem, lambda sch: measure_group(group, sch, lw.cfg))
+    if sched is None:
+        return False
+
+    from tilecc.passes.graph_to_tile import _dense, _elem
+
+    ea, eb, eo = _elem(a.type), _elem(b.type), _elem(res.type)
+    TM = problem.TM
+    if pro is not None:  # the kernel's "A" argument: any [M, K] tensor; load_a_rows is ours
+        A_val = pro.ek.values[pro.per_tile[0]].value if pro.per_tile else None  # type: ignore[union-attr]
+        if A_val is None:
+            return False
+        A = _Aligned(A_val, [0, 1])
+    else:
+        A = lw._aligned_batch(a, out_shape[:-2], (M, K))
+    B = lw._aligned_batch(b, out_shape[:-2], (K, N))
+    ident = lw.hbm([TM, TM], ea, value=_dense(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
+    epi_outs = [lw.view(o, space) for o in _outputs(lw, epi, space)] if epi is not None else []
+    pro_outs = [lw.view(o, (M, K)) for o in _outputs(lw, pro, (M, K))] if pro is not None else []
+    if epi is not None:
+        out = lw.view(epi_outs[0], out_shape)
+    else:
+        out = lw.output_buffer(res, eo)
+    args = [A.value, B.value, ident, out]
+    extra = []
+    for part, outs in ((epi, epi_outs), (pro, pro_outs)):
+        if part is None:
+            continue
+        extra += [part.ek.values[i].value for i in part.hoisted + part.per_tile]  # type: ignore[union-attr]
+        extra += outs
+    kb = KernelBuilder(lw.kernel_name("fused_matmul"), [v.type for v in args + extra], loc)
+    kernel = FusedMatmulKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,
+                               elems=(ea, eb, eo), epi=epi, pro=pro, out_shape=out_shape)
+    kernel.emit(out_shape[:-2])
+    lw.launch(kb, args + extra)
+    if epi is None:
+        lw.values[res] = out
+    for part, outs in ((epi, epi_outs), (pro, pro_outs)):
+        if part is None:
+            continue
+        for v, o in zip(part.values, outs, strict=True):
+            lw.values[v] = lw.view(o, _shape(v))
+    return True
+
+
+def group_alone(group: FusedOp) -> g.GraphProgram:
+    """A graph program computing only this group (its inputs as arguments)."""
+    from xdsl.dialects import func
+    from xdsl.dialects.builtin import ModuleOp
+    from xdsl.ir import Block, Region
+
+    types = [a.type for a in group.block.args]
+    block = Block(arg_types=types)
+    mapping: dict[SSAValue, SSAValue] = dict(zip(group.block.args, block.args))
+    for o in group.block.ops:
+        if isinstance(o, YieldOp):
+            block.add_op(func.ReturnOp(*[mapping[v] for v in o.values]))
+            break
+        clone = o.clone(value_mapper=mapping)
+        block.add_op(clone)
+        mapping.update(zip(o.results, clone.results))
+    fn = func.FuncOp("forward", (types, [r.type for r in group.results]), Region(block))
+    return g.GraphProgram(ModuleOp([fn]), {}, [f"in{i}" for i in range(len(types))],
+                          [f"out{i}" for i in range(len(group.results))])
+
+
+def measure_group(group: FusedOp, sched, cfg) -> float:
+    """Cycles of the group's fused kernel alone under matmul schedule `sched`."""
+    from tilecc.runtime.compiler import compile_graph
+    from tilecc.simulator.machine import simulate
+
+    prog = compile_graph(group_alone(group), cfg, matmul_policy=lambda _p, _m=None: sched)
+    return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
+
+
+@dataclass
+class _Aligned:
+    value: SSAValue
+    imap: list
+
+
+def _build(ek: ElementwiseKernel, lw, ops: list[Operation], ref: dict[SSAValue, int]) -> None:
+    from tilecc.passes.lower_fused import build_dag
+
+    inside = {r for o in ops for r in o.results} | set(ref)
+    args = {v: v for o in ops for v in o.operands if v not in inside}
+    build_dag(ek, lw, ops, args, ref)
+
+
+def _outputs(lw, part: _Part, space: tuple[int, ...]) -> list[SSAValue]:
+    """HBM tensors of a part's outputs (at the part's space; layouts consumers ask for)."""
+    return [part.ek._out_buffer(v, elem, space) for (_, elem), v in zip(part.ek.outputs, part.values)]
+
+
+def _hoist_bytes(ek: ElementwiseKernel, i: int, width: int) -> int:
+    from tilecc.passes.lower_elementwise import _leaf_elem
+    from tilecc.passes.plan_sram import element_size
+
+    leaf = ek.values[i]
+    assert isinstance(leaf, Leaf)
+    cols = 1 if leaf.cls == "column" else width
+    return -(-cols * element_size(_leaf_elem(leaf)) // 64) * 64
+
+
+def _sram_per_col(part: _Part) -> int:
+    """An epilogue's SRAM per column of the chunk (per-tile leaves and outputs in two
+    sets, temps), rounded up."""
+    one = TileProgram.sram_bytes(part.ek, 64, 2, {i: 2 for i in part.per_tile}, [part.root],
+                                 frozenset({part.root}))
+    return -(-one // 64) + 1
+
+
+class FusedMatmulKernel(BlockedMatmulKernel):
+    """The matmul kernel with the group's epilogue in `evacuate` and its prologue in
+    `load_a_rows` (module docstring)."""
+
+    def __init__(self, kb: KernelBuilder, p, s, cfg, *, epi: _Part | None, pro: _Part | None,
+                 out_shape: tuple[int, ...], **kw):
+        super().__init__(kb, p, s, cfg, **kw)
+        self.epi, self.pro = epi, pro
+        self.out_shape = out_shape
+        args = list(kb.args[4:])
+        self.store_q = cfg.dma.queues - 1
+        self.qa0 = s.qa[0]
+        # operands loaded once go on the store queue, idle until the first evacuation:
+        # the A queue's first job is the first m-tile's rows, the B queues' the weights
+        free = [q for q in [self.store_q, *range(cfg.dma.queues)] if q != self.qa0 and q not in s.qb]
+        self.hoist_q = free[0] if free else s.qb[-1]
+        # the prologue's operands first (the first A rows need them), then the epilogue's;
+        # kernel arguments come in the order epilogue, prologue
+        n_epi = 0 if epi is None else len(epi.hoisted) + len(epi.per_tile) + len(epi.values)
+        epi_args, pro_args = args[:n_epi], args[n_epi:]
+        self.pro_tp = self._program(pro, p.K, p.K, pro_args, 2) if pro is not None else None
+        self.epi_tp = self._program(epi, self.TNL, p.N, epi_args, 2) if epi is not None else None
+
+    def _program(self, part: _Part, TC: int, width: int, args: list[SSAValue], D: int):
+        kb, TM = self.kb, self.p.TM
+        n_hoist = len(part.hoisted)
+        leaf_args = args[: n_hoist + len(part.per_tile)]
+        del args[: n_hoist + len(part.per_tile)]
+        out_args = args[: len(part.values)]
+        del args[: len(part.values)]
+        tp = TileProgram(part.ek, kb, TM, TC, D, {i: D for i in part.per_tile}, TC, [part.root],
+                         frozenset({part.root}))
+        tp.bind({i: a for i, a in zip(part.hoisted + part.per_tile, leaf_args)}, out_args,
+                [list(range(len(part.ek.shape)))] * len(out_args))
+        # operands that do not vary along the rows: loaded once, full width
+        part_bufs: dict[int, SSAValue] = {}
+        for i, arg in zip(part.hoisted, leaf_args):
+            leaf = part.ek.values[i]
+            assert isinstance(leaf, Leaf)
+            cols = 1 if leaf.cls == "column" else width
+            from tilecc.passes.lower_elementwise import _leaf_elem
+
+            buf = kb.alloc([TM, cols], _leaf_elem(leaf), tile.SRAM, f"hoist{i}")
+            ind = [self.c(0)] * len(_shape_m(arg))
+            col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
+            kb.add(tile.LoadOp(arg, ind, buf, self.c(TM), self.c(cols), -1, col_dim, queue=self.hoist_q))
+            part_bufs[i] = buf
+        tp.hoist_bufs = part_bufs  # type: ignore[attr-defined]
+        return tp
+
+    def _given(self, tp, part: _Part, col0: SSAValue, width: int) -> dict[int, SSAValue]:
+        """Column windows at `col0` of the full-width operands (a static offset gets a
+        window that ends at the buffer's end)."""
+        given: dict[int, SSAValue] = {}
+        for i, buf in tp.hoist_bufs.items():
+            leaf = part.ek.values[i]
+            if leaf.cls == "column":
+                given[i] = buf
+                continue
+            total = _shape_m(buf)[1]
+            off = tile._const_index(col0)
+            w = min(width, total) if off is None else min(width, total - off)
+            given[i] = self.kb.add(tile.SubviewOp(buf, self.c(0), col0, [self.p.TM, w])).results[0]
+        return given
+
+    def _idx(self, m0: SSAValue, n0: SSAValue) -> list[SSAValue]:
+        batch = [self.ivs[d] for d in range(self.rank - 2) if self.out_shape[d] != 1]
+        return [*batch, m0, n0]
+
+    def evacuate(self, acc: SSAValue, parity: int, m0: SSAValue, n0: SSAValue, ms: int, ns: int) -> None:
+        if self.epi_tp is None:
+            super().evacuate(acc, parity, m0, n0, ms, ns)
+            return
+        tp, part = self.epi_tp, self.epi
+        assert part is not None
+        idx = self._idx(m0, n0)
+        r, c = self.c(ms), self.c(ns)
+        for i in part.per_tile:
+            tp.load(i, idx, r, c, parity, queue=self.qa0)
+        given = self._given(tp, part, n0, self.TNL if self.p.N >= self.TNL else self.p.N)
+        given[part.root] = acc
+        tp.compute(r, c, parity, given)
+        tp.store(idx, r, c, parity, queue=self.store_q, given=given)
+
+    def load_a_rows(self, dst: SSAValue, m0: SSAValue, k0: SSAValue, ms: int, cols: int, queue: int) -> None:
+        if self.pro_tp is None:
+            super().load_a_rows(dst, m0, k0, ms, cols, queue)
+            return
+        tp, part = self.pro_tp, self.pro
+        assert part is not None
+        s = self.a_nat.index(dst)
+        idx = [m0, k0]
+        r, c = self.c(ms), self.c(cols)
+        for i in part.per_tile:
+            tp.load(i, idx, r, c, s, queue=queue)
+        given = self._given(tp, part, k0, self.p.K)
+        given[part.root] = dst
+        tp.compute(r, c, s, given)
+        tp.store(idx, r, c, s, queue=self.store_q, given=given)
+
+
+def _shape_m(v: SSAValue) -> tuple[int, ...]:
+    return tuple(v.type.get_shape())  # type: ignore[attr-defined]
+
+
+__all__ = ["lower_fused_matmul", "FusedMatmulKernel"]
