@@ -67,9 +67,21 @@ Tilings: a row of D bf16 elements is shorter than an efficient DMA chunk at D <=
 ``cloud``, and each transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view
 ``[N / f, f * D]`` (f = 2 or 4) loads f tiles per DMA, tile t of a block holding rows
 ``f (b T + r) + t``; the causal patterns follow. Paired tiles cost more diagonal tiles
-(and mask matmuls) under a causal mask. The kernel is planned for the plain and the
-paired tilings (and a separate row sum, so V can load paired too) and the one whose
-schedule ends first is built.
+(and mask matmuls) under a causal mask. Pairing needs dense rows; the *strided views*
+of a real model's attention (GPT-2: q, k, v sliced out of one ``[s, 3 d]`` projection
+and viewed as heads, strides ``[.., D, 3 d, 1]``; the output written through its
+consumer permute's layout, `GraphToTile.output_buffer`) instead hold heads h..h+g-1 of
+a row side by side (`_heads_adjacent`: head stride = row width), so rows can be
+*head-grouped*: the view ``[..., H / g, N, g * D]`` loads one ``[T x g D]`` block for g
+heads (long rows, g times fewer transfers), each head's tiles a column window of it (the
+K / Q transposes, the PV matmuls read windows; the output block is stored once the
+group's last head wrote its columns). A body holds whole groups (head-major inside a
+group; a group's blocks stay until its last head, two group sets alternate where they
+fit). q, k, v and the output group independently; a grouped V has no room for a ones
+column per head, so its row sum is a matmul of its own. The kernel is planned for the
+plain and the paired tilings (and a separate row sum, so V can load paired too), and for
+head groups of a few sizes where the views allow (`_group_sizes`; V grouped or per
+head), and the one whose schedule ends first is built.
 
 Scheduling: a kernel body (one or more heads; a loop runs bodies over the remaining
 heads) is first written as a plain sequential program over rotating buffers
