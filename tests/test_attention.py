@@ -233,8 +233,8 @@ def test_strided_views_group_heads_per_dma_cloud():
 def test_strided_head_views(target, batch, heads, L, S, D, Dv, causal, dtype, mask_shape, kv_heads):
     g = torch.Generator().manual_seed(L + S + D)
     kvh = kv_heads or heads
-    ins = (torch.randn(batch, L, heads * D, generator=g).to(dtype), torch.randn(batch, S, kvh * D, generator=g).to(dtype),
-           torch.randn(batch, S, kvh * Dv, generator=g).to(dtype))
+    ins = tuple(torch.randn(batch, n, h * w, generator=g).to(dtype)
+                for n, h, w in ((L, heads, D), (S, kvh, D), (S, kvh, Dv)))
     if mask_shape is not None:
         ins += (torch.randn(mask_shape, generator=g).to(dtype),)
     cm = run_and_compare(_HeadViews(heads, causal, kv_heads), ins, target)
