@@ -67,9 +67,21 @@ Tilings: a row of D bf16 elements is shorter than an efficient DMA chunk at D <=
 ``cloud``, and each transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view
 ``[N / f, f * D]`` (f = 2 or 4) loads f tiles per DMA, tile t of a block holding rows
 ``f (b T + r) + t``; the causal patterns follow. Paired tiles cost more diagonal tiles
-(and mask matmuls) under a causal mask. The kernel is planned for the plain and the
-paired tilings (and a separate row sum, so V can load paired too) and the one whose
-schedule ends first is built.
+(and mask matmuls) under a causal mask. Pairing needs dense rows; the *strided views*
+of a real model's attention (GPT-2: q, k, v sliced out of one ``[s, 3 d]`` projection
+and viewed as heads, strides ``[.., D, 3 d, 1]``; the output written through its
+consumer permute's layout, `GraphToTile.output_buffer`) instead hold heads h..h+g-1 of
+a row side by side (`_heads_adjacent`: head stride = row width), so rows can be
+*head-grouped*: the view ``[..., H / g, N, g * D]`` loads one ``[T x g D]`` block for g
+heads (long rows, g times fewer transfers), each head's tiles a column window of it (the
+K / Q transposes, the PV matmuls read windows; the output block is stored once the
+group's last head wrote its columns). A body holds whole groups (head-major inside a
+group; a group's blocks stay until its last head, two group sets alternate where they
+fit). q, k, v and the output group independently; a grouped V has no room for a ones
+column per head, so its row sum is a matmul of its own. The kernel is planned for the
+plain and the paired tilings (and a separate row sum, so V can load paired too), and for
+head groups of a few sizes where the views allow (`_group_sizes`; V grouped or per
+head), and the one whose schedule ends first is built.
 
 Scheduling: a kernel body (one or more heads; a loop runs bodies over the remaining
 heads) is first written as a plain sequential program over rotating buffers
@@ -218,6 +230,16 @@ class _Plan:
     ntr: int = 2  # accumulators for the K transposes
     n2: int = N2  # pass-2 accumulators (normal-mode tiles)
     tmode: bool = False  # key tiles may run in transposed mode (see _Kernel._transposed_chunks)
+    # heads per DMA of q, k, v and the output (1, or `heads` where that tensor's heads lie
+    # side by side in its rows: the view ``[..., H / g, N, g * width]``), and the group
+    # buffer sets (double buffering across head groups)
+    grp: tuple[int, int, int, int] = (1, 1, 1, 1)
+    gsets: int = 1
+
+    @property
+    def heads(self) -> int:
+        """Heads per group: a body holds whole groups, a grouped load serves them all."""
+        return max(self.grp)
 
     @property
     def v_paired(self) -> bool:
@@ -268,19 +290,32 @@ def _pairs(qseq: _Seq, kseq: _Seq, causal: bool) -> tuple[list[list[tuple[int, i
 def _sram_bytes(p: _Plan, isz: int, queues: int) -> int:
     T, nd, fq, fk = p.T, len(p.chunks), p.qseq.f, p.kseq.f
     nkb, nkt = p.kseq.blocks, len(p.kseq.tiles())
+    gq, gk, gv, go = p.grp
+    nqb = p.qseq.blocks
     total = _align(T * isz) * (2 + len(p.masks))  # identity, ones, mask patterns
-    total += min(nkb, 2 * queues) * _align(fk * p.D * isz)  # K natural ring
+    if gk > 1:  # a group's K blocks stay until its last head's transposes
+        total += p.gsets * nkb * _align(gk * p.D * isz)
+    else:
+        total += min(nkb, 2 * queues) * _align(fk * p.D * isz)  # K natural ring
     total += p.sets * nkb * _align(nd * fk * T * isz)  # K^T
-    if p.v_paired:
+    if gv > 1:
+        total += p.gsets * nkb * _align(gv * p.Dv * isz)
+    elif p.v_paired:
         total += p.sets * nkb * _align(fk * p.Dv * isz)
     else:
         total += p.sets * nkt * _align((p.Dv + 1) * isz)  # V_aug
-    total += min(p.qseq.blocks, queues) * _align(fq * p.D * isz)  # Q natural ring
+    if gq > 1:
+        total += p.gsets * nqb * _align(gq * p.D * isz)
+    else:
+        total += min(nqb, queues) * _align(fq * p.D * isz)  # Q natural ring
     total += NQ * (_align(nd * T * isz) + _align(T * isz) + _align(-(-nkt // p.W1) * 4) + _align(isz))
     if p.has_mask:
         total += NQ * _align(p.S * isz)
     total += N2 * _align(p.G * T * isz)  # P^T
-    total += 2 * _align(fq * p.Dv * isz)  # output blocks
+    if go > 1:
+        total += p.gsets * nqb * _align(go * p.Dv * isz)  # a group's output blocks
+    else:
+        total += 2 * _align(fq * p.Dv * isz)  # output blocks
     if p.tmode:
         total += p.na1 * _align(p.W1 * T * isz)  # S - m of transposed-mode chunks
     return total
@@ -294,17 +329,28 @@ def _acc_bytes(p: _Plan) -> int:
 
 def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: bool, has_mask: bool,
           elem: Attribute, pair: int = 1, sep_rowsum: bool = False,
-          pair_ok: tuple[bool, bool] = (True, True)) -> _Plan | None:
+          pair_ok: tuple[bool, bool] = (True, True),
+          grp: tuple[int, int, int, int] = (1, 1, 1, 1)) -> _Plan | None:
     """The kernel's tiling and buffers, or None where it does not fit. `pair`: rows per
     DMA row (1, 2 or 4) for q and k (k only without an additive mask); `sep_rowsum`:
     the row sum as its own matmul even where a ones column would fit the PV matmul
     (so V can load paired); `pair_ok`: whether q / k and v are contiguous (pairing views
-    their rows as ``[N / f, f * width]``)."""
+    their rows as ``[N / f, f * width]``); `grp`: heads per DMA of q, k, v and the
+    output (1 or one group size that divides the head count; a grouped V needs the
+    row sum as its own matmul, a grouped q or k unpaired rows)."""
     L, D = q_shape[-2:]
     S, Dv = k_shape[-2], v_shape[-1]
     batch = tuple(out_shape[:-2])
     if min(L, S, D, Dv, *batch, 1) <= 0:
         return None
+    hg = max(grp)
+    if hg > 1:
+        if not batch or batch[-1] % hg or any(x not in (1, hg) for x in grp):
+            return None
+        if grp[0] > 1 or grp[3] > 1:
+            pair_ok = (False, pair_ok[1])
+        if grp[1] > 1 or grp[2] > 1:
+            pair_ok = (pair_ok[0], False)
     T = min(cfg.sram.partitions, cfg.matrix.rows, cfg.matrix.cols, cfg.accumulator.partitions)
     isz = _isz(elem)
     fq = pair if L % pair == 0 and L > T and pair_ok[0] else 1
@@ -313,23 +359,26 @@ def _plan(cfg: HardwareConfig, q_shape, k_shape, v_shape, out_shape, causal: boo
     chunks = [(d0, min(T, D - d0)) for d0 in range(0, D, T)]
     fold_row = D % T if D % T else None
     C = cfg.matrix.cols
-    rowsum_fused = Dv % C != 0 and not sep_rowsum
+    rowsum_fused = Dv % C != 0 and not sep_rowsum and grp[2] == 1
     width = Dv + 1 if rowsum_fused else Dv
     vchunks = [(c0, min(C, width - c0)) for c0 in range(0, width, C)]
     pairs, masks = _pairs(qseq, kseq, causal)
     nkt = len(kseq.tiles())
-    for sets in (2, 1):
-        for G, W1 in ((min(G_EXP, nkt), min(W_MAX, nkt)), (min(2, nkt), min(2, nkt)), (1, 1)):
-            for na1, ntr, n2 in ACC_SETS:
-                p = _Plan(T, L, S, D, Dv, batch, qseq, kseq, chunks, fold_row, vchunks, rowsum_fused,
-                          causal, has_mask, pairs, masks, G, W1, sets, 1, na1, ntr, n2)
-                if na1 > 2:
-                    p.tmode = _transposed_ok(elem, causal or has_mask)
-                    if not p.tmode:
-                        continue
-                if (_sram_bytes(p, isz, cfg.dma.queues) <= cfg.sram.bytes_per_partition
-                        and _acc_bytes(p) <= cfg.accumulator.bytes_per_partition):
-                    return p
+    # a group's buffers double-buffered (the next group's loads run ahead) where they fit
+    for gsets in ((2, 1) if hg > 1 and batch[-1] > hg else (1,)):
+        for sets in (2, 1):
+            for G, W1 in ((min(G_EXP, nkt), min(W_MAX, nkt)), (min(2, nkt), min(2, nkt)), (1, 1)):
+                for na1, ntr, n2 in ACC_SETS:
+                    p = _Plan(T, L, S, D, Dv, batch, qseq, kseq, chunks, fold_row, vchunks, rowsum_fused,
+                              causal, has_mask, pairs, masks, G, W1, sets, 1, na1, ntr, n2, grp=tuple(grp),
+                              gsets=gsets)
+                    if na1 > 2:
+                        p.tmode = _transposed_ok(elem, causal or has_mask)
+                        if not p.tmode:
+                            continue
+                    if (_sram_bytes(p, isz, cfg.dma.queues) <= cfg.sram.bytes_per_partition
+                            and _acc_bytes(p) <= cfg.accumulator.bytes_per_partition):
+                        return p
     return None
 
 
@@ -718,22 +767,41 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
     # (GraphToTile.output_buffer): a strided view, so q rows (and output rows) unpaired
     absorbs = res in lw.layout_requests
     pair_ok = (_contiguous(q) and not absorbs, _contiguous(k) and _contiguous(v))
-    # plain and paired tilings: the one whose schedule (a dry run) ends first
+    # head grouping: which tensors hold the heads of a row side by side (the strided views
+    # of one projected qkv tensor, an output written through the consumer permute)
+    out_strides = lw.layout_requests[res][1] if absorbs else tile.row_major(out_shape)
+    group_ok = (_heads_adjacent(q_shape, lw.layout(q)[0], out_shape),
+                _heads_adjacent(k_shape, lw.layout(k)[0], out_shape),
+                _heads_adjacent(v_shape, lw.layout(v)[0], out_shape),
+                _heads_adjacent(out_shape, out_strides, out_shape))
+    # plain, paired and head-grouped tilings: the one whose schedule (a dry run) ends first
     best = None
     tried = set()
-    for pair, sep in ((1, False), (2, False), (2, True), (4, False), (4, True)):
+    cands: list[tuple[int, bool, tuple[int, int, int, int]]] = [
+        (1, False, (1, 1, 1, 1)), (2, False, (1, 1, 1, 1)), (2, True, (1, 1, 1, 1)),
+        (4, False, (1, 1, 1, 1)), (4, True, (1, 1, 1, 1))]
+    for hg in _group_sizes(lw.cfg, out_shape, q_shape[-1], v_shape[-1], _isz(elem), group_ok):
+        qg, kg, vg, og = (hg if ok else 1 for ok in group_ok)
+        cands.append((1, False, (qg, kg, 1, og)))  # V per head: its ones column fuses the row sum
+        if vg > 1:
+            cands.append((1, True, (qg, kg, vg, og)))
+    budget = _budget(lw.cfg)
+    for pair, sep, grp in cands:
         plan = _plan(lw.cfg, q_shape, k_shape, v_shape, out_shape, op.is_causal, has_mask, elem, pair, sep,
-                     pair_ok)
-        key = plan and (plan.qseq.f, plan.kseq.f, plan.rowsum_fused)
-        if plan is None or key in tried or (sep and plan.kseq.f == 1):
+                     pair_ok, grp)
+        key = plan and (plan.qseq.f, plan.kseq.f, plan.rowsum_fused, plan.grp)
+        if plan is None or key in tried or (sep and plan.kseq.f == 1 and plan.grp[2] == 1):
             continue
         tried.add(key)
+        # a body holds whole head groups: one q-block's pairs of a whole group must fit it
+        if plan.heads > 1 and max(len(x) for x in plan.pairs) * plan.heads > budget:
+            continue
         types = _hbm_types(plan, elem, q_shape, k_shape, v_shape, mask_shape, out_shape)
         est = sum(_Kernel(lw, plan, elem, scale, dt, loc, types=types, qblocks=r).build()
                   for r in _qranges(plan, lw.cfg))
         if _DEBUG:
-            print(f"attention tiling q x{plan.qseq.f} k x{plan.kseq.f} fused row sum {plan.rowsum_fused}: "
-                  f"{est:,.0f} cycles")
+            print(f"attention tiling q x{plan.qseq.f} k x{plan.kseq.f} fused row sum {plan.rowsum_fused} "
+                  f"heads per DMA {plan.grp} (group sets {plan.gsets}): {est:,.0f} cycles")
         if best is None or est < best[0]:
             best = (est, plan)
     if best is None:
@@ -761,10 +829,10 @@ def _budget(cfg: HardwareConfig) -> int:
 
 
 def _qranges(p: _Plan, cfg: HardwareConfig) -> list[range]:
-    """The q-blocks of each kernel: consecutive blocks while one head's pairs fit a body
-    (a long causal sequence becomes several kernels, each preparing the K / V blocks
-    its q-blocks see)."""
-    budget, out, start, pairs = _budget(cfg), [], 0, 0
+    """The q-blocks of each kernel: consecutive blocks while one head's pairs (one head
+    group's) fit a body (a long causal sequence becomes several kernels, each preparing
+    the K / V blocks its q-blocks see)."""
+    budget, out, start, pairs = max(1, _budget(cfg) // p.heads), [], 0, 0
     fq = p.qseq.f
     for bq in range(p.qseq.blocks):
         n = sum(len(p.pairs[bq * fq + tq]) for tq in range(fq))
@@ -774,6 +842,42 @@ def _qranges(p: _Plan, cfg: HardwareConfig) -> list[range]:
         pairs += n
     out.append(range(start, p.qseq.blocks))
     return out
+
+
+def _heads_adjacent(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int]) -> bool:
+    """Whether an operand of the heads (``[..., H, N, W]``, H the output's last batch
+    dim) holds row r of heads h and h + 1 side by side in memory: contiguous rows with
+    the head stride W, so heads h..h+g-1 of a row are g * W contiguous elements and the
+    view ``[..., H / g, N, g * W]`` (strides ``[..., g * W, row stride, 1]``) exists."""
+    if len(out_shape) < 3 or len(shape) < 3 or shape[-3] != out_shape[-3] or shape[-3] < 2:
+        return False
+    return strides[-1] == 1 and strides[-3] == shape[-1]
+
+
+def _group_sizes(cfg: HardwareConfig, out_shape, D: int, Dv: int, isz: int,
+                 group_ok: tuple[bool, ...]) -> list[int]:
+    """Heads per grouped DMA to try: divisors of the head count whose rows reach an
+    efficient DMA chunk (the smallest such, and the largest two: fewer transfers), or
+    every divisor where none does."""
+    if not any(group_ok) or len(out_shape) < 3:
+        return []
+    H = out_shape[-3]
+    divs = [g for g in range(2, H + 1) if H % g == 0]
+    long = [g for g in divs if g * min(D, Dv) * isz >= cfg.dma.efficient_chunk_bytes]
+    if not long:
+        return divs[-2:]
+    return sorted({long[0], *long[-2:]})
+
+
+def _grouped(lw, v: SSAValue, g: int) -> SSAValue:
+    """The view ``[..., H / g, N, g * W]`` of ``[..., H, N, W]`` whose heads lie side by
+    side (`_heads_adjacent`): element (.., i, r, j W + c) is head g i + j's (r, c)."""
+    if g == 1:
+        return v
+    s = _shape(v.type)
+    strides, offset = lw.layout(v)
+    return lw.strided(v, (*s[:-3], s[-3] // g, s[-2], g * s[-1]),
+                      (*strides[:-3], g * strides[-3], strides[-2], 1), offset)
 
 
 def _contiguous(v: SSAValue) -> bool:
@@ -787,11 +891,16 @@ def _hbm_types(p: _Plan, elem, q_shape, k_shape, v_shape, mask_shape, out_shape)
     def paired(s, f):
         return tuple(s) if f == 1 else (*s[:-2], s[-2] // f, f * s[-1])
 
+    def grouped(s, g):
+        return tuple(s) if g == 1 else (*s[:-3], s[-3] // g, s[-2], g * s[-1])
+
     fq, fk, T = p.qseq.f, p.kseq.f, p.T
-    shapes = [paired(q_shape, fq), paired(k_shape, fk), paired(v_shape, fk) if p.v_paired else tuple(v_shape)]
+    gq, gk, gv, go = p.grp
+    shapes = [grouped(paired(q_shape, fq), gq), grouped(paired(k_shape, fk), gk),
+              grouped(paired(v_shape, fk) if p.v_paired else tuple(v_shape), gv)]
     if mask_shape is not None:
         shapes.append(tuple(mask_shape))
-    shapes += [paired(out_shape, fq), (T, T)]
+    shapes += [grouped(paired(out_shape, fq), go), (T, T)]
     if p.masks:
         shapes.append((T, T * len(p.masks)))
     return [MemRefType(elem, list(x)) for x in shapes]
@@ -827,7 +936,9 @@ class _Kernel:
         # (an even one when it is not much smaller: the K^T / V sets alternate by head)
         heads = p.batch[-1] if p.batch else 1
         per_head = max(1, sum(len(p.pairs[qi]) for qi in qtiles))
-        fits = [d for d in range(1, heads + 1) if heads % d == 0 and d * per_head <= _budget(self.cfg)] or [1]
+        # (whole head groups: a multiple of the group size)
+        hg = p.heads
+        fits = [d for d in range(hg, heads + 1, hg) if heads % d == 0 and d * per_head <= _budget(self.cfg)] or [hg]
         even = [d for d in fits if d % 2 == 0]
         self.U = max(even) if even and max(even) * 2 >= max(fits) else max(fits)
 
@@ -835,10 +946,12 @@ class _Kernel:
             self.hbm_args = None
         else:
             q, k, v, mask, out = tensors
-            hbm = [_paired(lw, q, fq), _paired(lw, k, fk), _paired(lw, v, fk) if p.v_paired else v]
+            gq, gk, gv, go = p.grp
+            hbm = [_grouped(lw, _paired(lw, q, fq), gq), _grouped(lw, _paired(lw, k, fk), gk),
+                   _grouped(lw, _paired(lw, v, fk) if p.v_paired else v, gv)]
             if mask is not None:
                 hbm.append(mask)
-            hbm.append(_paired(lw, out, fq))
+            hbm.append(_grouped(lw, _paired(lw, out, fq), go))
             hbm.append(lw.hbm([T, T], elem, value=_dense(np.eye(T, dtype=np.float32), elem)))
             if p.masks:
                 # finite: the constant's printed form reads back
@@ -978,17 +1091,32 @@ class _Kernel:
         vec = ready["ident"] + self.tm.vec("binary", "max", T, T)
         ready["ones"] = vec
         pre_copy(self.ident, self.ones, T, T)
-        self.nk_ring = min(nkb, 2 * self.queues)
+        gq, gk, gv, go = p.grp
+        nqb = len(self.qblocks)
+        # a head group's loads (q, k, v) and output blocks: one buffer per block and group
+        # set (the sets alternate by group within a body)
+        self.gsets = gsets = max(1, min(p.gsets, self.U // p.heads))
+        self.kgrp = ([[self.alloc([T, gk * p.D], SRAM, "k") for _ in range(nkb)] for _ in range(gsets)]
+                     if gk > 1 else None)
+        self.vgrp = ([[self.alloc([T, gv * p.Dv], SRAM, "v") for _ in range(nkb)] for _ in range(gsets)]
+                     if gv > 1 else None)
+        self.qgrp = ([[self.alloc([T, gq * p.D], SRAM, "q") for _ in range(nqb)] for _ in range(gsets)]
+                     if gq > 1 else None)
+        self.ogrp = ([[self.alloc([T, go * p.Dv], SRAM, "out") for _ in range(nqb)] for _ in range(gsets)]
+                     if go > 1 else None)
+        self.nk_ring = 0 if gk > 1 else min(nkb, 2 * self.queues)
         self.knat = [self.alloc([T, fk * p.D], SRAM, "k") for _ in range(self.nk_ring)]
         self.kt = [[self.alloc([T, nd * fk * T], SRAM, "kT") for _ in range(nkb)] for _ in range(p.sets)]
-        if p.v_paired:
+        if gv > 1:
+            self.vaug = None
+        elif p.v_paired:
             self.vaug = [[self.alloc([T, fk * p.Dv], SRAM, "v") for _ in range(nkb)]
                          for _ in range(p.sets)]
         else:
             width = p.Dv + (1 if p.rowsum_fused else 0)
             self.vaug = [[self.alloc([T, width], SRAM, "v") for _ in range(nkt)]
                          for _ in range(p.sets)]
-        self.nq_ring = min(p.qseq.blocks, self.queues)
+        self.nq_ring = 0 if gq > 1 else min(p.qseq.blocks, self.queues)
         self.qnat = [self.alloc([T, fq * p.D], SRAM, "q") for _ in range(self.nq_ring)]
         self.qt = [self.alloc([T, nd * T], SRAM, "qT") for _ in range(NQ)]
         self.negm = [self.alloc([1, T], SRAM, "negm") for _ in range(NQ)] if p.fold_row is None else None
@@ -998,7 +1126,7 @@ class _Kernel:
         self.mrow = ([self.alloc([T, p.S], SRAM, "mask") for _ in range(NQ)]
                      if p.has_mask else None)
         self.pt = [self.alloc([T, p.G * T], SRAM, "pT") for _ in range(N2)]
-        self.obuf = [self.alloc([T, fq * p.Dv], SRAM, "out") for _ in range(2)]
+        self.obuf = [] if go > 1 else [self.alloc([T, fq * p.Dv], SRAM, "out") for _ in range(2)]
         self.sm = [self.alloc([T, p.W1 * T], SRAM, "s_m") for _ in range(p.na1)] if p.tmode else []
         self.acc_tr = [self.alloc([T, nd * fk * T], ACC, "acc_kT", f32) for _ in range(p.ntr)]
         self.acc_q = [self.alloc([T, nd * T], ACC, "acc_qT", f32) for _ in range(2)]
@@ -1018,7 +1146,7 @@ class _Kernel:
                         vec += self.tm.vec("unary", "copy", 1, T)
                         pre_copy(self.ones, buf, 1, T)
                     ready[self.name(buf)] = vec
-        if p.rowsum_fused:
+        if p.rowsum_fused:  # (V per head: never grouped)
             for s in range(p.sets):
                 for buf in self.vaug[s]:
                     kb.add(tile.UnaryOp("copy", self.win(self.ones, 0, 0, [T, 1]), self.win(buf, 0, p.Dv, [T, 1]),
@@ -1053,12 +1181,15 @@ class _Kernel:
             return
         with kb.loop(trips) as it:
             base = kb.muli(it, kb.const(U)) if trips > 1 else kb.const(0)
-            span = self.body([[*ivs, (base, u)] for u in range(U)])
+            hg = p.heads  # grouped tensors: head group it * U / hg + u // hg
+            gbase = (kb.muli(it, kb.const(U // hg)) if trips > 1 else kb.const(0)) if hg > 1 else None
+            span = self.body([[*ivs, (base, u, gbase)] for u in range(U)])
         self.estimate = span * trips * int(np.prod(p.batch[:-1], dtype=np.int64))
 
-    def _index(self, bidx, arg: SSAValue) -> Callable[[], list[SSAValue]]:
+    def _index(self, bidx, arg: SSAValue, group: int = 1) -> Callable[[], list[SSAValue]]:
         """The leading (batch) indices of kernel argument `arg` for batch index `bidx`
-        (operand dims aligned right; a size-1 dim broadcasts)."""
+        (operand dims aligned right; a size-1 dim broadcasts). `group`: heads per index
+        of the argument's last batch dim (a head-grouped view)."""
         p, kb = self.p, self.kb
         shape = _shape(arg.type)
         nb, nbo = len(p.batch), len(shape) - 2
@@ -1072,7 +1203,9 @@ class _Kernel:
                     continue
                 x = bidx[d]
                 if isinstance(x, tuple):
-                    base, u = x
+                    base, u, gbase = x
+                    if group > 1:
+                        base, u = gbase, u // group
                     x = kb.addi(base, kb.const(u)) if u else base
                 out.append(x)
             return out
@@ -1080,7 +1213,10 @@ class _Kernel:
         return idx
 
     def _kv_shared(self) -> bool:
-        """K and V do not depend on the last batch index (broadcast over heads)."""
+        """K and V do not depend on the last batch index (broadcast over heads; a
+        head-grouped view's unit head dim is a group of heads)."""
+        if self.p.grp[1] > 1 or self.p.grp[2] > 1:
+            return False
         for a in (self.a_k, self.a_v):
             sh = _shape(a.type)
             nbo = len(sh) - 2
@@ -1096,9 +1232,12 @@ class _Kernel:
         shared = self._kv_shared() and len(heads) > 1
         for u, bidx in enumerate(heads):
             s = 0 if shared else u % p.sets
+            # the head's place in its group (grouped loads: the group's first head loads
+            # for all, the last stores the group's output) and the group's buffer set
+            self._j, self._gs = u % p.heads, (u // p.heads) % self.gsets
             if not shared or u == 0:
                 self._prep_kv(ops, u, bidx, s, ring)
-            qidx = self._index(bidx, self.a_q)
+            qidx = self._index(bidx, self.a_q, p.grp[0])
             for bq in self.qblocks:
                 self._last_block = u == len(heads) - 1 and bq == self.qblocks[-1]
                 self._q_block(ops, u, bidx, s, bq, qidx, ring)
@@ -1121,21 +1260,29 @@ class _Kernel:
         """K blocks: load, transpose every tile and chunk, copy into K^T; V blocks / tiles."""
         p, T, kc = self.p, self.p.T, self.kb.const
         fk = p.kseq.f
-        kidx, vidx = self._index(bidx, self.a_k), self._index(bidx, self.a_v)
+        _, gk, gv, _ = p.grp
+        j, gs = self._j, self._gs
+        kidx, vidx = self._index(bidx, self.a_k, gk), self._index(bidx, self.a_v, gv)
         krank, vrank = len(_shape(self.a_k.type)), len(_shape(self.a_v.type))
         for bk in self.kblocks:
             rk = p.kseq.rows(bk)
             pr = (u, -1, bk)
-            kn = self.knat[ring["k"] % self.nk_ring]
-            ring["k"] += 1
             acc = self.acc_tr[ring["tr"] % p.ntr]
             ring["tr"] += 1
-            self._load(ops, self.a_k, lambda bk=bk: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk, fk * p.D,
-                       krank - 2, krank - 1, pr)
+            if gk > 1:  # the group's block: head j's columns
+                kn, col0 = self.kgrp[gs][bk], j * p.D
+                if j == 0:
+                    self._load(ops, self.a_k, lambda bk=bk: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk,
+                               gk * p.D, krank - 2, krank - 1, pr)
+            else:
+                kn, col0 = self.knat[ring["k"] % self.nk_ring], 0
+                ring["k"] += 1
+                self._load(ops, self.a_k, lambda bk=bk: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk, fk * p.D,
+                           krank - 2, krank - 1, pr)
             for tk in range(fk):
                 for ci, (d0, dc) in enumerate(p.chunks):
-                    self._mm(ops, kn, (0, tk * p.D + d0), self.ident, (0, 0), acc, (0, (ci * fk + tk) * T),
-                             dc, rk, rk, False, pr)
+                    self._mm(ops, kn, (0, col0 + tk * p.D + d0), self.ident, (0, 0), acc,
+                             (0, (ci * fk + tk) * T), dc, rk, rk, False, pr)
             for ci, (d0, dc) in enumerate(p.chunks):
                 if rk == T:  # the block's tiles side by side: one copy per chunk
                     self._vec(ops, "unary", "copy", acc, (0, ci * fk * T), self.kt[s][bk], (0, ci * fk * T),
@@ -1144,7 +1291,11 @@ class _Kernel:
                     for tk in range(fk):
                         col = (ci * fk + tk) * T
                         self._vec(ops, "unary", "copy", acc, (0, col), self.kt[s][bk], (0, col), dc, rk, pr)
-            if p.v_paired:
+            if gv > 1:
+                if j == 0:
+                    self._load(ops, self.a_v, lambda bk=bk: [*vidx(), kc(bk * T), kc(0)], self.vgrp[gs][bk],
+                               (0, 0), rk, gv * p.Dv, vrank - 2, vrank - 1, pr)
+            elif p.v_paired:
                 self._load(ops, self.a_v, lambda bk=bk: [*vidx(), kc(bk * T), kc(0)], self.vaug[s][bk], (0, 0),
                            rk, fk * p.Dv, vrank - 2, vrank - 1, pr)
             else:
@@ -1160,8 +1311,10 @@ class _Kernel:
         return self.kt[s][k // fk], (k % fk) * self.p.T
 
     def _v(self, s, k):
-        """(V_aug buffer, column of its first value) of key tile k."""
+        """(V_aug buffer, column of its first value) of key tile k (of the current head)."""
         p = self.p
+        if p.grp[2] > 1:
+            return self.vgrp[self._gs][k], self._j * p.Dv
         if p.v_paired:
             return self.vaug[s][k // p.kseq.f], (k % p.kseq.f) * p.Dv
         return self.vaug[s][k], 0
@@ -1224,20 +1377,33 @@ class _Kernel:
         p, T, kc = self.p, self.p.T, self.kb.const
         fq = p.qseq.f
         rq = p.qseq.rows(bq)
+        gq, _, _, go = p.grp
+        j, gs, bi = self._j, self._gs, bq - self.qblocks.start
         qrank = len(_shape(self.a_q.type))
-        qn = self.qnat[ring["q"] % self.nq_ring]
+        if gq > 1:  # the group's block: head j's columns
+            qn, qcol = self.qgrp[gs][bi], j * p.D
+            if j == 0:
+                self._load(ops, self.a_q, lambda: [*qidx(), kc(bq * T), kc(0)], qn, (0, 0), rq, gq * p.D,
+                           qrank - 2, qrank - 1, (u, bq * fq, 0))
+        else:
+            qn, qcol = self.qnat[ring["q"] % self.nq_ring], 0
+            self._load(ops, self.a_q, lambda: [*qidx(), kc(bq * T), kc(0)], qn, (0, 0), rq, fq * p.D,
+                       qrank - 2, qrank - 1, (u, bq * fq, 0))
         ring["q"] += 1
-        ob = self.obuf[ring["o"] % 2]
-        ring["o"] += 1
-        self._load(ops, self.a_q, lambda: [*qidx(), kc(bq * T), kc(0)], qn, (0, 0), rq, fq * p.D,
-                   qrank - 2, qrank - 1, (u, bq * fq, 0))
+        if go > 1:
+            ob, ocol = self.ogrp[gs][bi], j * p.Dv
+        else:
+            ob, ocol = self.obuf[ring["o"] % 2], 0
+            ring["o"] += 1
         for tq in range(fq):
             self._last_tile = self._last_block and tq == fq - 1
-            self._q_tile(ops, u, bidx, s, bq, tq, qn, ob, ring)
-        oidx = self._index(bidx, self.a_out)
-        self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, fq * p.Dv, (u, bq * fq, 9))
+            self._q_tile(ops, u, bidx, s, bq, tq, qn, qcol, ob, ocol, ring)
+        oidx = self._index(bidx, self.a_out, go)
+        if go == 1 or j == go - 1:  # a grouped output block: once the group's last head wrote it
+            self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
+                        (u, bq * fq, 9))
 
-    def _q_tile(self, ops, u, bidx, s, bq, tq, qn, ob, ring) -> None:
+    def _q_tile(self, ops, u, bidx, s, bq, tq, qn, qcol, ob, ocol, ring) -> None:
         p, T, kc = self.p, self.p.T, self.kb.const
         fq, fk, nd = p.qseq.f, p.kseq.f, len(p.chunks)
         qi = bq * fq + tq  # q-tile index
@@ -1250,7 +1416,8 @@ class _Kernel:
         # Q^T: transpose (identity matmul), scale on the accumulator copy (fp32, one rounding)
         accq = self.acc_q[ring["q"] % 2]
         for ci, (d0, dc) in enumerate(p.chunks):
-            self._mm(ops, qn, (0, tq * p.D + d0), self.ident, (0, 0), accq, (0, ci * T), dc, qs, qs, False, pr)
+            self._mm(ops, qn, (0, qcol + tq * p.D + d0), self.ident, (0, 0), accq, (0, ci * T), dc, qs, qs, False,
+                     pr)
         for ci, (d0, dc) in enumerate(p.chunks):
             self._vec(ops, "scalar", "mul", accq, (0, ci * T), qt, (0, ci * T), dc, qs, pr, imm=self.scale)
         mrow = None
@@ -1360,9 +1527,11 @@ class _Kernel:
         if (tm.vec("unary", "reciprocal", qs, 1) + tm.vec("binary", "mul", qs, p.Dv)
                 < tm.vec("binary", "div", qs, p.Dv)):
             self._vec(ops, "unary", "reciprocal", acco, (0, p.Dv), acco, (0, p.Dv), qs, 1, pr)
-            self._vec(ops, "column", "mul", acco, (0, 0), ob, (0, tq * p.Dv), qs, p.Dv, pr, col=(acco, (0, p.Dv)))
+            self._vec(ops, "column", "mul", acco, (0, 0), ob, (0, ocol + tq * p.Dv), qs, p.Dv, pr,
+                      col=(acco, (0, p.Dv)))
         else:
-            self._vec(ops, "column", "div", acco, (0, 0), ob, (0, tq * p.Dv), qs, p.Dv, pr, col=(acco, (0, p.Dv)))
+            self._vec(ops, "column", "div", acco, (0, 0), ob, (0, ocol + tq * p.Dv), qs, p.Dv, pr,
+                      col=(acco, (0, p.Dv)))
 
 
 __all__ = ["lower_attention", "lower_attention_kernel"]

@@ -138,6 +138,126 @@ def test_q_broadcast_over_batch():
     run_and_compare(_Sdpa(), (q, k, v), "tiny")
 
 
+# ---------------------------------------------------------- strided views: GPT-2's q/k/v
+
+
+class _QkvSplit(torch.nn.Module):
+    """GPT-2's attention inputs: q, k, v sliced out of one projected ``[b, s, 3 d]`` tensor
+    and viewed as heads (strided HBM views whose heads lie side by side in each row), the
+    output permuted back (written through the permute's layout: a strided view too)."""
+
+    def __init__(self, heads: int, causal: bool = True):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+
+    def forward(self, qkv):
+        b, s, d3 = qkv.shape
+        d = d3 // 3
+        q, k, v = qkv.split(d, dim=2)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return o.transpose(1, 2).reshape(b, s, d)
+
+
+class _HeadViews(torch.nn.Module):
+    """q, k, v from separate ``[b, n, heads * width]`` tensors (value width Dv), an
+    optional additive mask, and k / v of one head broadcast over the query heads."""
+
+    def __init__(self, heads: int, causal: bool = False, kv_heads: int | None = None):
+        super().__init__()
+        self.heads, self.causal, self.kv_heads = heads, causal, kv_heads or heads
+
+    def forward(self, qi, ki, vi, *mask):
+        b, L, _ = qi.shape
+        S = ki.shape[1]
+        q = qi.view(b, L, self.heads, -1).transpose(1, 2)
+        k = ki.view(b, S, self.kv_heads, -1).transpose(1, 2)
+        v = vi.view(b, S, self.kv_heads, -1).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0] if mask else None, is_causal=self.causal)
+        return o.transpose(1, 2).reshape(b, L, -1)
+
+
+def _attention_dmas(cm) -> tuple[np.ndarray, np.ndarray]:
+    """The row lengths (elements) of the attention kernels' DMA loads and stores."""
+    st = cm.program.stream
+    sel = np.zeros(len(st), dtype=bool)
+    for name, lo, n in cm.program.kernels:
+        if "attention" in name:
+            sel[lo:lo + n] = True
+    ops = st["opcode"][sel]
+    cols = st["cols"][sel]
+    return cols[ops == 1], cols[ops == 2]
+
+
+@settings(max_examples=8, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate),
+          suppress_health_check=[HealthCheck.too_slow])
+@given(heads=st.sampled_from([2, 3, 4, 6]), s=st.sampled_from([1, 9, 16, 33, 40]),
+       dh=st.sampled_from([4, 8, 20]), batch=st.sampled_from([1, 2]), causal=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_strided_qkv_views_tiny(heads, s, dh, batch, causal, dtype):
+    """q/k/v as GPT-2 slices them out of one projection: the kernel reads them (and writes
+    the output) through strided views, loading several heads per DMA where that pays."""
+    qkv = torch.randn(batch, s, 3 * heads * dh, generator=torch.Generator().manual_seed(s + dh)).to(dtype)
+    cm = run_and_compare(_QkvSplit(heads, causal), (qkv,), "tiny")
+    assert _attention_kernels(cm)
+
+
+def test_strided_views_group_heads_per_dma_cloud():
+    """The GPT-2 layout on cloud (12 heads of 64: 128-byte rows per head): q, k and the
+    output move several heads per DMA ([T x g 64] blocks, g >= 4: rows of at least the
+    512-byte efficient chunk), so there are far fewer transfers than one per head and tile."""
+    heads, s, dh = 12, 256, 64
+    qkv = torch.randn(1, s, 3 * heads * dh, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    cm = run_and_compare(_QkvSplit(heads), (qkv,), "cloud")
+    loads, stores = _attention_dmas(cm)
+    blocks = s // 128
+    assert len(stores) < heads * blocks and (stores >= 4 * dh).all() and stores.max() % dh == 0
+    assert (loads >= 4 * dh).sum() >= 2 * blocks  # q and k blocks of a head group
+    assert len(loads) + len(stores) < 4 * heads * blocks / 1.5  # one per head and tile: 4 * heads * blocks
+
+
+@pytest.mark.parametrize(
+    "target,batch,heads,L,S,D,Dv,causal,dtype,mask_shape,kv_heads",
+    [
+        ("tiny", 2, 8, 64, 64, 8, 8, True, torch.bfloat16, None, None),  # head groups in a loop of bodies
+        ("tiny", 1, 4, 17, 23, 20, 12, False, torch.float32, None, None),  # D > partitions, Dv != D
+        ("tiny", 1, 4, 18, 21, 8, 8, False, torch.float32, (1, 4, 1, 21), None),  # a mask per head
+        ("tiny", 1, 4, 18, 21, 8, 8, False, torch.float32, (18, 21), None),
+        ("tiny", 1, 4, 20, 20, 16, 16, True, torch.bfloat16, None, 1),  # k / v broadcast over heads
+        ("tiny", 1, 4, 128, 128, 8, 8, True, torch.bfloat16, None, None),  # causal: kernels of head groups
+        ("edge", 1, 4, 70, 70, 16, 16, True, torch.bfloat16, None, None),
+        ("edge", 1, 4, 40, 33, 32, 32, False, torch.float16, None, None),
+        ("cloud", 1, 4, 200, 200, 32, 32, True, torch.bfloat16, None, None),
+    ],
+)
+def test_strided_head_views(target, batch, heads, L, S, D, Dv, causal, dtype, mask_shape, kv_heads):
+    g = torch.Generator().manual_seed(L + S + D)
+    kvh = kv_heads or heads
+    ins = tuple(torch.randn(batch, n, h * w, generator=g).to(dtype)
+                for n, h, w in ((L, heads, D), (S, kvh, D), (S, kvh, Dv)))
+    if mask_shape is not None:
+        ins += (torch.randn(mask_shape, generator=g).to(dtype),)
+    cm = run_and_compare(_HeadViews(heads, causal, kv_heads), ins, target)
+    assert _attention_kernels(cm)
+
+
+def test_head_grouping_needs_heads_side_by_side():
+    """Heads h and h + 1 of a row are neighbours in GPT-2's views (head stride = width),
+    not in a dense ``[b, h, n, d]`` tensor (head stride n * d), unless n == 1."""
+    out = (1, 12, 512, 64)
+    assert la._heads_adjacent(out, (512 * 2304, 64, 2304, 1), out)
+    assert not la._heads_adjacent(out, (12 * 512 * 64, 512 * 64, 64, 1), out)
+    assert la._heads_adjacent((1, 12, 1, 64), (768, 64, 64, 1), (1, 12, 1, 64))
+    assert not la._heads_adjacent((1, 1, 512, 64), (512 * 64, 64, 64, 1), out)  # one head, broadcast
+    assert not la._heads_adjacent(out, (512 * 4608, 128, 4608, 2), out)  # element-strided rows
+    cfg, bf16 = load_config("cloud"), torch_to_elem(torch.bfloat16)
+    assert la._group_sizes(cfg, out, 64, 64, 2, (True,) * 4) == [4, 6, 12]  # 128-byte rows: 4 reach 512 B
+    plan = la._plan(cfg, out, out, out, out, True, False, bf16, 1, False, (False, False), (4, 4, 1, 4))
+    assert plan.heads == 4 and plan.rowsum_fused and plan.gsets == 2
+    plan = la._plan(cfg, out, out, out, out, True, False, bf16, 1, True, (False, False), (4, 4, 4, 4))
+    assert not plan.rowsum_fused  # a grouped V has no room for a ones column per head
+
+
 # -------------------------------------------------------------------------------- masks
 
 
