@@ -283,7 +283,15 @@ def pad_kernel(
     s: tuple[int, int], pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
 ) -> None:
     """``out[n, c, ph, i*Wq + j] = x[n, c, i*sh + a - pt, j*sw + b - pl]`` (or the fill value)
-    for each phase ``(a, b)``; `x` is [N, C, H, W], `out` [N, C, len(phases), Hq*Wq]."""
+    for each phase ``(a, b)``; `x` is [N, C, H, W], `out` [N, C, len(phases), Hq*Wq].
+
+    With a stride the phases take every other element of a row, which a DMA can only
+    read element by element (one descriptor and one short chunk per element). At -O2
+    the phases are instead picked out on the matrix engine (`_phase_split_*`); -O0
+    keeps the strided DMAs."""
+    if s != (1, 1) and getattr(lw, "opt_level", 2) >= 2:
+        if _phase_split(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value):
+            return
     N, C, H, W = _shape(x)
     elem = _elem(x)
     isz = _isz(elem)
@@ -363,6 +371,378 @@ def pad_kernel(
                     c, kb.const(rows * Wq), 1, 3,
                 ))
     k.launch()
+
+
+# ---------------------------------------------------------------------------
+# phase images on the matrix engine
+# ---------------------------------------------------------------------------
+#
+# A phase image takes every sw-th element of each row. DMAs read on-chip and HBM rows
+# contiguously (an element stride costs a descriptor and a short chunk per element), and
+# vector ops walk contiguous columns too, so the matrix engine does the selection: a
+# matmul with a 0/1 matrix picks and reorders the contraction (partition) dimension.
+#
+# - `_phase_split_channels` (channels on partitions): per unit of a few output rows,
+#   the unit's input positions are transposed onto partitions (a matmul with the
+#   identity), then a selection matmul ``acc[c, n] = sum_k T[k, c] S[k, n]`` writes the
+#   unit's row segment of every phase; a rank-1 accumulate adds a non-zero fill value.
+# - `_phase_split_rows` (few channels, e.g. an image): per channel, rows on partitions;
+#   ``(X^T R_a)`` picks the rows of row phase a (transposed), ``(.)^T C_b`` the columns
+#   of column phase b, so each phase image comes out whole with rows on partitions.
+#
+# The products are exact for finite values (one term x * 1, the others x * 0); an
+# infinite or NaN input spreads NaN over the positions sharing its unit.
+
+_FEW_CHANNELS = 4
+
+
+def _false_i1(kb: KernelBuilder) -> SSAValue:
+    return kb.ne_zero(kb.const(0))
+
+
+def _phase_split(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value) -> bool:
+    C = _shape(x)[1]
+    if C <= _FEW_CHANNELS and fill_value == 0.0:
+        if _phase_split_rows(lw, what, loc, x, out, phases, s, pad, Hq, Wq):
+            return True
+    return _phase_split_channels(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value)
+
+
+def _consts_2d(lw, blocks: list[np.ndarray], width: int, height: int, elem: Attribute) -> tuple[SSAValue, int]:
+    """One HBM constant [height, len(blocks) * width] holding the blocks side by side
+    (each zero-padded to height x width); returns it and its column count."""
+    data = np.zeros((height, max(1, len(blocks)) * width), dtype=np.float32)
+    for i, blk in enumerate(blocks):
+        data[: blk.shape[0], i * width: i * width + blk.shape[1]] = blk
+    return const_hbm(lw, data, elem), data.shape[1]
+
+
+def _phase_split_channels(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value) -> bool:
+    cfg = lw.cfg
+    N, C, H, W = _shape(x)
+    elem = _elem(x)
+    isz = _isz(elem)
+    (sh, sw), (pt, pl) = s, pad
+    nph = len(phases)
+    row_res = sorted({a for a, _ in phases})
+    col_res = sorted({b for _, b in phases})
+    KMAX = min(cfg.matrix.rows, lw.P, cfg.accumulator.partitions)
+    NMAX = cfg.matrix.cols
+    TC = min(lw.P, C, cfg.accumulator.partitions, cfg.matrix.cols, cfg.matrix.rows)
+    nrow_i = len(row_res)  # input rows per output row
+    cspan = col_res[-1] - col_res[0]
+    contiguous_rows = row_res == list(range(sh))  # an output row's input rows are adjacent
+
+    def wlen(jl: int) -> int:
+        return min(W, (jl - 1) * sw + cspan + 1)
+
+    # unit = g output rows x a block of jl columns: K = input positions, N = outputs
+    if nph * Wq <= NMAX and nrow_i * W <= KMAX:
+        jl = Wq
+        g = 1
+        while (g + 1) <= Hq and nph * (g + 1) * Wq <= NMAX and (g + 1) * nrow_i * W <= KMAX:
+            g += 1
+    else:
+        g = 1
+        jl = 0
+        for cand in range(min(Wq, NMAX // nph), 0, -1):
+            if nrow_i * wlen(cand) <= KMAX:
+                jl = cand
+                break
+        if jl == 0:
+            return False
+    full = jl == Wq
+    blocks = [(j0, min(Wq, j0 + jl)) for j0 in range(0, Wq, jl)]
+    units = [(i0, min(Hq, i0 + g)) for i0 in range(0, Hq, g)]
+
+    def block_cols(j0: int, j1: int) -> tuple[int, int]:
+        lo = max(0, j0 * sw + col_res[0] - pl)
+        hi = min(W - 1, (j1 - 1) * sw + col_res[-1] - pl)
+        return lo, hi
+
+    # the layout of one unit's contraction: segments (first input row relative to the
+    # unit's base row i0*sh, rows, first column, columns), in order
+    def layout(i0: int, i1: int, j0: int, j1: int):
+        lo, hi = block_cols(j0, j1)
+        hs = sorted({i * sh + a - pt for i in range(i0, i1) for a in row_res if 0 <= i * sh + a - pt < H})
+        if lo > hi or not hs:
+            return (), lo
+        segs: list[list[int]] = []
+        for h in hs:
+            if full and lo == 0 and hi == W - 1 and segs and segs[-1][0] + segs[-1][1] == h - i0 * sh:
+                segs[-1][1] += 1
+            else:
+                segs.append([h - i0 * sh, 1])
+        return tuple((r, n, lo, hi - lo + 1) for r, n in segs), lo
+
+    def matrices(i0: int, i1: int, j0: int, j1: int):
+        segs, _ = layout(i0, i1, j0, j1)
+        K = sum(n * wc for _, n, _, wc in segs)
+        gi, jn = i1 - i0, j1 - j0
+        Nn = nph * gi * jn
+        S = np.zeros((max(K, 1), Nn), dtype=np.float32)
+        F = np.zeros((1, Nn), dtype=np.float32)
+        kpos: dict[tuple[int, int], int] = {}
+        k = 0
+        for r, n, c0, wc in segs:
+            for rr in range(n):
+                for w in range(c0, c0 + wc):
+                    kpos[(i0 * sh + r + rr, w)] = k
+                    k += 1
+        for ph, (a, b) in enumerate(phases):
+            for il in range(gi):
+                for jj in range(jn):
+                    col = ph * gi * jn + il * jn + jj
+                    h = (i0 + il) * sh + a - pt
+                    w = (j0 + jj) * sw + b - pl
+                    if 0 <= h < H and 0 <= w < W:
+                        S[kpos[(h, w)], col] = 1.0
+                    else:
+                        F[0, col] = fill_value
+        return segs, K, S, F
+
+    # unit kinds: the same relative layout and matrices (interior units share one)
+    kinds: dict[tuple, int] = {}
+    kind_data: list[tuple] = []
+    unit_kind: dict[tuple[int, int], int] = {}
+    for ui, (i0, i1) in enumerate(units):
+        for bi, (j0, j1) in enumerate(blocks):
+            segs, K, S, F = matrices(i0, i1, j0, j1)
+            key = (segs, i1 - i0, bi, S.tobytes(), F.tobytes())
+            if key not in kinds:
+                kinds[key] = len(kind_data)
+                kind_data.append((segs, K, S, F))
+            unit_kind[(ui, bi)] = kinds[key]
+    needs_fill = [bool(np.any(kd[3] != 0)) or kd[1] == 0 for kd in kind_data]
+    s_blocks = [kd[2] for kd in kind_data]
+    f_blocks = [kd[3] for kd in kind_data]
+
+    # bands of units whose input rows and phase rows fit SRAM
+    budget = _budget(lw) - 4 * _ALIGN
+    fixed = (
+        2 * _bytes(TC, isz)  # T, two sets
+        + _bytes(TC, isz)  # identity
+        + _bytes(len(kind_data) * NMAX, isz)  # selections
+        + _bytes(len(kind_data) * NMAX, isz)  # fills
+        + _bytes(TC, isz)  # ones
+    )
+
+    def band_rows(u0: int, u1: int) -> tuple[int, int]:
+        i0, i1 = units[u0][0], units[u1 - 1][1]
+        hs = [i * sh + a - pt for i in range(i0, i1) for a in row_res]
+        lo, hi = max(0, min(hs)), min(H - 1, max(hs))
+        return lo, max(lo, hi)
+
+    def band_bytes(u0: int, u1: int) -> int:
+        lo, hi = band_rows(u0, u1)
+        nrows = units[u1 - 1][1] - units[u0][0]
+        return _bytes((hi - lo + 1) * W, isz) + _bytes(nph * nrows * Wq, isz)
+
+    UB = len(units)
+    while UB > 1 and max(band_bytes(u, min(len(units), u + UB)) for u in range(0, len(units), UB)) + fixed > budget:
+        UB = _cdiv(UB, 2)
+    if band_bytes(0, 1) + fixed > budget:
+        return False
+    bands = [(u, min(len(units), u + UB)) for u in range(0, len(units), UB)]
+    max_xrows = max(band_rows(u0, u1)[1] - band_rows(u0, u1)[0] + 1 for u0, u1 in bands)
+    max_qrows = max(units[u1 - 1][1] - units[u0][0] for u0, u1 in bands)
+
+    ident, _ = _consts_2d(lw, [np.eye(TC, dtype=np.float32)], TC, TC, elem)
+    sel, scols = _consts_2d(lw, s_blocks, NMAX, KMAX, elem)
+    fill_elem = elem
+    fills, fcols = _consts_2d(lw, f_blocks, NMAX, 1, fill_elem)
+    ones = fill_row(lw, 1.0, fill_elem, TC)
+    xv = lw.view(x, (N, C, H * W))
+    k = _Kernel(lw, what, loc, [xv, ident, sel, fills, ones, out])
+    kb = k.kb
+    xa, oa = k.arg(xv), k.arg(out)
+    xb = kb.alloc([TC, max_xrows * W], elem, tile.SRAM, "x")
+    qb = kb.alloc([TC, nph * max_qrows * Wq], elem, tile.SRAM, "phases")
+    ib = kb.alloc([TC, TC], elem, tile.SRAM, "identity")
+    sb = kb.alloc([KMAX, scols], elem, tile.SRAM, "select")
+    fb = kb.alloc([1, fcols], fill_elem, tile.SRAM, "fill")
+    ob = kb.alloc([1, TC], fill_elem, tile.SRAM, "ones")
+    tbs = [kb.alloc([KMAX, TC], elem, tile.SRAM, "xT") for _ in range(2)]
+    a1s = [kb.alloc([KMAX, TC], f32, tile.ACC, "acc_t") for _ in range(2)]
+    a2s = [kb.alloc([TC, NMAX], f32, tile.ACC, "acc_s") for _ in range(2)]
+    kb.add(tile.LoadOp(k.arg(ident), [kb.const(0), kb.const(0)], ib, kb.const(TC), kb.const(TC), 0, 1))
+    kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], sb, kb.const(KMAX), kb.const(scols), 0, 1))
+    kb.add(tile.LoadOp(k.arg(fills), [kb.const(0), kb.const(0)], fb, kb.const(1), kb.const(fcols), 0, 1))
+    kb.add(tile.LoadOp(k.arg(ones), [kb.const(0)], ob, kb.const(1), kb.const(TC), -1, 0))
+
+    def unit(n, c0, c, ui: SSAValue | int, bi: int, kind: int, bset: int, xh0: int, qi0: int) -> None:
+        """Unit `ui` (an index or an affine SSA value) of column block `bi`."""
+        segs, K, _, _ = kind_data[kind]
+        i0_first = units[0][0]  # 0
+        gi = (units[0][1] - units[0][0]) if isinstance(ui, SSAValue) else (units[ui][1] - units[ui][0])
+        j0, j1 = blocks[bi]
+        jn = j1 - j0
+        Nn = nph * gi * jn
+        ui_v = _idx(kb, ui)
+        a1, a2, tb = a1s[bset], a2s[bset], tbs[bset]
+        if K:
+            koff = 0
+            for r, nr, cw0, wc in segs:
+                # input row (i0 * sh + r) of the band starting at row xh0
+                pos = lin(kb, (r - xh0 + i0_first * sh) * W + cw0, (g * sh * W, ui_v))
+                m = nr * wc
+                kb.add(tile.MatmulOp(
+                    sub(kb, xb, 0, pos, [TC, m]), ib, sub(kb, a1, koff, 0, [m, TC]),
+                    kb.const(m), c, c, _false_i1(kb),
+                ))
+                koff += m
+            kb.add(tile.UnaryOp("copy", sub(kb, a1, 0, 0, [K, TC]), sub(kb, tb, 0, 0, [K, TC]), kb.const(K), c))
+            kb.add(tile.MatmulOp(
+                sub(kb, tb, 0, 0, [K, TC]), sub(kb, sb, 0, kind * NMAX, [K, Nn]), sub(kb, a2, 0, 0, [TC, Nn]),
+                c, kb.const(K), kb.const(Nn), _false_i1(kb),
+            ))
+        if needs_fill[kind]:
+            kb.add(tile.MatmulOp(
+                ob, sub(kb, fb, 0, kind * NMAX, [1, Nn]), sub(kb, a2, 0, 0, [TC, Nn]),
+                c, kb.const(1), kb.const(Nn), true_i1(kb) if K else _false_i1(kb),
+            ))
+        for ph in range(nph):
+            dst = lin(kb, ph * max_qrows * Wq - qi0 * Wq + j0, (g * Wq, ui_v))
+            kb.add(tile.UnaryOp(
+                "copy", sub(kb, a2, 0, ph * gi * jn, [TC, gi * jn]), sub(kb, qb, 0, dst, [TC, gi * jn]),
+                c, kb.const(gi * jn),
+            ))
+
+    with kb.loop(N) as n, tiles(kb, C, TC) as (_, c0, c):
+        bset = 0
+        for u0, u1 in bands:
+            xlo, xhi = band_rows(u0, u1)
+            qi0 = units[u0][0]
+            kb.add(tile.LoadOp(xa, [n, c0, kb.const(xlo * W)], sub(kb, xb, 0, 0, [TC, (xhi - xlo + 1) * W]),
+                               c, kb.const((xhi - xlo + 1) * W), 1, 2))
+            for bi in range(len(blocks)):
+                # runs of consecutive units of one kind: a loop over pairs of units
+                # (two buffer sets), the odd one out unrolled
+                u = u0
+                while u < u1:
+                    kind = unit_kind[(u, bi)]
+                    v = u
+                    while v < u1 and unit_kind[(v, bi)] == kind:
+                        v += 1
+                    count = v - u
+                    if count >= 4:
+                        with kb.loop(count // 2) as t:
+                            for half in (0, 1):
+                                ui = lin(kb, u + half, (2, t))
+                                unit(n, c0, c, ui, bi, kind, half, xlo, qi0)
+                        if count % 2:
+                            unit(n, c0, c, v - 1, bi, kind, bset, xlo, qi0)
+                            bset ^= 1
+                    else:
+                        for w_ in range(u, v):
+                            unit(n, c0, c, w_, bi, kind, bset, xlo, qi0)
+                            bset ^= 1
+                    u = v
+            rows = units[u1 - 1][1] - qi0
+            for ph in range(nph):
+                kb.add(tile.StoreOp(
+                    sub(kb, qb, 0, ph * max_qrows * Wq, [TC, rows * Wq]), oa,
+                    [n, c0, kb.const(ph), kb.const(qi0 * Wq)], c, kb.const(rows * Wq), 1, 3,
+                ))
+    k.launch()
+    return True
+
+
+def _phase_split_rows(lw, what, loc, x, out, phases, s, pad, Hq, Wq) -> bool:
+    """Few channels, zero fill: per channel the image with rows on partitions; the phase
+    images come out whole (rows on partitions) and are stored with one DMA each."""
+    cfg = lw.cfg
+    N, C, H, W = _shape(x)
+    elem = _elem(x)
+    isz = _isz(elem)
+    (sh, sw), (pt, pl) = s, pad
+    KMAX = min(cfg.matrix.rows, lw.P)
+    MMAX = min(cfg.accumulator.partitions, lw.P)
+    NMAX = cfg.matrix.cols
+    if Hq > min(NMAX, MMAX) or Wq > NMAX:
+        return False
+    row_res = sorted({a for a, _ in phases})
+    col_res = sorted({b for _, b in phases})
+    hch = [(h0, min(H, h0 + KMAX)) for h0 in range(0, H, KMAX)]
+    wstep = min(KMAX, MMAX)
+    wch = [(w0, min(W, w0 + wstep)) for w0 in range(0, W, wstep)]
+    # R[a][hc][h, i] = 1 iff row h0 + h is row i of row phase a; Cm[b][wc][w, j] likewise
+    rblocks, rkey = [], {}
+    for a in row_res:
+        for hi, (h0, h1) in enumerate(hch):
+            R = np.zeros((h1 - h0, Hq), dtype=np.float32)
+            for i in range(Hq):
+                h = i * sh + a - pt
+                if h0 <= h < h1:
+                    R[h - h0, i] = 1.0
+            if R.any():
+                rkey[(a, hi)] = len(rblocks)
+                rblocks.append(R)
+    cblocks, ckey = [], {}
+    for b in col_res:
+        for wi, (w0, w1) in enumerate(wch):
+            Cm = np.zeros((w1 - w0, Wq), dtype=np.float32)
+            for j in range(Wq):
+                w = j * sw + b - pl
+                if w0 <= w < w1:
+                    Cm[w - w0, j] = 1.0
+            if Cm.any():
+                ckey[(b, wi)] = len(cblocks)
+                cblocks.append(Cm)
+    need = (
+        C * len(hch) * _bytes(W, isz) + C * len(row_res) * len(wch) * _bytes(Hq, isz)
+        + C * len(phases) * _bytes(Wq, isz) + _bytes(len(rblocks) * Hq, isz) + _bytes(len(cblocks) * Wq, isz)
+    )
+    acc_need = C * len(row_res) * len(wch) * Hq * 4 + C * len(phases) * Wq * 4
+    if need > _budget(lw) - 8 * _ALIGN or acc_need > cfg.accumulator.bytes_per_partition:
+        return False
+    rconst, rcols = _consts_2d(lw, rblocks, Hq, KMAX, elem)
+    cconst, ccols = _consts_2d(lw, cblocks, Wq, KMAX, elem)
+    out5 = lw.view(out, (N, C, len(phases), Hq, Wq))
+    k = _Kernel(lw, what, loc, [x, rconst, cconst, out5])
+    kb = k.kb
+    xa, oa = k.arg(x), k.arg(out5)
+    rb = kb.alloc([KMAX, rcols], elem, tile.SRAM, "rowsel")
+    cb = kb.alloc([KMAX, ccols], elem, tile.SRAM, "colsel")
+    kb.add(tile.LoadOp(k.arg(rconst), [kb.const(0), kb.const(0)], rb, kb.const(KMAX), kb.const(rcols), 0, 1))
+    kb.add(tile.LoadOp(k.arg(cconst), [kb.const(0), kb.const(0)], cb, kb.const(KMAX), kb.const(ccols), 0, 1))
+    with kb.loop(N) as n:
+        for c in range(C):  # few channels: each its own buffers, so channels overlap
+            xs = [kb.alloc([h1 - h0, W], elem, tile.SRAM, f"x{c}_") for h0, h1 in hch]
+            for (h0, h1), xbuf in zip(hch, xs):
+                kb.add(tile.LoadOp(xa, [n, kb.const(c), kb.const(h0), kb.const(0)], xbuf,
+                                   kb.const(h1 - h0), kb.const(W), 2, 3))
+            ta: dict[tuple[int, int], SSAValue] = {}
+            for a in row_res:
+                for wi, (w0, w1) in enumerate(wch):
+                    acc = kb.alloc([w1 - w0, Hq], f32, tile.ACC, f"acc_r{c}_")
+                    terms = [hi for hi in range(len(hch)) if (a, hi) in rkey]
+                    for t_, hi in enumerate(terms):
+                        h0, h1 = hch[hi]
+                        kb.add(tile.MatmulOp(
+                            sub(kb, xs[hi], 0, w0, [h1 - h0, w1 - w0]),
+                            sub(kb, rb, 0, rkey[(a, hi)] * Hq, [h1 - h0, Hq]), acc,
+                            kb.const(w1 - w0), kb.const(h1 - h0), kb.const(Hq),
+                            true_i1(kb) if t_ else _false_i1(kb),
+                        ))
+                    tbuf = kb.alloc([w1 - w0, Hq], elem, tile.SRAM, f"rows{c}_")
+                    kb.add(tile.UnaryOp("copy", acc, tbuf, kb.const(w1 - w0), kb.const(Hq)))
+                    ta[(a, wi)] = tbuf
+            for ph, (a, b) in enumerate(phases):
+                acc = kb.alloc([Hq, Wq], f32, tile.ACC, f"acc_c{c}_")
+                terms = [wi for wi in range(len(wch)) if (b, wi) in ckey]
+                for t_, wi in enumerate(terms):
+                    w0, w1 = wch[wi]
+                    kb.add(tile.MatmulOp(
+                        ta[(a, wi)], sub(kb, cb, 0, ckey[(b, wi)] * Wq, [w1 - w0, Wq]), acc,
+                        kb.const(Hq), kb.const(w1 - w0), kb.const(Wq), true_i1(kb) if t_ else _false_i1(kb),
+                    ))
+                qbuf = kb.alloc([Hq, Wq], elem, tile.SRAM, f"phase{c}_")
+                kb.add(tile.UnaryOp("copy", acc, qbuf, kb.const(Hq), kb.const(Wq)))
+                kb.add(tile.StoreOp(qbuf, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
+                                    kb.const(Hq), kb.const(Wq), 3, 4))
+    k.launch()
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -473,12 +853,22 @@ def finish_fusion(lw, op: Operation, fused: list[Operation], out: SSAValue) -> N
     lw.values[res] = out
 
 
+def _pick(queues, nbytes: int, chunk: int) -> int | None:
+    if queues is None:
+        return None
+    if isinstance(queues, _QueueModel):
+        return queues.next(nbytes, chunk)
+    return queues.next()
+
+
 class Epilogue:
     """Compaction of a ``[channels x positions]`` tile to NCHW rows, the fused steps and
     the store. Channel of partition r: ``(c0 + r) * m + j`` (m: depthwise multiplier)."""
 
     def __init__(self, lw, steps: list[Step], out: SSAValue, N: int, C: int, OH: int, OW: int, m: int = 1):
         self.lw, self.steps, self.N, self.C, self.OH, self.OW, self.m = lw, steps, N, C, OH, OW, m
+        # constants some epilogues use (the 1x1 one of `preload_columns`)
+        self.extra: list[SSAValue] = [fill_row(lw, 1.0, f32, 1)]
         S = OH * OW
         self.out = lw.view(out, (N, C // m, m, S))
         self.views: list[SSAValue] = []
@@ -494,61 +884,149 @@ class Epilogue:
                 self.views.append(st.value)
 
     def hbm_args(self) -> list[SSAValue]:
-        return [*self.views, self.out]
+        return [*self.views, self.out, *self.extra]
 
-    def alloc(self, kb: KernelBuilder, TC: int, cols: int, elem: Attribute) -> None:
-        self.ob = kb.alloc([TC, cols], elem, tile.SRAM, "out")
+    def alloc(
+        self, kb: KernelBuilder, TC: int, cols: int, elem: Attribute, col_sets: int = 0, sets: int = 1,
+    ) -> None:
+        """Buffers for bands of `cols` positions; with `col_sets`, the column operands of
+        that many consecutive channel chunks of TC are loaded once (`preload_columns`);
+        `sets` output (and tile operand) buffers alternate (`emit(..., buf_set=)`), so one
+        chunk's store overlaps the next chunk's epilogue."""
+        self.obs = [kb.alloc([TC, cols], elem, tile.SRAM, "out") for _ in range(sets)]
+        self.ob = self.obs[0]
+        self.col_sets = col_sets
         self.bufs: list[SSAValue | None] = []
+        self.tile_bufs: list[list[SSAValue] | None] = []
         for st in self.steps:
             if st.kind == "column":
-                self.bufs.append(kb.alloc([TC, 1], _elem(st.value), tile.SRAM, "chan"))
+                self.bufs.append(kb.alloc([TC, max(1, col_sets)], _elem(st.value), tile.SRAM, "chan"))
+                self.tile_bufs.append(None)
             elif st.kind == "tile":
-                self.bufs.append(kb.alloc([TC, cols], _elem(st.value), tile.SRAM, "operand"))
+                tb = [kb.alloc([TC, cols], _elem(st.value), tile.SRAM, "operand") for _ in range(sets)]
+                self.bufs.append(tb[0])
+                self.tile_bufs.append(tb)
             else:
                 self.bufs.append(None)
+                self.tile_bufs.append(None)
 
     def sram_bytes(self, cols: int, out_isz: int) -> int:
-        total = _bytes(cols, out_isz)
-        for st in self.steps:
+        return Epilogue.bytes_for(self.steps, cols, out_isz)
+
+    def preload_columns(
+        self, k: _Kernel, c_first: SSAValue, TC: int, queues=None, count: int | None = None, defer: bool = False,
+    ) -> None:
+        """Load the column operands of `col_sets` chunks of TC channels from `c_first`
+        (chunk j in column j of the operand's buffer). A column is one element per
+        partition, which a DMA moves element by element (short chunks waste HBM
+        bandwidth); instead each operand's channels load as one contiguous row and tiny
+        matmuls with a 1x1 one (``acc[c, 0] = row[0, c] * 1``, exact) turn each chunk of
+        the row into a column."""
+        kb = k.kb
+        self.pending = getattr(self, "pending", [])
+        cols = [(st.value, buf) for st, buf in zip(self.steps, self.bufs) if st.kind == "column"]
+        cols += getattr(self, "extra_columns", [])
+        if not cols:
+            return
+        n = max(1, self.col_sets)
+        count = n * TC if count is None else count  # channels from c_first
+        sizes = [min(TC, count - j * TC) for j in range(n)]
+        one_b = kb.alloc([1, 1], f32, tile.SRAM, "one")
+        one_v = self.extra[0]
+        kb.add(tile.LoadOp(k.arg(one_v), [kb.const(0)], one_b, kb.const(1), kb.const(1), -1, 0,
+                           queue=_pick(queues, 4, 4)))
+        for value, buf in cols:
+            v = k.arg(value)
+            elem = _elem(value)
+            if _shape(value) == (1, 1):
+                kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, kb.const(TC), kb.const(n), -1, -1,
+                                   queue=_pick(queues, TC * n * 2, 2)))
+                continue
+            row = kb.alloc([1, n * TC], elem, tile.SRAM, "chan_row")
+            one = one_b
+            if elem != f32:
+                one = kb.alloc([1, 1], elem, tile.SRAM, "one")
+                kb.add(tile.UnaryOp("copy", one_b, one, kb.const(1), kb.const(1)))
+            # the operand viewed (C, 1): `count` consecutive channels along the columns
+            kb.add(tile.LoadOp(v, [c_first, kb.const(0)], row, kb.const(1), kb.const(count), 1, 0,
+                               queue=_pick(queues, count * _isz(elem), count * _isz(elem))))
+            acc = kb.alloc([TC, n], f32, tile.ACC, "acc_chan")
+            self.pending.append((row, one, acc, buf, sizes))
+        if not defer:
+            self.columns_ready(k)
+
+    def columns_ready(self, k: _Kernel) -> None:
+        """The matmuls that turn the preloaded rows into columns (emitted where the
+        matrix engine's in-order queue should take them: before the first epilogue, not
+        ahead of matmuls that do not wait for these loads)."""
+        kb = k.kb
+        pending, self.pending = self.pending, []
+        for row, one, acc, buf, sizes in pending:
+            TC = _shape(buf)[0]
+            n = len(sizes)
+            for j, m in enumerate(sizes):
+                kb.add(tile.MatmulOp(sub(kb, row, 0, j * TC, [1, TC]), one, sub(kb, acc, 0, j, [TC, 1]),
+                                     kb.const(m), kb.const(1), kb.const(1), _false_i1(kb)))
+            if sizes[-1] == TC:
+                kb.add(tile.UnaryOp("copy", acc, buf, kb.const(TC), kb.const(n)))
+            else:
+                for j, m in enumerate(sizes):
+                    kb.add(tile.UnaryOp("copy", sub(kb, acc, 0, j, [TC, 1]), sub(kb, buf, 0, j, [TC, 1]),
+                                        kb.const(m), kb.const(1)))
+
+    @staticmethod
+    def bytes_for(steps: list[Step], cols: int, out_isz: int, sets: int = 1) -> int:
+        total = sets * _bytes(cols, out_isz)
+        for st in steps:
             if st.kind == "column":
                 total += _ALIGN
             elif st.kind == "tile":
-                total += _bytes(cols, out_isz)
+                total += sets * _bytes(cols, out_isz)
         return total
 
     def emit(
         self, k: _Kernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
         oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool = False,
+        col_set: int | None = None, buf_set: int = 0,
     ) -> None:
         """`src`: the band's positions (row r of the band at column r * Wq); `compact(s, d,
-        rows, cols)` writes the rounded output of a piece of it."""
+        rows, cols)` writes the rounded output of a piece of it. `col_set`: the preloaded
+        column operands' chunk (see `alloc`)."""
         kb = k.kb
+        if getattr(self, "pending", None):
+            self.columns_ready(k)
         OW = self.OW
-        TC = _shape(self.ob)[0]
+        obuf = self.obs[buf_set]
+        TC = _shape(obuf)[0]
         cols = rb * OW
         if Wq == OW:
-            compact(sub(kb, src, 0, 0, [TC, cols]), sub(kb, self.ob, 0, 0, [TC, cols]), rows, cols)
+            compact(sub(kb, src, 0, 0, [TC, cols]), sub(kb, obuf, 0, 0, [TC, cols]), rows, cols)
         else:
             with kb.loop(rb) as r:
                 extra = {"r": r} if row_aware else {}
                 compact(
                     sub(kb, src, 0, lin(kb, 0, (Wq, r)), [TC, OW]),
-                    sub(kb, self.ob, 0, lin(kb, 0, (OW, r)), [TC, OW]), rows, OW, **extra,
+                    sub(kb, obuf, 0, lin(kb, 0, (OW, r)), [TC, OW]), rows, OW, **extra,
                 )
-        ob = sub(kb, self.ob, 0, 0, [TC, cols])
+        ob = sub(kb, obuf, 0, 0, [TC, cols])
         cc = kb.const(cols)
         s0 = lin(kb, 0, (OW, oh0))
-        for st, buf in zip(self.steps, self.bufs):
+        for st, buf, tbufs in zip(self.steps, self.bufs, self.tile_bufs):
+            if tbufs is not None:
+                buf = tbufs[buf_set]
             if st.kind == "unary":
                 kb.add(tile.UnaryOp(st.fn, ob, ob, rows, cc))
             elif st.kind == "scalar":
                 kb.add(tile.ScalarOp(st.fn, ob, st.imm, ob, rows, cc, swap=st.swap))
             elif st.kind == "column":
-                v = k.arg(st.value)
-                if _shape(st.value) == (1, 1):
-                    kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, rows, kb.const(1), -1, -1))
+                if col_set is not None:
+                    buf = sub(kb, buf, 0, col_set, [TC, 1])
                 else:
-                    kb.add(tile.LoadOp(v, [c0, j], buf, rows, kb.const(1), 0, -1))
+                    v = k.arg(st.value)
+                    if _shape(st.value) == (1, 1):
+                        kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, rows, kb.const(1), -1, -1))
+                    else:
+                        kb.add(tile.LoadOp(v, [c0, j], buf, rows, kb.const(1), 0, -1))
                 kb.add(tile.BinaryOp(st.fn, ob, buf, ob, rows, cc, "column"))
             else:
                 v = k.arg(st.value)
@@ -581,7 +1059,9 @@ def lower_conv2d(lw, op: nn.Conv2dOp, loc: str) -> None:
     if Ci_g == 1:
         _conv_vector(lw, op, loc, geo, src, steps, out, G, Co_g, layout)
     elif not _conv_gemm_small(lw, op, loc, geo, src, steps, out, G, Ci_g, Co_g, layout):
-        _conv_gemm(lw, op, loc, geo, src, steps, out, G, Ci_g, Co_g, layout)
+        if not (getattr(lw, "opt_level", 2) >= 2
+                and _conv_gemm_o2(lw, op, loc, geo, src, steps, out, G, Ci_g, Co_g, layout)):
+            _conv_gemm(lw, op, loc, geo, src, steps, out, G, Ci_g, Co_g, layout)
     finish_fusion(lw, op, fused, out)
 
 
@@ -846,11 +1326,259 @@ def _conv_gemm(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layou
     k.launch()
 
 
+@dataclass
+class _KStep:
+    """One contraction step of the implicit GEMM: K rows on partitions, filled by `loads`
+    (row offset, phase image, first input channel (group-relative), channels, position
+    offset), one slab buffer per entry of `slabs` (its length); `taps` are (weight column
+    block, slab index, column offset) and `wloads` the weight DMAs (row offset, channels,
+    first tap, taps, first column block)."""
+    K: int
+    slabs: list[int]
+    loads: list[list[tuple[int, int, int, int, int]]]
+    taps: list[tuple[int, int, int]]
+    wloads: list[tuple[int, int, int, int, int]]
+    folded: bool = False
+
+
+def _ksteps(geo: Geometry, Ci_g: int, KMAX: int, rb: int) -> list[_KStep]:
+    """The contraction steps of a band of `rb` rows: input-channel tiles with every tap
+    as a column offset, or (few input channels) groups of kernel rows folded into K."""
+    KH, KW = geo.k
+    (sh, sw), (dh, dw) = geo.s, geo.d
+    lp = geo.lp(rb)
+    ncol = len(geo.col_res)
+    F = min(KH, KMAX // Ci_g) if KH > 1 else 1
+    out: list[_KStep] = []
+    if F < 2:
+        TK, nk = _k_tiles(Ci_g, KMAX)
+        for i in range(nk):
+            ci0, kk = i * TK, min(TK, Ci_g - i * TK)
+            slabs = [geo.slab(rb, p) for p in range(geo.nph)]
+            loads = [[(0, p, ci0, kk, 0)] for p in range(geo.nph)]
+            taps = [(t, p, off) for t, (_, _, p, off) in enumerate(geo.taps)]
+            out.append(_KStep(kk, slabs, loads, taps, [(0, kk, 0, len(geo.taps), 0)]))
+        return out
+    order = sorted(range(KH), key=lambda kh: ((kh * dh) % sh, kh))
+    colmax = [max((kw * dw) // sw for kw in range(KW) if (kw * dw) % sw == geo.col_res[bi]) for bi in range(ncol)]
+    for g0 in range(0, KH, F):
+        khs = order[g0:g0 + F]
+        K = len(khs) * Ci_g
+        slabs = [lp + colmax[bi] for bi in range(ncol)]
+        loads: list[list[tuple[int, int, int, int, int]]] = [[] for _ in range(ncol)]
+        wloads = []
+        for r, kh in enumerate(khs):
+            a_idx = geo.row_res.index((kh * dh) % sh)
+            off = ((kh * dh) // sh) * geo.Wq
+            for bi in range(ncol):
+                loads[bi].append((r * Ci_g, a_idx * ncol + bi, 0, Ci_g, off))
+            wloads.append((r * Ci_g, Ci_g, kh * KW, KW, 0))
+        taps = [(kw, geo.col_res.index((kw * dw) % sw), (kw * dw) // sw) for kw in range(KW)]
+        out.append(_KStep(K, slabs, loads, taps, wloads, True))
+    return out
+
+
+def _conv_gemm_o2(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layout) -> bool:
+    """-O2 implicit GEMM for images larger than one accumulator tile.
+
+    Every weight of the group stays resident (loaded once, in pieces spread over the
+    queues; `_weight_pieces`), the output rows go in bands (at least two when the image
+    allows) and each band has its own slab, accumulator and epilogue buffers out of two
+    sets, so one band's loads and matmuls overlap the previous band's epilogue and
+    store. Each output-channel tile of a band has its own accumulator, so its epilogue
+    starts while the next tile's matmuls run. Per-channel operands (bias, batch-norm
+    scale and shift) are loaded once per group. Returns False where it does not apply
+    (the weights do not fit SRAM, or the weights are not packed ``gihwo``)."""
+    if layout != "gihwo":
+        return False
+    cfg = lw.cfg
+    x, w, b = op.input, op.weight, op.bias
+    elem, out_elem = _elem(x), _elem(op.results[0])
+    isz, osz = _isz(elem), _isz(out_elem)
+    N, OH, OW, Wq = geo.N, geo.OH, geo.OW, geo.Wq
+    Co = G * Co_g
+    KMAX = min(cfg.matrix.rows, lw.P)
+    AP = min(cfg.accumulator.partitions, lw.P)
+    TCo = min(AP, Co_g)
+    ntile = _cdiv(Co_g, TCo)
+    TP = cfg.matrix.cols
+    A = cfg.accumulator.bytes_per_partition
+    budget = _budget(lw) - 8 * _ALIGN
+    ks1 = _ksteps(geo, Ci_g, KMAX, 1)
+    wbytes = sum(_bytes(len(st.taps) * Co_g, isz) for st in ks1) + 4 * _ALIGN
+    ncolumns = sum(1 for st in steps if st.kind == "column") + (b is not None)
+    fixed = wbytes + ncolumns * (_bytes(ntile, 4) + _bytes(ntile * TCo, 4)) + _ALIGN
+
+    def need(rb: int) -> int:
+        ks = _ksteps(geo, Ci_g, KMAX, rb)
+        slabs = sum(_bytes(L, isz) for st in ks for L in st.slabs)
+        return fixed + 2 * slabs + Epilogue.bytes_for(steps, rb * OW, osz, 2)
+
+    def fits(rb: int) -> bool:
+        return 2 * ntile * geo.lp(rb) * 4 <= A and need(rb) <= budget
+
+    # bands: the tallest that fits, but at least two (three or four when the image has
+    # the rows for it) so the stages overlap, and not so short that the DMAs get small
+    RB = _pick_band(geo, fits)
+    if not RB:
+        return False
+    want = 4 if OH >= 16 else (2 if OH >= 2 else 1)
+    for cand in range(RB, 0, -1):
+        if OH % cand == 0 and OH // cand >= want and fits(cand) and geo.lp(cand) >= min(geo.lp(RB), 256):
+            RB = cand
+            break
+    nb = OH // RB
+    ks = _ksteps(geo, Ci_g, KMAX, RB)
+    lp = geo.lp(RB)
+    # slab sets: one per band where SRAM allows (every band's loads issue up front),
+    # else two; accumulators and epilogue buffers alternate between two sets
+    slab_bytes = sum(_bytes(L, isz) for st in ks for L in st.slabs)
+    nsl = max(2, min(nb, (budget - need(RB) + 2 * slab_bytes) // max(slab_bytes, 1)))
+    nsl = min(nsl, nb) if nb > 1 else 1
+    unroll = nb <= 8
+    epi = Epilogue(lw, steps, out, N, Co, OH, OW)
+    T = len(geo.taps)
+    wv = lw.materialise(w)
+    wview = lw.view(wv, (G, Ci_g, T, Co_g))
+    bview = lw.view(lw.materialise(b), (Co, 1)) if b is not None else None
+    args = [src, wview] + ([bview] if bview is not None else []) + epi.hbm_args()
+    k = _Kernel(lw, "conv2d", loc, args)
+    kb = k.kb
+    sa, wa = k.arg(src), k.arg(wview)
+    ba = k.arg(bview) if bview is not None else None
+    # weight buffers: per step, one per weight DMA piece (tap range) of that step
+    qm = _QueueModel(lw)
+    wpieces: list[list[tuple[int, int, SSAValue]]] = []  # per step: (first tap index, taps, buffer)
+    tap_bytes = [st.K * Co_g * isz for st in ks]
+    for si, st in enumerate(ks):
+        ntaps = len(st.taps)
+        if not st.folded:  # channel tile: split its taps into pieces over the queues
+            pieces = _weight_pieces(lw, 1, ntaps, tap_bytes[si])
+            wpieces.append([(t0, nt, kb.alloc([st.K, nt * Co_g], elem, tile.SRAM, "weights"))
+                            for _, t0, nt in pieces])
+        else:  # folded kernel rows: one buffer, its row blocks on one queue
+            wpieces.append([(0, ntaps, kb.alloc([st.K, ntaps * Co_g], elem, tile.SRAM, "weights"))])
+    slabsets = [[[kb.alloc([st.K, L], elem, tile.SRAM, f"slab{i}") for i, L in enumerate(st.slabs)] for st in ks]
+                for _ in range(nsl if unroll else 2)]
+    accs = [[kb.alloc([TCo, lp], f32, tile.ACC, "acc") for _ in range(ntile)] for _ in range(2)]
+    epi.alloc(kb, TCo, RB * OW, out_elem, col_sets=ntile, sets=2)
+    bbuf = None
+    if b is not None:
+        bbuf = kb.alloc([TCo, ntile], _elem(b), tile.SRAM, "bias")
+        epi.extra_columns = [(bview, bbuf)]
+
+    def tap_weight(si: int, ti: int, co0: SSAValue) -> SSAValue:
+        for t0, nt, buf in wpieces[si]:
+            if t0 <= ti < t0 + nt:
+                return sub(kb, buf, 0, lin(kb, (ti - t0) * Co_g, (1, co0)), [ks[si].K, TCo])
+        raise AssertionError("tap without weights")
+
+    with kb.loop(N) as n, kb.loop(G) as gi:
+        ch0 = lin(kb, 0, (Co_g, gi))
+
+        def weight_loads() -> None:
+            """The weights of this group, resident for all bands."""
+            for si, st in enumerate(ks):
+                for t0, nt, buf in wpieces[si]:
+                    if not st.folded:
+                        kk, ci0 = st.wloads[0][1], st.loads[0][0][2]
+                        kb.add(tile.LoadOp(wa, [gi, kb.const(ci0), kb.const(t0), kb.const(0)], buf, kb.const(kk),
+                                           kb.const(nt * Co_g), 1, 3,
+                                           queue=qm.next(kk * nt * Co_g * isz, nt * Co_g * isz)))
+                    else:
+                        q = qm.next(st.K * nt * Co_g * isz, nt * Co_g * isz)
+                        for r0, kk, tap0, ntp, _ in st.wloads:
+                            kb.add(tile.LoadOp(wa, [gi, kb.const(0), kb.const(tap0), kb.const(0)],
+                                               sub(kb, buf, r0, 0, [kk, ntp * Co_g]), kb.const(kk),
+                                               kb.const(ntp * Co_g), 1, 3, queue=q))
+
+        def band_loads(bidx: SSAValue, sset: int) -> None:
+            p0 = lin(kb, 0, (RB * Wq, bidx))
+            slabs = slabsets[sset]
+            for si, st in enumerate(ks):
+                for li, (L, lds) in enumerate(zip(st.slabs, st.loads)):
+                    q = qm.next(st.K * L * isz, L * isz)
+                    for r0, ph_, ci0, kk, off in lds:
+                        ci = lin(kb, ci0, (Ci_g, gi))
+                        kb.add(tile.LoadOp(sa, [n, ci, kb.const(ph_), kb.addi(p0, kb.const(off)) if off else p0],
+                                           sub(kb, slabs[si][li], r0, 0, [kk, L]), kb.const(kk), kb.const(L), 1, 3,
+                                           queue=q))
+
+        def band(bidx: SSAValue, bset: int, sset: int) -> None:
+            slabs = slabsets[sset]
+            for j in range(ntile):
+                co0 = kb.const(j * TCo)
+                m = kb.const(min(TCo, Co_g - j * TCo))
+                acc = accs[bset][j]
+                first = True
+                with tiles(kb, lp, TP) as (_, q0, nq):
+                    for si, st in enumerate(ks):
+                        for ti, (_, sl, off) in enumerate(st.taps):
+                            flag = _false_i1(kb) if first else true_i1(kb)
+                            first = False
+                            kb.add(tile.MatmulOp(
+                                tap_weight(si, ti, co0),
+                                sub(kb, slabs[si][sl], 0, lin(kb, off, (1, q0)), [st.K, TP]),
+                                sub(kb, acc, 0, q0, [TCo, TP]),
+                                m, kb.const(st.K), nq, flag,
+                            ))
+                c0 = lin(kb, j * TCo, (Co_g, gi))
+
+                def compact(s_, d_, rows, cols, j=j):
+                    if bbuf is not None:
+                        kb.add(tile.BinaryOp("add", s_, sub(kb, bbuf, 0, j, [TCo, 1]), d_, rows, kb.const(cols),
+                                             "column"))
+                    else:
+                        kb.add(tile.UnaryOp("copy", s_, d_, rows, kb.const(cols)))
+
+                oh0 = lin(kb, 0, (RB, bidx))
+                epi.emit(k, acc, m, n, c0, kb.const(0), oh0, RB, Wq, compact, col_set=j, buf_set=(bset + j) % 2)
+
+        # issue order: the per-channel operands (small; turned into columns just before
+        # the first epilogue), the first band's slabs, the weights, the other bands' slabs
+        epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g, defer=True)
+        band_loads(kb.const(0), 0)
+        weight_loads()
+        if unroll:
+            # the first `nsl` bands' loads up front, each later band's when its set frees
+            for bi in range(1, min(nsl, nb)):
+                band_loads(kb.const(bi), bi)
+            for bi in range(nb):
+                band(kb.const(bi), bi % 2, bi % nsl)
+                if bi + nsl < nb:
+                    band_loads(kb.const(bi + nsl), (bi + nsl) % nsl)
+        else:
+            band(kb.const(0), 0, 0)
+            rest = nb - 1  # bands 1.. in pairs: (2i + 1, set 1), (2i + 2, set 0)
+            if rest >= 2:
+                with kb.loop(rest // 2) as bi2:
+                    for half in (1, 0):
+                        bidx = lin(kb, 1 + (1 - half), (2, bi2))
+                        band_loads(bidx, half)
+                        band(bidx, half, half)
+            if rest % 2:
+                band_loads(kb.const(nb - 1), (nb - 1) % 2)
+                band(kb.const(nb - 1), (nb - 1) % 2, (nb - 1) % 2)
+    k.launch()
+    return True
+
+
 def _conv_gemm_small(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layout) -> bool:
     """Few output positions (the whole image is one accumulator tile): positions on the
     accumulator partitions (M, the streamed dimension) and output channels along the array
-    columns (N), so a matmul costs its few positions, not a full channel tile. Stores walk
-    channels with the spatial stride. Returns False where the shape does not qualify."""
+    columns (N), so a matmul costs its few positions, not a full channel tile. Returns
+    False where the shape does not qualify.
+
+    -O2 (`_conv_gemm_small_o2`) keeps every contraction tile's weights resident (loaded
+    in a few large DMAs spread over the queues, all issued up front) and turns the
+    ``[positions x channels]`` result back to ``[channels x positions]`` with one fp32
+    selection matmul per channel tile (dropping the padding columns), so the epilogue
+    and the store are the contiguous ones of the large-image kernel. -O0 stores with the
+    spatial stride (one DMA element per output)."""
+    if getattr(lw, "opt_level", 2) >= 2:
+        done = _conv_gemm_small_o2(lw, op, loc, geo, src, steps, out, G, Ci_g, Co_g, layout)
+        if done is not None:
+            return done
     cfg = lw.cfg
     x, w, b = op.input, op.weight, op.bias
     elem, out_elem = _elem(x), _elem(op.results[0])
@@ -952,6 +1680,210 @@ def _conv_gemm_small(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g,
         with kb.loop(OH) as oh:
             kb.add(tile.StoreOp(sub(kb, ob, lin(kb, 0, (Wq, oh)), 0, [OW, Co_g]), k.arg(oview),
                                 [n, ch0, lin(kb, 0, (OW, oh))], kb.const(OW), cols, 2, 1))
+    k.launch()
+    return True
+
+
+class _Queues:
+    """Round-robin DMA queue hints for loads issued in a chosen order."""
+
+    def __init__(self, lw, start: int = 0):
+        self.n = lw.cfg.dma.queues
+        self.i = start
+
+    def next(self) -> int:
+        q = self.i % self.n
+        self.i += 1
+        return q
+
+
+class _QueueModel:
+    """Queue hints by earliest estimated finish: each DMA goes to the queue expected to be
+    free first, charged its fixed latency and its bytes at a share of the bandwidth
+    (`share` transfers in flight). Used for loads issued up front, so queues that carry
+    a slow (short-chunk) load get fewer of the large ones."""
+
+    def __init__(self, lw, share: float = 2.0):
+        cfg = lw.cfg
+        self.free = [0.0] * cfg.dma.queues
+        self.lat = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
+        self.bw = cfg.hbm.bytes_per_cycle / share
+        self.eff = cfg.dma.efficient_chunk_bytes
+
+    def next(self, nbytes: int = 0, chunk: int | None = None) -> int:
+        q = min(range(len(self.free)), key=lambda i: (self.free[i], i))
+        eff = 1.0 if chunk is None else min(1.0, chunk / self.eff)
+        self.free[q] += self.lat + nbytes / (self.bw * eff)
+        return q
+
+
+class _Staggered:
+    """Queue hints for the small loads issued before a stream of large ones: queue q gets
+    about q of them (queue Q-1 the most), so the large DMAs that follow round-robin start
+    at staggered times. Queues that start together stay in step, all paying their fixed
+    latency at once while HBM idles; staggered, one queue's latency overlaps the others'
+    transfers."""
+
+    def __init__(self, lw):
+        n = lw.cfg.dma.queues
+        self.pattern = [q for q in range(n - 1, 0, -1) for _ in range(q)] or [0]
+        self.i = 0
+
+    def next(self) -> int:
+        q = self.pattern[self.i % len(self.pattern)]
+        self.i += 1
+        return q
+
+
+def _weight_pieces(lw, nk: int, T: int, tap_bytes: int) -> list[tuple[int, int, int]]:
+    """The weight DMAs of `nk` contraction tiles of `T` taps (`tap_bytes` each), in issue
+    order: (tile, first tap, taps), contiguous in the ``gihwo`` layout.
+
+    Queues that start together stay in step (processor sharing lets a queue that fell
+    behind catch up), so they pay their fixed latency at the same moments, while HBM
+    idles: fewer, larger DMAs waste less. But the matmuls on the last bytes wait for
+    them, so the rounds shrink: each round gives every queue a piece, about 45%, 33% and
+    22% of every tile's taps (pieces at least ``latency * bandwidth`` bytes), so the
+    matmuls on rounds 1 and 2 overlap the transfers of the rounds after them."""
+    cfg = lw.cfg
+    Q = cfg.dma.queues
+    lat = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
+    min_bytes = lat * cfg.hbm.bytes_per_cycle
+    total = nk * T * tap_bytes
+    nrounds = 3 if total >= 3 * Q * min_bytes else (2 if total >= 2 * Q * min_bytes else 1)
+    fracs = {1: [1.0], 2: [0.6, 1.0], 3: [0.45, 0.78, 1.0]}[nrounds]
+    out: list[tuple[int, int, int]] = []
+    if T == 1:  # whole tiles per round
+        cuts = sorted({0, nk} | {max(1, min(nk, round(f * nk))) for f in fracs})
+        for lo, hi in zip(cuts, cuts[1:]):
+            out += [(t, 0, 1) for t in range(lo, hi)]
+        return out
+    cuts = sorted({0, T} | {max(1, min(T, round(f * T))) for f in fracs})
+    for lo, hi in zip(cuts, cuts[1:]):
+        pieces = [(t, lo, hi - lo) for t in range(nk)]
+        while len(pieces) < Q and any(n > 1 for _, _, n in pieces):
+            i = max(range(len(pieces)), key=lambda i: (pieces[i][2], -i))
+            t, t0, n = pieces[i]
+            pieces[i: i + 1] = [(t, t0, n // 2), (t, t0 + n // 2, n - n // 2)]
+        out += pieces
+    return out
+
+
+def _conv_gemm_small_o2(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layout) -> bool | None:
+    """See `_conv_gemm_small`; None where the -O2 kernel does not apply (the -O0 one may)."""
+    cfg = lw.cfg
+    x, w, b = op.input, op.weight, op.bias
+    elem, out_elem = _elem(x), _elem(op.results[0])
+    isz, osz = _isz(elem), _isz(out_elem)
+    T = len(geo.taps)
+    N, OH, OW = geo.N, geo.OH, geo.OW
+    Co = G * Co_g
+    S = OH * OW
+    Lp = geo.lp(OH)
+    AP = min(cfg.accumulator.partitions, lw.P)
+    if Lp > min(AP, cfg.matrix.rows) or S > cfg.matrix.cols or Co_g > cfg.accumulator.bytes_per_partition // 4:
+        return False
+    if layout != "gihwo":
+        return None
+    TK, nk = _k_tiles(Ci_g, min(cfg.matrix.rows, lw.P))
+    TN = min(cfg.matrix.cols, Co_g)
+    TCo = min(AP, lw.P, Co_g)  # output channels per transposed chunk
+    nchunks = _cdiv(Co_g, TCo)
+    kbytes = _bytes(T * Co_g, isz) + sum(_bytes(geo.slab(OH, p), isz) for p in range(geo.nph))
+    ncols = sum(1 for st in steps if st.kind == "column") + (b is not None)
+    rest = (
+        2 * _bytes(TCo, 4) + _bytes(S, 4) + Epilogue.bytes_for(steps, S, osz, 2) + ncols * _bytes(nchunks, 4)
+    )
+    acc_bytes = Co_g * 4 + 2 * S * 4
+    if acc_bytes > cfg.accumulator.bytes_per_partition or nk * kbytes + 2 * _ALIGN * T + rest > _budget(lw):
+        return None
+    epi = Epilogue(lw, steps, out, N, Co, OH, OW)
+    wv = lw.materialise(w)
+    wview = lw.view(wv, (G, Ci_g, T, Co_g))
+    bview = lw.view(lw.materialise(b), (Co, 1)) if b is not None else None
+    # selection: accumulator row p = oh * Wq + ow holds output q = oh * OW + ow
+    selm = np.zeros((Lp, S), dtype=np.float32)
+    for oh in range(OH):
+        for ow in range(OW):
+            selm[oh * geo.Wq + ow, oh * OW + ow] = 1.0
+    sel = const_hbm(lw, selm, f32)
+    args = [src, wview, sel] + ([bview] if bview is not None else []) + epi.hbm_args()
+    k = _Kernel(lw, "conv2d", loc, args)
+    kb = k.kb
+    sa, wa = k.arg(src), k.arg(wview)
+    ba = k.arg(bview) if bview is not None else None
+    ktiles = [(i * TK, min(TK, Ci_g - i * TK)) for i in range(nk)]
+    pieces = _weight_pieces(lw, nk, T, TK * Co_g * isz)
+    # one buffer per weight DMA, so DMAs on different queues do not wait for each other
+    wbufs = {piece: kb.alloc([TK, piece[2] * Co_g], elem, tile.SRAM, "weights") for piece in pieces}
+    tap_buf = {}
+    for (t, t0, nt), buf in wbufs.items():
+        for tt in range(t0, t0 + nt):
+            tap_buf[(t, tt)] = (buf, tt - t0)
+    slabsets = [[kb.alloc([TK, geo.slab(OH, p)], elem, tile.SRAM, f"slab{p}") for p in range(geo.nph)]
+                for _ in range(nk)]
+    acc = kb.alloc([Lp, Co_g], f32, tile.ACC, "acc")
+    selb = kb.alloc([Lp, S], f32, tile.SRAM, "select")
+    yts = [kb.alloc([Lp, TCo], f32, tile.SRAM, "acc_copy") for _ in range(2)]
+    acc2s = [kb.alloc([TCo, S], f32, tile.ACC, "acc_t") for _ in range(2)]
+    epi.alloc(kb, TCo, S, out_elem, col_sets=nchunks, sets=2)
+    bbuf = None
+    if b is not None:
+        bbuf = kb.alloc([TCo, nchunks], _elem(b), tile.SRAM, "bias")
+        epi.extra_columns = [(bview, bbuf)]
+    qm = _QueueModel(lw)
+    with kb.loop(N) as n, kb.loop(G) as gi:
+        ch0 = lin(kb, 0, (Co_g, gi))
+        # the small loads first (slabs, selection, per-channel operands), then the weights
+        for (ci0, kk), slabs in zip(ktiles, slabsets):
+            ci = lin(kb, ci0, (Ci_g, gi))
+            for p in range(geo.nph):
+                L = geo.slab(OH, p)
+                kb.add(tile.LoadOp(sa, [n, ci, kb.const(p), kb.const(0)], slabs[p], kb.const(kk),
+                                   kb.const(L), 1, 3, queue=qm.next(kk * L * isz, L * isz)))
+        kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], selb, kb.const(Lp), kb.const(S), 0, 1,
+                           queue=qm.next(Lp * S * 4, S * 4)))
+        epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g)
+        for piece in pieces:
+            t, t0, nt = piece
+            kb.add(tile.LoadOp(wa, [gi, kb.const(ktiles[t][0]), kb.const(t0), kb.const(0)], wbufs[piece],
+                               kb.const(ktiles[t][1]), kb.const(nt * Co_g), 1, 3,
+                               queue=qm.next(ktiles[t][1] * nt * Co_g * isz, nt * Co_g * isz)))
+        first = True
+        for rnd in [pieces]:
+            for t, t0, nt in rnd:
+                kk = ktiles[t][1]
+                slabs = slabsets[t]
+                for tt in range(t0, t0 + nt):
+                    _, _, p, off = geo.taps[tt]
+                    wgb, col = tap_buf[(t, tt)]
+                    flag = _false_i1(kb) if first else true_i1(kb)
+                    first = False
+                    with tiles(kb, Co_g, TN) as (_, co0, nn_):
+                        kb.add(tile.MatmulOp(
+                            sub(kb, slabs[p], 0, off, [TK, Lp]),
+                            sub(kb, wgb, 0, lin(kb, col * Co_g, (1, co0)), [TK, TN]),
+                            sub(kb, acc, 0, co0, [Lp, TN]),
+                            kb.const(Lp), kb.const(kk), nn_, flag,
+                        ))
+        for j in range(nchunks):
+            co0 = j * TCo
+            m = min(TCo, Co_g - co0)
+            yt, acc2 = yts[j % 2], acc2s[j % 2]
+            kb.add(tile.UnaryOp("copy", sub(kb, acc, 0, co0, [Lp, TCo]), sub(kb, yt, 0, 0, [Lp, TCo]),
+                                kb.const(Lp), kb.const(m)))
+            kb.add(tile.MatmulOp(sub(kb, yt, 0, 0, [Lp, TCo]), selb, acc2, kb.const(m), kb.const(Lp),
+                                 kb.const(S), _false_i1(kb)))
+            c0 = lin(kb, co0, (Co_g, gi))
+            mm = kb.const(m)
+
+            def compact(s_, d_, rows, cols, j=j):
+                if bbuf is not None:
+                    kb.add(tile.BinaryOp("add", s_, sub(kb, bbuf, 0, j, [TCo, 1]), d_, rows, kb.const(cols), "column"))
+                else:
+                    kb.add(tile.UnaryOp("copy", s_, d_, rows, kb.const(cols)))
+
+            epi.emit(k, acc2, mm, n, c0, kb.const(0), kb.const(0), OH, OW, compact, col_set=j, buf_set=j % 2)
     k.launch()
     return True
 
