@@ -129,7 +129,25 @@ def count_before(p: _Inst, c: _Inst) -> tuple[Affine, tuple[int, bool, int]]:
 
 
 def conflicts(p: _Inst, c: _Inst) -> bool:
-    return bool(p.writes & (c.reads | c.writes) or p.reads & c.writes)
+    return bool(p.writes & (c.reads | c.writes) or p.reads & c.writes) and not _disjoint_loads(p, c)
+
+
+def _load_rows(inst: _Inst) -> tuple[int, int] | None:
+    """The constant partition range a DMA load writes (its one buffer), if static."""
+    if not isinstance(inst.op, npu.DmaLoadOp) or inst.reads or len(inst.writes) != 1:
+        return None
+    f = inst.op.field_values()
+    part, rows = f.get("o_part", 0), f.get("rows")
+    if not isinstance(part, int) or not isinstance(rows, int):
+        return None
+    return part, part + rows
+
+
+def _disjoint_loads(p: _Inst, c: _Inst) -> bool:
+    """Two DMA loads into one buffer, into disjoint partitions (rows of a contraction
+    tile filled by several DMAs): they do not depend on each other."""
+    a, b = _load_rows(p), _load_rows(c)
+    return a is not None and b is not None and p.writes == c.writes and (a[1] <= b[0] or b[1] <= a[0])
 
 
 def _undominated(cands: list[tuple[tuple[int, bool, int], int, Affine]]) -> list:
@@ -363,7 +381,7 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
         by_queue: dict[str, list[tuple[tuple[int, bool, int], int, Affine]]] = {}
         for pi in sorted(related):
             p = insts[pi]
-            if pi == ci or p.queue == c.queue:
+            if pi == ci or p.queue == c.queue or _disjoint_loads(p, c):
                 continue
             count, key = count_before(p, c)
             if count.is_const and count.const <= 0:

@@ -316,7 +316,8 @@ def _bn(c):
 
 
 def test_import_packs_weights_and_decomposes_batch_norm():
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), _bn(8), torch.nn.ReLU())
+    # a batch norm on anything but a convolution's only use: x * scale + shift
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.ReLU(), _bn(8))
     x = torch.randn(1, 3, 5, 6)
     p = _graph(model, x)
     ops = [op for op in p.func.body.block.ops]
@@ -325,12 +326,42 @@ def test_import_packs_weights_and_decomposes_batch_norm():
     conv = next(op for op in ops if isinstance(op, nn.Conv2dOp))
     assert conv.params[-1] == "gihwo"
     assert p.weights["0.weight.gihwo"].shape == (1, 3, 3, 3, 8)
-    bn = model[1]
+    bn = model[2]
     scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach()
-    np.testing.assert_allclose(p.weights["1.bn_scale"].reshape(-1), scale.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(p.weights["2.bn_scale"].reshape(-1), scale.numpy(), rtol=1e-6)
     shift = (bn.bias - bn.running_mean * scale).detach()
-    np.testing.assert_allclose(p.weights["1.bn_shift"].reshape(-1), shift.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(p.weights["2.bn_shift"].reshape(-1), shift.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(run_graph(p, [x])[0], model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_after_a_convolution_folds_into_its_weights_and_bias():
+    for bias in (False, True):
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=bias), _bn(8), torch.nn.ReLU())
+        x = torch.randn(1, 3, 5, 6)
+        p = _graph(model, x)
+        names = [op.name for op in p.func.body.block.ops]
+        assert names.count("graph.conv2d") == 1 and "graph.mul" not in names and "graph.add" not in names
+        assert sorted(p.weights) == ["0.weight.gihwo.bn_folded", "1.bn_bias"]  # the unfolded ones are gone
+        conv, bn = model[0], model[1]
+        scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach()
+        shift = (bn.bias - bn.running_mean * scale).detach()
+        packed = nn.pack_weight(conv.weight.detach().numpy(), 1)
+        np.testing.assert_allclose(p.weights["0.weight.gihwo.bn_folded"], packed * scale.numpy(), rtol=1e-6)
+        b = shift + (conv.bias.detach() * scale if bias else 0)
+        np.testing.assert_allclose(p.weights["1.bn_bias"], b.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(run_graph(p, [x])[0], model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+    # a convolution whose output is also used elsewhere keeps its batch norm separate
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.bn = torch.nn.Conv2d(3, 8, 3, padding=1), _bn(8)
+
+        def forward(self, x):
+            y = self.c(x)
+            return self.bn(y) + y
+
+    p = _graph(Two().eval(), torch.randn(1, 3, 5, 6))
+    assert "graph.mul" in [op.name for op in p.func.body.block.ops]
 
 
 def test_import_reports_unsupported_forms():
