@@ -71,6 +71,7 @@ class _Inst:
     queue: str
     reads: frozenset[str]
     writes: frozenset[str]
+    load_rows: tuple[int, int] | None = None  # constant partitions a DMA load writes
 
 
 def queue_of(op: npu.InstructionOp) -> str:
@@ -89,16 +90,10 @@ def collect(kernel: npu.KernelOp) -> list[_Inst]:
             if isinstance(op, npu.LoopOp):
                 walk(op.body.block, (*path, pos), (*trips, op.trip.value.data))
             elif isinstance(op, npu.InstructionOp):
-                out.append(
-                    _Inst(
-                        op,
-                        (*path, pos),
-                        trips,
-                        queue_of(op),
-                        frozenset(r.data for r in op.reads.data),
-                        frozenset(w.data for w in op.writes.data),
-                    )
-                )
+                reads = frozenset(r.data for r in op.reads.data)
+                writes = frozenset(w.data for w in op.writes.data)
+                out.append(_Inst(op, (*path, pos), trips, queue_of(op), reads, writes,
+                                 _load_rows(op, reads, writes)))
 
     walk(kernel.body.block, (), ())
     return out
@@ -132,11 +127,11 @@ def conflicts(p: _Inst, c: _Inst) -> bool:
     return bool(p.writes & (c.reads | c.writes) or p.reads & c.writes) and not _disjoint_loads(p, c)
 
 
-def _load_rows(inst: _Inst) -> tuple[int, int] | None:
+def _load_rows(op: npu.InstructionOp, reads, writes) -> tuple[int, int] | None:
     """The constant partition range a DMA load writes (its one buffer), if static."""
-    if not isinstance(inst.op, npu.DmaLoadOp) or inst.reads or len(inst.writes) != 1:
+    if not isinstance(op, npu.DmaLoadOp) or reads or len(writes) != 1:
         return None
-    f = inst.op.field_values()
+    f = op.field_values()
     part, rows = f.get("o_part", 0), f.get("rows")
     if not isinstance(part, int) or not isinstance(rows, int):
         return None
@@ -146,7 +141,7 @@ def _load_rows(inst: _Inst) -> tuple[int, int] | None:
 def _disjoint_loads(p: _Inst, c: _Inst) -> bool:
     """Two DMA loads into one buffer, into disjoint partitions (rows of a contraction
     tile filled by several DMAs): they do not depend on each other."""
-    a, b = _load_rows(p), _load_rows(c)
+    a, b = p.load_rows, c.load_rows
     return a is not None and b is not None and p.writes == c.writes and (a[1] <= b[0] or b[1] <= a[0])
 
 
