@@ -154,19 +154,17 @@ def tiles(kb: KernelBuilder, extent: int, size: int) -> Iterator[tuple[SSAValue,
 
 
 def const_hbm(lw, data: np.ndarray | float, elem: Attribute) -> SSAValue:
-    """An HBM constant of `data` (cached per value for scalars)."""
+    """An HBM constant of `data`, one per distinct value (kernels share identity,
+    selection and mask matrices of the same shape)."""
     arr = np.asarray(data, dtype=np.float32)
     cache = lw.__dict__.setdefault("_nn_consts", {})
-    key = None
-    if arr.size == 1:
-        key = (arr.reshape(-1)[0].tobytes(), str(elem), arr.shape)
-        if key in cache:
-            return cache[key]
+    key = (arr.tobytes(), str(elem), arr.shape)
+    if key in cache:
+        return cache[key]
     shape = list(arr.shape) or [1]
     attr = DenseIntOrFPElementsAttr.from_list(TensorType(elem, shape), arr.reshape(-1).tolist())
     v = lw.hbm(shape, elem, value=attr)
-    if key is not None:
-        cache[key] = v
+    cache[key] = v
     return v
 
 
@@ -1951,24 +1949,23 @@ def _conv_gemm_o2(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, la
                         kb.add(tile.LoadOp(wa, [gi, kb.const(ci0), kb.const(t0), kb.const(0)], buf, kb.const(kk),
                                            kb.const(nt * Co_g), 1, 3,
                                            queue=qm.next(kk * nt * Co_g * isz, nt * Co_g * isz)))
-                    else:
-                        q = qm.next(st.K * nt * Co_g * isz, nt * Co_g * isz)
+                    else:  # row blocks of one buffer: disjoint partitions, any queues
                         for r0, kk, tap0, ntp, _ in st.wloads:
                             kb.add(tile.LoadOp(wa, [gi, kb.const(0), kb.const(tap0), kb.const(0)],
                                                sub(kb, buf, r0, 0, [kk, ntp * Co_g]), kb.const(kk),
-                                               kb.const(ntp * Co_g), 1, 3, queue=q))
+                                               kb.const(ntp * Co_g), 1, 3,
+                                               queue=qm.next(kk * ntp * Co_g * isz, ntp * Co_g * isz)))
 
         def band_loads(bidx: SSAValue, sset: int) -> None:
             p0 = lin(kb, 0, (RB * Wq, bidx))
             slabs = slabsets[sset]
             for si, st in enumerate(ks):
                 for li, (L, lds) in enumerate(zip(st.slabs, st.loads)):
-                    q = qm.next(st.K * L * isz, L * isz)
-                    for r0, ph_, ci0, kk, off in lds:
+                    for r0, ph_, ci0, kk, off in lds:  # disjoint row blocks: any queues
                         ci = lin(kb, ci0, (Ci_g, gi))
                         kb.add(tile.LoadOp(sa, [n, ci, kb.const(ph_), kb.addi(p0, kb.const(off)) if off else p0],
                                            sub(kb, slabs[si][li], r0, 0, [kk, L]), kb.const(kk), kb.const(L), 1, 3,
-                                           queue=q))
+                                           queue=qm.next(kk * L * isz, L * isz)))
 
         def band(bidx: SSAValue, bset: int, sset: int, first: bool = False, last: bool = False) -> None:
             slabs = slabsets[sset]
