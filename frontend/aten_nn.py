@@ -184,9 +184,11 @@ class _Handlers:
             shift = (b.to(torch.float32) if b is not None else torch.zeros_like(mean32)) - mean32 * scale
             prefix = self.name_of(a["running_mean"], "bn.running_mean")
             prefix = prefix[: -len(".running_mean")] if prefix.endswith(".running_mean") else prefix
-            sw = self.new_weight(f"{prefix}.bn_scale", scale.numpy().reshape(cshape), dt)
-            bw = self.new_weight(f"{prefix}.bn_shift", shift.numpy().reshape(cshape), dt)
-            y = self.emit(g.AddOp.make(self.emit(g.MulOp.make(x, sw)), bw))
+            y = self.fold_into_conv(node, a["input"], x, scale, shift, dt, prefix)
+            if y is None:
+                sw = self.new_weight(f"{prefix}.bn_scale", scale.numpy().reshape(cshape), dt)
+                bw = self.new_weight(f"{prefix}.bn_shift", shift.numpy().reshape(cshape), dt)
+                y = self.emit(g.AddOp.make(self.emit(g.MulOp.make(x, sw)), bw))
         else:
             # statistics computed at run time: the same formula with graph ops on [C]
             def vec(k: str) -> SSAValue | None:
@@ -202,6 +204,61 @@ class _Handlers:
             if bv is not None:
                 y = self.emit(g.AddOp.make(y, bv))
         return (y, self.Poison("batch norm mean output"), self.Poison("batch norm invstd output"))
+
+    def fold_into_conv(
+        self, bn: Node, xnode: Any, x: SSAValue, scale: torch.Tensor, shift: torch.Tensor, dt: DType, prefix: str,
+    ) -> SSAValue | None:
+        """Inference batch norm right after a convolution it alone uses, whose weights
+        (and bias) are known: the scale folds into the packed weights and the shift (plus
+        the scaled bias) becomes the bias, ``conv(x, w * s) + (b * s + t)``, computed in
+        fp32 and stored in the weights' dtype (as every inference compiler does; the
+        result differs from conv-then-normalise only by the rounding of the folded
+        weights). None where it does not apply."""
+        if not isinstance(xnode, Node) or len(xnode.users) != 1:
+            return None
+        conv = x.owner
+        if not isinstance(conv, nn.Conv2dOp) or conv.parent is None or x.uses:  # nothing uses it yet
+            return None
+        stride, padding, dilation, groups, layout = conv.params
+        wop = conv.weight.owner
+        if layout != "gihwo" or not isinstance(wop, g.WeightOp) or not conv.weight.has_one_use():
+            return None
+        wname = wop.properties["name"].data
+        w = self.imp.weights.get(wname)
+        if w is None:
+            return None
+        bias = None
+        if conv.bias is not None:
+            bop = conv.bias.owner
+            if not isinstance(bop, g.WeightOp) or not conv.bias.has_one_use():
+                return None
+            bias = self.imp.weights.get(bop.properties["name"].data)
+            if bias is None:
+                return None
+        G, cig, kh, kw, cog = w.shape
+        s32 = scale.to(torch.float32).numpy().reshape(G, 1, 1, 1, cog)
+        wf = (w.astype(np.float32) * s32).astype(np.float32)
+        bf = shift.to(torch.float32).numpy().reshape(-1)
+        if bias is not None:
+            bf = bf + bias.astype(np.float32).reshape(-1) * scale.to(torch.float32).numpy().reshape(-1)
+        packed = self.new_weight(f"{wname}.bn_folded", wf, g.element_dtype(conv.weight.type))
+        bvar = self.new_weight(f"{prefix}.bn_bias", bf.astype(np.float32), dt)
+        y = self.emit(nn.Conv2dOp.make(conv.input, packed, bvar, stride, padding, dilation, groups, "gihwo"))
+        old_bias = conv.bias
+        conv.results[0].replace_all_uses_with(y)
+        conv.detach()
+        conv.erase()
+        for v in (wop.results[0], old_bias):
+            if v is not None and not v.uses and isinstance(v.owner, g.WeightOp):
+                name = v.owner.properties["name"].data
+                v.owner.detach()
+                v.owner.erase()
+                if name != f"{wname}.bn_folded":
+                    self.imp.weights.pop(name, None)
+        cache = self.imp.__dict__.get("_nn_packed", {})
+        for key in [k for k, val in cache.items() if val is wop.results[0]]:
+            del cache[key]
+        return y
 
     def h_group_norm(self, node: Node) -> tuple:
         """Group norm as a layer norm over ``[N, G, C/G * HxW]`` (fp32, unit affine), then

@@ -153,13 +153,16 @@ class AllocOp(IRDLOperation):
 
 @irdl_op_definition
 class HbmAllocOp(IRDLOperation):
-    """An HBM intermediate tensor of the program; `offset` is set by plan-hbm."""
+    """An HBM tensor of the program; `offset` is set by plan-hbm. `zeroed`: the program
+    relies on the tensor starting as zeros (a padded layout whose ring is never written),
+    so plan-hbm gives it bytes of its own (the HBM image starts zeroed)."""
 
     name = "tile.hbm_alloc"
     offset = opt_prop_def(IntegerAttr)
     input = opt_prop_def(IntegerAttr)  # the program's input number
     weight = opt_prop_def(StringAttr)  # a weight of the program, by name
     value = opt_prop_def(DenseIntOrFPElementsAttr)  # a constant's data
+    zeroed = opt_prop_def(UnitAttr)
     result = result_def(MemRefType)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "attr-dict `:` type($result)"
@@ -171,8 +174,11 @@ class HbmAllocOp(IRDLOperation):
         input: int | None = None,
         weight: str | None = None,
         value: DenseIntOrFPElementsAttr | None = None,
+        zeroed: bool = False,
     ):
         props: dict[str, Attribute] = {}
+        if zeroed:
+            props["zeroed"] = UnitAttr()
         if input is not None:
             props["input"] = IntegerAttr(input, i64)
         if weight is not None:

@@ -33,10 +33,23 @@ After::
 
 Of several producers on one queue only the latest is awaited where that is exact
 (same nesting and direction); a wait with count <= 0 is dropped at expansion.
+
+An instruction may depend on producers on every other queue (4 DMA queues, the matrix
+and the vector engine on `cloud`: 5), but the ISA has `MAX_WAITS` = 4 wait slots. So the
+waits are then reduced transitively (`_reduce`): a wait is dropped when the orderings
+it gives are implied by other waits or queue order (producer X completes before Y's
+awaited execution, or an earlier instruction on the consumer's own queue already
+waited for X, with no execution of X in between). The test "no execution of X between
+two program points" is exact for these counts (decided on the program with trips
+clamped to 2, `_Order`). Where an instruction still needs more than `MAX_WAITS` waits,
+one of them is chained through an instruction it already waits on or that precedes it
+on its queue (that instruction waits instead; no deadlock is possible since every wait
+is for executions that precede the waiter in program order).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -58,6 +71,7 @@ class _Inst:
     queue: str
     reads: frozenset[str]
     writes: frozenset[str]
+    load_rows: tuple[int, int] | None = None  # constant partitions a DMA load writes
 
 
 def queue_of(op: npu.InstructionOp) -> str:
@@ -76,16 +90,10 @@ def collect(kernel: npu.KernelOp) -> list[_Inst]:
             if isinstance(op, npu.LoopOp):
                 walk(op.body.block, (*path, pos), (*trips, op.trip.value.data))
             elif isinstance(op, npu.InstructionOp):
-                out.append(
-                    _Inst(
-                        op,
-                        (*path, pos),
-                        trips,
-                        queue_of(op),
-                        frozenset(r.data for r in op.reads.data),
-                        frozenset(w.data for w in op.writes.data),
-                    )
-                )
+                reads = frozenset(r.data for r in op.reads.data)
+                writes = frozenset(w.data for w in op.writes.data)
+                out.append(_Inst(op, (*path, pos), trips, queue_of(op), reads, writes,
+                                 _load_rows(op, reads, writes)))
 
     walk(kernel.body.block, (), ())
     return out
@@ -116,7 +124,25 @@ def count_before(p: _Inst, c: _Inst) -> tuple[Affine, tuple[int, bool, int]]:
 
 
 def conflicts(p: _Inst, c: _Inst) -> bool:
-    return bool(p.writes & (c.reads | c.writes) or p.reads & c.writes)
+    return bool(p.writes & (c.reads | c.writes) or p.reads & c.writes) and not _disjoint_loads(p, c)
+
+
+def _load_rows(op: npu.InstructionOp, reads, writes) -> tuple[int, int] | None:
+    """The constant partition range a DMA load writes (its one buffer), if static."""
+    if not isinstance(op, npu.DmaLoadOp) or reads or len(writes) != 1:
+        return None
+    f = op.field_values()
+    part, rows = f.get("o_part", 0), f.get("rows")
+    if not isinstance(part, int) or not isinstance(rows, int):
+        return None
+    return part, part + rows
+
+
+def _disjoint_loads(p: _Inst, c: _Inst) -> bool:
+    """Two DMA loads into one buffer, into disjoint partitions (rows of a contraction
+    tile filled by several DMAs): they do not depend on each other."""
+    a, b = p.load_rows, c.load_rows
+    return a is not None and b is not None and p.writes == c.writes and (a[1] <= b[0] or b[1] <= a[0])
 
 
 def _undominated(cands: list[tuple[tuple[int, bool, int], int, Affine]]) -> list:
@@ -147,6 +173,188 @@ def _undominated(cands: list[tuple[tuple[int, bool, int], int, Affine]]) -> list
     return out
 
 
+class _Order:
+    """Which executions of a kernel's static instructions come between which.
+
+    ``dirty(p, y, x)``: is there an execution of x and an execution of p before it in
+    program order with no execution of y in between? If not, the executions of p that
+    precede any execution of x all precede y*(x), the last execution of y before it (or
+    there are none), so what is known at y*(x) about p's executions that precede it
+    holds at x for all that precede x.
+
+    Only whether each loop runs once or more matters (the next execution of an
+    instruction after an execution of p is in the same iteration of the loops it
+    shares with p, or in the lexicographically next one: which, and how two of them
+    compare, depends only on which of p's loop indices are at their last value), so the
+    question is decided exactly on the program with every trip count clamped to 2.
+    """
+
+    def __init__(self, insts: list[_Inst], kernel: npu.KernelOp):
+        index = {id(x.op): i for i, x in enumerate(insts)}
+        self.positions: list[list[int]] = [[] for _ in insts]
+        self.queue_pred: list[set[int]] = [set() for _ in insts]
+        last_on: dict[str, int] = {}
+        pos = 0
+
+        def walk(block) -> None:
+            nonlocal pos
+            for op in block.ops:
+                if isinstance(op, npu.LoopOp):
+                    for _ in range(min(op.trip.value.data, 2)):
+                        walk(op.body.block)
+                elif isinstance(op, npu.InstructionOp):
+                    i = index[id(op)]
+                    q = insts[i].queue
+                    if q in last_on:  # the execution before this one on its queue
+                        self.queue_pred[i].add(last_on[q])
+                    last_on[q] = i
+                    self.positions[i].append(pos)
+                    pos += 1
+
+        walk(kernel.body.block)
+        self._memo: dict[tuple[int, int, int], bool] = {}
+
+    def dirty(self, p: int, y: int, x: int) -> bool:
+        if p == y:
+            return False
+        key = (p, y, x)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = False
+            px, py = self.positions[x], self.positions[y]
+            for at in self.positions[p]:
+                j = bisect_right(px, at)
+                if j == len(px):
+                    continue
+                k = bisect_right(py, at)
+                if k == len(py) or py[k] >= px[j]:
+                    hit = True
+                    break
+            self._memo[key] = hit
+        return hit
+
+
+class _Knowledge:
+    """What an instruction's start is known to follow, given the waits `waits`
+    (consumer -> set of producers).
+
+    ``knows(x, p)``: every execution of x starts only after every execution of p that
+    precedes it in program order has completed. A wait of x on p gives it directly;
+    otherwise it is derived (to a bounded depth) from
+
+    - a wait of x on y: y's queue completes in order, so every execution on y's queue up
+      to y*(x) has completed, and so has what y*(x) itself is known to follow;
+    - an instruction y whose execution comes right before one of x's on x's own queue:
+      y*(x) started before x (in-order issue), so what is known at y*(x) holds at x;
+
+    each for producers p with no execution between y*(x) and x (``_Order.dirty``).
+    """
+
+    DEPTH = 4
+
+    def __init__(self, insts: list[_Inst], order: _Order, waits: dict[int, set[int]]):
+        self.insts, self.order, self.waits = insts, order, waits
+        self._memo: dict[tuple[int, int, int], bool] = {}
+
+    def knows(self, x: int, p: int, depth: int = DEPTH) -> bool:
+        if p in self.waits.get(x, ()):
+            return True
+        if depth == 0:
+            return False
+        key = (x, p, depth)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self.implied(x, p, self.waits.get(x, set()), depth)
+            self._memo[key] = hit
+        return hit
+
+    def implied(self, x: int, p: int, waits: set[int], depth: int = DEPTH) -> bool:
+        """Whether x, waiting on `waits` (without p), is ordered after p's executions."""
+        insts, order = self.insts, self.order
+        pq = insts[p].queue
+        for y in sorted(waits):
+            if y != p and (insts[y].queue == pq or self.knows(y, p, depth - 1)) and not order.dirty(p, y, x):
+                return True
+        for y in sorted(order.queue_pred[x]):
+            if self.knows(y, p, depth - 1) and not order.dirty(p, y, x):
+                return True
+        return False
+
+    def add_wait(self, x: int, p: int) -> None:
+        self.waits.setdefault(x, set()).add(p)
+        self._memo.clear()
+
+
+def _reduce(insts: list[_Inst], kernel: npu.KernelOp, chosen: dict[int, list[tuple[int, Affine]]]) -> None:
+    """Drop the waits implied by the others (transitively), then chain the dependence
+    through another instruction where an instruction still needs more than `MAX_WAITS`.
+
+    Transitive reduction: a wait of x on p is redundant when every execution of it is
+    implied by other happens-before edges (``_Knowledge.implied`` from x's other waits
+    and its queue predecessors). The happens-before graph of the executions is acyclic
+    (every edge points forward in program order), so dropping every redundant edge at
+    once keeps every ordering: an edge's alternative path may use dropped edges, which
+    have alternative paths of their own, shorter ones.
+
+    Restructuring: a wait of x on p moves to a host h that x waits on or that comes
+    right before x on its queue, when no execution of p runs between h*(x) and x; h
+    waits for the executions of p before it (all of them precede x) and x inherits the
+    ordering. Every wait is for executions that precede the waiter in program order,
+    so no wait added this way can deadlock.
+    """
+    if not chosen:
+        return
+    order = _Order(insts, kernel)
+    waits = {ci: {pi for pi, _ in lst} for ci, lst in chosen.items()}
+    kn = _Knowledge(insts, order, waits)
+    counts = {(ci, pi): cnt for ci, lst in chosen.items() for pi, cnt in lst}
+    redundant = [
+        (ci, pi)
+        for ci in sorted(waits)
+        for pi in sorted(waits[ci])
+        if kn.implied(ci, pi, waits[ci] - {pi})
+    ]
+    for ci, pi in redundant:
+        waits[ci].discard(pi)  # what kn has derived still holds: the orderings are the same
+    for ci in sorted(waits):
+        while len(waits[ci]) > MAX_WAITS:
+            if not _chain_one(insts, kn, counts, ci):
+                c = insts[ci]
+                raise CompileError(
+                    f"{kernel.sym_name.data}: instruction {c.op.name} (body position "
+                    f"{'.'.join(map(str, c.path))}) depends on producers on {len(waits[ci])} "
+                    f"other queues and no wait can be chained through another instruction; "
+                    f"the ISA allows {MAX_WAITS} waits"
+                )
+    chosen.clear()
+    for ci in sorted(waits):
+        if waits[ci]:
+            chosen[ci] = [(pi, counts[(ci, pi)]) for pi in sorted(waits[ci])]
+
+
+def _chain_one(insts: list[_Inst], kn: _Knowledge, counts: dict, ci: int) -> bool:
+    waits = kn.waits
+    hosts_q = sorted(kn.order.queue_pred[ci] - {ci}, reverse=True)
+    for pi in sorted(waits[ci]):  # the earliest producer first: the likeliest to be done
+        p = insts[pi]
+        others = sorted((y for y in waits[ci] if y != pi), reverse=True)
+        for hi in hosts_q + others:
+            h = insts[hi]
+            if h.queue == p.queue or len(waits.get(hi, set()) | {pi}) > MAX_WAITS:
+                continue
+            if kn.order.dirty(pi, hi, ci):
+                continue
+            count, _ = count_before(p, h)
+            if count.is_const and count.const <= 0:
+                continue
+            counts[(hi, pi)] = count
+            waits[ci].discard(pi)
+            kn.add_wait(hi, pi)
+            assert kn.implied(ci, pi, waits[ci]), (insts[ci].op.name, pi, hi)
+            return True
+    return False
+
+
 def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
     insts = collect(kernel)
     readers: dict[str, list[int]] = {}
@@ -156,7 +364,6 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
             readers.setdefault(b, []).append(i)
         for b in inst.writes:
             writers.setdefault(b, []).append(i)
-    sems: dict[int, int] = {}  # producer index -> semaphore
     waits: dict[int, list[tuple[int, Affine]]] = {}
     for ci, c in enumerate(insts):
         # producers that touch c's buffers: writers of what c reads or writes, readers
@@ -169,7 +376,7 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
         by_queue: dict[str, list[tuple[tuple[int, bool, int], int, Affine]]] = {}
         for pi in sorted(related):
             p = insts[pi]
-            if pi == ci or p.queue == c.queue:
+            if pi == ci or p.queue == c.queue or _disjoint_loads(p, c):
                 continue
             count, key = count_before(p, c)
             if count.is_const and count.const <= 0:
@@ -178,14 +385,13 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
         chosen: list[tuple[int, Affine]] = []
         for cands in by_queue.values():
             chosen.extend((pi, count) for _, pi, count in _undominated(cands))
-        if len(chosen) > MAX_WAITS:
-            raise CompileError(
-                f"{kernel.sym_name.data}: instruction {c.op.name} needs {len(chosen)} waits, "
-                f"the ISA allows {MAX_WAITS}"
-            )
-        for pi, _ in chosen:
+        if chosen:
+            waits[ci] = sorted(chosen, key=lambda x: x[0])
+    _reduce(insts, kernel, waits)
+    sems: dict[int, int] = {}  # producer index -> semaphore
+    for ci in sorted(waits):
+        for pi, _ in waits[ci]:
             sems.setdefault(pi, len(sems))
-        waits[ci] = chosen
     if len(sems) > max_semaphores:
         return _sync_by_queue(kernel, insts, waits, max_semaphores)
     for i, inst in enumerate(insts):

@@ -154,19 +154,17 @@ def tiles(kb: KernelBuilder, extent: int, size: int) -> Iterator[tuple[SSAValue,
 
 
 def const_hbm(lw, data: np.ndarray | float, elem: Attribute) -> SSAValue:
-    """An HBM constant of `data` (cached per value for scalars)."""
+    """An HBM constant of `data`, one per distinct value (kernels share identity,
+    selection and mask matrices of the same shape)."""
     arr = np.asarray(data, dtype=np.float32)
     cache = lw.__dict__.setdefault("_nn_consts", {})
-    key = None
-    if arr.size == 1:
-        key = (arr.reshape(-1)[0].tobytes(), str(elem), arr.shape)
-        if key in cache:
-            return cache[key]
+    key = (arr.tobytes(), str(elem), arr.shape)
+    if key in cache:
+        return cache[key]
     shape = list(arr.shape) or [1]
     attr = DenseIntOrFPElementsAttr.from_list(TensorType(elem, shape), arr.reshape(-1).tolist())
     v = lw.hbm(shape, elem, value=attr)
-    if key is not None:
-        cache[key] = v
+    cache[key] = v
     return v
 
 
@@ -265,7 +263,192 @@ class Geometry:
         return self.lp(rb) + self.maxoff[ph]
 
 
+@dataclass
+class PadInfo:
+    """An activation stored zero-padded: ``hbm[n, c, (h + pt) * Wp + w + pl] = x[n, c, h, w]``,
+    zeros elsewhere (``[N, C, Hp * Wp]``). A stride-1 3x3 convolution with padding 1
+    reads it as its phase image directly (no padding kernel), its accumulator rows have
+    the same width Wp, so a producer writes whole bands with the padding columns zeroed
+    by a mask instead of compacting row by row, and a residual operand in this layout
+    lines up with the accumulator. `nonneg`: every value is >= 0 (after a relu), so a
+    max pool may read the zeros as its padding."""
+    hbm: SSAValue
+    N: int
+    C: int
+    H: int
+    W: int
+    pt: int
+    pl: int
+    Hp: int
+    Wp: int
+    nonneg: bool
+
+    @property
+    def L(self) -> int:
+        return self.Hp * self.Wp
+
+
+def padded_of(lw, v: SSAValue) -> PadInfo | None:
+    """The padded layout of graph value `v`, if it is stored padded."""
+    return lw.__dict__.get("_nn_padded", {}).get(v)
+
+
+def _padded_hbm(lw, hbm: SSAValue) -> PadInfo | None:
+    return lw.__dict__.get("_nn_padded_hbm", {}).get(hbm)
+
+
+def _new_padded(lw, N: int, C: int, H: int, W: int, elem: Attribute, nonneg: bool, pad: int = 1,
+                Wp: int | None = None) -> PadInfo:
+    Hp, Wp = H + 2 * pad, Wp or W + 2 * pad
+    info = PadInfo(lw.hbm((N, C, Hp * Wp), elem, zeroed=True), N, C, H, W, pad, pad, Hp, Wp, nonneg)
+    lw.__dict__.setdefault("_nn_padded_hbm", {})[info.hbm] = info
+    return info
+
+
+def _set_padded(lw, v: SSAValue, info: PadInfo) -> None:
+    lw.__dict__.setdefault("_nn_padded", {})[v] = info
+
+
+def _conv_reads_padded(op: Operation) -> bool:
+    """Whether a convolution / pooling consumer can take its input padded: a stride-1 3x3
+    window with padding 1 reads it directly; a strided one builds its phase images from
+    it (the padding ring is part of the image)."""
+    if isinstance(op, nn.Conv2dOp):
+        (sh, sw), (ph, pw), (dh, dw), G, layout = op.params
+        ws = _shape(op.weight)
+        k = (ws[2], ws[3])
+    elif isinstance(op, (nn.MaxPool2dOp, nn.AvgPool2dOp)):
+        prm = op.params
+        k, (sh, sw), (ph, pw) = prm[0], prm[1], prm[2]
+        dh, dw = prm[3] if isinstance(op, nn.MaxPool2dOp) else (1, 1)
+        if isinstance(op, nn.AvgPool2dOp) and prm[3]:  # ceil_mode: windows past the edge
+            return False
+    else:
+        return False
+    if (sh, sw) == (1, 1):
+        return (ph, pw) == (1, 1) and (dh, dw) == (1, 1) and tuple(k) == (3, 3)
+    return True
+
+
+def _conv_absorbing(lw, add: Operation, v: SSAValue) -> Operation | None:
+    """The convolution, not lowered yet, whose epilogue will fuse `add` (a residual add of
+    `v`): the add's other operand comes from it through single-use per-channel affine
+    ops (a batch norm), the way `fuse_epilogue` walks."""
+    lhs, rhs = add.operands
+    o = rhs if lhs is v else lhs
+    if o is v:
+        return None
+    while True:
+        if not o.has_one_use():
+            return None
+        owner = o.owner
+        if isinstance(owner, nn.Conv2dOp):
+            return owner if o not in lw.values else None
+        if isinstance(owner, (g.MulOp, g.AddOp)):
+            a, b = owner.operands
+            const = [u for u in (a, b) if isinstance(u.owner, (g.WeightOp, g.ConstantOp))]
+            if len(const) != 1:
+                return None
+            o = b if const[0] is a else a
+            continue
+        return None
+
+
+def _wants_padded(lw, v: SSAValue, N: int, C: int, H: int, W: int, nonneg: bool,
+                  absorbed: list | None = None, strict: list | None = None) -> bool:
+    """Whether every user of `v` takes it in the padded layout (-O2 only); residual adds
+    expected in a later convolution's epilogue are appended to `absorbed` as (add, conv);
+    `strict` gets True when some user needs rows of exactly W + 2 (a stride-1 window
+    reading it directly, or an epilogue adding it), else the row width is free."""
+    if getattr(lw, "opt_level", 2) < 2 or not v.uses:
+        return False
+    for use in v.uses:
+        u = use.operation
+        if isinstance(u, (nn.Conv2dOp, nn.MaxPool2dOp, nn.AvgPool2dOp)) and u.operands[0] is v:
+            if not _conv_reads_padded(u) or (isinstance(u, nn.MaxPool2dOp) and not nonneg):
+                return False
+            stride = u.params[0] if isinstance(u, nn.Conv2dOp) else u.params[1]
+            if strict is not None and tuple(stride) == (1, 1):  # reads it as its phase image
+                strict.append(True)
+        elif isinstance(u, g.AddOp):
+            conv = _conv_absorbing(lw, u, v)
+            if conv is None or tuple(_shape(conv.results[0])) != (N, C, H, W) or not _o2_feasible(lw, conv):
+                return False
+            if absorbed is not None:
+                absorbed.append((u, conv))
+            if strict is not None:
+                strict.append(True)
+        elif isinstance(u, (nn.SumOp, nn.MeanOp)) and len(_shape(v)) == 4 and set(u.axes) == {2, 3}:
+            pass
+        else:
+            return False
+    return True
+
+
+def _conv_geometry(op: nn.Conv2dOp) -> tuple[Geometry, int, int, int, str]:
+    (sh, sw), (ph, pw), (dh, dw), G, layout = op.params
+    N, C, H, W = _shape(op.input)
+    _, Co, OH, OW = _shape(op.results[0])
+    ws = _shape(op.weight)
+    geo = Geometry(N, C, H, W, OH, OW, (ws[2], ws[3]), (sh, sw), (ph, pw), (dh, dw))
+    return geo, G, C // G, Co // G, layout
+
+
+def _o2_feasible(lw, op: nn.Conv2dOp) -> bool:
+    """Whether a later convolution will run an -O2 kernel with a padded epilogue (so a
+    residual operand it fuses can be stored padded)."""
+    geo, G, Ci_g, Co_g, layout = _conv_geometry(op)
+    if Ci_g == 1:
+        return False
+    steps, _ = fuse_epilogue(lw, op, G * Co_g)
+    for st in steps:  # not lowered yet: the probe only needs the kinds
+        if st.kind == "tile":
+            st.value = None
+    N, Co, OH, OW = _shape(op.results[0])
+    probe = PadInfo(None, N, Co, OH, OW, 1, 1, OH + 2, OW + 2, False)
+    return bool(
+        _conv_gemm_small_o2(lw, op, "", geo, None, steps, None, G, Ci_g, Co_g, layout, probe, plan_only=True)
+        or _conv_gemm_o2(lw, op, "", geo, None, steps, None, G, Ci_g, Co_g, layout, probe, plan_only=True)
+    )
+
+
+def _check_absorbed(lw, conv: Operation, fused: list[Operation], loc: str) -> None:
+    """A padded value whose residual add was expected in `conv`'s epilogue but was not
+    fused gets its natural copy, for the add kernel that reads it."""
+    for add, v in lw.__dict__.get("_nn_absorb", {}).pop(conv, []):
+        if add not in fused:
+            info = padded_of(lw, v)
+            if info is not None:
+                lw.values[v] = _natural_of_info(lw, info, loc)
+
+
 def phase_image(lw, x: SSAValue, geo: Geometry, fill_value: float, loc: str, what: str) -> SSAValue:
+    """HBM ``[N, C, phases, Hq * Wq]``: the phase images of the padded input `x`. An input
+    stored padded (`PadInfo`) is its own phase image for a stride-1 window with the same
+    padding; otherwise the phases are built from it (its padding ring included)."""
+    info = padded_of(lw, x)
+    if info is not None:
+        if geo.s == (1, 1) and geo.p == (info.pt, info.pl) and geo.Wq == info.Wp and geo.Hq <= info.Hp:
+            return lw.view(info.hbm, (geo.N, geo.C, 1, info.L))
+        out = lw.hbm((geo.N, geo.C, geo.nph, geo.Hq * geo.Wq), _elem(info.hbm))
+        pad_kernel(
+            lw, f"{what}_pad", loc, lw.view(info.hbm, (geo.N, geo.C, info.Hp, info.Wp)), out,
+            geo.phases, geo.s, (geo.p[0] - info.pt, geo.p[1] - info.pl), geo.Hq, geo.Wq,
+            0.0 if info.nonneg else fill_value,
+        )
+        return out
+    return _phase_image_natural(lw, x, geo, fill_value, loc, what)
+
+
+def natural_of(lw, v: SSAValue, loc: str) -> SSAValue:
+    """`v` in its natural layout (a cropping copy of a padded value, made once)."""
+    info = padded_of(lw, v)
+    if info is None:
+        return lw.materialise(v)
+    return _natural_of_info(lw, info, loc)
+
+
+def _phase_image_natural(lw, x: SSAValue, geo: Geometry, fill_value: float, loc: str, what: str) -> SSAValue:
     """HBM ``[N, C, phases, Hq * Wq]``: the phase images of the padded input `x`."""
     src = lw.materialise(x)
     if geo.direct:
@@ -283,7 +466,15 @@ def pad_kernel(
     s: tuple[int, int], pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
 ) -> None:
     """``out[n, c, ph, i*Wq + j] = x[n, c, i*sh + a - pt, j*sw + b - pl]`` (or the fill value)
-    for each phase ``(a, b)``; `x` is [N, C, H, W], `out` [N, C, len(phases), Hq*Wq]."""
+    for each phase ``(a, b)``; `x` is [N, C, H, W], `out` [N, C, len(phases), Hq*Wq].
+
+    With a stride the phases take every other element of a row, which a DMA can only
+    read element by element (one descriptor and one short chunk per element). At -O2
+    the phases are instead picked out on the matrix engine (`_phase_split_*`); -O0
+    keeps the strided DMAs."""
+    if s != (1, 1) and getattr(lw, "opt_level", 2) >= 2:
+        if _phase_split(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value):
+            return
     N, C, H, W = _shape(x)
     elem = _elem(x)
     isz = _isz(elem)
@@ -366,6 +557,417 @@ def pad_kernel(
 
 
 # ---------------------------------------------------------------------------
+# phase images on the matrix engine
+# ---------------------------------------------------------------------------
+#
+# A phase image takes every sw-th element of each row. DMAs read on-chip and HBM rows
+# contiguously (an element stride costs a descriptor and a short chunk per element), and
+# vector ops walk contiguous columns too, so the matrix engine does the selection: a
+# matmul with a 0/1 matrix picks and reorders the contraction (partition) dimension.
+#
+# - `_phase_split_channels` (channels on partitions): per unit of a few output rows,
+#   the unit's input positions are transposed onto partitions (a matmul with the
+#   identity), then a selection matmul ``acc[c, n] = sum_k T[k, c] S[k, n]`` writes the
+#   unit's row segment of every phase; a rank-1 accumulate adds a non-zero fill value.
+# - `_phase_split_rows` (few channels, e.g. an image): per channel, rows on partitions;
+#   ``(X^T R_a)`` picks the rows of row phase a (transposed), ``(.)^T C_b`` the columns
+#   of column phase b, so each phase image comes out whole with rows on partitions.
+#
+# The products are exact for finite values (one term x * 1, the others x * 0); an
+# infinite or NaN input spreads NaN over the positions sharing its unit.
+
+_FEW_CHANNELS = 4
+
+
+def _false_i1(kb: KernelBuilder) -> SSAValue:
+    return kb.ne_zero(kb.const(0))
+
+
+def _phase_split(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value) -> bool:
+    C = _shape(x)[1]
+    if C <= _FEW_CHANNELS and fill_value == 0.0:
+        if _phase_split_rows(lw, what, loc, x, out, phases, s, pad, Hq, Wq):
+            return True
+    return _phase_split_channels(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value)
+
+
+def _consts_2d(lw, blocks: list[np.ndarray], width: int, height: int, elem: Attribute) -> tuple[SSAValue, int]:
+    """One HBM constant [height, len(blocks) * width] holding the blocks side by side
+    (each zero-padded to height x width); returns it and its column count."""
+    data = np.zeros((height, max(1, len(blocks)) * width), dtype=np.float32)
+    for i, blk in enumerate(blocks):
+        data[: blk.shape[0], i * width: i * width + blk.shape[1]] = blk
+    return const_hbm(lw, data, elem), data.shape[1]
+
+
+def _phase_split_channels(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value) -> bool:
+    cfg = lw.cfg
+    N, C, H, W = _shape(x)
+    elem = _elem(x)
+    isz = _isz(elem)
+    (sh, sw), (pt, pl) = s, pad
+    nph = len(phases)
+    row_res = sorted({a for a, _ in phases})
+    col_res = sorted({b for _, b in phases})
+    KMAX = min(cfg.matrix.rows, lw.P, cfg.accumulator.partitions)
+    NMAX = cfg.matrix.cols
+    TC = min(lw.P, C, cfg.accumulator.partitions, cfg.matrix.cols, cfg.matrix.rows)
+    nrow_i = len(row_res)  # input rows per output row
+    cspan = col_res[-1] - col_res[0]
+    contiguous_rows = row_res == list(range(sh))  # an output row's input rows are adjacent
+
+    def wlen(jl: int) -> int:
+        return min(W, (jl - 1) * sw + cspan + 1)
+
+    # unit = g output rows x a block of jl columns: K = input positions, N = outputs
+    if nph * Wq <= NMAX and nrow_i * W <= KMAX:
+        jl = Wq
+        g = 1
+        while (g + 1) <= Hq and nph * (g + 1) * Wq <= NMAX and (g + 1) * nrow_i * W <= KMAX:
+            g += 1
+    else:
+        g = 1
+        jl = 0
+        for cand in range(min(Wq, NMAX // nph), 0, -1):
+            if nrow_i * wlen(cand) <= KMAX:
+                jl = cand
+                break
+        if jl == 0:
+            return False
+    full = jl == Wq
+    blocks = [(j0, min(Wq, j0 + jl)) for j0 in range(0, Wq, jl)]
+    units = [(i0, min(Hq, i0 + g)) for i0 in range(0, Hq, g)]
+
+    def block_cols(j0: int, j1: int) -> tuple[int, int]:
+        lo = max(0, j0 * sw + col_res[0] - pl)
+        hi = min(W - 1, (j1 - 1) * sw + col_res[-1] - pl)
+        return lo, hi
+
+    # the layout of one unit's contraction: segments (first input row relative to the
+    # unit's base row i0*sh, rows, first column, columns), in order
+    def layout(i0: int, i1: int, j0: int, j1: int):
+        lo, hi = block_cols(j0, j1)
+        hs = sorted({i * sh + a - pt for i in range(i0, i1) for a in row_res if 0 <= i * sh + a - pt < H})
+        if lo > hi or not hs:
+            return (), lo
+        segs: list[list[int]] = []
+        for h in hs:
+            if full and lo == 0 and hi == W - 1 and segs and segs[-1][0] + segs[-1][1] == h - i0 * sh:
+                segs[-1][1] += 1
+            else:
+                segs.append([h - i0 * sh, 1])
+        return tuple((r, n, lo, hi - lo + 1) for r, n in segs), lo
+
+    def matrices(i0: int, i1: int, j0: int, j1: int):
+        segs, _ = layout(i0, i1, j0, j1)
+        K = sum(n * wc for _, n, _, wc in segs)
+        gi, jn = i1 - i0, j1 - j0
+        Nn = nph * gi * jn
+        S = np.zeros((max(K, 1), Nn), dtype=np.float32)
+        F = np.zeros((1, Nn), dtype=np.float32)
+        kpos: dict[tuple[int, int], int] = {}
+        k = 0
+        for r, n, c0, wc in segs:
+            for rr in range(n):
+                for w in range(c0, c0 + wc):
+                    kpos[(i0 * sh + r + rr, w)] = k
+                    k += 1
+        for ph, (a, b) in enumerate(phases):
+            for il in range(gi):
+                for jj in range(jn):
+                    col = ph * gi * jn + il * jn + jj
+                    h = (i0 + il) * sh + a - pt
+                    w = (j0 + jj) * sw + b - pl
+                    if 0 <= h < H and 0 <= w < W:
+                        S[kpos[(h, w)], col] = 1.0
+                    else:
+                        F[0, col] = fill_value
+        return segs, K, S, F
+
+    # unit kinds: the same relative layout and matrices (interior units share one)
+    kinds: dict[tuple, int] = {}
+    kind_data: list[tuple] = []
+    unit_kind: dict[tuple[int, int], int] = {}
+    for ui, (i0, i1) in enumerate(units):
+        for bi, (j0, j1) in enumerate(blocks):
+            segs, K, S, F = matrices(i0, i1, j0, j1)
+            key = (segs, i1 - i0, bi, S.tobytes(), F.tobytes())
+            if key not in kinds:
+                kinds[key] = len(kind_data)
+                kind_data.append((segs, K, S, F))
+            unit_kind[(ui, bi)] = kinds[key]
+    needs_fill = [bool(np.any(kd[3] != 0)) or kd[1] == 0 for kd in kind_data]
+    s_blocks = [kd[2] for kd in kind_data]
+    f_blocks = [kd[3] for kd in kind_data]
+
+    # bands of units whose input rows and phase rows fit SRAM
+    budget = _budget(lw) - 4 * _ALIGN
+    fixed = (
+        4 * _bytes(TC, isz)  # T, four sets
+        + _bytes(TC, isz)  # identity
+        + _bytes(len(kind_data) * NMAX, isz)  # selections
+        + _bytes(len(kind_data) * NMAX, isz)  # fills
+        + _bytes(TC, isz)  # ones
+    )
+
+    def band_rows(u0: int, u1: int) -> tuple[int, int]:
+        i0, i1 = units[u0][0], units[u1 - 1][1]
+        hs = [i * sh + a - pt for i in range(i0, i1) for a in row_res]
+        lo, hi = max(0, min(hs)), min(H - 1, max(hs))
+        return lo, max(lo, hi)
+
+    def band_bytes(u0: int, u1: int) -> int:
+        lo, hi = band_rows(u0, u1)
+        nrows = units[u1 - 1][1] - units[u0][0]
+        return _bytes((hi - lo + 1) * W, isz) + _bytes(nph * nrows * Wq, isz)
+
+    UB = len(units)
+    while UB > 1 and max(band_bytes(u, min(len(units), u + UB)) for u in range(0, len(units), UB)) + fixed > budget:
+        UB = _cdiv(UB, 2)
+    if band_bytes(0, 1) + fixed > budget:
+        return False
+    bands = [(u, min(len(units), u + UB)) for u in range(0, len(units), UB)]
+    max_xrows = max(band_rows(u0, u1)[1] - band_rows(u0, u1)[0] + 1 for u0, u1 in bands)
+    max_qrows = max(units[u1 - 1][1] - units[u0][0] for u0, u1 in bands)
+
+    ident, _ = _consts_2d(lw, [np.eye(TC, dtype=np.float32)], TC, TC, elem)
+    sel, scols = _consts_2d(lw, s_blocks, NMAX, KMAX, elem)
+    fill_elem = elem
+    fills, fcols = _consts_2d(lw, f_blocks, NMAX, 1, fill_elem)
+    ones = fill_row(lw, 1.0, fill_elem, TC)
+    xv = lw.view(x, (N, C, H * W))
+    k = _Kernel(lw, what, loc, [xv, ident, sel, fills, ones, out])
+    kb = k.kb
+    xa, oa = k.arg(xv), k.arg(out)
+    xb = kb.alloc([TC, max_xrows * W], elem, tile.SRAM, "x")
+    qb = kb.alloc([TC, nph * max_qrows * Wq], elem, tile.SRAM, "phases")
+    ib = kb.alloc([TC, TC], elem, tile.SRAM, "identity")
+    sb = kb.alloc([KMAX, scols], elem, tile.SRAM, "select")
+    fb = kb.alloc([1, fcols], fill_elem, tile.SRAM, "fill")
+    ob = kb.alloc([1, TC], fill_elem, tile.SRAM, "ones")
+    NS = 4  # buffer sets: units in flight
+    tbs = [kb.alloc([KMAX, TC], elem, tile.SRAM, "xT") for _ in range(NS)]
+    a1s = [kb.alloc([KMAX, TC], f32, tile.ACC, "acc_t") for _ in range(NS)]
+    a2s = [kb.alloc([TC, NMAX], f32, tile.ACC, "acc_s") for _ in range(NS)]
+    kb.add(tile.LoadOp(k.arg(ident), [kb.const(0), kb.const(0)], ib, kb.const(TC), kb.const(TC), 0, 1))
+    kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], sb, kb.const(KMAX), kb.const(scols), 0, 1))
+    kb.add(tile.LoadOp(k.arg(fills), [kb.const(0), kb.const(0)], fb, kb.const(1), kb.const(fcols), 0, 1))
+    kb.add(tile.LoadOp(k.arg(ones), [kb.const(0)], ob, kb.const(1), kb.const(TC), -1, 0))
+
+    def geom(ui, bi: int):
+        gi = (units[0][1] - units[0][0]) if isinstance(ui, SSAValue) else (units[ui][1] - units[ui][0])
+        j0, j1 = blocks[bi]
+        return gi, j0, j1 - j0, _idx(kb, ui)
+
+    def unit_a(c, ui, bi: int, kind: int, bset: int, xh0: int) -> None:
+        """Transpose unit `ui` (an index or an affine SSA value) of block `bi` onto partitions."""
+        segs, K, _, _ = kind_data[kind]
+        gi, j0, jn, ui_v = geom(ui, bi)
+        a1, tb = a1s[bset], tbs[bset]
+        if not K:
+            return
+        koff = 0
+        for r, nr, cw0, wc in segs:
+            # input row (i0 * sh + r) of the band starting at row xh0
+            pos = lin(kb, (r - xh0) * W + cw0, (g * sh * W, ui_v))
+            m = nr * wc
+            kb.add(tile.MatmulOp(
+                sub(kb, xb, 0, pos, [TC, m]), ib, sub(kb, a1, koff, 0, [m, TC]),
+                kb.const(m), c, c, _false_i1(kb),
+            ))
+            koff += m
+        kb.add(tile.UnaryOp("copy", sub(kb, a1, 0, 0, [K, TC]), sub(kb, tb, 0, 0, [K, TC]), kb.const(K), c))
+
+    def unit_b(c, ui, bi: int, kind: int, bset: int, qi0: int) -> None:
+        """Select unit `ui`'s phase segments and copy them into the phase images."""
+        segs, K, _, _ = kind_data[kind]
+        gi, j0, jn, ui_v = geom(ui, bi)
+        Nn = nph * gi * jn
+        a2, tb = a2s[bset], tbs[bset]
+        if K:
+            kb.add(tile.MatmulOp(
+                sub(kb, tb, 0, 0, [K, TC]), sub(kb, sb, 0, kind * NMAX, [K, Nn]), sub(kb, a2, 0, 0, [TC, Nn]),
+                c, kb.const(K), kb.const(Nn), _false_i1(kb),
+            ))
+        if needs_fill[kind]:
+            kb.add(tile.MatmulOp(
+                ob, sub(kb, fb, 0, kind * NMAX, [1, Nn]), sub(kb, a2, 0, 0, [TC, Nn]),
+                c, kb.const(1), kb.const(Nn), true_i1(kb) if K else _false_i1(kb),
+            ))
+        for ph in range(nph):
+            dst = lin(kb, ph * max_qrows * Wq - qi0 * Wq + j0, (g * Wq, ui_v))
+            kb.add(tile.UnaryOp(
+                "copy", sub(kb, a2, 0, ph * gi * jn, [TC, gi * jn]), sub(kb, qb, 0, dst, [TC, gi * jn]),
+                c, kb.const(gi * jn),
+            ))
+
+    # software pipelined: a unit's transposes and copy (stage A) are emitted before the
+    # previous unit's selection and copies (stage B), so the vector engine copies one
+    # unit while the matrix engine selects another (each queue runs in program order)
+    with kb.loop(N) as n, tiles(kb, C, TC) as (_, c0, c):
+        bset = 0
+        pending: list[tuple] = []  # stage B of the unit before
+
+        def flush() -> None:
+            while pending:
+                unit_b(c, *pending.pop(0))
+
+        for u0, u1 in bands:
+            xlo, xhi = band_rows(u0, u1)
+            qi0 = units[u0][0]
+            kb.add(tile.LoadOp(xa, [n, c0, kb.const(xlo * W)], sub(kb, xb, 0, 0, [TC, (xhi - xlo + 1) * W]),
+                               c, kb.const((xhi - xlo + 1) * W), 1, 2))
+            for bi in range(len(blocks)):
+                # runs of consecutive units of one kind: a loop over pairs of units
+                # (two buffer sets), the odd one out unrolled
+                u = u0
+                while u < u1:
+                    kind = unit_kind[(u, bi)]
+                    v = u
+                    while v < u1 and unit_kind[(v, bi)] == kind:
+                        v += 1
+                    count = v - u
+                    if count >= 2 * NS:
+                        flush()
+                        with kb.loop(count // NS) as t:
+                            uis = [lin(kb, u + q, (NS, t)) for q in range(NS)]
+                            for q in range(NS):
+                                unit_a(c, uis[q], bi, kind, q, xlo)
+                            for q in range(NS):
+                                unit_b(c, uis[q], bi, kind, q, qi0)
+                        rest = range(u + count // NS * NS, v)
+                    else:
+                        rest = range(u, v)
+                    for w_ in rest:
+                        unit_a(c, w_, bi, kind, bset, xlo)
+                        if len(pending) >= NS - 1:
+                            unit_b(c, *pending.pop(0))
+                        pending.append((w_, bi, kind, bset, qi0))
+                        bset = (bset + 1) % NS
+                    u = v
+            flush()
+            rows = units[u1 - 1][1] - qi0
+            for ph in range(nph):
+                kb.add(tile.StoreOp(
+                    sub(kb, qb, 0, ph * max_qrows * Wq, [TC, rows * Wq]), oa,
+                    [n, c0, kb.const(ph), kb.const(qi0 * Wq)], c, kb.const(rows * Wq), 1, 3,
+                ))
+    k.launch()
+    return True
+
+
+def _phase_split_rows(lw, what, loc, x, out, phases, s, pad, Hq, Wq) -> bool:
+    """Few channels, zero fill: per channel the image with rows on partitions; the phase
+    images come out whole (rows on partitions) and are stored with one DMA each."""
+    cfg = lw.cfg
+    N, C, H, W = _shape(x)
+    elem = _elem(x)
+    isz = _isz(elem)
+    (sh, sw), (pt, pl) = s, pad
+    KMAX = min(cfg.matrix.rows, lw.P)
+    MMAX = min(cfg.accumulator.partitions, lw.P)
+    NMAX = cfg.matrix.cols
+    if Hq > min(NMAX, MMAX) or Wq > NMAX:
+        return False
+    row_res = sorted({a for a, _ in phases})
+    col_res = sorted({b for _, b in phases})
+    hch = [(h0, min(H, h0 + KMAX)) for h0 in range(0, H, KMAX)]
+    wstep = min(KMAX, MMAX)
+    wch = [(w0, min(W, w0 + wstep)) for w0 in range(0, W, wstep)]
+    # R[a][hc][h, i] = 1 iff row h0 + h is row i of row phase a; Cm[b][wc][w, j] likewise
+    rblocks, rkey = [], {}
+    for a in row_res:
+        for hi, (h0, h1) in enumerate(hch):
+            R = np.zeros((h1 - h0, Hq), dtype=np.float32)
+            for i in range(Hq):
+                h = i * sh + a - pt
+                if h0 <= h < h1:
+                    R[h - h0, i] = 1.0
+            if R.any():
+                rkey[(a, hi)] = len(rblocks)
+                rblocks.append(R)
+    cblocks, ckey = [], {}
+    for b in col_res:
+        for wi, (w0, w1) in enumerate(wch):
+            Cm = np.zeros((w1 - w0, Wq), dtype=np.float32)
+            for j in range(Wq):
+                w = j * sw + b - pl
+                if w0 <= w < w1:
+                    Cm[w - w0, j] = 1.0
+            if Cm.any():
+                ckey[(b, wi)] = len(cblocks)
+                cblocks.append(Cm)
+    need = (
+        C * len(hch) * _bytes(W, isz) + C * len(row_res) * len(wch) * _bytes(Hq, isz)
+        + C * len(phases) * _bytes(Wq, isz) + _bytes(len(rblocks) * Hq, isz) + _bytes(len(cblocks) * Wq, isz)
+    )
+    acc_need = C * len(row_res) * len(wch) * Hq * 4 + C * len(phases) * Wq * 4
+    if need > _budget(lw) - 8 * _ALIGN or acc_need > cfg.accumulator.bytes_per_partition:
+        return False
+    rconst, rcols = _consts_2d(lw, rblocks, Hq, KMAX, elem)
+    cconst, ccols = _consts_2d(lw, cblocks, Wq, KMAX, elem)
+    out5 = lw.view(out, (N, C, len(phases), Hq, Wq))
+    # a phase whose rows or columns are all padding is all zeros
+    empty = [not any((a, hi) in rkey for hi in range(len(hch))) or not any((b, wi) in ckey for wi in range(len(wch)))
+             for a, b in phases]
+    zero = fill_row(lw, 0.0, elem, Wq) if any(empty) else None
+    k = _Kernel(lw, what, loc, [x, rconst, cconst, out5] + ([zero] if zero is not None else []))
+    kb = k.kb
+    xa, oa = k.arg(x), k.arg(out5)
+    rb = kb.alloc([KMAX, rcols], elem, tile.SRAM, "rowsel")
+    cb = kb.alloc([KMAX, ccols], elem, tile.SRAM, "colsel")
+    kb.add(tile.LoadOp(k.arg(rconst), [kb.const(0), kb.const(0)], rb, kb.const(KMAX), kb.const(rcols), 0, 1))
+    kb.add(tile.LoadOp(k.arg(cconst), [kb.const(0), kb.const(0)], cb, kb.const(KMAX), kb.const(ccols), 0, 1))
+    zb = None
+    if zero is not None:
+        zb = kb.alloc([Hq, Wq], elem, tile.SRAM, "zeros")
+        kb.add(tile.LoadOp(k.arg(zero), [kb.const(0)], zb, kb.const(Hq), kb.const(Wq), -1, 0))
+    with kb.loop(N) as n:
+        for c in range(C):  # few channels: each its own buffers, so channels overlap
+            xs = [kb.alloc([h1 - h0, W], elem, tile.SRAM, f"x{c}_") for h0, h1 in hch]
+            for (h0, h1), xbuf in zip(hch, xs):
+                kb.add(tile.LoadOp(xa, [n, kb.const(c), kb.const(h0), kb.const(0)], xbuf,
+                                   kb.const(h1 - h0), kb.const(W), 2, 3))
+            ta: dict[tuple[int, int], SSAValue] = {}
+            for a in row_res:
+                for wi, (w0, w1) in enumerate(wch):
+                    terms = [hi for hi in range(len(hch)) if (a, hi) in rkey]
+                    if not terms:
+                        continue
+                    acc = kb.alloc([w1 - w0, Hq], f32, tile.ACC, f"acc_r{c}_")
+                    for t_, hi in enumerate(terms):
+                        h0, h1 = hch[hi]
+                        kb.add(tile.MatmulOp(
+                            sub(kb, xs[hi], 0, w0, [h1 - h0, w1 - w0]),
+                            sub(kb, rb, 0, rkey[(a, hi)] * Hq, [h1 - h0, Hq]), acc,
+                            kb.const(w1 - w0), kb.const(h1 - h0), kb.const(Hq),
+                            true_i1(kb) if t_ else _false_i1(kb),
+                        ))
+                    tbuf = kb.alloc([w1 - w0, Hq], elem, tile.SRAM, f"rows{c}_")
+                    kb.add(tile.UnaryOp("copy", acc, tbuf, kb.const(w1 - w0), kb.const(Hq)))
+                    ta[(a, wi)] = tbuf
+            for ph, (a, b) in enumerate(phases):
+                if empty[ph]:
+                    kb.add(tile.StoreOp(zb, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
+                                        kb.const(Hq), kb.const(Wq), 3, 4))
+                    continue
+                acc = kb.alloc([Hq, Wq], f32, tile.ACC, f"acc_c{c}_")
+                terms = [wi for wi in range(len(wch)) if (b, wi) in ckey]
+                for t_, wi in enumerate(terms):
+                    w0, w1 = wch[wi]
+                    kb.add(tile.MatmulOp(
+                        ta[(a, wi)], sub(kb, cb, 0, ckey[(b, wi)] * Wq, [w1 - w0, Wq]), acc,
+                        kb.const(Hq), kb.const(w1 - w0), kb.const(Wq), true_i1(kb) if t_ else _false_i1(kb),
+                    ))
+                qbuf = kb.alloc([Hq, Wq], elem, tile.SRAM, f"phase{c}_")
+                kb.add(tile.UnaryOp("copy", acc, qbuf, kb.const(Hq), kb.const(Wq)))
+                kb.add(tile.StoreOp(qbuf, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
+                                    kb.const(Hq), kb.const(Wq), 3, 4))
+    k.launch()
+    return True
+
+
+# ---------------------------------------------------------------------------
 # epilogue: compaction, fused elementwise ops, store
 # ---------------------------------------------------------------------------
 
@@ -443,7 +1045,11 @@ def fuse_epilogue(lw, op: Operation, channels: int) -> tuple[list[Step], list[Op
                 if len(shp) > 4:
                     break
                 full = (1,) * (4 - len(shp)) + shp
-                if full[0] == 1 and full[2] == 1 and full[3] == 1 and full[1] in (1, C):
+                if padded_of(lw, other) is not None:  # an activation, stored padded
+                    if full[1:] != (C, OH, OW) or full[0] not in (1, N):
+                        break
+                    new = [Step("tile", fn, swap=chain_rhs, value=lw.materialise(other))]
+                elif full[0] == 1 and full[2] == 1 and full[3] == 1 and full[1] in (1, C):
                     if chain_rhs and fn not in _COMMUTATIVE:
                         if fn != "sub":
                             break
@@ -473,14 +1079,46 @@ def finish_fusion(lw, op: Operation, fused: list[Operation], out: SSAValue) -> N
     lw.values[res] = out
 
 
+def _pick(queues, nbytes: int, chunk: int) -> int | None:
+    if queues is None:
+        return None
+    if isinstance(queues, _QueueModel):
+        return queues.next(nbytes, chunk)
+    return queues.next()
+
+
 class Epilogue:
     """Compaction of a ``[channels x positions]`` tile to NCHW rows, the fused steps and
-    the store. Channel of partition r: ``(c0 + r) * m + j`` (m: depthwise multiplier)."""
+    the store. Channel of partition r: ``(c0 + r) * m + j`` (m: depthwise multiplier).
 
-    def __init__(self, lw, steps: list[Step], out: SSAValue, N: int, C: int, OH: int, OW: int, m: int = 1):
+    With `pad` (a `PadInfo`) the output is stored padded: a band of rb rows is written
+    whole (rb * Wp positions from row oh0 + pt), its padding columns zeroed by a 0/1
+    mask; the top and bottom of the padding ring are stored once per channel tile
+    (`emit_ring`). Tile operands (a residual) are then read in the same layout."""
+
+    def __init__(self, lw, steps: list[Step], out: SSAValue, N: int, C: int, OH: int, OW: int, m: int = 1,
+                 pad: PadInfo | None = None, loc: str = "", rb: int | None = None):
         self.lw, self.steps, self.N, self.C, self.OH, self.OW, self.m = lw, steps, N, C, OH, OW, m
+        self.pad = pad
+        # constants some epilogues use (the 1x1 one of `preload_columns`; mask and zeros)
+        self.extra: list[SSAValue] = [fill_row(lw, 1.0, f32, 1)]
         S = OH * OW
-        self.out = lw.view(out, (N, C // m, m, S))
+        elem = _elem(out)
+        if pad is not None:
+            self.out = lw.view(pad.hbm, (N, C // m, m, pad.L))
+            # a band's buffer: `lead` positions (the ring above the first row when it is
+            # the first band), rb rows of Wp, `bottom` positions (the ring below the last)
+            self.top = self.lead = pad.pt * pad.Wp + pad.pl
+            self.bottom = pad.L - ((OH + pad.pt) * pad.Wp + pad.pl)
+            self.rb = rb or OH
+            span = self.rb * pad.Wp
+            maskv = np.zeros(self.lead + span + self.bottom, dtype=np.float32)
+            maskv[self.lead: self.lead + span] = [1.0 if t % pad.Wp < OW else 0.0 for t in range(span)]
+            self.mask = const_hbm(lw, maskv, elem)
+            self.zero = fill_row(lw, 0.0, elem, max(self.top, self.bottom, 1))
+            self.extra += [self.mask, self.zero]
+        else:
+            self.out = lw.view(out, (N, C // m, m, S))
         self.views: list[SSAValue] = []
         for st in steps:
             if st.kind == "column":
@@ -489,66 +1127,213 @@ class Epilogue:
                 st.value = lw.view(st.value, (C // m, m) if size == C else (1, 1))
                 self.views.append(st.value)
             elif st.kind == "tile":
-                n0 = math.prod(_shape(st.value)) // (C * S)
-                st.value = lw.view(st.value, (n0, C // m, m, S))
+                info = _padded_hbm(lw, st.value)
+                if pad is not None:
+                    assert info is not None and (info.Wp, info.pt, info.pl) == (pad.Wp, pad.pt, pad.pl)
+                    st.value = lw.view(info.hbm, (info.N, C // m, m, info.L))
+                else:
+                    if info is not None:
+                        st.value = _natural_of_info(lw, info, loc)
+                    n0 = math.prod(_shape(st.value)) // (C * S)
+                    st.value = lw.view(st.value, (n0, C // m, m, S))
                 self.views.append(st.value)
 
     def hbm_args(self) -> list[SSAValue]:
-        return [*self.views, self.out]
+        return [*self.views, self.out, *self.extra]
 
-    def alloc(self, kb: KernelBuilder, TC: int, cols: int, elem: Attribute) -> None:
-        self.ob = kb.alloc([TC, cols], elem, tile.SRAM, "out")
+    def band_cols(self, rb: int) -> int:
+        """Positions of a band's output buffer."""
+        if self.pad is not None:
+            return self.lead + rb * self.pad.Wp + self.bottom
+        return rb * self.OW
+
+    def alloc(
+        self, kb: KernelBuilder, TC: int, cols: int, elem: Attribute, col_sets: int = 0, sets: int = 1,
+    ) -> None:
+        """Buffers for bands of `cols` (rb * OW) positions; with `col_sets`, the column
+        operands of that many consecutive channel chunks of TC are loaded once
+        (`preload_columns`); `sets` output (and tile operand) buffers alternate
+        (`emit(..., buf_set=)`), so one chunk's store overlaps the next chunk's epilogue."""
+        rb = max(1, cols // self.OW)
+        cols = self.band_cols(rb)
+        self.TC = TC
+        self.obs = [kb.alloc([TC, cols], elem, tile.SRAM, "out") for _ in range(sets)]
+        self.ob = self.obs[0]
+        self.col_sets = col_sets
         self.bufs: list[SSAValue | None] = []
+        self.tile_bufs: list[list[SSAValue] | None] = []
         for st in self.steps:
             if st.kind == "column":
-                self.bufs.append(kb.alloc([TC, 1], _elem(st.value), tile.SRAM, "chan"))
+                self.bufs.append(kb.alloc([TC, max(1, col_sets)], _elem(st.value), tile.SRAM, "chan"))
+                self.tile_bufs.append(None)
             elif st.kind == "tile":
-                self.bufs.append(kb.alloc([TC, cols], _elem(st.value), tile.SRAM, "operand"))
+                tcols = rb * self.pad.Wp if self.pad is not None else cols
+                tb = [kb.alloc([TC, tcols], _elem(st.value), tile.SRAM, "operand") for _ in range(sets)]
+                self.bufs.append(tb[0])
+                self.tile_bufs.append(tb)
             else:
                 self.bufs.append(None)
+                self.tile_bufs.append(None)
+        if self.pad is not None:
+            self.maskb = kb.alloc([TC, cols], elem, tile.SRAM, "mask")
+            self.zerob = kb.alloc([TC, max(self.top, self.bottom, 1)], elem, tile.SRAM, "zeros")
+
+    def init(self, k: _Kernel, queues=None) -> None:
+        """Kernel-start setup of a padded epilogue: the mask, zeroed output buffers (their
+        padding columns are read by the mask before anything writes them) and the zeros
+        of the padding ring."""
+        if self.pad is None:
+            return
+        kb = k.kb
+        cols = _shape(self.maskb)[1]
+        TC = self.TC
+        kb.add(tile.LoadOp(k.arg(self.mask), [kb.const(0)], self.maskb, kb.const(TC), kb.const(cols), -1, 0,
+                           queue=_pick(queues, cols * 2, cols * 2)))
+        zl = _shape(self.zerob)[1]
+        kb.add(tile.LoadOp(k.arg(self.zero), [kb.const(0)], self.zerob, kb.const(TC), kb.const(zl), -1, 0,
+                           queue=_pick(queues, zl * 2, zl * 2)))
+        for ob in self.obs:  # zeros (mask * 0: the mask is the only initialised source this wide)
+            kb.add(tile.ScalarOp("mul", self.maskb, 0.0, ob, kb.const(TC), kb.const(cols)))
+
+    def emit_ring(self, k: _Kernel, n: SSAValue, c0: SSAValue, j: SSAValue, rows: SSAValue) -> None:
+        """Store the zeros above the first and below the last output row (padded output)."""
+        if self.pad is None:
+            return
+        kb = k.kb
+        outa = k.arg(self.out)
+        TC = self.TC
+        if self.top:
+            kb.add(tile.StoreOp(sub(kb, self.zerob, 0, 0, [TC, self.top]), outa, [n, c0, j, kb.const(0)], rows,
+                                kb.const(self.top), 1, 3))
+        if self.bottom:
+            kb.add(tile.StoreOp(sub(kb, self.zerob, 0, 0, [TC, self.bottom]), outa,
+                                [n, c0, j, kb.const(self.pad.L - self.bottom)], rows, kb.const(self.bottom), 1, 3))
 
     def sram_bytes(self, cols: int, out_isz: int) -> int:
-        total = _bytes(cols, out_isz)
-        for st in self.steps:
+        return Epilogue.bytes_for(self.steps, cols, out_isz, pad=self.pad, OW=self.OW)
+
+    def preload_columns(
+        self, k: _Kernel, c_first: SSAValue, TC: int, queues=None, count: int | None = None, defer: bool = False,
+    ) -> None:
+        """Load the column operands of `col_sets` chunks of TC channels from `c_first`
+        (chunk j in column j of the operand's buffer). A column is one element per
+        partition, which a DMA moves element by element (short chunks waste HBM
+        bandwidth); instead each operand's channels load as one contiguous row and tiny
+        matmuls with a 1x1 one (``acc[c, 0] = row[0, c] * 1``, exact) turn each chunk of
+        the row into a column."""
+        kb = k.kb
+        self.pending = getattr(self, "pending", [])
+        cols = [(st.value, buf) for st, buf in zip(self.steps, self.bufs) if st.kind == "column"]
+        cols += getattr(self, "extra_columns", [])
+        if not cols:
+            return
+        n = max(1, self.col_sets)
+        count = n * TC if count is None else count  # channels from c_first
+        sizes = [min(TC, count - j * TC) for j in range(n)]
+        one_b = kb.alloc([1, 1], f32, tile.SRAM, "one")
+        one_v = self.extra[0]
+        kb.add(tile.LoadOp(k.arg(one_v), [kb.const(0)], one_b, kb.const(1), kb.const(1), -1, 0,
+                           queue=_pick(queues, 4, 4)))
+        for value, buf in cols:
+            v = k.arg(value)
+            elem = _elem(value)
+            if _shape(value) == (1, 1):
+                kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, kb.const(TC), kb.const(n), -1, -1,
+                                   queue=_pick(queues, TC * n * 2, 2)))
+                continue
+            row = kb.alloc([1, n * TC], elem, tile.SRAM, "chan_row")
+            one = one_b
+            if elem != f32:
+                one = kb.alloc([1, 1], elem, tile.SRAM, "one")
+                kb.add(tile.UnaryOp("copy", one_b, one, kb.const(1), kb.const(1)))
+            # the operand viewed (C, 1): `count` consecutive channels along the columns
+            kb.add(tile.LoadOp(v, [c_first, kb.const(0)], row, kb.const(1), kb.const(count), 1, 0,
+                               queue=_pick(queues, count * _isz(elem), count * _isz(elem))))
+            acc = kb.alloc([TC, n], f32, tile.ACC, "acc_chan")
+            self.pending.append((row, one, acc, buf, sizes))
+        if not defer:
+            self.columns_ready(k)
+
+    def columns_ready(self, k: _Kernel) -> None:
+        """The matmuls that turn the preloaded rows into columns (emitted where the
+        matrix engine's in-order queue should take them: before the first epilogue, not
+        ahead of matmuls that do not wait for these loads)."""
+        kb = k.kb
+        pending, self.pending = self.pending, []
+        for row, one, acc, buf, sizes in pending:
+            TC = _shape(buf)[0]
+            n = len(sizes)
+            for j, m in enumerate(sizes):
+                kb.add(tile.MatmulOp(sub(kb, row, 0, j * TC, [1, TC]), one, sub(kb, acc, 0, j, [TC, 1]),
+                                     kb.const(m), kb.const(1), kb.const(1), _false_i1(kb)))
+            if sizes[-1] == TC:
+                kb.add(tile.UnaryOp("copy", acc, buf, kb.const(TC), kb.const(n)))
+            else:
+                for j, m in enumerate(sizes):
+                    kb.add(tile.UnaryOp("copy", sub(kb, acc, 0, j, [TC, 1]), sub(kb, buf, 0, j, [TC, 1]),
+                                        kb.const(m), kb.const(1)))
+
+    @staticmethod
+    def bytes_for(steps: list[Step], cols: int, out_isz: int, sets: int = 1, pad: PadInfo | None = None,
+                  OW: int = 1) -> int:
+        if pad is not None:  # bands of Wp-wide rows and the ring, a mask and the ring's zeros
+            cols = max(1, cols // OW) * pad.Wp + 2 * (pad.Wp + 1)
+        total = sets * _bytes(cols, out_isz)
+        if pad is not None:
+            total += _bytes(cols, out_isz) + _bytes(2 * pad.Wp, out_isz)
+        for st in steps:
             if st.kind == "column":
                 total += _ALIGN
             elif st.kind == "tile":
-                total += _bytes(cols, out_isz)
+                total += sets * _bytes(cols, out_isz)
         return total
 
     def emit(
         self, k: _Kernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
         oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool = False,
+        col_set: int | None = None, buf_set: int = 0, first: bool = False, last: bool = False,
     ) -> None:
         """`src`: the band's positions (row r of the band at column r * Wq); `compact(s, d,
-        rows, cols)` writes the rounded output of a piece of it."""
+        rows, cols)` writes the rounded output of a piece of it. `col_set`: the preloaded
+        column operands' chunk (see `alloc`)."""
         kb = k.kb
+        if getattr(self, "pending", None):
+            self.columns_ready(k)
         OW = self.OW
-        TC = _shape(self.ob)[0]
+        obuf = self.obs[buf_set]
+        TC = _shape(obuf)[0]
+        if self.pad is not None:
+            self._emit_padded(k, src, rows, n, c0, j, oh0, rb, Wq, compact, row_aware, col_set, buf_set, first, last)
+            return
         cols = rb * OW
         if Wq == OW:
-            compact(sub(kb, src, 0, 0, [TC, cols]), sub(kb, self.ob, 0, 0, [TC, cols]), rows, cols)
+            compact(sub(kb, src, 0, 0, [TC, cols]), sub(kb, obuf, 0, 0, [TC, cols]), rows, cols)
         else:
             with kb.loop(rb) as r:
                 extra = {"r": r} if row_aware else {}
                 compact(
                     sub(kb, src, 0, lin(kb, 0, (Wq, r)), [TC, OW]),
-                    sub(kb, self.ob, 0, lin(kb, 0, (OW, r)), [TC, OW]), rows, OW, **extra,
+                    sub(kb, obuf, 0, lin(kb, 0, (OW, r)), [TC, OW]), rows, OW, **extra,
                 )
-        ob = sub(kb, self.ob, 0, 0, [TC, cols])
+        ob = sub(kb, obuf, 0, 0, [TC, cols])
         cc = kb.const(cols)
         s0 = lin(kb, 0, (OW, oh0))
-        for st, buf in zip(self.steps, self.bufs):
+        for st, buf, tbufs in zip(self.steps, self.bufs, self.tile_bufs):
+            if tbufs is not None:
+                buf = tbufs[buf_set]
             if st.kind == "unary":
                 kb.add(tile.UnaryOp(st.fn, ob, ob, rows, cc))
             elif st.kind == "scalar":
                 kb.add(tile.ScalarOp(st.fn, ob, st.imm, ob, rows, cc, swap=st.swap))
             elif st.kind == "column":
-                v = k.arg(st.value)
-                if _shape(st.value) == (1, 1):
-                    kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, rows, kb.const(1), -1, -1))
+                if col_set is not None:
+                    buf = sub(kb, buf, 0, col_set, [TC, 1])
                 else:
-                    kb.add(tile.LoadOp(v, [c0, j], buf, rows, kb.const(1), 0, -1))
+                    v = k.arg(st.value)
+                    if _shape(st.value) == (1, 1):
+                        kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, rows, kb.const(1), -1, -1))
+                    else:
+                        kb.add(tile.LoadOp(v, [c0, j], buf, rows, kb.const(1), 0, -1))
                 kb.add(tile.BinaryOp(st.fn, ob, buf, ob, rows, cc, "column"))
             else:
                 v = k.arg(st.value)
@@ -558,6 +1343,80 @@ class Epilogue:
                 a, b = (tb, ob) if st.swap else (ob, tb)
                 kb.add(tile.BinaryOp(st.fn, a, b, ob, rows, cc))
         kb.add(tile.StoreOp(ob, k.arg(self.out), [n, c0, j, s0], rows, cc, 1, 3))
+
+    def _steps(self, k, ob, rows, cc, n, c0, j, s0, col_set, buf_set, TC, cols) -> None:
+        kb = k.kb
+        for st, buf, tbufs in zip(self.steps, self.bufs, self.tile_bufs):
+            if tbufs is not None:
+                buf = tbufs[buf_set]
+            if st.kind == "unary":
+                kb.add(tile.UnaryOp(st.fn, ob, ob, rows, cc))
+            elif st.kind == "scalar":
+                kb.add(tile.ScalarOp(st.fn, ob, st.imm, ob, rows, cc, swap=st.swap))
+            elif st.kind == "column":
+                if col_set is not None:
+                    buf = sub(kb, buf, 0, col_set, [TC, 1])
+                else:
+                    v = k.arg(st.value)
+                    if _shape(st.value) == (1, 1):
+                        kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, rows, kb.const(1), -1, -1))
+                    else:
+                        kb.add(tile.LoadOp(v, [c0, j], buf, rows, kb.const(1), 0, -1))
+                kb.add(tile.BinaryOp(st.fn, ob, buf, ob, rows, cc, "column"))
+            else:
+                v = k.arg(st.value)
+                nn_ = n if _shape(st.value)[0] == self.N else kb.const(0)
+                tb = sub(kb, buf, 0, 0, [TC, cols])
+                kb.add(tile.LoadOp(v, [nn_, c0, j, s0], tb, rows, cc, 1, 3))
+                a, b = (tb, ob) if st.swap else (ob, tb)
+                kb.add(tile.BinaryOp(st.fn, a, b, ob, rows, cc))
+
+    def _emit_padded(self, k, src, rows, n, c0, j, oh0, rb, Wq, compact, row_aware, col_set, buf_set,
+                     first: bool, last: bool) -> None:
+        """Buffer position lead + r * Wp + ow is padded index (oh0 + r + pt) * Wp + ow + pl.
+        The first band's store also covers the ring above it, the last band's the ring
+        below (`first` / `last`: bands emitted once each; bands in a loop rely on
+        `emit_ring` instead)."""
+        kb = k.kb
+        pad, OW = self.pad, self.OW
+        Wp, lead = pad.Wp, self.lead
+        obuf = self.obs[buf_set]
+        TC = _shape(obuf)[0]
+        valid = (rb - 1) * Wp + OW  # through the last valid position
+        if Wq == Wp:
+            compact(sub(kb, src, 0, 0, [TC, valid]), sub(kb, obuf, 0, lead, [TC, valid]), rows, valid)
+        else:
+            with kb.loop(rb) as r:
+                extra = {"r": r} if row_aware else {}
+                compact(
+                    sub(kb, src, 0, lin(kb, 0, (Wq, r)), [TC, OW]),
+                    sub(kb, obuf, 0, lin(kb, lead, (Wp, r)), [TC, OW]), rows, OW, **extra,
+                )
+        ob = sub(kb, obuf, 0, lead, [TC, valid])
+        s0 = lin(kb, lead, (Wp, oh0))
+        self._steps(k, ob, rows, kb.const(valid), n, c0, j, s0, col_set, buf_set, TC, valid)
+        lo = 0 if first else lead
+        hi = lead + rb * Wp + (self.bottom if last else 0)
+        span = _shape(self.maskb)[1]
+        obf = sub(kb, obuf, 0, 0, [TC, span])
+        kb.add(tile.BinaryOp("mul", obf, self.maskb, obf, rows, kb.const(span)))
+        dst = kb.const(0) if first else s0
+        kb.add(tile.StoreOp(sub(kb, obuf, 0, lo, [TC, hi - lo]), k.arg(self.out), [n, c0, j, dst], rows,
+                            kb.const(hi - lo), 1, 3))
+
+
+def _natural_of_info(lw, info: PadInfo, loc: str) -> SSAValue:
+    """A natural-layout copy of a padded activation (made once)."""
+    cache = lw.__dict__.setdefault("_nn_natural_hbm", {})
+    if info.hbm not in cache:
+        out = lw.hbm((info.N, info.C, info.H, info.W), _elem(info.hbm))
+        pad_kernel(
+            lw, "unpad", loc, lw.view(info.hbm, (info.N, info.C, info.Hp, info.Wp)),
+            lw.view(out, (info.N, info.C, 1, info.H * info.W)), [(0, 0)], (1, 1), (-info.pt, -info.pl),
+            info.H, info.W, 0.0,
+        )
+        cache[info.hbm] = out
+    return cache[info.hbm]
 
 
 # ---------------------------------------------------------------------------
@@ -576,13 +1435,94 @@ def lower_conv2d(lw, op: nn.Conv2dOp, loc: str) -> None:
     Ci_g, Co_g = C // G, Co // G
     geo = Geometry(N, C, H, W, OH, OW, (KH, KW), (sh, sw), (ph, pw), (dh, dw))
     steps, fused = fuse_epilogue(lw, op, Co)
-    out = lw.hbm((N, Co, OH, OW), _elem(res))
+    _check_absorbed(lw, op, fused, loc)
+    final = fused[-1].results[0] if fused else res
+    # which kernel: the -O2 ones write the padded layout, so plan them first (with the
+    # padded epilogue's buffers when that layout is wanted)
+    kernel = "vector" if Ci_g == 1 else None
+    probe = _output_layout(lw, final, steps, N, Co, OH, OW, _elem(res), key=res, probe=True, wq=geo.Wq)[0]
+    if kernel is None and getattr(lw, "opt_level", 2) >= 2:
+        for pd in ([probe, None] if probe is not None else [None]):
+            if _conv_gemm_small_o2(lw, op, loc, geo, None, steps, None, G, Ci_g, Co_g, layout, pd, plan_only=True):
+                kernel = "small"
+            elif _conv_stem_o2(lw, op, loc, geo, None, steps, None, G, Ci_g, Co_g, layout, pd, plan_only=True):
+                kernel = "stem"
+            elif _conv_gemm_o2(lw, op, loc, geo, None, steps, None, G, Ci_g, Co_g, layout, pd, plan_only=True):
+                kernel = "gemm"
+            if kernel is not None:
+                if pd is None:
+                    probe = None
+                break
+    if kernel is None:
+        probe = None
+    pad, wanted = (_output_layout(lw, final, steps, N, Co, OH, OW, _elem(res), key=res, wq=geo.Wq)
+                   if probe is not None else (None, False))
+    out = pad.hbm if pad is not None else lw.hbm((N, Co, OH, OW), _elem(res))
     src = phase_image(lw, x, geo, 0.0, loc, "conv2d")
-    if Ci_g == 1:
-        _conv_vector(lw, op, loc, geo, src, steps, out, G, Co_g, layout)
-    elif not _conv_gemm_small(lw, op, loc, geo, src, steps, out, G, Ci_g, Co_g, layout):
-        _conv_gemm(lw, op, loc, geo, src, steps, out, G, Ci_g, Co_g, layout)
+    if kernel == "vector":
+        _conv_vector(lw, op, loc, geo, src, steps, out, G, Co_g, layout, pad)
+    else:
+        o2 = {"small": _conv_gemm_small_o2, "stem": _conv_stem_o2, "gemm": _conv_gemm_o2}
+        done = kernel is not None and bool(o2[kernel](lw, op, loc, geo, src, steps, out, G, Ci_g, Co_g, layout, pad))
+        if not done:
+            # the -O0 kernels read and store natural rows (padded ones are padded after)
+            for st in steps:
+                if st.kind == "tile" and _padded_hbm(lw, st.value) is not None:
+                    st.value = _natural_of_info(lw, _padded_hbm(lw, st.value), loc)
+            target = out if pad is None else lw.hbm((N, Co, OH, OW), _elem(res))
+            if not _conv_gemm_small(lw, op, loc, geo, src, steps, target, G, Ci_g, Co_g, layout):
+                _conv_gemm(lw, op, loc, geo, src, steps, target, G, Ci_g, Co_g, layout)
+            if pad is not None:
+                _pad_into(lw, target, pad, loc)
     finish_fusion(lw, op, fused, out)
+    _record_layout(lw, res, pad, wanted, loc)
+
+
+def _output_layout(lw, final: SSAValue, steps: list[Step], N: int, C: int, OH: int, OW: int,
+                   elem: Attribute, nonneg: bool | None = None, key: SSAValue | None = None,
+                   probe: bool = False, wq: int = 0) -> tuple[PadInfo | None, bool]:
+    """The layout of a window op's output: padded (a new `PadInfo`) when every user takes
+    it padded, or when a fused residual operand is padded (the epilogue reads operands in
+    its own layout); natural otherwise (padded operands are then read through a
+    natural copy). Also returns whether the users asked for it."""
+    if getattr(lw, "opt_level", 2) < 2:
+        return None, False
+    if nonneg is None:
+        nonneg = bool(steps) and steps[-1].kind == "unary" and steps[-1].fn == "relu"
+    absorbed: list = []
+    strict: list = []
+    wanted = _wants_padded(lw, final, N, C, OH, OW, nonneg, absorbed, strict)
+    infos = [_padded_hbm(lw, st.value) for st in steps if st.kind == "tile"]
+    if infos and not all(i is not None and (i.H, i.W, i.pt, i.pl, i.Wp) == (OH, OW, 1, 1, OW + 2) for i in infos):
+        return None, False
+    # rows as wide as the producer's accumulator rows where no user needs W + 2 (the
+    # epilogue then writes whole bands without compacting rows)
+    Wp = wq if (not strict and not infos and wq >= OW + 2) else OW + 2
+    if (wanted or infos) and probe:
+        return PadInfo(None, N, C, OH, OW, 1, 1, OH + 2, Wp, nonneg), wanted
+    if wanted or infos:
+        for add, conv in absorbed:
+            lw.__dict__.setdefault("_nn_absorb", {}).setdefault(conv, []).append((add, key or final))
+        return _new_padded(lw, N, C, OH, OW, elem, nonneg, Wp=Wp), wanted
+    return None, False
+
+
+def _record_layout(lw, res: SSAValue, pad: PadInfo | None, wanted: bool, loc: str) -> None:
+    """After lowering: a padded result is recorded; if its users did not all ask for the
+    padded layout (it was forced by a padded residual operand), the natural copy is what
+    the others read."""
+    if pad is None:
+        return
+    _set_padded(lw, res, pad)
+    if not wanted:
+        lw.values[res] = _natural_of_info(lw, pad, loc)
+
+
+def _pad_into(lw, natural: SSAValue, pad: PadInfo, loc: str) -> None:
+    """Copy a natural [N, C, H, W] tensor into the padded layout `pad` (a stride-1 padding
+    kernel: the -O0 kernels' outputs where the layout was decided padded)."""
+    pad_kernel(lw, "pad", loc, natural, lw.view(pad.hbm, (pad.N, pad.C, 1, pad.L)), [(0, 0)], (1, 1),
+               (pad.pt, pad.pl), pad.Hp, pad.Wp, 0.0)
 
 
 def _pick_band(geo: Geometry, fits: Callable[[int], bool]) -> int:
@@ -846,11 +1786,434 @@ def _conv_gemm(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layou
     k.launch()
 
 
+@dataclass
+class _KStep:
+    """One contraction step of the implicit GEMM: K rows on partitions, filled by `loads`
+    (row offset, phase image, first input channel (group-relative), channels, position
+    offset), one slab buffer per entry of `slabs` (its length); `taps` are (weight column
+    block, slab index, column offset) and `wloads` the weight DMAs (row offset, channels,
+    first tap, taps, first column block)."""
+    K: int
+    slabs: list[int]
+    loads: list[list[tuple[int, int, int, int, int]]]
+    taps: list[tuple[int, int, int]]
+    wloads: list[tuple[int, int, int, int, int]]
+    folded: bool = False
+
+
+def _ksteps(geo: Geometry, Ci_g: int, KMAX: int, rb: int) -> list[_KStep]:
+    """The contraction steps of a band of `rb` rows: input-channel tiles with every tap
+    as a column offset, or (few input channels) groups of kernel rows folded into K."""
+    KH, KW = geo.k
+    (sh, sw), (dh, dw) = geo.s, geo.d
+    lp = geo.lp(rb)
+    ncol = len(geo.col_res)
+    F = min(KH, KMAX // Ci_g) if KH > 1 else 1
+    out: list[_KStep] = []
+    if F < 2:
+        TK, nk = _k_tiles(Ci_g, KMAX)
+        for i in range(nk):
+            ci0, kk = i * TK, min(TK, Ci_g - i * TK)
+            slabs = [geo.slab(rb, p) for p in range(geo.nph)]
+            loads = [[(0, p, ci0, kk, 0)] for p in range(geo.nph)]
+            taps = [(t, p, off) for t, (_, _, p, off) in enumerate(geo.taps)]
+            out.append(_KStep(kk, slabs, loads, taps, [(0, kk, 0, len(geo.taps), 0)]))
+        return out
+    order = sorted(range(KH), key=lambda kh: ((kh * dh) % sh, kh))
+    colmax = [max((kw * dw) // sw for kw in range(KW) if (kw * dw) % sw == geo.col_res[bi]) for bi in range(ncol)]
+    for g0 in range(0, KH, F):
+        khs = order[g0:g0 + F]
+        K = len(khs) * Ci_g
+        slabs = [lp + colmax[bi] for bi in range(ncol)]
+        loads: list[list[tuple[int, int, int, int, int]]] = [[] for _ in range(ncol)]
+        wloads = []
+        for r, kh in enumerate(khs):
+            a_idx = geo.row_res.index((kh * dh) % sh)
+            off = ((kh * dh) // sh) * geo.Wq
+            for bi in range(ncol):
+                loads[bi].append((r * Ci_g, a_idx * ncol + bi, 0, Ci_g, off))
+            wloads.append((r * Ci_g, Ci_g, kh * KW, KW, 0))
+        taps = [(kw, geo.col_res.index((kw * dw) % sw), (kw * dw) // sw) for kw in range(KW)]
+        out.append(_KStep(K, slabs, loads, taps, wloads, True))
+    return out
+
+
+def _conv_gemm_o2(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layout, pad=None,
+                  plan_only: bool = False) -> bool:
+    """-O2 implicit GEMM for images larger than one accumulator tile.
+
+    Every weight of the group stays resident (loaded once, in pieces spread over the
+    queues; `_weight_pieces`), the output rows go in bands (at least two when the image
+    allows) and each band has its own slab, accumulator and epilogue buffers out of two
+    sets, so one band's loads and matmuls overlap the previous band's epilogue and
+    store. Each output-channel tile of a band has its own accumulator, so its epilogue
+    starts while the next tile's matmuls run. Per-channel operands (bias, batch-norm
+    scale and shift) are loaded once per group. Returns False where it does not apply
+    (the weights do not fit SRAM, or the weights are not packed ``gihwo``)."""
+    if layout != "gihwo":
+        return False
+    cfg = lw.cfg
+    x, w, b = op.input, op.weight, op.bias
+    elem, out_elem = _elem(x), _elem(op.results[0])
+    isz, osz = _isz(elem), _isz(out_elem)
+    N, OH, OW, Wq = geo.N, geo.OH, geo.OW, geo.Wq
+    Co = G * Co_g
+    KMAX = min(cfg.matrix.rows, lw.P)
+    AP = min(cfg.accumulator.partitions, lw.P)
+    TCo = min(AP, Co_g)
+    ntile = _cdiv(Co_g, TCo)
+    TP = cfg.matrix.cols
+    A = cfg.accumulator.bytes_per_partition
+    budget = _budget(lw) - 8 * _ALIGN
+    ks1 = _ksteps(geo, Ci_g, KMAX, 1)
+    wbytes = sum(_bytes(len(st.taps) * Co_g, isz) for st in ks1) + 4 * _ALIGN
+    ncolumns = sum(1 for st in steps if st.kind == "column") + (b is not None)
+    fixed = wbytes + ncolumns * (_bytes(ntile, 4) + _bytes(ntile * TCo, 4)) + _ALIGN
+
+    def need(rb: int) -> int:
+        ks = _ksteps(geo, Ci_g, KMAX, rb)
+        slabs = sum(_bytes(L, isz) for st in ks for L in st.slabs)
+        return fixed + 2 * slabs + Epilogue.bytes_for(steps, rb * OW, osz, 2, pad, OW)
+
+    def fits(rb: int) -> bool:
+        return 2 * ntile * geo.lp(rb) * 4 <= A and need(rb) <= budget
+
+    # bands: the tallest that fits, but at least two (three or four when the image has
+    # the rows for it) so the stages overlap, and not so short that the DMAs get small
+    RB = _pick_band(geo, fits)
+    if not RB:
+        return False
+    want = 4 if OH >= 16 else (2 if OH >= 2 else 1)
+    for cand in range(RB, 0, -1):
+        if OH % cand == 0 and OH // cand >= want and fits(cand) and geo.lp(cand) >= min(geo.lp(RB), 256):
+            RB = cand
+            break
+    if plan_only:
+        return True
+    nb = OH // RB
+    ks = _ksteps(geo, Ci_g, KMAX, RB)
+    lp = geo.lp(RB)
+    # slab sets: one per band where SRAM allows (every band's loads issue up front),
+    # else two; accumulators and epilogue buffers alternate between two sets
+    slab_bytes = sum(_bytes(L, isz) for st in ks for L in st.slabs)
+    nsl = max(2, min(nb, (budget - need(RB) + 2 * slab_bytes) // max(slab_bytes, 1)))
+    nsl = min(nsl, nb) if nb > 1 else 1
+    unroll = nb <= 8
+    epi = Epilogue(lw, steps, out, N, Co, OH, OW, pad=pad, loc=loc, rb=RB)
+    T = len(geo.taps)
+    wv = lw.materialise(w)
+    wview = lw.view(wv, (G, Ci_g, T, Co_g))
+    bview = lw.view(lw.materialise(b), (Co, 1)) if b is not None else None
+    args = [src, wview] + ([bview] if bview is not None else []) + epi.hbm_args()
+    k = _Kernel(lw, "conv2d", loc, args)
+    kb = k.kb
+    qm = _QueueModel(lw)
+    sa, wa = k.arg(src), k.arg(wview)
+    ba = k.arg(bview) if bview is not None else None
+    # weight buffers: per step, one per weight DMA piece (tap range) of that step
+    wpieces: list[list[tuple[int, int, SSAValue]]] = []  # per step: (first tap index, taps, buffer)
+    tap_bytes = [st.K * Co_g * isz for st in ks]
+    for si, st in enumerate(ks):
+        ntaps = len(st.taps)
+        if not st.folded:  # channel tile: split its taps into pieces over the queues
+            pieces = _weight_pieces(lw, 1, ntaps, tap_bytes[si])
+            wpieces.append([(t0, nt, kb.alloc([st.K, nt * Co_g], elem, tile.SRAM, "weights"))
+                            for _, t0, nt in pieces])
+        else:  # folded kernel rows: one buffer, its row blocks on one queue
+            wpieces.append([(0, ntaps, kb.alloc([st.K, ntaps * Co_g], elem, tile.SRAM, "weights"))])
+    slabsets = [[[kb.alloc([st.K, L], elem, tile.SRAM, f"slab{i}") for i, L in enumerate(st.slabs)] for st in ks]
+                for _ in range(nsl if unroll else 2)]
+    accs = [[kb.alloc([TCo, lp], f32, tile.ACC, "acc") for _ in range(ntile)] for _ in range(2)]
+    epi.alloc(kb, TCo, RB * OW, out_elem, col_sets=ntile, sets=2)
+    epi.init(k, qm)
+    bbuf = None
+    if b is not None:
+        bbuf = kb.alloc([TCo, ntile], _elem(b), tile.SRAM, "bias")
+        epi.extra_columns = [(bview, bbuf)]
+
+    def tap_weight(si: int, ti: int, co0: SSAValue) -> SSAValue:
+        for t0, nt, buf in wpieces[si]:
+            if t0 <= ti < t0 + nt:
+                return sub(kb, buf, 0, lin(kb, (ti - t0) * Co_g, (1, co0)), [ks[si].K, TCo])
+        raise AssertionError("tap without weights")
+
+    with kb.loop(N) as n, kb.loop(G) as gi:
+        ch0 = lin(kb, 0, (Co_g, gi))
+
+        def weight_loads() -> None:
+            """The weights of this group, resident for all bands."""
+            for si, st in enumerate(ks):
+                for t0, nt, buf in wpieces[si]:
+                    if not st.folded:
+                        kk, ci0 = st.wloads[0][1], st.loads[0][0][2]
+                        kb.add(tile.LoadOp(wa, [gi, kb.const(ci0), kb.const(t0), kb.const(0)], buf, kb.const(kk),
+                                           kb.const(nt * Co_g), 1, 3,
+                                           queue=qm.next(kk * nt * Co_g * isz, nt * Co_g * isz)))
+                    else:  # row blocks of one buffer: disjoint partitions, any queues
+                        for r0, kk, tap0, ntp, _ in st.wloads:
+                            kb.add(tile.LoadOp(wa, [gi, kb.const(0), kb.const(tap0), kb.const(0)],
+                                               sub(kb, buf, r0, 0, [kk, ntp * Co_g]), kb.const(kk),
+                                               kb.const(ntp * Co_g), 1, 3,
+                                               queue=qm.next(kk * ntp * Co_g * isz, ntp * Co_g * isz)))
+
+        def band_loads(bidx: SSAValue, sset: int) -> None:
+            p0 = lin(kb, 0, (RB * Wq, bidx))
+            slabs = slabsets[sset]
+            for si, st in enumerate(ks):
+                for li, (L, lds) in enumerate(zip(st.slabs, st.loads)):
+                    for r0, ph_, ci0, kk, off in lds:  # disjoint row blocks: any queues
+                        ci = lin(kb, ci0, (Ci_g, gi))
+                        kb.add(tile.LoadOp(sa, [n, ci, kb.const(ph_), kb.addi(p0, kb.const(off)) if off else p0],
+                                           sub(kb, slabs[si][li], r0, 0, [kk, L]), kb.const(kk), kb.const(L), 1, 3,
+                                           queue=qm.next(kk * L * isz, L * isz)))
+
+        def band(bidx: SSAValue, bset: int, sset: int, first: bool = False, last: bool = False) -> None:
+            slabs = slabsets[sset]
+            for j in range(ntile):
+                co0 = kb.const(j * TCo)
+                m = kb.const(min(TCo, Co_g - j * TCo))
+                acc = accs[bset][j]
+                first = True
+                with tiles(kb, lp, TP) as (_, q0, nq):
+                    for si, st in enumerate(ks):
+                        for ti, (_, sl, off) in enumerate(st.taps):
+                            flag = _false_i1(kb) if first else true_i1(kb)
+                            first = False
+                            kb.add(tile.MatmulOp(
+                                tap_weight(si, ti, co0),
+                                sub(kb, slabs[si][sl], 0, lin(kb, off, (1, q0)), [st.K, TP]),
+                                sub(kb, acc, 0, q0, [TCo, TP]),
+                                m, kb.const(st.K), nq, flag,
+                            ))
+                c0 = lin(kb, j * TCo, (Co_g, gi))
+
+                def compact(s_, d_, rows, cols, j=j):
+                    if bbuf is not None:
+                        kb.add(tile.BinaryOp("add", s_, sub(kb, bbuf, 0, j, [TCo, 1]), d_, rows, kb.const(cols),
+                                             "column"))
+                    else:
+                        kb.add(tile.UnaryOp("copy", s_, d_, rows, kb.const(cols)))
+
+                oh0 = lin(kb, 0, (RB, bidx))
+                epi.emit(k, acc, m, n, c0, kb.const(0), oh0, RB, Wq, compact, col_set=j, buf_set=(bset + j) % 2,
+                         first=first, last=last)
+
+        # issue order: the per-channel operands (small; turned into columns just before
+        # the first epilogue), the first band's slabs, the weights, the other bands' slabs
+        epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g, defer=True)
+        band_loads(kb.const(0), 0)
+        weight_loads()
+        if unroll:
+            # the first `nsl` bands' loads up front, each later band's when its set frees
+            for bi in range(1, min(nsl, nb)):
+                band_loads(kb.const(bi), bi)
+            for bi in range(nb):
+                band(kb.const(bi), bi % 2, bi % nsl, first=bi == 0, last=bi == nb - 1)
+                if bi + nsl < nb:
+                    band_loads(kb.const(bi + nsl), (bi + nsl) % nsl)
+        else:
+            # the first and last bands once each (their stores cover the padding ring),
+            # the ones between in pairs: (2i + 1, set 1), (2i + 2, set 0)
+            band(kb.const(0), 0, 0, first=True)
+            mid = nb - 2
+            if mid >= 2:
+                with kb.loop(mid // 2) as bi2:
+                    for half in (1, 0):
+                        bidx = lin(kb, 1 + (1 - half), (2, bi2))
+                        band_loads(bidx, half)
+                        band(bidx, half, half)
+            if mid % 2:
+                band_loads(kb.const(nb - 2), (nb - 2) % 2)
+                band(kb.const(nb - 2), (nb - 2) % 2, (nb - 2) % 2)
+            band_loads(kb.const(nb - 1), (nb - 1) % 2)
+            band(kb.const(nb - 1), (nb - 1) % 2, (nb - 1) % 2, last=True)
+    k.launch()
+    return True
+
+
+def _stem_blocks(geo: Geometry, Ci: int) -> list[tuple[int, int, int, int, int, list[int]]]:
+    """The contraction rows of a fully folded convolution (every tap in K): blocks of
+    (kernel row, input channel, phase image, position offset, offset step, taps), each
+    block a run of taps of one column phase whose offsets step evenly (one DMA reads the
+    block's rows as shifted windows of one phase image)."""
+    KH, KW = geo.k
+    (sh, sw), (dh, dw) = geo.s, geo.d
+    ncol = len(geo.col_res)
+    out = []
+    for kh in range(KH):
+        a_idx = geo.row_res.index((kh * dh) % sh)
+        roff = ((kh * dh) // sh) * geo.Wq
+        for ci in range(Ci):
+            for bi, b in enumerate(geo.col_res):
+                kws = [kw for kw in range(KW) if (kw * dw) % sw == b]
+                offs = [(kw * dw) // sw for kw in kws]
+                run: list[int] = []
+                for kw, o in zip(kws, offs):
+                    if len(run) >= 2 and o - (run[-1] * dw) // sw != ((run[1] - run[0]) * dw) // sw:
+                        out.append((kh, ci, a_idx * ncol + bi, roff + (run[0] * dw) // sw,
+                                    ((run[1] - run[0]) * dw) // sw if len(run) > 1 else 1, run))
+                        run = []
+                    run.append(kw)
+                if run:
+                    out.append((kh, ci, a_idx * ncol + bi, roff + (run[0] * dw) // sw,
+                                ((run[1] - run[0]) * dw) // sw if len(run) > 1 else 1, run))
+    return out
+
+
+def _conv_stem_o2(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layout, pad=None,
+                  plan_only: bool = False) -> bool:
+    """Few input channels (an image stem, e.g. 7x7 over RGB): every tap folded into the
+    contraction, so K = Ci * KH * KW rows (in steps of <= R) instead of Ci * KH and a
+    matmul per kernel column. The rows are shifted windows of the phase images, loaded
+    once for the whole image (one DMA per run of taps; a band would need them all again)
+    and kept resident while bands of output rows go through double-buffered
+    accumulators and the epilogue. The weights load in their natural row order and a
+    0/1 matmul permutes them to the contraction's row order (exact)."""
+    cfg = lw.cfg
+    if layout != "gihwo" or G != 1 or Ci_g > 8 or len(geo.taps) < 4:
+        return False
+    x, w, b = op.input, op.weight, op.bias
+    elem, out_elem = _elem(x), _elem(op.results[0])
+    isz, osz = _isz(elem), _isz(out_elem)
+    N, OH, OW, Wq = geo.N, geo.OH, geo.OW, geo.Wq
+    T = len(geo.taps)
+    KMAX = min(cfg.matrix.rows, lw.P)
+    AP = min(cfg.accumulator.partitions, lw.P)
+    TCo = min(AP, Co_g, cfg.matrix.cols)
+    ntile = _cdiv(Co_g, TCo)
+    TP = cfg.matrix.cols
+    A = cfg.accumulator.bytes_per_partition
+    blocks = _stem_blocks(geo, Ci_g)
+    # k-steps: blocks packed in order into <= KMAX rows
+    ksteps: list[list[tuple[int, tuple]]] = [[]]  # (row offset, block)
+    rows = 0
+    for blk in blocks:
+        n_ = len(blk[5])
+        if rows + n_ > KMAX:
+            ksteps.append([])
+            rows = 0
+        ksteps[-1].append((rows, blk))
+        rows += n_
+    Ks = [sum(len(blk[5]) for _, blk in st) for st in ksteps]
+    Lall = geo.lp(OH)
+    nat = Ci_g * T  # natural weight rows (ci, kh, kw)
+    nch = _cdiv(nat, KMAX)
+    budget = _budget(lw) - 8 * _ALIGN
+    ncolumns = sum(1 for st in steps if st.kind == "column") + (b is not None)
+    fixed = (len(ksteps) * (_bytes(Lall, isz) + _bytes(Co_g, isz)) + nch * _bytes(Co_g, isz)
+             + _bytes(len(ksteps) * nch * KMAX, isz) + ncolumns * 2 * _bytes(ntile * TCo, 4) + _ALIGN)
+
+    def fits(rb: int) -> bool:
+        return (2 * ntile * geo.lp(rb) * 4 <= A
+                and fixed + Epilogue.bytes_for(steps, rb * OW, osz, 2, pad, OW) <= budget)
+
+    if max(Ks) * 0 + len(ksteps) > 4 or not fits(1):
+        return False
+    RB = _pick_band(geo, fits)
+    if not RB:
+        return False
+    if plan_only:
+        return True
+    nb = OH // RB
+    lp = geo.lp(RB)
+    epi = Epilogue(lw, steps, out, N, G * Co_g, OH, OW, pad=pad, loc=loc, rb=RB)
+    # the permutation from natural weight rows to each step's rows
+    perm = np.zeros((nch * KMAX, len(ksteps) * KMAX), dtype=np.float32)
+    for si, st in enumerate(ksteps):
+        for r0, (kh, ci, _, _, _, kws) in st:
+            for i, kw in enumerate(kws):
+                perm[(ci * geo.k[0] + kh) * geo.k[1] + kw, si * KMAX + r0 + i] = 1.0
+    pblocks = [perm[c * KMAX:(c + 1) * KMAX] for c in range(nch)]
+    pconst, pcols = _consts_2d(lw, pblocks, len(ksteps) * KMAX, KMAX, elem)
+    wv = lw.materialise(w)
+    wnat = lw.view(wv, (nat, Co_g))
+    bview = lw.view(lw.materialise(b), (Co_g, 1)) if b is not None else None
+    args = [src, wnat, pconst] + ([bview] if bview is not None else []) + epi.hbm_args()
+    k = _Kernel(lw, "conv2d", loc, args)
+    kb = k.kb
+    qm = _QueueModel(lw)
+    sa, wa = k.arg(src), k.arg(wnat)
+    slabs = [kb.alloc([K, Lall], elem, tile.SRAM, "im2col") for K in Ks]
+    wbufs = [kb.alloc([K, Co_g], elem, tile.SRAM, "weights") for K in Ks]
+    wstage = [kb.alloc([min(KMAX, nat - c * KMAX), Co_g], elem, tile.SRAM, "weights_nat") for c in range(nch)]
+    pb = kb.alloc([KMAX, pcols], elem, tile.SRAM, "permute")
+    wacc = kb.alloc([KMAX, Co_g], f32, tile.ACC, "acc_w")
+    accs = [[kb.alloc([TCo, lp], f32, tile.ACC, "acc") for _ in range(ntile)] for _ in range(2)]
+    epi.alloc(kb, TCo, RB * OW, out_elem, col_sets=ntile, sets=2)
+    epi.init(k, qm)
+    bbuf = None
+    if b is not None:
+        bbuf = kb.alloc([TCo, ntile], _elem(b), tile.SRAM, "bias")
+        epi.extra_columns = [(bview, bbuf)]
+    with kb.loop(N) as n:
+        epi.preload_columns(k, kb.const(0), TCo, queues=qm, count=Co_g, defer=True)
+        for c in range(nch):
+            r = min(KMAX, nat - c * KMAX)
+            kb.add(tile.LoadOp(wa, [kb.const(c * KMAX), kb.const(0)], wstage[c], kb.const(r), kb.const(Co_g), 0, 1,
+                               queue=qm.next(r * Co_g * isz, Co_g * isz)))
+        kb.add(tile.LoadOp(k.arg(pconst), [kb.const(0), kb.const(0)], pb, kb.const(KMAX), kb.const(pcols), 0, 1,
+                           queue=qm.next(KMAX * pcols * isz, pcols * isz)))
+        for si, st in enumerate(ksteps):
+            for r0, (kh, ci, ph_, off, step, kws) in st:
+                kb.add(tile.LoadOp(sa, [n, kb.const(ci), kb.const(ph_), kb.const(off)],
+                                   sub(kb, slabs[si], r0, 0, [len(kws), Lall]), kb.const(len(kws)), kb.const(Lall),
+                                   3, 3, step, 1, queue=qm.next(len(kws) * Lall * isz, Lall * isz)))
+        # weights: natural rows -> each step's row order (acc[r, co] = sum_k perm[k, r] w[k, co])
+        NC = cfg.matrix.cols
+        for si, K in enumerate(Ks):
+            for c0 in range(0, Co_g, NC):  # output channels in chunks of the array's columns
+                nc_ = min(NC, Co_g - c0)
+                for c in range(nch):
+                    r = min(KMAX, nat - c * KMAX)
+                    kb.add(tile.MatmulOp(sub(kb, pb, 0, si * KMAX + c * len(ksteps) * KMAX, [r, K]),
+                                         sub(kb, wstage[c], 0, c0, [r, nc_]), sub(kb, wacc, 0, c0, [K, nc_]),
+                                         kb.const(K), kb.const(r), kb.const(nc_), true_i1(kb) if c else _false_i1(kb)))
+            kb.add(tile.UnaryOp("copy", sub(kb, wacc, 0, 0, [K, Co_g]), wbufs[si], kb.const(K), kb.const(Co_g)))
+
+        def band(bi: int) -> None:
+            bset = bi % 2
+            p0 = bi * RB * Wq
+            for j in range(ntile):
+                co0 = j * TCo
+                m = kb.const(min(TCo, Co_g - co0))
+                acc = accs[bset][j]
+                with tiles(kb, lp, TP) as (_, q0, nq):
+                    for si, K in enumerate(Ks):
+                        kb.add(tile.MatmulOp(
+                            sub(kb, wbufs[si], 0, co0, [K, TCo]),
+                            sub(kb, slabs[si], 0, lin(kb, p0, (1, q0)), [K, TP]),
+                            sub(kb, acc, 0, q0, [TCo, TP]), m, kb.const(K), nq,
+                            true_i1(kb) if si else _false_i1(kb),
+                        ))
+
+                def compact(s_, d_, rows_, cols, j=j):
+                    if bbuf is not None:
+                        kb.add(tile.BinaryOp("add", s_, sub(kb, bbuf, 0, j, [TCo, 1]), d_, rows_, kb.const(cols),
+                                             "column"))
+                    else:
+                        kb.add(tile.UnaryOp("copy", s_, d_, rows_, kb.const(cols)))
+
+                epi.emit(k, acc, m, n, kb.const(co0), kb.const(0), kb.const(bi * RB), RB, Wq, compact, col_set=j,
+                         buf_set=(bset + j) % 2, first=bi == 0, last=bi == nb - 1)
+
+        for bi in range(nb):
+            band(bi)
+    k.launch()
+    return True
+
+
 def _conv_gemm_small(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layout) -> bool:
     """Few output positions (the whole image is one accumulator tile): positions on the
     accumulator partitions (M, the streamed dimension) and output channels along the array
-    columns (N), so a matmul costs its few positions, not a full channel tile. Stores walk
-    channels with the spatial stride. Returns False where the shape does not qualify."""
+    columns (N), so a matmul costs its few positions, not a full channel tile. Returns
+    False where the shape does not qualify.
+
+    -O2 (`_conv_gemm_small_o2`) keeps every contraction tile's weights resident (loaded
+    in a few large DMAs spread over the queues, all issued up front) and turns the
+    ``[positions x channels]`` result back to ``[channels x positions]`` with one fp32
+    selection matmul per channel tile (dropping the padding columns), so the epilogue
+    and the store are the contiguous ones of the large-image kernel. -O0 stores with the
+    spatial stride (one DMA element per output)."""
     cfg = lw.cfg
     x, w, b = op.input, op.weight, op.bias
     elem, out_elem = _elem(x), _elem(op.results[0])
@@ -956,6 +2319,214 @@ def _conv_gemm_small(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g,
     return True
 
 
+class _Queues:
+    """Round-robin DMA queue hints for loads issued in a chosen order."""
+
+    def __init__(self, lw, start: int = 0):
+        self.n = lw.cfg.dma.queues
+        self.i = start
+
+    def next(self) -> int:
+        q = self.i % self.n
+        self.i += 1
+        return q
+
+
+class _QueueModel:
+    """Queue hints by earliest estimated finish: each DMA goes to the queue expected to be
+    free first, charged its fixed latency and its bytes at a share of the bandwidth
+    (`share` transfers in flight). Used for loads issued up front, so queues that carry
+    a slow (short-chunk) load get fewer of the large ones."""
+
+    def __init__(self, lw, share: float = 2.0):
+        cfg = lw.cfg
+        self.free = [0.0] * cfg.dma.queues
+        self.lat = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
+        self.bw = cfg.hbm.bytes_per_cycle / share
+        self.eff = cfg.dma.efficient_chunk_bytes
+
+    def next(self, nbytes: int = 0, chunk: int | None = None) -> int:
+        q = min(range(len(self.free)), key=lambda i: (self.free[i], i))
+        eff = 1.0 if chunk is None else min(1.0, chunk / self.eff)
+        self.free[q] += self.lat + nbytes / (self.bw * eff)
+        return q
+
+
+class _Staggered:
+    """Queue hints for the small loads issued before a stream of large ones: queue q gets
+    about q of them (queue Q-1 the most), so the large DMAs that follow round-robin start
+    at staggered times. Queues that start together stay in step, all paying their fixed
+    latency at once while HBM idles; staggered, one queue's latency overlaps the others'
+    transfers."""
+
+    def __init__(self, lw):
+        n = lw.cfg.dma.queues
+        self.pattern = [q for q in range(n - 1, 0, -1) for _ in range(q)] or [0]
+        self.i = 0
+
+    def next(self) -> int:
+        q = self.pattern[self.i % len(self.pattern)]
+        self.i += 1
+        return q
+
+
+def _weight_pieces(lw, nk: int, T: int, tap_bytes: int) -> list[tuple[int, int, int]]:
+    """The weight DMAs of `nk` contraction tiles of `T` taps (`tap_bytes` each), in issue
+    order: (tile, first tap, taps), contiguous in the ``gihwo`` layout.
+
+    Queues that start together stay in step (processor sharing lets a queue that fell
+    behind catch up), so they pay their fixed latency at the same moments, while HBM
+    idles: fewer, larger DMAs waste less. But the matmuls on the last bytes wait for
+    them, so the rounds shrink: each round gives every queue a piece, about 45%, 33% and
+    22% of every tile's taps (pieces at least ``latency * bandwidth`` bytes), so the
+    matmuls on rounds 1 and 2 overlap the transfers of the rounds after them."""
+    cfg = lw.cfg
+    Q = cfg.dma.queues
+    lat = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
+    min_bytes = lat * cfg.hbm.bytes_per_cycle
+    total = nk * T * tap_bytes
+    nrounds = max(1, min(3, round(total / (Q * min_bytes))))
+    fracs = {1: [1.0], 2: [0.6, 1.0], 3: [0.45, 0.78, 1.0]}[nrounds]
+    out: list[tuple[int, int, int]] = []
+    if T == 1:  # whole tiles per round
+        cuts = sorted({0, nk} | {max(1, min(nk, round(f * nk))) for f in fracs})
+        for lo, hi in zip(cuts, cuts[1:]):
+            out += [(t, 0, 1) for t in range(lo, hi)]
+        return out
+    cuts = sorted({0, T} | {max(1, min(T, round(f * T))) for f in fracs})
+    for lo, hi in zip(cuts, cuts[1:]):
+        pieces = [(t, lo, hi - lo) for t in range(nk)]
+        while len(pieces) < Q and any(n > 1 for _, _, n in pieces):
+            i = max(range(len(pieces)), key=lambda i: (pieces[i][2], -i))
+            t, t0, n = pieces[i]
+            pieces[i: i + 1] = [(t, t0, n // 2), (t, t0 + n // 2, n - n // 2)]
+        out += pieces
+    return out
+
+
+def _conv_gemm_small_o2(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, layout, pad=None,
+                        plan_only: bool = False) -> bool | None:
+    """See `_conv_gemm_small`; None where the -O2 kernel does not apply (the -O0 one may)."""
+    cfg = lw.cfg
+    x, w, b = op.input, op.weight, op.bias
+    elem, out_elem = _elem(x), _elem(op.results[0])
+    isz, osz = _isz(elem), _isz(out_elem)
+    T = len(geo.taps)
+    N, OH, OW = geo.N, geo.OH, geo.OW
+    Co = G * Co_g
+    S = OH * OW
+    Lp = geo.lp(OH)
+    AP = min(cfg.accumulator.partitions, lw.P)
+    if Lp > min(AP, cfg.matrix.rows) or S > cfg.matrix.cols or Co_g > cfg.accumulator.bytes_per_partition // 4:
+        return False
+    if layout != "gihwo":
+        return None
+    TK, nk = _k_tiles(Ci_g, min(cfg.matrix.rows, lw.P))
+    TN = min(cfg.matrix.cols, Co_g)
+    TCo = min(AP, lw.P, Co_g)  # output channels per transposed chunk
+    nchunks = _cdiv(Co_g, TCo)
+    HW = geo.Hq * geo.Wq  # one buffer holds every phase image (one DMA per contraction tile)
+    kbytes = _bytes(T * Co_g, isz) + _bytes(geo.nph * HW, isz)
+    ncols = sum(1 for st in steps if st.kind == "column") + (b is not None)
+    rest = (
+        2 * _bytes(TCo, 4) + _bytes(S, 4) + Epilogue.bytes_for(steps, S, osz, 2, pad, OW) + ncols * _bytes(nchunks, 4)
+    )
+    acc_bytes = Co_g * 4 + 2 * S * 4
+    if acc_bytes > cfg.accumulator.bytes_per_partition or nk * kbytes + 2 * _ALIGN * T + rest > _budget(lw):
+        return None
+    if plan_only:
+        return True
+    epi = Epilogue(lw, steps, out, N, Co, OH, OW, pad=pad, loc=loc)
+    wv = lw.materialise(w)
+    wview = lw.view(wv, (G, Ci_g, T, Co_g))
+    bview = lw.view(lw.materialise(b), (Co, 1)) if b is not None else None
+    # selection: accumulator row p = oh * Wq + ow holds output q = oh * OW + ow
+    selm = np.zeros((Lp, S), dtype=np.float32)
+    for oh in range(OH):
+        for ow in range(OW):
+            selm[oh * geo.Wq + ow, oh * OW + ow] = 1.0
+    sel = const_hbm(lw, selm, f32)
+    args = [src, wview, sel] + ([bview] if bview is not None else []) + epi.hbm_args()
+    k = _Kernel(lw, "conv2d", loc, args)
+    kb = k.kb
+    sa, wa = k.arg(src), k.arg(wview)
+    ba = k.arg(bview) if bview is not None else None
+    ktiles = [(i * TK, min(TK, Ci_g - i * TK)) for i in range(nk)]
+    pieces = _weight_pieces(lw, nk, T, TK * Co_g * isz)
+    # one buffer per weight DMA, so DMAs on different queues do not wait for each other
+    wbufs = {piece: kb.alloc([TK, piece[2] * Co_g], elem, tile.SRAM, "weights") for piece in pieces}
+    tap_buf = {}
+    for (t, t0, nt), buf in wbufs.items():
+        for tt in range(t0, t0 + nt):
+            tap_buf[(t, tt)] = (buf, tt - t0)
+    slabsets = [kb.alloc([TK, geo.nph * HW], elem, tile.SRAM, "slab") for _ in range(nk)]
+    acc = kb.alloc([Lp, Co_g], f32, tile.ACC, "acc")
+    selb = kb.alloc([Lp, S], f32, tile.SRAM, "select")
+    yts = [kb.alloc([Lp, TCo], f32, tile.SRAM, "acc_copy") for _ in range(2)]
+    acc2s = [kb.alloc([TCo, S], f32, tile.ACC, "acc_t") for _ in range(2)]
+    epi.alloc(kb, TCo, S, out_elem, col_sets=nchunks, sets=2)
+    bbuf = None
+    if b is not None:
+        bbuf = kb.alloc([TCo, nchunks], _elem(b), tile.SRAM, "bias")
+        epi.extra_columns = [(bview, bbuf)]
+    qm = _QueueModel(lw)
+    epi.init(k, qm)
+    with kb.loop(N) as n, kb.loop(G) as gi:
+        ch0 = lin(kb, 0, (Co_g, gi))
+        # the small loads first (slabs, selection, per-channel operands), then the weights
+        for (ci0, kk), slab in zip(ktiles, slabsets):
+            ci = lin(kb, ci0, (Ci_g, gi))
+            L = geo.nph * HW  # the phases of a channel are contiguous
+            kb.add(tile.LoadOp(sa, [n, ci, kb.const(0), kb.const(0)], slab, kb.const(kk),
+                               kb.const(L), 1, 3, queue=qm.next(kk * L * isz, L * isz)))
+        kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], selb, kb.const(Lp), kb.const(S), 0, 1,
+                           queue=qm.next(Lp * S * 4, S * 4)))
+        epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g)
+        for piece in pieces:
+            t, t0, nt = piece
+            kb.add(tile.LoadOp(wa, [gi, kb.const(ktiles[t][0]), kb.const(t0), kb.const(0)], wbufs[piece],
+                               kb.const(ktiles[t][1]), kb.const(nt * Co_g), 1, 3,
+                               queue=qm.next(ktiles[t][1] * nt * Co_g * isz, nt * Co_g * isz)))
+        first = True
+        for rnd in [pieces]:
+            for t, t0, nt in rnd:
+                kk = ktiles[t][1]
+                slab = slabsets[t]
+                for tt in range(t0, t0 + nt):
+                    _, _, p, off = geo.taps[tt]
+                    wgb, col = tap_buf[(t, tt)]
+                    flag = _false_i1(kb) if first else true_i1(kb)
+                    first = False
+                    with tiles(kb, Co_g, TN) as (_, co0, nn_):
+                        kb.add(tile.MatmulOp(
+                            sub(kb, slab, 0, p * HW + off, [TK, Lp]),
+                            sub(kb, wgb, 0, lin(kb, col * Co_g, (1, co0)), [TK, TN]),
+                            sub(kb, acc, 0, co0, [Lp, TN]),
+                            kb.const(Lp), kb.const(kk), nn_, flag,
+                        ))
+        for j in range(nchunks):
+            co0 = j * TCo
+            m = min(TCo, Co_g - co0)
+            yt, acc2 = yts[j % 2], acc2s[j % 2]
+            kb.add(tile.UnaryOp("copy", sub(kb, acc, 0, co0, [Lp, TCo]), sub(kb, yt, 0, 0, [Lp, TCo]),
+                                kb.const(Lp), kb.const(m)))
+            kb.add(tile.MatmulOp(sub(kb, yt, 0, 0, [Lp, TCo]), selb, acc2, kb.const(m), kb.const(Lp),
+                                 kb.const(S), _false_i1(kb)))
+            c0 = lin(kb, co0, (Co_g, gi))
+            mm = kb.const(m)
+
+            def compact(s_, d_, rows, cols, j=j):
+                if bbuf is not None:
+                    kb.add(tile.BinaryOp("add", s_, sub(kb, bbuf, 0, j, [TCo, 1]), d_, rows, kb.const(cols), "column"))
+                else:
+                    kb.add(tile.UnaryOp("copy", s_, d_, rows, kb.const(cols)))
+
+            epi.emit(k, acc2, mm, n, c0, kb.const(0), kb.const(0), OH, OW, compact, col_set=j, buf_set=j % 2,
+                     first=True, last=True)
+    k.launch()
+    return True
+
+
 @contextmanager
 def _co_tiles(kb: KernelBuilder, BT: int, TCo: int, Co_g: int, cb0: SSAValue):
     """The BT output-channel tiles of a block starting at `cb0`: (index in the block,
@@ -969,7 +2540,7 @@ def _co_tiles(kb: KernelBuilder, BT: int, TCo: int, Co_g: int, cb0: SSAValue):
         yield j, co0, m
 
 
-def _conv_vector(lw, op, loc, geo: Geometry, src, steps, out, G, mult, layout) -> None:
+def _conv_vector(lw, op, loc, geo: Geometry, src, steps, out, G, mult, layout, pad=None) -> None:
     """Depthwise (one input channel per group): per tap a per-partition column multiply."""
     x, w, b = op.input, op.weight, op.bias
     elem = _elem(x)
@@ -1017,13 +2588,13 @@ def _conv_vector(lw, op, loc, geo: Geometry, src, steps, out, G, mult, layout) -
             "tmp": kb.alloc([TC, Lmax], f32, tile.SRAM, "tmp"),
             **({"bias": kb.alloc([TC, 1], _elem(b), tile.SRAM, "bias")} if b is not None else {}),
         },
-        extra_bytes=lambda rb: _bytes(T * mult, _isz(elem)) + _bytes(geo.lp(rb), 4) + _ALIGN,
+        extra_bytes=lambda rb: _bytes(T * mult, _isz(elem)) + _bytes(geo.lp(rb), 4) + _ALIGN, pad=pad,
     )
 
 
 def window_kernel(
     lw, loc, what, geo: Geometry, src, out, steps, mult, elem, out_elem, extra_args,
-    per_tile, tap_op, compact_fn, extra_bufs, extra_bytes, row_aware: bool = False,
+    per_tile, tap_op, compact_fn, extra_bufs, extra_bytes, row_aware: bool = False, pad=None,
 ) -> None:
     """A vector-engine window op: channels (of the input) on partitions; for each band,
     per phase slab, `tap_op` per tap into an fp32 accumulator, then the epilogue."""
@@ -1031,17 +2602,18 @@ def window_kernel(
     Cp = geo.C  # partition channels (groups for depthwise)
     TC = min(lw.P, Cp)
     isz, osz = _isz(elem), _isz(out_elem)
-    epi = Epilogue(lw, steps, out, N, Cp * mult, OH, OW, mult)
     budget = _budget(lw)
 
     def fits(rb: int) -> bool:
         need = sum(_bytes(geo.slab(rb, p), isz) for p in range(geo.nph)) + _bytes(geo.lp(rb), 4)
-        need += epi.sram_bytes(rb * OW, osz) + extra_bytes(rb)
+        need += Epilogue.bytes_for(steps, rb * OW, osz, 1, pad, OW) + extra_bytes(rb)
         return need <= budget
 
     RB = _pick_band(geo, fits)
     if not RB:
         raise TensorTooLargeError(f"{what} at {loc}: one output row of {OW} positions does not fit SRAM")
+    single = OH // RB == 1
+    epi = Epilogue(lw, steps, out, N, Cp * mult, OH, OW, mult, pad=pad, loc=loc, rb=RB)
     k = _Kernel(lw, what, loc, [src, *extra_args, *epi.hbm_args()])
     kb = k.kb
     sa = k.arg(src)
@@ -1049,9 +2621,13 @@ def window_kernel(
     slabs = [kb.alloc([TC, geo.slab(RB, p)], elem, tile.SRAM, f"slab{p}") for p in range(geo.nph)]
     accb = kb.alloc([TC, Lmax], f32, tile.SRAM, "acc")
     epi.alloc(kb, TC, RB * OW, out_elem)
+    epi.init(k)
     bufs = extra_bufs(kb, TC, Lmax)
     with kb.loop(N) as n, tiles(kb, Cp, TC) as (_, c0, c):
         per_tile(kb, k, c0, c, TC, bufs)
+        if pad is not None and not single:  # a single band's store covers the ring
+            with kb.loop(mult) as j:
+                epi.emit_ring(k, n, c0, j, c)
 
         def band(oh0: SSAValue, rb: int) -> None:
             lp = geo.lp(rb)
@@ -1065,7 +2641,8 @@ def window_kernel(
                 for t, (_, _, p, off) in enumerate(geo.taps):
                     tap_op(kb, t, sub(kb, slabs[p], 0, off, [TC, lp]), accv, c, kb.const(lp), bufs, j)
                 bufs["oh0"] = oh0
-                epi.emit(k, accv, c, n, c0, j, oh0, rb, Wq, compact_fn(kb, k, bufs, c0, j), row_aware)
+                epi.emit(k, accv, c, n, c0, j, oh0, rb, Wq, compact_fn(kb, k, bufs, c0, j), row_aware,
+                         first=single, last=single)
 
         _bands(kb, OH, RB, band)
     k.launch()
@@ -1091,7 +2668,10 @@ def lower_max_pool(lw, op: nn.MaxPool2dOp, loc: str) -> None:
     _, _, OH, OW = _shape(res)
     geo = Geometry(N, C, H, W, OH, OW, kernel, stride, padding, dilation)
     src = phase_image(lw, x, geo, float("-inf"), loc, "max_pool2d")
-    out = lw.hbm((N, C, OH, OW), _elem(res))
+    xinfo = padded_of(lw, x)
+    pad, wanted = _output_layout(lw, res, [], N, C, OH, OW, _elem(res),
+                                 nonneg=xinfo is not None and xinfo.nonneg)
+    out = pad.hbm if pad is not None else lw.hbm((N, C, OH, OW), _elem(res))
     ntaps = len(geo.taps)
 
     def tap_op(kb, t, slab_sub, accv, rows, cols, bufs, j):
@@ -1109,9 +2689,10 @@ def lower_max_pool(lw, op: nn.MaxPool2dOp, loc: str) -> None:
 
     window_kernel(
         lw, loc, "max_pool2d", geo, src, out, [], 1, _elem(x), _elem(res), [],
-        _nothing, tap_op, compact_fn, _no_bufs, lambda rb: 0,
+        _nothing, tap_op, compact_fn, _no_bufs, lambda rb: 0, pad=pad,
     )
     lw.values[res] = out
+    _record_layout(lw, res, pad, wanted, loc)
 
 
 def lower_avg_pool(lw, op: nn.AvgPool2dOp, loc: str) -> None:
@@ -1390,6 +2971,18 @@ def lower_reduce(lw, op: nn.ReduceOp, loc: str) -> None:
     shape = _shape(x)
     axes = set(op.axes)
     fn = op.FN
+    info = padded_of(lw, x)
+    if info is not None:
+        if fn in ("sum", "mean") and axes == {2, 3} and len(shape) == 4:
+            # the zeros of the padding add nothing; a mean divides by H * W
+            A = info.N * info.C
+            outv = lw.hbm((A, 1), _elem(res))
+            _reduce_kernel(lw, loc, fn, lw.view(info.hbm, (A, info.L, 1)), outv, A, info.L, 1,
+                           info.H * info.W if fn == "mean" else 1)
+            lw.values[res] = lw.view(outv, _shape(res))
+            return
+        x_nat = _natural_of_info(lw, info, loc)
+        lw.values[x] = x_nat
     # dims of size 1 do not matter; merge neighbours with the same role
     blocks: list[list[int]] = []  # [size, reduced]
     for d, size in enumerate(shape):

@@ -16,8 +16,9 @@ After::
     %t = tile.hbm_alloc {offset = 14080 : i64} : ...  // dead after k1:
     %u = tile.hbm_alloc {offset = 14080 : i64} : ...  // %u reuses its bytes
 
-Inputs, weights and constants are laid out first, in program order (each lives for the
-whole program; the inputs are never overwritten). An intermediate lives from the first
+Inputs, weights, constants and tensors marked `zeroed` (the program relies on their
+initial zeros) are laid out first, in program order (each lives for the whole program;
+the inputs are never overwritten). An intermediate lives from the first
 kernel launch that touches it to the last (views alias their root allocation; an
 output lives to the end), and kernels are separated by barriers, so two intermediates
 whose live ranges do not overlap may share bytes. Offsets are assigned greedily,
@@ -99,7 +100,7 @@ def plan_hbm(op: ModuleOp, cfg: HardwareConfig) -> None:
     offset = 0
     temps: list[tile.HbmAllocOp] = []
     for alloc in allocs:
-        if alloc.input is None and alloc.weight is None and alloc.value is None:
+        if alloc.input is None and alloc.weight is None and alloc.value is None and alloc.zeroed is None:
             temps.append(alloc)
             continue
         alloc.properties["offset"] = IntegerAttr(offset, i64)
