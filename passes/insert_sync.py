@@ -355,8 +355,33 @@ def _chain_one(insts: list[_Inst], kn: _Knowledge, counts: dict, ci: int) -> boo
     return False
 
 
+# kernel structure -> (semaphores used, per-instruction (waits, signal)); the result is a
+# function of the instructions' positions, trip counts, queues and buffers alone, so the
+# structurally identical kernels of a model's repeated layers are synchronised once
+_MEMO: dict[tuple, tuple[int, list[tuple[ArrayAttr, IntegerAttr | None]]]] = {}
+_MEMO_LIMIT = 512
+
+
 def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
     insts = collect(kernel)
+    sig = (max_semaphores, tuple((x.path, x.trips, x.queue, x.reads, x.writes, x.load_rows) for x in insts))
+    hit = _MEMO.get(sig)
+    if hit is not None:
+        for inst, (waits, signal) in zip(insts, hit[1]):
+            inst.op.properties["waits"] = waits
+            if signal is not None:
+                inst.op.properties["signal"] = signal
+            elif "signal" in inst.op.properties:
+                del inst.op.properties["signal"]
+        return hit[0]
+    used = _sync_kernel(kernel, insts, max_semaphores)
+    if len(_MEMO) >= _MEMO_LIMIT:
+        _MEMO.clear()
+    _MEMO[sig] = (used, [(x.op.properties["waits"], x.op.properties.get("signal")) for x in insts])
+    return used
+
+
+def _sync_kernel(kernel: npu.KernelOp, insts: list[_Inst], max_semaphores: int) -> int:
     readers: dict[str, list[int]] = {}
     writers: dict[str, list[int]] = {}
     for i, inst in enumerate(insts):
