@@ -1875,8 +1875,10 @@ def _conv_gemm_o2(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, la
         slabs = sum(_bytes(L, isz) for st in ks for L in st.slabs)
         return fixed + 2 * slabs + Epilogue.bytes_for(steps, rb * OW, osz, 2, pad, OW)
 
+    acc_cols = ncolumns * _bytes(ntile, 4)  # the per-channel operands' column accumulators
+
     def fits(rb: int) -> bool:
-        return 2 * ntile * geo.lp(rb) * 4 <= A and need(rb) <= budget
+        return 2 * ntile * geo.lp(rb) * 4 + acc_cols <= A and need(rb) <= budget
 
     # bands: the tallest that fits, but at least two (three or four when the image has
     # the rows for it) so the stages overlap, and not so short that the DMAs get small
@@ -2103,8 +2105,10 @@ def _conv_stem_o2(lw, op, loc, geo: Geometry, src, steps, out, G, Ci_g, Co_g, la
     fixed = (len(ksteps) * (_bytes(Lall, isz) + _bytes(Co_g, isz)) + nch * _bytes(Co_g, isz)
              + _bytes(len(ksteps) * nch * KMAX, isz) + ncolumns * 2 * _bytes(ntile * TCo, 4) + _ALIGN)
 
+    acc_cols = ncolumns * _bytes(ntile, 4)  # the per-channel operands' column accumulators
+
     def fits(rb: int) -> bool:
-        return (2 * ntile * geo.lp(rb) * 4 <= A
+        return (2 * ntile * geo.lp(rb) * 4 + acc_cols <= A
                 and fixed + Epilogue.bytes_for(steps, rb * OW, osz, 2, pad, OW) <= budget)
 
     if max(Ks) * 0 + len(ksteps) > 4 or not fits(1):

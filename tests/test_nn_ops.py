@@ -655,6 +655,14 @@ def test_resnet18_64x64_edge_cli():
     assert "matches eager     yes" in out.stdout
 
 
+@pytest.mark.slow
+def test_resnet18_64x64_tiny():
+    # tiny's 4 KiB accumulator partitions: the band choice counts the per-channel
+    # operands' column accumulators next to the double-buffered result tiles
+    model, inputs = resnet_example.resnet18()
+    run_and_compare(model, inputs, "tiny")
+
+
 class _GroupNormNet(torch.nn.Module):
     """Diffusion-UNet style block: conv, group norm with affine, SiLU."""
 
