@@ -22,7 +22,7 @@ class Node:
 @dataclass
 class TensorType(Node):
     dtype: str
-    dims: list[str | int]
+    dims: list  # str (a size symbol), int, or an Expr of symbols (result types only)
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Subscript(Expr):
 @dataclass
 class TypeExpr(Expr):
     dtype: str
-    dims: list[str | int]
+    dims: list[Expr]
 
 
 @dataclass

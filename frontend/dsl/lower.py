@@ -22,6 +22,7 @@ from (the attribute the graph lowering uses for torch source locations).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -121,6 +122,7 @@ class Lazy:
     tiles: list[int]  # static size per kept dim
     pos: A.Pos
     node: A.Node | None = None  # the load() call (keys its buffers)
+    cast_to: str | None = None  # a cast applied after the DMA (a lazily broadcast row)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -164,6 +166,8 @@ class KernelLowering:
         self.cfg = cfg
         self.target = target or cfg.name
         self.symbols: dict[str, int] = {}
+        self.scopes: list[dict[str, object]] = [{}]
+        self.tensors: dict = {}
         self._bind(shapes)
         params = kernel.params + kernel.results
         types = [MemRefType(DTYPES[p.type.dtype], list(self.dims(p))) for p in params]
@@ -179,7 +183,6 @@ class KernelLowering:
         self._idx: dict[int, SSAValue] = {}
         self._bufs: dict[tuple, tuple[SSAValue, A.Pos, str]] = {}
         self._names: dict[str, int] = {}
-        self.scopes: list[dict[str, object]] = [{}]
         self.slot: tuple[int, ...] = ()  # the multi-buffering copy we are in
         self.loops: list[TileVar] = []
         self.loc = ""
@@ -201,6 +204,10 @@ class KernelLowering:
                            f"({', '.join(p.name for p in k.params)}), got {len(shapes)}")
         for p, shape in zip(k.params, shapes):
             dims = p.type.dims
+            for d in dims:
+                if isinstance(d, A.Expr):
+                    raise self.err(DslShapeError, d.pos, f"the sizes of parameter '{p.name}' must be names or "
+                                   "numbers (expressions are for result sizes)")
             if len(shape) != len(dims):
                 raise self.err(DslShapeError, p.pos, f"'{p.name}' is declared with {len(dims)} dimension(s) "
                                f"{_fmt_dims(dims)}, got an array of shape {tuple(shape)}")
@@ -212,13 +219,22 @@ class KernelLowering:
                                    f"but its type {p.type.dtype}{_fmt_dims(dims)} needs {what}")
                 if isinstance(d, str):
                     self.symbols[d] = int(n)
+        self.result_dims: dict[str, tuple[int, ...]] = {}
         for p in k.results:
+            out = []
             for d in p.type.dims:
                 if isinstance(d, str) and d not in self.symbols:
                     raise self.err(DslNameError, p.type.pos, f"undefined size '{d}' in the result type "
                                    "(every result size must be an input's size or a number)")
+                n = d if isinstance(d, int) else self.symbols[d] if isinstance(d, str) else self.static_int(d, "a result size")
+                if n < 0:
+                    raise self.err(DslShapeError, p.type.pos, f"result '{p.name}' would have a negative size {n}")
+                out.append(n)
+            self.result_dims[p.name] = tuple(out)
 
     def dims(self, p: A.Param) -> tuple[int, ...]:
+        if p.name in self.result_dims:
+            return self.result_dims[p.name]
         return tuple(d if isinstance(d, int) else self.symbols[d] for d in p.type.dims)
 
     # ---- building --------------------------------------------------------------
@@ -566,7 +582,7 @@ class KernelLowering:
             self.slot = saved + ((id(s), slot),)
             self.loops.append(lv)
             with self.scope():
-                self.scopes[-1][s.var] = lv
+                self.scopes[-1][s.var] = lv.start if is_range else lv
                 self.stmts(s.body)
             self.loops.pop()
             self.slot = saved
@@ -634,6 +650,8 @@ class KernelLowering:
                 return float(v) if e.dtype in FLOATS else int(v)
             if isinstance(v, Lazy) and v.dtype == e.dtype:
                 return v
+            if isinstance(v, Lazy) and v.is_row and v.cast_to is None and e.dtype in FLOATS:
+                return dataclasses.replace(v, cast_to=e.dtype, node=e)
             return self.cast(self.materialise(v, e.value), e.dtype, e, dest)
         if isinstance(e, A.Call):
             return self.call(e, dest, hint)
@@ -649,6 +667,14 @@ class KernelLowering:
         raise AssertionError(e)  # pragma: no cover
 
     def attr(self, e: A.Attr) -> object:
+        if isinstance(e.value, A.Name) and e.value.id == "target" and not self._is_defined("target"):
+            cfg = self.cfg
+            table = {"partitions": cfg.sram.partitions, "acc_partitions": cfg.accumulator.partitions,
+                     "array_rows": cfg.matrix.rows, "array_cols": cfg.matrix.cols,
+                     "sram_bytes": cfg.sram.bytes_per_partition, "acc_bytes": cfg.accumulator.bytes_per_partition}
+            if e.attr not in table:
+                raise self.err(DslNameError, e.pos, f"target has {', '.join(table)}, not .{e.attr}")
+            return table[e.attr]
         v = self.ev(e.value)
         if isinstance(v, TileVar):
             if e.attr == "start":
@@ -666,6 +692,17 @@ class KernelLowering:
                 return rows if e.attr == "rows" else cols
             raise self.err(DslNameError, e.pos, f"a tile has .rows and .cols, not .{e.attr}")
         raise self.err(DslTypeError, e.pos, f"'.{e.attr}' of something that is not a loop tile or a tile")
+
+    def shift(self, lv: TileVar, off: object, fn: str, pos: A.Pos) -> TileVar:
+        """`m + k`: the tile of loop m moved by index k (a convolution window)."""
+        if isinstance(off, float) and off.is_integer():
+            off = int(off)
+        if not isinstance(off, (int, SSAValue)):
+            raise self.err(DslTypeError, pos, "a loop tile moves by an index")
+        start = self.iadd(lv.start, off) if fn == "add" else self.isub(lv.start, off)
+        sign = 1 if fn == "add" else -1
+        extent = lv.extent + sign * off if isinstance(off, int) else lv.extent
+        return TileVar(lv.name, start, lv.size, lv.tile, extent, lv.index, lv.pos)
 
     def scalar_op(self, fn: str, a: object, b: object, pos: A.Pos) -> object:
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -686,6 +723,10 @@ class KernelLowering:
 
     def binop(self, fn: str, a: object, b: object, pos: A.Pos, node: A.Node,
               dest: Value | None = None, hint: str | None = None) -> object:
+        if fn in ("add", "sub") and isinstance(a, TileVar) and not isinstance(b, (TileVar, Value, Lazy, Product)):
+            return self.shift(a, b, fn, pos)
+        if fn == "add" and isinstance(b, TileVar) and not isinstance(a, (TileVar, Value, Lazy, Product)):
+            return self.shift(b, a, fn, pos)
         for v in (a, b):
             if isinstance(v, TileVar):
                 raise self.err(DslTypeError, pos, f"'{v.name}' is a loop tile; use {v.name}.start, .size, .end or .index")
@@ -821,13 +862,15 @@ class KernelLowering:
                 shape, sizes = (bcast.shape[0], v.shape[1]), (bcast.rows, v.actual[1])
                 buf = self.buffer(node, shape, v.dtype, tile.SRAM, v.param)
                 self.load_into(v, buf, "normal", sizes, bcast_rows=bcast.rows)
-                return Value(buf, v.dtype, tile.SRAM, shape, sizes[0], sizes[1], v.pos)
+                out = Value(buf, v.dtype, tile.SRAM, shape, sizes[0], sizes[1], v.pos)
+                return out if v.cast_to is None else self.cast(out, v.cast_to, v.node or node)
             shape, sizes = v.shape, v.actual
             if layout == "transposed":
                 shape, sizes = shape[::-1], sizes[::-1]
             buf = self.buffer(v.node or node, shape, v.dtype, tile.SRAM, v.param + ("T" if layout == "transposed" else ""))
             self.load_into(v, buf, layout, sizes)
-            return Value(buf, v.dtype, tile.SRAM, shape, sizes[0], sizes[1], v.pos)
+            out = Value(buf, v.dtype, tile.SRAM, shape, sizes[0], sizes[1], v.pos)
+            return out if v.cast_to is None else self.cast(out, v.cast_to, v.node or node)
         if isinstance(v, TileVar):
             raise self.err(DslTypeError, node.pos, f"'{v.name}' is a loop tile, not a tile of data")
         raise self.err(DslTypeError, node.pos, "expected a tile, got a number or an index")
@@ -892,26 +935,31 @@ class KernelLowering:
             self.add(tile.ScalarOp("mul", out.buf, 1.0 / t.cols, out.buf, self.idx(t.rows), self.idx(1)))
         return out
 
-    def tile_type(self, e: A.Expr, fn: str) -> tuple[str, tuple[int, int]]:
+    def tile_type(self, e: A.Expr, fn: str) -> tuple[str, tuple[int, int], tuple[int, int]]:
+        """(dtype, static shape, actual sizes): a size ``m.size`` is m's tile size, with
+        the partial size of this copy as the actual one."""
         if not isinstance(e, A.TypeExpr):
             raise self.err(DslTypeError, e.pos, f"{fn}() takes a tile type first, e.g. {fn}(f32[128, 512])")
-        dims = []
+        dims, actual = [], []
         for d in e.dims:
-            if isinstance(d, str):
-                if d not in self.symbols:
-                    raise self.err(DslNameError, e.pos, f"undefined size '{d}'")
-                d = self.symbols[d]
-            dims.append(d)
+            lv = self.ev(d.value) if isinstance(d, A.Attr) and d.attr == "size" else None
+            if isinstance(lv, TileVar):
+                dims.append(lv.tile)
+                actual.append(lv.size)
+                continue
+            dims.append(self.static_int(d, "a tile size"))
+            actual.append(dims[-1])
         if len(dims) not in (1, 2):
             raise self.err(DslShapeError, e.pos, f"a tile has 1 or 2 dimensions, got {len(dims)}")
         if e.dtype not in FLOATS:
             raise self.err(DslTypeError, e.pos, f"tiles of {e.dtype} are not supported")
-        return e.dtype, (dims[0], dims[1] if len(dims) == 2 else 1)
+        return (e.dtype, (dims[0], dims[1] if len(dims) == 2 else 1),
+                (actual[0], actual[1] if len(actual) == 2 else 1))
 
     def fill(self, e: A.Call) -> Value:
         if not e.args:
             raise self.err(DslTypeError, e.pos, f"{e.fn}() takes a tile type")
-        dtype, shape = self.tile_type(e.args[0], e.fn)
+        dtype, shape, actual = self.tile_type(e.args[0], e.fn)
         rest = e.args[1:]
         value = 0.0
         if e.fn == "full":
@@ -930,7 +978,7 @@ class KernelLowering:
         if space == tile.ACC and dtype != "f32":
             raise self.err(DslTypeError, e.pos, f"the accumulator holds f32 tiles, not {dtype}")
         buf = self.buffer(e, shape, dtype, space, "acc" if space == tile.ACC else "fill")
-        v = Value(buf, dtype, space, shape, shape[0], shape[1], e.pos, zero_loops=list(self.loops))
+        v = Value(buf, dtype, space, shape, actual[0], actual[1], e.pos, zero_loops=list(self.loops))
         return self._fill(v, value, e)
 
     def _fill(self, v: Value, value: float, e: A.Call) -> Value:

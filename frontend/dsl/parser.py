@@ -144,9 +144,13 @@ class _Build:
         dtype, *dims = t.children
         return A.TensorType(_pos(dtype), str(dtype), [self.dim(d) for d in dims if d is not None])
 
-    @staticmethod
-    def dim(d: lark.Token) -> str | int:
-        return int(d) if d.type == "NUMBER" and str(d).isdigit() else str(d)
+    def dim(self, d: lark.Tree) -> str | int | A.Expr:
+        e = self.expr(d)
+        if isinstance(e, A.Name):
+            return e.id
+        if isinstance(e, A.Number) and isinstance(e.value, int):
+            return e.value
+        return e
 
     def suite(self, t: lark.Tree) -> list[A.Stmt]:
         return [self.stmt(s) for s in t.children]
@@ -185,7 +189,7 @@ class _Build:
         if d == "subscript":
             return A.Subscript(p, str(c[0]), [self.expr(i) for i in c[1:]])
         if d == "type_expr":
-            return A.TypeExpr(p, str(c[0]), [self.dim(x) for x in c[1:] if x is not None])
+            return A.TypeExpr(p, str(c[0]), [self.expr(x) for x in c[1:] if x is not None])
         if d == "cast":
             return A.Cast(p, str(c[0]), self.expr(c[1]))
         if d == "neg":
