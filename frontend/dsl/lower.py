@@ -186,6 +186,7 @@ class KernelLowering:
         self.slot: tuple[int, ...] = ()  # the multi-buffering copy we are in
         self.loops: list[TileVar] = []
         self.loc = ""
+        self.name_hint = "t"  # temporaries are named after the variable being assigned
         self.unrolled = _loops_bounding_inner(kernel.body)
         self.lazy_zero = _lazy_zero_assigns(kernel.body)
         self.written: dict[str, list] = {}
@@ -377,6 +378,7 @@ class KernelLowering:
             self.stmt(s)
 
     def stmt(self, s: A.Stmt) -> None:
+        self.name_hint = getattr(s, "target", "t")
         if isinstance(s, A.Pass):
             return
         if isinstance(s, A.For):
@@ -783,7 +785,7 @@ class KernelLowering:
             return dest
         if dtype not in FLOATS:
             raise self.err(DslTypeError, pos, f"vector arithmetic on {dtype} tiles is not supported; cast to f32")
-        buf = self.buffer(node, shape, dtype, space, "t")
+        buf = self.buffer(node, shape, dtype, space, self.name_hint)
         return Value(buf, dtype, space, shape, sizes[0], sizes[1], node.pos)
 
     def cast(self, v: Value, dtype: str, node: A.Node, dest: Value | None = None) -> Value:

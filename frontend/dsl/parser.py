@@ -44,6 +44,8 @@ _WORDS = {
 
 
 def _words(expected: set[str]) -> str:
+    if {"NAME", "NUMBER", "LPAR"} <= expected:  # anywhere an expression may start
+        return "an index or an expression" if "COLON" in expected else "an expression"
     names = sorted({_WORDS.get(t, t.lower().strip("_")) for t in expected})
     if len(names) > 6:
         names = names[:6] + ["..."]
