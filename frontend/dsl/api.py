@@ -89,6 +89,7 @@ class Kernel:
         self.ast = kernels[0]
         self.name = self.ast.name
         self.sanitize = False
+        self.keep_ir = True  # print the IR after every stage (for k.ir()); off for big kernels
         self.report: Report | None = None
         self.compiled: Compiled | None = None
         self._cache: dict[tuple, Compiled] = {}
@@ -100,7 +101,7 @@ class Kernel:
         self._check_dtypes(arrays)
         key = (tuple(shapes), cfg)
         if key not in self._cache:
-            self._cache[key] = compile_kernel(self.ast, shapes, cfg, cfg.name)
+            self._cache[key] = compile_kernel(self.ast, shapes, cfg, cfg.name, self.keep_ir)
         self.compiled = self._cache[key]
         return self.compiled
 

@@ -154,6 +154,16 @@ class Product:
     pos: A.Pos
 
 
+@dataclass
+class Const:
+    """A tile known at compile time (index ids of static loop tiles, and arithmetic on
+    them): folded until used, then a DMA from an HBM constant."""
+
+    data: np.ndarray  # f32, [rows x cols]; a row [1 x C] or column [R x 1] broadcasts
+    pos: A.Pos
+    kind: str = "tile"  # "row" (broadcast over rows), "col" or "tile"
+
+
 Scalar = int | float  # compile-time numbers
 Idx = SSAValue  # a run-time index (loop arithmetic)
 
@@ -161,10 +171,11 @@ Idx = SSAValue  # a run-time index (loop arithmetic)
 # ---- the lowering ------------------------------------------------------------------
 class KernelLowering:
     def __init__(self, kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: HardwareConfig,
-                 target: str = ""):
+                 target: str = "", schedule: bool = True):
         self.k = kernel
         self.cfg = cfg
         self.target = target or cfg.name
+        self.schedule = schedule  # list-schedule each block for the engines (schedule.py)
         self.symbols: dict[str, int] = {}
         self.scopes: list[dict[str, object]] = [{}]
         self.tensors: dict = {}
@@ -315,6 +326,8 @@ class KernelLowering:
 
     # ---- scopes ----------------------------------------------------------------
     def lookup(self, name: str, pos: A.Pos) -> object:
+        if name in ("True", "False") and not self._is_defined(name):
+            return int(name == "True")
         for scope in reversed(self.scopes):
             if name in scope:
                 return scope[name]
@@ -348,6 +361,10 @@ class KernelLowering:
         self.entry.add_op(func.ReturnOp())
         self.func.function_type = FunctionType.from_lists([a.type for a in self.entry.args], [])
         self.check_memory()
+        if self.schedule:
+            from tilecc.frontend.dsl.schedule import schedule_kernel
+
+            schedule_kernel(self.func, self.cfg)
         return self.func
 
     def _loc(self, pos: A.Pos) -> str:
@@ -564,13 +581,18 @@ class KernelLowering:
             raise self.err(DslNameError, it.pos, f"unknown iterator '{it.fn}' (loops run over tiles(extent, size) "
                            "or range(n))")
         is_range = it.fn == "range"
-        want = 1 if is_range else 2
-        if len(it.args) != want:
-            raise self.err(DslTypeError, it.pos, f"{it.fn}() takes {want} argument(s), got {len(it.args)}")
+        want = (1,) if is_range else (2, 3)
+        if len(it.args) not in want:
+            raise self.err(DslTypeError, it.pos, f"{it.fn}() takes {' or '.join(map(str, want))} arguments, "
+                           f"got {len(it.args)}")
+        lo = 0
+        if len(it.args) == 3:  # tiles(start, stop, size)
+            lo = self.static_int(it.args[0], "a loop start")
+            it = A.Call(it.pos, it.fn, it.args[1:], it.kwargs)
         for kw in it.kwargs:
-            if kw != "buffers":
-                raise self.err(DslNameError, it.pos, f"unknown argument '{kw}' of {it.fn}() (allowed: buffers)")
-        extent = self.static_int(it.args[0], "a loop extent")
+            if kw not in ("buffers", "unroll"):
+                raise self.err(DslNameError, it.pos, f"unknown argument '{kw}' of {it.fn}() (allowed: buffers, unroll)")
+        extent = self.static_int(it.args[0], "a loop extent") - lo
         size = 1 if is_range else self.static_int(it.args[1], "a tile size")
         bufs = self.static_int(it.kwargs["buffers"], "a buffer count") if "buffers" in it.kwargs else 1
         if size < 1 or bufs < 1 or extent < 0:
@@ -579,7 +601,7 @@ class KernelLowering:
         full, rem = divmod(extent, size)
 
         def body(start, n, index, slot):
-            lv = TileVar(s.var, start, n, size, extent, index, s.pos, is_range)
+            lv = TileVar(s.var, self.iadd(start, lo), n, size, extent + lo, index, s.pos, is_range)
             saved = self.slot
             self.slot = saved + ((id(s), slot),)
             self.loops.append(lv)
@@ -590,7 +612,8 @@ class KernelLowering:
             self.slot = saved
             self.loc = self._loc(s.pos)
 
-        if id(s) in self.unrolled:
+        unroll = "unroll" in it.kwargs and bool(self.static_int(it.kwargs["unroll"], "unroll"))
+        if id(s) in self.unrolled or unroll:
             for i in range(full + (rem > 0)):
                 body(i * size, min(size, extent - i * size), i, i % bufs)
             return
@@ -647,7 +670,11 @@ class KernelLowering:
             a, b = self.ev(e.lhs), self.ev(e.rhs)
             return self.binop(BIN[e.op], a, b, e.pos, e, dest=dest, hint=hint)
         if isinstance(e, A.Cast):
-            v = self.ev(e.value)
+            fuse = isinstance(e.value, (A.Call, A.BinOp)) and not (
+                isinstance(e.value, A.Call) and e.value.fn in ("load", "matmul", "matmul_t", "zeros", "full"))
+            v = self.ev(e.value, hint=e.dtype if fuse and e.dtype in FLOATS else None)
+            if isinstance(v, Value) and v.dtype == e.dtype and fuse:
+                return v
             if isinstance(v, (int, float)):
                 return float(v) if e.dtype in FLOATS else int(v)
             if isinstance(v, Lazy) and v.dtype == e.dtype:
@@ -732,6 +759,13 @@ class KernelLowering:
         for v in (a, b):
             if isinstance(v, TileVar):
                 raise self.err(DslTypeError, pos, f"'{v.name}' is a loop tile; use {v.name}.start, .size, .end or .index")
+        folded = self.fold(fn, a, b, pos)
+        if folded is not None:
+            return folded
+        if isinstance(a, Const):
+            a = self.const_value(a, b, node)
+        if isinstance(b, Const):
+            b = self.const_value(b, a, node)
         tile_a = isinstance(a, (Value, Lazy, Product))
         tile_b = isinstance(b, (Value, Lazy, Product))
         if not tile_a and not tile_b:
@@ -776,6 +810,45 @@ class KernelLowering:
         out = self.out_buf(node, out_dtype, (a.rows, a.cols), a.shape, dest, pos)
         self.add(tile.BinaryOp(fn, a.buf, b.buf, out.buf, self.idx(a.rows), self.idx(a.cols), mode, swap))
         return out
+
+    def fold(self, fn: str, a: object, b: object, pos: A.Pos) -> object | None:
+        """Constant tiles combine at compile time; ``x + 0``, ``x - 0``, ``x * 1`` of an
+        all-constant operand are x."""
+        num = (int, float)
+        if isinstance(a, Const) and isinstance(b, (Const, *num)) or isinstance(b, Const) and isinstance(a, num):
+            x = a.data if isinstance(a, Const) else np.float32(a)
+            y = b.data if isinstance(b, Const) else np.float32(b)
+            ops = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+                   "max": np.maximum, "min": np.minimum, "eq": np.equal, "ne": np.not_equal,
+                   "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
+            if fn not in ops:
+                return None
+            out = ops[fn](x, y).astype(np.float32)
+            kinds = {c.kind for c in (a, b) if isinstance(c, Const)}
+            kind = "tile" if "tile" in kinds or kinds == {"row", "col"} else kinds.pop()
+            return Const(out, pos, kind)
+        for c, other, ident in ((b, a, True), (a, b, False)):
+            if not isinstance(c, Const) or isinstance(other, (Const, *num)):
+                continue
+            if fn in ("add",) or fn == "sub" and ident:
+                if not c.data.any():
+                    return other
+            if fn == "mul" and np.all(c.data == 1):
+                return other
+        return None
+
+    def const_value(self, c: Const, other: object, node: A.Node) -> Value:
+        """A constant tile on chip, broadcast to `other`'s shape where it is a row."""
+        data = c.data
+        if c.kind == "row" and isinstance(other, (Value, Lazy, Product)):
+            rows = other.rows if isinstance(other, Value) else (other.actual[0] if isinstance(other, Lazy) else other.m)
+            data = np.broadcast_to(data, (rows, data.shape[1]))
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        src = self.const_tensor(data, "f32")
+        buf = self.buffer(node, data.shape, "f32", tile.SRAM, "const")
+        self.add(tile.LoadOp(src, [self.idx(0), self.idx(0)], buf, self.idx(data.shape[0]),
+                             self.idx(data.shape[1]), 0, 1))
+        return Value(buf, "f32", tile.SRAM, data.shape, data.shape[0], data.shape[1], c.pos)
 
     def out_buf(self, node: A.Node, dtype: str, sizes: tuple[int, int], shape: tuple[int, int],
                 dest: Value | None, pos: A.Pos, space: str = tile.SRAM) -> Value:
@@ -873,6 +946,8 @@ class KernelLowering:
             self.load_into(v, buf, layout, sizes)
             out = Value(buf, v.dtype, tile.SRAM, shape, sizes[0], sizes[1], v.pos)
             return out if v.cast_to is None else self.cast(out, v.cast_to, v.node or node)
+        if isinstance(v, Const):
+            return self.const_value(v, bcast, node)
         if isinstance(v, TileVar):
             raise self.err(DslTypeError, node.pos, f"'{v.name}' is a loop tile, not a tile of data")
         raise self.err(DslTypeError, node.pos, "expected a tile, got a number or an index")
@@ -911,7 +986,7 @@ class KernelLowering:
             self.nargs(e, 1)
             return self.unary(fn, self.ev(e.args[0]), e, dest, hint)
         if fn in ("sum", "max", "min", "mean") and len(e.args) == 1:
-            return self.reduce(fn, self.ev(e.args[0]), e, dest)
+            return self.reduce(fn, self.ev(e.args[0]), e, dest, hint)
         if fn in ("max", "min"):
             self.nargs(e, 2)
             return self.binop(fn, self.ev(e.args[0]), self.ev(e.args[1]), e.pos, e, dest, hint)
@@ -927,11 +1002,11 @@ class KernelLowering:
         self.add(tile.UnaryOp(fn, t.buf, out.buf, self.idx(t.rows), self.idx(t.cols)))
         return out
 
-    def reduce(self, fn: str, v: object, e: A.Call, dest: Value | None) -> Value:
+    def reduce(self, fn: str, v: object, e: A.Call, dest: Value | None, hint: str | None = None) -> Value:
         t = self.materialise(v, e.args[0])
         if t.dtype not in FLOATS:
             raise self.err(DslTypeError, e.pos, f"{fn}() of {t.dtype} tiles is not supported")
-        out = self.out_buf(e, t.dtype, (t.rows, 1), (t.shape[0], 1), dest, e.pos)
+        out = self.out_buf(e, hint or t.dtype, (t.rows, 1), (t.shape[0], 1), dest, e.pos)
         self.add(tile.ReduceOp("sum" if fn == "mean" else fn, t.buf, out.buf, self.idx(t.rows), self.idx(t.cols)))
         if fn == "mean":
             self.add(tile.ScalarOp("mul", out.buf, 1.0 / t.cols, out.buf, self.idx(t.rows), self.idx(1)))
@@ -1007,6 +1082,11 @@ class KernelLowering:
         lv = self.ev(e.args[0])
         if not isinstance(lv, TileVar):
             raise self.err(DslTypeError, e.pos, f"{e.fn}() takes a loop tile")
+        if isinstance(lv.start, int):
+            ids = np.arange(lv.start, lv.start + lv.size, dtype=np.float32)
+            if e.fn == "col_ids":
+                return Const(ids.reshape(1, -1), e.pos, "row")
+            return Const(ids.reshape(-1, 1), e.pos, "col")
         ar = self.const_tensor(np.arange(lv.extent, dtype=np.float32), "f32")
         if e.fn == "col_ids":
             return Lazy("ids", ar, "f32", [lv.start], [0], [lv.size], [lv.tile], e.pos, e)
