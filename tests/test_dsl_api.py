@@ -72,8 +72,9 @@ def test_loops_peel_the_edge_tile_and_multibuffer():
                                rtol=2e-2, atol=5e-2)
     ir = k.ir("tile")
     # K = 70 on 16-wide tiles, buffers=2: 4 full tiles as 2 loop iterations of 2 copies, and a
-    # peeled edge tile of 6; each copy loads into buffers of its own
-    assert 'buffer = "aT"' in ir and 'buffer = "aT1"' in ir
+    # peeled edge tile of 6; each copy loads (and transposes, on the matrix engine) into
+    # buffers of its own
+    assert 'buffer = "a"' in ir and 'buffer = "a1"' in ir and 'buffer = "xT1"' in ir
     assert "sizes(%" in ir
 
 

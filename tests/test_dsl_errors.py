@@ -145,8 +145,9 @@ def test_accumulator_that_does_not_fit():
         out[m, :] = acc
 """, (16, 16, "bf16"), (16, 2048, "bf16"))
     assert isinstance(e, DslMemoryError)
-    assert e.headline == ("<string>:3:15: on-chip buffers do not fit: acc needs 8192 bytes per partition, "
-                          "target 'tiny' has 4096; live at the peak: acc f32[16 x 2048] (8192 B, line 3)")
+    assert e.headline == ("<string>:3:15: on-chip buffers do not fit: acc needs 8256 bytes per partition, "
+                          "target 'tiny' has 4096; live at the peak: acc f32[16 x 2048] (8192 B, line 3), "
+                          "tr f32[16 x 16] (64 B, line 4)")
 
 
 def test_undefined_name():

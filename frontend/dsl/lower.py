@@ -306,7 +306,7 @@ class KernelLowering:
             raise self.err(DslShapeError, node.pos, f"partition dimension too large: the tile {name} "
                            f"{dtype}[{rows} x {cols}] has {rows} rows but {space} on target '{self.target}' "
                            f"has {parts} partitions")
-        key = (id(node), self.slot, shape, dtype, space)
+        key = (id(node), self.slot, shape, dtype, space, name)
         if key not in self._bufs:
             n = self._names.get(name, 0)
             self._names[name] = n + 1
@@ -375,7 +375,7 @@ class KernelLowering:
         for space, cap in ((tile.SRAM, self.cfg.sram.bytes_per_partition),
                            (tile.ACC, self.cfg.accumulator.bytes_per_partition)):
             bufs = []
-            for (_, _, shape, dtype, sp), (_, pos, name) in self._bufs.items():
+            for (_, _, shape, dtype, sp, _), (_, pos, name) in self._bufs.items():
                 if sp == space:
                     bufs.append((-(-shape[1] * ITEM[dtype] // ALIGN) * ALIGN, name, pos, dtype, shape))
             total = sum(b[0] for b in bufs)
@@ -1102,7 +1102,13 @@ class KernelLowering:
             if isinstance(first, Lazy):
                 if first.is_row:
                     raise self.err(DslMatmulError, e.args[0].pos, "matmul's left operand must be a 2-D tile")
-                lhsT = self.materialise(first, e.args[0], layout="transposed")
+                R, C = self.cfg.matrix.rows, self.cfg.matrix.cols
+                if first.shape[0] <= min(R, C) and first.shape[1] <= self.cfg.accumulator.partitions:
+                    # a natural load transposed on the matrix engine: a strided (transposing)
+                    # DMA moves one element per descriptor
+                    lhsT = self.transpose(self.materialise(first, e.args[0]), e.args[0], None)
+                else:
+                    lhsT = self.materialise(first, e.args[0], layout="transposed")
             elif isinstance(first, Value):
                 lhsT = self.transpose(first, e.args[0], None)
             else:
