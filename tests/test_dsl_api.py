@@ -132,3 +132,43 @@ def test_torch_op_fake_shapes_follow_result_types():
     got = tilecc.compile(ep, target="tiny")(x, w)
     want = F.conv2d(x.float()[None], w.float().permute(3, 2, 0, 1))[0] + 1
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_tiles_with_a_start_unroll_and_folded_constant_tiles():
+    src = """\
+kernel band(x: f32[R, C]) -> f32[R, C]:
+    for r in tiles(R, 16):
+        for c in tiles(r.start, r.end, 16, unroll=True):
+            out[r, c] = load(x[r, c]) + (col_ids(c) > row_ids(r)) * -100.0
+        for c in tiles(0, r.start, 16):
+            out[r, c] = load(x[r, c]) * 2.0
+        for c in tiles(r.end, C, 16):
+            out[r, c] = exp(load(x[r, c]))
+"""
+    k = tilecc.kernel(src)
+    k.sanitize = True
+    x = np.random.default_rng(1).standard_normal((40, 40)).astype(np.float32)
+    got = k(x)
+    rows, cols = np.indices(x.shape)
+    want = np.where(cols // 16 < rows // 16, x * 2, np.exp(x))
+    diag = cols // 16 == rows // 16
+    want[diag] = (x + np.where(cols > rows, -100.0, 0.0))[diag]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    ir = k.ir("tile")
+    assert 'tile.binary "gt"' not in ir  # the id comparison folded into a constant tile
+
+
+def test_scheduler_reorders_within_blocks_and_keeps_results():
+    k = tilecc.kernel(KERNELS / "flash_attention.tdsl")
+    q, kk, v = (torch.randn(1, 40, 16).bfloat16() for _ in range(3))
+    k.sanitize = True
+    got = k(q, kk, v)
+    want = F.scaled_dot_product_attention(q.float(), kk.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
+    from tilecc.frontend.dsl.lower import KernelLowering
+    from tilecc.simulator.config import load_config
+
+    shapes, cfg = [tuple(q.shape)] * 3, load_config("tiny")
+    names = [[op.name for op in KernelLowering(k.ast, shapes, cfg, schedule=s).run().walk()]
+             for s in (False, True)]
+    assert sorted(names[0]) == sorted(names[1]) and names[0] != names[1]
