@@ -143,10 +143,10 @@ def _two(v: Sequence[int]) -> tuple[int, int]:
 
 @dataclass
 class Product:
-    """A pending ``lhsT^T @ rhs``: operands already on chip."""
+    """A pending ``sum_i lhsT_i^T @ rhs_i``: operands already on chip, the contraction in
+    parts of at most the array's rows."""
 
-    lhsT: Value
-    rhs: Value
+    parts: list[tuple[Value, Value]]
     m: int
     k: int
     n: int
@@ -974,7 +974,7 @@ class KernelLowering:
             return self.matmul(e)
         if fn == "transpose":
             self.nargs(e, 1)
-            return self.transpose(self.materialise(self.ev(e.args[0]), e.args[0]), e, dest)
+            return self.transpose(self.ev(e.args[0]), e, dest)
         if fn in ("row_ids", "col_ids"):
             return self.ids(e)
         if fn in ("sqrt", "rsqrt", "exp") and len(e.args) == 1:
@@ -1096,96 +1096,174 @@ class KernelLowering:
 
     # ---- the matrix engine -------------------------------------------------------
     def matmul(self, e: A.Call) -> Product:
+        """The operands on chip, as (lhsT, rhs) parts of at most the array's rows of the
+        contraction each (a longer K is split, the parts accumulate)."""
         self.nargs(e, 2)
         first, second = (self.ev(a) for a in e.args)
+        R = self.cfg.matrix.rows
+        kc = min(R, self.cfg.sram.partitions)
+        for v, a in ((first, e.args[0]), (second, e.args[1])):
+            if isinstance(v, Lazy) and v.is_row:
+                raise self.err(DslMatmulError, a.pos, "matmul operands must be 2-D tiles")
+            if not isinstance(v, (Lazy, Value, Const, Product)):
+                raise self.err(DslMatmulError, a.pos, "matmul operands must be tiles")
+            dt = v.dtype if isinstance(v, (Lazy, Value)) else "f32"
+            if dt not in FLOATS:
+                raise self.err(DslMatmulError, a.pos, f"the matrix engine takes bf16, f16 or f32 operands, not {dt}")
         if e.fn == "matmul":
-            if isinstance(first, Lazy):
-                if first.is_row:
-                    raise self.err(DslMatmulError, e.args[0].pos, "matmul's left operand must be a 2-D tile")
-                R, C = self.cfg.matrix.rows, self.cfg.matrix.cols
-                if first.shape[0] <= min(R, C) and first.shape[1] <= self.cfg.accumulator.partitions:
-                    # a natural load transposed on the matrix engine: a strided (transposing)
-                    # DMA moves one element per descriptor
-                    lhsT = self.transpose(self.materialise(first, e.args[0]), e.args[0], None)
-                else:
-                    lhsT = self.materialise(first, e.args[0], layout="transposed")
-            elif isinstance(first, Value):
-                lhsT = self.transpose(first, e.args[0], None)
+            a = self.materialise(first, e.args[0])
+            self.engine_operand(a, e.args[0])
+            k_total, k_static = a.cols, a.shape[1]
+            if k_static <= kc:
+                lhs_parts = [self.transpose(a, e.args[0], None)]
             else:
-                raise self.err(DslMatmulError, e.args[0].pos, "matmul operands must be tiles")
+                windows = [self.window(a, c0, min(kc, k_static - c0), min(kc, a.cols - c0))
+                           for c0 in range(0, k_static, kc) if c0 < a.cols]
+                lhs_parts = self.transpose_blocks(windows, e.args[0], split=True)
         else:
-            lhsT = self.materialise(first, e.args[0])
-        rhs = self.materialise(second, e.args[1])
-        for v, a in ((lhsT, e.args[0]), (rhs, e.args[1])):
-            if v.space != tile.SRAM:
-                raise self.err(DslMatmulError, a.pos, f"the matrix engine reads its operands from SRAM, this one is "
-                               f"{v.describe()}; cast it first, e.g. bf16(...)")
-            if v.dtype not in FLOATS:
-                raise self.err(DslMatmulError, a.pos, f"the matrix engine takes bf16, f16 or f32 operands, not {v.dtype}")
-        if lhsT.dtype != rhs.dtype:
-            raise self.err(DslMatmulError, e.pos, f"matmul operands must have one dtype, got {lhsT.dtype} and "
-                           f"{rhs.dtype}; cast one of them")
-        m, k, n = lhsT.cols, lhsT.rows, rhs.cols
-        if rhs.rows != k:
-            raise self.err(DslMatmulError, e.pos, f"matmul contraction sizes differ: [{m} x {k}] @ "
-                           f"[{rhs.rows} x {n}]")
-        R, C = self.cfg.matrix.rows, self.cfg.matrix.cols
-        if self.cfg.matrix.dataflow == "ws" and lhsT.shape[0] > R:
-            raise self.err(DslMatmulError, e.pos, f"the contraction tile K = {lhsT.shape[0]} exceeds the matrix "
-                           f"engine's {R} rows on target '{self.target}'; tile K by {R}")
+            aT = self.materialise(first, e.args[0])
+            self.engine_operand(aT, e.args[0])
+            k_total, k_static = aT.rows, aT.shape[0]
+            lhs_parts = [aT]
+        if isinstance(second, Lazy) and second.shape[0] > kc and len(lhs_parts) > 1:
+            rhs_parts = [self.materialise(self.sub_lazy(second, c0, min(kc, second.shape[0] - c0),
+                                                        min(kc, second.actual[0] - c0), i), e.args[1])
+                         for i, c0 in enumerate(range(0, second.shape[0], kc)) if c0 < second.actual[0]]
+        else:
+            rhs_parts = [self.materialise(second, e.args[1])]
+        for v in rhs_parts:
+            self.engine_operand(v, e.args[1])
+        if lhs_parts[0].dtype != rhs_parts[0].dtype:
+            raise self.err(DslMatmulError, e.pos, f"matmul operands must have one dtype, got {lhs_parts[0].dtype} and "
+                           f"{rhs_parts[0].dtype}; cast one of them")
+        m, n = lhs_parts[0].cols, rhs_parts[0].cols
+        krhs = sum(v.rows for v in rhs_parts)
+        if krhs != k_total or len(rhs_parts) != len(lhs_parts):
+            raise self.err(DslMatmulError, e.pos, f"matmul contraction sizes differ: [{m} x {k_total}] @ "
+                           f"[{krhs} x {n}]")
+        for lt in lhs_parts:
+            if self.cfg.matrix.dataflow == "ws" and lt.shape[0] > R:
+                raise self.err(DslMatmulError, e.pos, f"the contraction tile K = {lt.shape[0]} exceeds the matrix "
+                               f"engine's {R} rows on target '{self.target}'; tile K by {R}")
         accp = self.cfg.accumulator.partitions
-        if lhsT.shape[1] > accp:
-            raise self.err(DslMatmulError, e.pos, f"the product has {lhsT.shape[1]} rows (M) but the accumulator "
-                           f"has {accp} partitions on target '{self.target}'; tile M by {accp}")
-        del C
-        return Product(lhsT, rhs, m, k, n, (lhsT.shape[1], rhs.shape[1]), e.pos)
+        if lhs_parts[0].shape[1] > accp:
+            raise self.err(DslMatmulError, e.pos, f"the product has {lhs_parts[0].shape[1]} rows (M) but the "
+                           f"accumulator has {accp} partitions on target '{self.target}'; tile M by {accp}")
+        del k_static
+        return Product(list(zip(lhs_parts, rhs_parts)), m, k_total, n,
+                       (lhs_parts[0].shape[1], rhs_parts[0].shape[1]), e.pos)
+
+    def engine_operand(self, v: Value, a: A.Node) -> None:
+        if v.space != tile.SRAM:
+            raise self.err(DslMatmulError, a.pos, f"the matrix engine reads its operands from SRAM, this one is "
+                           f"{v.describe()}; cast it first, e.g. bf16(...)")
+
+    def window(self, v: Value, c0: int, width: int, actual: int) -> Value:
+        """Columns [c0, c0 + width) of an on-chip tile (a tile.subview)."""
+        sub = self.add(tile.SubviewOp(v.buf, self.idx(0), self.idx(c0), [v.shape[0], width])).results[0]
+        return Value(sub, v.dtype, v.space, (v.shape[0], width), v.rows, actual, v.pos)
+
+    def sub_lazy(self, lz: Lazy, r0: int, static: int, actual: int, i: int) -> Lazy:
+        """Rows [r0, r0 + static) of a lazily loaded 2-D slice."""
+        idx = list(lz.indices)
+        idx[lz.kept[0]] = self.iadd(idx[lz.kept[0]], r0)
+        return dataclasses.replace(lz, indices=idx, sizes=[actual, lz.sizes[1]], tiles=[static, lz.tiles[1]],
+                                   param=f"{lz.param}_{i}")
 
     def emit_matmul(self, p: Product, acc: Value, accumulate: bool | SSAValue) -> None:
-        """acc[:m, :n] (+)= p, in column folds of the array's width."""
-        flag = accumulate
-        if isinstance(flag, bool):
-            flag = self.flag(flag)
+        """acc[:m, :n] (+)= p: one matmul per contraction part and column fold of the
+        array's width; parts after the first accumulate."""
         C = self.cfg.matrix.cols if self.cfg.matrix.dataflow == "ws" else p.n
-        for c0 in range(0, p.n, C):
-            w = min(C, p.n - c0)
-            rhs, out = p.rhs.buf, acc.buf
-            if p.n > C:
-                rhs = self.add(tile.SubviewOp(p.rhs.buf, self.idx(0), self.idx(c0), [p.rhs.shape[0], w])).results[0]
-                out = self.add(tile.SubviewOp(acc.buf, self.idx(0), self.idx(c0), [acc.shape[0], w])).results[0]
-            self.add(tile.MatmulOp(p.lhsT.buf, rhs, out, self.idx(p.m), self.idx(p.k), self.idx(w), flag))
+        for i, (lhsT, rhs_v) in enumerate(p.parts):
+            flag = accumulate if i == 0 else True
+            if isinstance(flag, bool):
+                flag = self.flag(flag)
+            for c0 in range(0, p.n, C):
+                w = min(C, p.n - c0)
+                rhs, out = rhs_v.buf, acc.buf
+                if p.n > C:
+                    rhs = self.add(tile.SubviewOp(rhs_v.buf, self.idx(0), self.idx(c0), [rhs_v.shape[0], w])).results[0]
+                    out = self.add(tile.SubviewOp(acc.buf, self.idx(0), self.idx(c0), [acc.shape[0], w])).results[0]
+                self.add(tile.MatmulOp(lhsT.buf, rhs, out, self.idx(p.m), self.idx(lhsT.rows), self.idx(w), flag))
         acc.rows, acc.cols = p.m, p.n
 
-    def transpose(self, v: Value, node: A.Node, dest: Value | None) -> Value:
-        """x^T on the matrix engine: ``x^T @ I`` (x as lhsT, an identity as rhs), then a
-        copy back to SRAM in x's dtype."""
-        if v.dtype not in FLOATS or v.space != tile.SRAM:
-            if v.space == tile.ACC:
-                v = self.cast(v, "bf16" if v.dtype == "f32" else v.dtype, node)
-        R = self.cfg.matrix.rows
-        accp = self.cfg.accumulator.partitions
-        if v.shape[0] > min(R, self.cfg.matrix.cols) or v.shape[1] > accp:
-            raise self.err(DslMatmulError, node.pos, f"transpose of a [{v.shape[0]} x {v.shape[1]}] tile needs at most "
-                           f"{min(R, self.cfg.matrix.cols)} rows and {accp} columns on target '{self.target}'")
-        n = v.shape[0]
-        eye = self.const_tensor(np.eye(n, dtype=np.float32), v.dtype)
+    def identity(self, n: int, dtype: str) -> SSAValue:
+        eye = self.const_tensor(np.eye(n, dtype=np.float32), dtype)
         saved, self.slot = self.slot, ()
-        ibuf = self.buffer(self.k, (n, n), v.dtype, tile.SRAM, "identity")
+        ibuf = self.buffer(self.k, (n, n), dtype, tile.SRAM, "identity")
         self.slot = saved
-        key = ("identity", n, v.dtype)
+        key = ("identity", n, dtype)
         if key not in self._idx_loaded:  # once, in the prologue
             self._entry(tile.LoadOp(eye, [self.idx(0), self.idx(0)], ibuf, self.idx(n), self.idx(n), 0, 1))
             self._idx_loaded.add(key)
-        tbuf = self.buffer(node, (v.shape[1], v.shape[0]), "f32", tile.ACC, "tr")
-        self.add(tile.MatmulOp(v.buf, ibuf, tbuf, self.idx(v.cols), self.idx(v.rows), self.idx(v.rows),
-                               self.flag(False)))
-        shape = (v.shape[1], v.shape[0])
+        return ibuf
+
+    def transpose(self, v: object, node: A.Node, dest: Value | None) -> Value:
+        """x^T on the matrix engine (``x^T @ I`` into the accumulator, then a copy back to
+        SRAM in x's dtype); a lazily loaded slice taller than the array is loaded and
+        transposed in blocks of the array's size, side by side."""
+        n0 = min(self.cfg.matrix.rows, self.cfg.matrix.cols, self.cfg.sram.partitions)
+        if isinstance(v, Lazy) and not v.is_row and v.shape[0] > n0:
+            blocks = [self.materialise(self.sub_lazy(v, r0, min(n0, v.shape[0] - r0), min(n0, v.actual[0] - r0), i),
+                                       node)
+                      for i, r0 in enumerate(range(0, v.shape[0], n0)) if r0 < v.actual[0]]
+            return self.transpose_blocks(blocks, node)[0]
+        x = self.materialise(v, node)
+        if x.space == tile.ACC:
+            x = self.cast(x, "bf16", node)
+        return self.transpose_blocks([x], node, dest=dest)[0]
+
+    def transpose_blocks(self, blocks: list[Value], node: A.Node, split: bool = False,
+                         dest: Value | None = None) -> list[Value]:
+        """Blocks [r_b x c] -> one SRAM tile [c x sum r_b] holding each block's transpose
+        side by side: ``[that tile]`` or, with `split`, the block transposes (windows)."""
+        R, C = self.cfg.matrix.rows, self.cfg.matrix.cols
+        accp = self.cfg.accumulator.partitions
+        dtype = blocks[0].dtype
+        c_static = max(b.shape[1] for b in blocks)
+        for b in blocks:
+            if b.shape[0] > min(R, C) or b.shape[1] > accp or b.dtype not in FLOATS:
+                raise self.err(DslMatmulError, node.pos, f"transpose of a [{b.shape[0]} x {b.shape[1]}] tile needs at "
+                               f"most {min(R, C)} rows and {accp} columns on target '{self.target}'")
+        total = sum(b.shape[0] for b in blocks)
+        tbuf = self.buffer(node, (c_static, total), "f32", tile.ACC, "tr")
+        offs, off = [], 0
+        for b in blocks:
+            ibuf = self.identity(b.shape[0], dtype)
+            out = tbuf
+            if len(blocks) > 1:
+                out = self.add(tile.SubviewOp(tbuf, self.idx(0), self.idx(off), [c_static, b.shape[0]])).results[0]
+            self.add(tile.MatmulOp(b.buf, ibuf, out, self.idx(b.cols), self.idx(b.rows), self.idx(b.rows),
+                                   self.flag(False)))
+            offs.append(off)
+            off += b.shape[0]
+        width = offs[-1] + blocks[-1].rows
+        shape = (c_static, total)
         if dest is not None:
-            out = self.out_buf(node, v.dtype, (v.cols, v.rows), shape, dest, node.pos)
+            res = self.out_buf(node, dtype, (blocks[0].cols, width), shape, dest, node.pos)
         else:
-            out = Value(self.buffer(node, shape, v.dtype, tile.SRAM, "xT"), v.dtype, tile.SRAM, shape,
-                        v.cols, v.rows, node.pos)
-        self.add(tile.UnaryOp("copy", tbuf, out.buf, self.idx(v.cols), self.idx(v.rows)))
-        return out
+            res = Value(self.buffer(node, shape, dtype, tile.SRAM, "xT"), dtype, tile.SRAM, shape,
+                        blocks[0].cols, width, node.pos)
+        # one copy per run of blocks with the same row count (only the last can differ)
+        groups: list[list[int]] = []
+        for i, b in enumerate(blocks):
+            if groups and blocks[groups[-1][0]].cols == b.cols:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        for grp in groups:
+            c0, rows = offs[grp[0]], blocks[grp[0]].cols
+            w = offs[grp[-1]] + blocks[grp[-1]].rows - c0
+            src, dst = tbuf, res.buf
+            if len(groups) > 1:
+                src = self.add(tile.SubviewOp(tbuf, self.idx(0), self.idx(c0), [c_static, w])).results[0]
+                dst = self.add(tile.SubviewOp(res.buf, self.idx(0), self.idx(c0), [c_static, w])).results[0]
+            self.add(tile.UnaryOp("copy", src, dst, self.idx(rows), self.idx(w)))
+        if not split:
+            return [res]
+        return [Value(self.add(tile.SubviewOp(res.buf, self.idx(0), self.idx(o), [c_static, b.shape[0]])).results[0],
+                      dtype, tile.SRAM, (c_static, b.shape[0]), b.cols, b.rows, node.pos)
+                for o, b in zip(offs, blocks)]
 
 
 def _sym(fn: str) -> str:
