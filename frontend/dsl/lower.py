@@ -1119,13 +1119,14 @@ class KernelLowering:
             else:
                 windows = [self.window(a, c0, min(kc, k_static - c0), min(kc, a.cols - c0))
                            for c0 in range(0, k_static, kc) if c0 < a.cols]
-                lhs_parts = self.transpose_blocks(windows, e.args[0], split=True)
+                lhs_parts = self.transpose_blocks(windows, e.args[0], split=True,
+                                                  total=-(-k_static // kc) * a.shape[0])
         else:
             aT = self.materialise(first, e.args[0])
             self.engine_operand(aT, e.args[0])
             k_total, k_static = aT.rows, aT.shape[0]
             lhs_parts = [aT]
-        if isinstance(second, Lazy) and second.shape[0] > kc and len(lhs_parts) > 1:
+        if isinstance(second, Lazy) and second.shape[0] > kc:
             rhs_parts = [self.materialise(self.sub_lazy(second, c0, min(kc, second.shape[0] - c0),
                                                         min(kc, second.actual[0] - c0), i), e.args[1])
                          for i, c0 in enumerate(range(0, second.shape[0], kc)) if c0 < second.actual[0]]
@@ -1207,14 +1208,14 @@ class KernelLowering:
             blocks = [self.materialise(self.sub_lazy(v, r0, min(n0, v.shape[0] - r0), min(n0, v.actual[0] - r0), i),
                                        node)
                       for i, r0 in enumerate(range(0, v.shape[0], n0)) if r0 < v.actual[0]]
-            return self.transpose_blocks(blocks, node)[0]
+            return self.transpose_blocks(blocks, node, total=v.shape[0])[0]
         x = self.materialise(v, node)
         if x.space == tile.ACC:
             x = self.cast(x, "bf16", node)
         return self.transpose_blocks([x], node, dest=dest)[0]
 
     def transpose_blocks(self, blocks: list[Value], node: A.Node, split: bool = False,
-                         dest: Value | None = None) -> list[Value]:
+                         dest: Value | None = None, total: int | None = None) -> list[Value]:
         """Blocks [r_b x c] -> one SRAM tile [c x sum r_b] holding each block's transpose
         side by side: ``[that tile]`` or, with `split`, the block transposes (windows)."""
         R, C = self.cfg.matrix.rows, self.cfg.matrix.cols
@@ -1225,7 +1226,7 @@ class KernelLowering:
             if b.shape[0] > min(R, C) or b.shape[1] > accp or b.dtype not in FLOATS:
                 raise self.err(DslMatmulError, node.pos, f"transpose of a [{b.shape[0]} x {b.shape[1]}] tile needs at "
                                f"most {min(R, C)} rows and {accp} columns on target '{self.target}'")
-        total = sum(b.shape[0] for b in blocks)
+        total = max(total or 0, sum(b.shape[0] for b in blocks))  # static: the same buffer at every edge
         tbuf = self.buffer(node, (c_static, total), "f32", tile.ACC, "tr")
         offs, off = [], 0
         for b in blocks:
