@@ -172,3 +172,34 @@ def test_scheduler_reorders_within_blocks_and_keeps_results():
     names = [[op.name for op in KernelLowering(k.ast, shapes, cfg, schedule=s).run().walk()]
              for s in (False, True)]
     assert sorted(names[0]) == sorted(names[1]) and names[0] != names[1]
+
+
+def test_matmul_splits_a_long_contraction_and_transposes_tall_tiles():
+    src = """\
+kernel mm(a: bf16[M, K], b: bf16[K, N], c: bf16[K, N]) -> (y: f32[M, N], z: f32[N, K]):
+    for m in tiles(M, 16):
+        y[m, :] = matmul(load(a[m, :]), load(b[:, :]))
+    z[:, :] = f32(transpose(load(c[:, :])))
+"""
+    k = tilecc.kernel(src)
+    k.sanitize = True
+    a, b, c = torch.randn(20, 45).bfloat16(), torch.randn(45, 12).bfloat16(), torch.randn(45, 12).bfloat16()
+    y, z = k(a, b, c)
+    torch.testing.assert_close(y, a.float() @ b.float(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(z, c.float().T)
+    ir = k.ir("tile")
+    assert ir.count("tile.matmul") >= 3 * 2  # K = 45: three parts (and their transposes)
+
+
+def test_unrolled_loops_load_a_read_only_tile_once():
+    src = """\
+kernel rep(x: f32[R, C]) -> f32[R, C]:
+    for r in tiles(R, 16, unroll=True):
+        for i in range(3):
+            t = load(x[0, :])
+        out[r, :] = load(x[r, :]) + 1.0
+"""
+    k = tilecc.kernel(src)
+    x = np.random.default_rng(2).standard_normal((40, 8)).astype(np.float32)
+    np.testing.assert_allclose(k(x), x + 1.0, rtol=1e-6)
+    assert k.ir("tile").count("tile.load") == 1 + 3  # x[0, :] once for all copies; x[r, :] once each

@@ -187,6 +187,11 @@ class KernelLowering:
         self.entry = self.func.body.block  # the prologue: hoisted buffers and constants
         self.block = self.top = Block()  # the body, appended to the prologue at the end
         self._idx_loaded: set = set()
+        self.cse = True  # loads at static indices of read-only tensors are shared
+        self._cse: dict[tuple, Value] = {}
+        self._cse_nodes: dict[tuple, A.Node] = {}
+        self.unroll_depth = 0  # inside an unrolled loop (where shared loads pay off)
+        self._scratch_turn = 0  # shared transpose scratch (two, alternating) for shared tiles
         self.tensors = {p.name: (a, p) for p, a in zip(params, self.entry.args)}
         self.outputs = {p.name for p in kernel.results}
         self.consts: list[tuple[np.ndarray, str]] = []
@@ -614,8 +619,10 @@ class KernelLowering:
 
         unroll = "unroll" in it.kwargs and bool(self.static_int(it.kwargs["unroll"], "unroll"))
         if id(s) in self.unrolled or unroll:
+            self.unroll_depth += 1
             for i in range(full + (rem > 0)):
                 body(i * size, min(size, extent - i * size), i, i % bufs)
+            self.unroll_depth -= 1
             return
         trip, left = divmod(full, bufs)
         if trip == 1:
@@ -922,7 +929,24 @@ class KernelLowering:
             rd, cd = (-1 if bcast_rows is not None else len(idx) - 1), len(idx) - 1
         self.add(tile.LoadOp(lz.tensor, idx, buf, self.idx(sizes[0]), self.idx(sizes[1]), rd, cd))
 
-    def materialise(self, v: object, node: A.Node, bcast: Value | None = None, layout: str = "normal") -> Value:
+    def cse_key(self, v: Lazy, layout: str, bcast: Value | None) -> tuple | None:
+        """Loads at static indices of tensors the kernel never writes are loaded once
+        (unrolled loops reading the same tile share it)."""
+        if not self.cse or not self.unroll_depth or v.param in self.outputs or not all(
+                isinstance(i, int) for i in v.indices):
+            return None
+        if v.tensor not in {a for a, _ in self.tensors.values()}:
+            return None
+        return (v.param, tuple(v.indices), tuple(v.kept), tuple(v.sizes), tuple(v.tiles), layout,
+                v.cast_to, None if bcast is None else bcast.rows)
+
+    def cse_node(self, key: tuple, pos: A.Pos) -> A.Node:
+        if key not in self._cse_nodes:
+            self._cse_nodes[key] = A.Node(pos)
+        return self._cse_nodes[key]
+
+    def materialise(self, v: object, node: A.Node, bcast: Value | None = None, layout: str = "normal",
+                    cse: bool = True) -> Value:
         if isinstance(v, Value):
             return v
         if isinstance(v, Product):
@@ -930,6 +954,14 @@ class KernelLowering:
             out = Value(buf, "f32", tile.ACC, v.shape, v.m, v.n, node.pos)
             self.emit_matmul(v, out, accumulate=False)
             return out
+        if isinstance(v, Lazy) and cse and self.cse_key(v, layout, bcast) is not None:
+            key = self.cse_key(v, layout, bcast)
+            if key not in self._cse:
+                saved, self.slot = self.slot, ()
+                self._cse[key] = self.materialise(dataclasses.replace(v, node=self.cse_node(key, v.pos)), node, bcast, layout,
+                                                  cse=False)
+                self.slot = saved
+            return self._cse[key]
         if isinstance(v, Lazy):
             if v.dtype not in FLOATS:
                 raise self.err(DslTypeError, v.pos, f"tiles of {v.dtype} tensors are not supported")
@@ -1126,7 +1158,7 @@ class KernelLowering:
             self.engine_operand(aT, e.args[0])
             k_total, k_static = aT.rows, aT.shape[0]
             lhs_parts = [aT]
-        if isinstance(second, Lazy) and second.shape[0] > kc:
+        if isinstance(second, Lazy) and second.shape[0] > kc and e.fn == "matmul":
             rhs_parts = [self.materialise(self.sub_lazy(second, c0, min(kc, second.shape[0] - c0),
                                                         min(kc, second.actual[0] - c0), i), e.args[1])
                          for i, c0 in enumerate(range(0, second.shape[0], kc)) if c0 < second.actual[0]]
@@ -1204,6 +1236,17 @@ class KernelLowering:
         SRAM in x's dtype); a lazily loaded slice taller than the array is loaded and
         transposed in blocks of the array's size, side by side."""
         n0 = min(self.cfg.matrix.rows, self.cfg.matrix.cols, self.cfg.sram.partitions)
+        key = self.cse_key(v, "T", None) if isinstance(v, Lazy) and dest is None else None
+        if key is not None:
+            if key not in self._cse:
+                saved, self.slot = self.slot, ()
+                self.cse, was = False, self.cse
+                try:
+                    self._scratch_turn = (self._scratch_turn + 1) % 2
+                    self._cse[key] = self.transpose(v, self.cse_node(key, v.pos), None)
+                finally:
+                    self.cse, self.slot = was, saved
+            return self._cse[key]
         if isinstance(v, Lazy) and not v.is_row and v.shape[0] > n0:
             blocks = [self.materialise(self.sub_lazy(v, r0, min(n0, v.shape[0] - r0), min(n0, v.actual[0] - r0), i),
                                        node)
@@ -1227,7 +1270,10 @@ class KernelLowering:
                 raise self.err(DslMatmulError, node.pos, f"transpose of a [{b.shape[0]} x {b.shape[1]}] tile needs at "
                                f"most {min(R, C)} rows and {accp} columns on target '{self.target}'")
         total = max(total or 0, sum(b.shape[0] for b in blocks))  # static: the same buffer at every edge
-        tbuf = self.buffer(node, (c_static, total), "f32", tile.ACC, "tr")
+        scratch = node
+        if not self.cse and node in self._cse_nodes.values():  # a shared tile: shared scratch
+            scratch = self.cse_node(("scratch", self._scratch_turn), node.pos)
+        tbuf = self.buffer(scratch, (c_static, total), "f32", tile.ACC, "tr")
         offs, off = [], 0
         for b in blocks:
             ibuf = self.identity(b.shape[0], dtype)
