@@ -937,8 +937,9 @@ class KernelLowering:
             return None
         if v.tensor not in {a for a, _ in self.tensors.values()}:
             return None
-        return (v.param, tuple(v.indices), tuple(v.kept), tuple(v.sizes), tuple(v.tiles), layout,
-                v.cast_to, None if bcast is None else bcast.rows)
+        # valid within the innermost scf.for body (a loop body reloads on every iteration)
+        return (id(self.block), v.param, tuple(v.indices), tuple(v.kept), tuple(v.sizes), tuple(v.tiles),
+                layout, v.cast_to, None if bcast is None else bcast.rows)
 
     def cse_node(self, key: tuple, pos: A.Pos) -> A.Node:
         if key not in self._cse_nodes:
