@@ -44,7 +44,6 @@ from xdsl.dialects.builtin import (
     TensorType,
     UnitAttr,
     i1,
-    i32,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
@@ -191,7 +190,8 @@ class KernelLowering:
         self._cse: dict[tuple, Value] = {}
         self._cse_nodes: dict[tuple, A.Node] = {}
         self.unroll_depth = 0  # inside an unrolled loop (where shared loads pay off)
-        self._scratch_turn = 0  # shared transpose scratch (two, alternating) for shared tiles
+        self._scratch_turn = 0  # shared transpose scratch (alternating) for shared tiles
+        self.scratch_buffers = 2
         self.tensors = {p.name: (a, p) for p, a in zip(params, self.entry.args)}
         self.outputs = {p.name for p in kernel.results}
         self.consts: list[tuple[np.ndarray, str]] = []
@@ -205,6 +205,7 @@ class KernelLowering:
         self.name_hint = "t"  # temporaries are named after the variable being assigned
         self.unrolled = _loops_bounding_inner(kernel.body)
         self.lazy_zero = _lazy_zero_assigns(kernel.body)
+        self.lazy_zero_calls = set(self.lazy_zero.values())
         self.written: dict[str, list] = {}
 
     # ---- errors ----------------------------------------------------------------
@@ -1104,10 +1105,6 @@ class KernelLowering:
     def _lazy_here(self, e: A.Call) -> bool:
         return id(e) in self.lazy_zero_calls
 
-    @property
-    def lazy_zero_calls(self) -> set[int]:
-        return {c for c in self.lazy_zero.values()}
-
     def ids(self, e: A.Call) -> Value | Lazy:
         """row_ids(m): a column [m.size x 1] of m.start + r; col_ids(n): a row of n.start + c
         (from an HBM arange, f32)."""
@@ -1243,7 +1240,7 @@ class KernelLowering:
                 saved, self.slot = self.slot, ()
                 self.cse, was = False, self.cse
                 try:
-                    self._scratch_turn = (self._scratch_turn + 1) % 2
+                    self._scratch_turn = (self._scratch_turn + 1) % self.scratch_buffers
                     self._cse[key] = self.transpose(v, self.cse_node(key, v.pos), None)
                 finally:
                     self.cse, self.slot = was, saved
@@ -1430,4 +1427,4 @@ def build_module(kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: Hardw
     return ModuleOp([kfunc, main])
 
 
-__all__ = ["build_module", "KernelLowering", "DTYPES", "i32"]
+__all__ = ["build_module", "KernelLowering", "DTYPES"]

@@ -19,8 +19,6 @@ Example (one body, two copies; M: matrix, V: vector)::
 
 from __future__ import annotations
 
-import heapq
-
 from xdsl.dialects import func, scf
 from xdsl.ir import Block, Operation, SSAValue
 
