@@ -626,6 +626,10 @@ class _Importer:
             self.status[node] = "folded"
             return
         handler = self.handlers.get(node.target)
+        if handler is None:  # a tile-DSL kernel registered as a custom op (frontend/dsl/torch_op.py)
+            from tilecc.frontend.dsl.torch_op import import_handler
+
+            handler = import_handler(self, node.target)
         deps = [self.env.get(n) for n in node.all_input_nodes]
         if any(isinstance(d, _Poison) for d in deps):
             # an input could not be imported: only check that the op itself is known

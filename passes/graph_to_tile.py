@@ -113,10 +113,10 @@ class GraphToTile:
         # through a strided view (`output_buffer`); `absorbed` records where it was
         self.layout_requests: dict[SSAValue, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.absorbed: dict[SSAValue, SSAValue] = {}
-        from tilecc.passes import lower_index, lower_nn
+        from tilecc.passes import lower_dsl_call, lower_index, lower_nn
 
         # op families lowered in their own files: op class -> fn(lowering, op, loc)
-        self.extra = {**lower_nn.LOWERINGS, **lower_index.LOWERINGS}
+        self.extra = {**lower_nn.LOWERINGS, **lower_index.LOWERINGS, **lower_dsl_call.LOWERINGS}
 
     # ---- @main helpers -------------------------------------------------------------
     def emit(self, op: Operation) -> Operation:

@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("source", help="FILE.py:FACTORY")
     cov.add_argument("--json", action="store_true")
     cov.set_defaults(fn=cmd_coverage)
+    from tilecc.frontend.dsl.cli import add_parser as add_kernel_parser  # the tile DSL
+
+    add_kernel_parser(sub)
     return ap
 
 

@@ -97,3 +97,44 @@ class UninitializedReadError(SimulatorError):
     def __init__(self, message: str, instruction: int | None = None):
         super().__init__(message)
         self.instruction = instruction
+
+
+class DslError(TileccError):
+    """An error in a tile-DSL kernel. The first line reads ``file:line:column: <what>``;
+    two more lines show the source line and a caret under the column. `where` holds
+    (file, line, column) and `headline` the first line alone."""
+
+    def __init__(self, headline: str, where: tuple[str, int, int] | None = None, excerpt: str = ""):
+        self.headline = headline
+        self.where = where
+        super().__init__(headline + (f"\n{excerpt}" if excerpt else ""))
+
+
+class DslSyntaxError(DslError):
+    """Malformed tile-DSL source: names what was expected, in words."""
+
+
+class DslNameError(DslError):
+    """A read of a name the kernel never defined (or a name used as the wrong kind)."""
+
+
+class DslTypeError(DslError):
+    """Operands whose dtypes an operation cannot combine."""
+
+
+class DslShapeError(DslError):
+    """Tile shapes an operation cannot combine, or a tile the target cannot hold (a
+    partition dimension larger than the target's)."""
+
+
+class DslMatmulError(DslError):
+    """Matmul operands the matrix engine cannot take (space, dtype, layout or size)."""
+
+
+class DslMemoryError(DslError, SramOverflowError):
+    """A kernel's on-chip buffers do not fit the target; names the buffers live at the
+    peak, largest first, with their lines."""
+
+
+class DslRaceError(DslError):
+    """A store whose elements are written by several iterations of a parallel loop."""

@@ -1,0 +1,189 @@
+"""`tilecc.kernel(path_or_source)`: a tile-DSL kernel callable on the simulator.
+
+    k = tilecc.kernel("examples/kernels/gemm_gelu.tdsl")
+    y = k(a, b, bias, target="cloud")     # numpy in, numpy out (or torch in, torch out)
+    print(k.report)                       # cycles, roofline bound, utilisation, ...
+    print(k.ir("tile"), k.ir("npu"), k.asm())
+
+The kernel compiles once per (input shapes and dtypes, target): `lower.build_module`
+gives the tile-dialect module, and the compiler's own pipeline from plan-sram on
+(plan-sram, plan-hbm, lower-tile-to-npu, npu-insert-sync) makes the Program the
+simulator runs, exactly as for a compiled model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from xdsl.dialects.builtin import ModuleOp
+
+from tilecc.codegen.expand import expand_module
+from tilecc.errors import InputMismatchError, TileccError
+from tilecc.frontend.dsl import ast as A
+from tilecc.frontend.dsl.lower import build_module
+from tilecc.frontend.dsl.parser import parse
+from tilecc.ir.graph import GraphProgram
+from tilecc.passes.registry import default_pipeline
+from tilecc.runtime.compiler import _read_layout, work_figures
+from tilecc.runtime.executor import run_program
+from tilecc.runtime.program import Program
+from tilecc.runtime.report import Report
+from tilecc.simulator.config import HardwareConfig, load_config
+
+TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32}
+TILE_STAGES = ("plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync")
+
+
+@dataclass
+class Compiled:
+    program: Program
+    stages: dict[str, str]  # stage name -> IR text after it ("tile": the front end's output)
+    module: ModuleOp  # the tile module as the front end built it
+    seconds: float
+
+
+def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: HardwareConfig,
+                   target: str = "", keep_ir: bool = True) -> Compiled:
+    t0 = time.perf_counter()
+    module = build_module(kernel, shapes, cfg, target)
+    module.verify()
+    stages = {"tile": str(module)} if keep_ir else {}
+    front = module.clone()
+    gp = GraphProgram(ModuleOp([]), input_names=[p.name for p in kernel.params],
+                      output_names=[p.name for p in kernel.results])
+    layout = None
+    for name, run in default_pipeline(cfg, 0):
+        if name not in TILE_STAGES:
+            continue
+        if name == "lower-tile-to-npu":
+            layout = _read_layout(module, gp)
+        run(module)
+        if keep_ir:
+            stages[name] = str(module)
+    assert layout is not None
+    stream, kernels = expand_module(module)
+    program = Program(
+        stream=stream, kernels=kernels, inputs=layout.inputs, outputs=layout.outputs,
+        weights=layout.weights, weight_data=layout.weight_data, hbm_size=layout.hbm_size,
+        config=cfg, work=work_figures(stream, layout, cfg), meta={"hbm": layout.hbm_plan},
+    )
+    return Compiled(program, stages, front, time.perf_counter() - t0)
+
+
+class Kernel:
+    """A parsed tile-DSL kernel; call it with arrays to compile (once per shapes and
+    target) and run it on the simulator."""
+
+    def __init__(self, source: str, filename: str = "<string>", name: str | None = None):
+        kernels = parse(source, filename)
+        if name is not None:
+            found = [k for k in kernels if k.name == name]
+            if not found:
+                raise TileccError(f"{filename}: no kernel named '{name}' (found: {', '.join(k.name for k in kernels)})")
+            kernels = found
+        self.ast = kernels[0]
+        self.name = self.ast.name
+        self.sanitize = False
+        self.keep_ir = True  # print the IR after every stage (for k.ir()); off for big kernels
+        self.report: Report | None = None
+        self.compiled: Compiled | None = None
+        self._cache: dict[tuple, Compiled] = {}
+
+    # ---- compile and run ---------------------------------------------------------
+    def compile(self, *arrays: Any, target: str | Path | HardwareConfig = "tiny") -> Compiled:
+        cfg = load_config(target)
+        shapes = [tuple(int(n) for n in a.shape) for a in arrays]
+        self._check_dtypes(arrays)
+        key = (tuple(shapes), cfg)
+        if key not in self._cache:
+            self._cache[key] = compile_kernel(self.ast, shapes, cfg, cfg.name, self.keep_ir)
+        self.compiled = self._cache[key]
+        return self.compiled
+
+    def _check_dtypes(self, arrays: tuple) -> None:
+        if len(arrays) != len(self.ast.params):
+            raise InputMismatchError(f"kernel {self.name} takes {len(self.ast.params)} array(s) "
+                                     f"({', '.join(p.name for p in self.ast.params)}), got {len(arrays)}")
+        for p, a in zip(self.ast.params, arrays):
+            want = TORCH_DTYPE[p.type.dtype]
+            got = a.dtype if isinstance(a, torch.Tensor) else _np_dtype(a, p.name)
+            if got != want:
+                raise InputMismatchError(f"kernel {self.name}: '{p.name}' is {p.type.dtype}, got an array of {got}")
+
+    def __call__(self, *arrays: Any, target: str | Path | HardwareConfig = "tiny", sanitize: bool | None = None) -> Any:
+        as_numpy = not any(isinstance(a, torch.Tensor) for a in arrays)
+        tensors = tuple(a if isinstance(a, torch.Tensor) else _to_torch(a, p.type.dtype)
+                        for a, p in zip(arrays, self.ast.params))
+        c = self.compile(*tensors, target=target)
+        outs, self.report = run_program(c.program, tensors,
+                                        sanitize=self.sanitize if sanitize is None else sanitize)
+        if as_numpy:
+            outs = [o.float().numpy() if o.dtype == torch.bfloat16 else o.numpy() for o in outs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    # ---- each stage ----------------------------------------------------------------
+    def ir(self, stage: str = "tile") -> str:
+        """The IR of the last compilation: "tile" (the front end's output), "npu" (after
+        npu-insert-sync) or any stage name in `TILE_STAGES`."""
+        c = self._last()
+        key = {"npu": "npu-insert-sync"}.get(stage, stage)
+        if key not in c.stages:
+            raise TileccError(f"unknown stage '{stage}' (tile, npu, {', '.join(TILE_STAGES)})")
+        return c.stages[key]
+
+    def asm(self) -> str:
+        from tilecc.codegen.asm import print_asm
+
+        return print_asm(self._last().program.stream)
+
+    def _last(self) -> Compiled:
+        if self.compiled is None:
+            raise TileccError(f"kernel {self.name} has not been compiled yet: call it or k.compile(*arrays, target=...)")
+        return self.compiled
+
+    def as_torch_op(self, qualname: str, target: str = "tiny"):
+        from tilecc.frontend.dsl.torch_op import register
+
+        return register(self, qualname, target)
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{p.name}: {p.type.dtype}[{', '.join(map(str, p.type.dims))}]" for p in self.ast.params)
+        return f"<tilecc.Kernel {self.name}({sig})>"
+
+
+def _np_dtype(a: Any, name: str) -> torch.dtype:
+    arr = np.asarray(a)
+    table = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16, np.dtype(np.int32): torch.int32}
+    if arr.dtype not in table:
+        if arr.dtype == np.float64:
+            return torch.float64
+        raise InputMismatchError(f"'{name}': numpy dtype {arr.dtype} is not supported (f32, f16, i32; bf16 via float32)")
+    return table[arr.dtype]
+
+
+def _to_torch(a: Any, dtype: str) -> torch.Tensor:
+    """A numpy array as the kernel's dtype (bf16 parameters take float32 arrays, rounded)."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if dtype == "bf16" and t.dtype == torch.float32:
+        return t.to(torch.bfloat16)
+    return t
+
+
+def kernel(path_or_source: str | Path, name: str | None = None) -> Kernel:
+    """A kernel from a ``.tdsl`` file or from source text (anything containing a newline
+    or starting with 'kernel')."""
+    text = str(path_or_source)
+    if isinstance(path_or_source, Path) or ("\n" not in text and not text.lstrip().startswith("kernel")):
+        p = Path(text)
+        if not p.exists():
+            raise TileccError(f"tile-DSL file not found: {p}")
+        return Kernel(p.read_text(encoding="utf-8"), str(p), name)
+    return Kernel(text, "<string>", name)
+
+
+__all__ = ["kernel", "Kernel", "compile_kernel", "Compiled"]

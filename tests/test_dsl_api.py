@@ -1,0 +1,204 @@
+"""The tile DSL's Python API (tilecc.kernel: numpy / torch in and out, report, each
+stage's IR, source locations on ops) and its torch custom ops (export, tilecc compile
+by inlining the kernel's tile IR, eager)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilecc
+from tilecc.errors import InputMismatchError, TileccError
+
+KERNELS = Path(__file__).resolve().parent.parent / "examples" / "kernels"
+
+SCALE = """\
+kernel scale_add(x: f32[R, C], y: f32[R, C]) -> f32[R, C]:
+    for r in tiles(R, 16):
+        out[r, :] = load(x[r, :]) * 2.0 + load(y[r, :])
+"""
+
+
+def test_numpy_in_numpy_out_and_torch_in_torch_out():
+    k = tilecc.kernel(SCALE)
+    x, y = np.arange(40 * 3, dtype=np.float32).reshape(40, 3), np.ones((40, 3), np.float32)
+    got = k(x, y)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, x * 2 + y)
+    gt = k(torch.from_numpy(x), torch.from_numpy(y))
+    assert isinstance(gt, torch.Tensor)
+    torch.testing.assert_close(gt, torch.from_numpy(x * 2 + y))
+
+
+def test_report_and_every_stage():
+    k = tilecc.kernel(KERNELS / "softmax.tdsl")
+    with pytest.raises(TileccError, match="has not been compiled yet"):
+        k.ir("tile")
+    k(np.random.default_rng(0).standard_normal((20, 9)).astype(np.float32), target="tiny")
+    assert k.report.cycles > 0 and k.report.roofline_ratio >= 1.0
+    tile_ir = k.ir("tile")
+    assert "func.func @softmax" in tile_ir and "tile.reduce" in tile_ir and "scf.for" not in tile_ir
+    # the source position of each op (file:line:col) is on it
+    assert 'tilecc.loc = "' + str(KERNELS / "softmax.tdsl") + ':5:9"' in tile_ir
+    assert "npu.kernel" in k.ir("npu") and "npu.vec_reduce" in k.ir("npu")
+    assert "offset = " in k.ir("plan-sram")
+    asm = k.asm()
+    assert "vec.exp" in asm and "dma.load" in asm and "dma.store" in asm
+    with pytest.raises(TileccError, match="unknown stage 'ptx'"):
+        k.ir("ptx")
+
+
+def test_every_tile_op_carries_its_dsl_location():
+    k = tilecc.kernel(KERNELS / "gemm_gelu.tdsl")
+    a, b, bias = torch.randn(40, 20).bfloat16(), torch.randn(20, 70).bfloat16(), torch.randn(70)
+    k(a, b, bias)
+    module = k.compiled.module
+    ops = [op for op in module.walk() if op.name.startswith("tile.")]
+    assert ops and all("tilecc.loc" in op.attributes for op in ops)
+    lines = {op.name: op.attributes["tilecc.loc"].data.rsplit(":", 2)[1] for op in ops}
+    assert lines["tile.matmul"] == "10" and lines["tile.unary"] == "11" and lines["tile.store"] == "11"
+
+
+def test_loops_peel_the_edge_tile_and_multibuffer():
+    k = tilecc.kernel(KERNELS / "gemm_gelu.tdsl")
+    a, b, bias = torch.randn(20, 70).bfloat16(), torch.randn(70, 30).bfloat16(), torch.randn(30)
+    k.sanitize = True
+    got = k(a, b, bias)
+    torch.testing.assert_close(got.float(), F.gelu(a.float() @ b.float() + bias).bfloat16().float(),
+                               rtol=2e-2, atol=5e-2)
+    ir = k.ir("tile")
+    # K = 70 on 16-wide tiles, buffers=2: 4 full tiles as 2 loop iterations of 2 copies, and a
+    # peeled edge tile of 6; each copy loads (and transposes, on the matrix engine) into
+    # buffers of its own
+    assert 'buffer = "a"' in ir and 'buffer = "a1"' in ir and 'buffer = "xT1"' in ir
+    assert "sizes(%" in ir
+
+
+def test_input_errors():
+    k = tilecc.kernel(SCALE)
+    with pytest.raises(InputMismatchError, match=r"kernel scale_add takes 2 array\(s\) \(x, y\), got 1"):
+        k(np.ones((2, 2), np.float32))
+    with pytest.raises(InputMismatchError, match="kernel scale_add: 'x' is f32, got an array of torch.float16"):
+        k(np.ones((2, 2), np.float16), np.ones((2, 2), np.float32))
+
+
+def test_kernel_as_torch_op_exports_compiles_and_matches_eager():
+    k = tilecc.kernel(KERNELS / "gemm_gelu.tdsl")
+    k.as_torch_op("tilecc_test::gemm_gelu")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(40, 24).bfloat16())
+            self.bias = torch.nn.Parameter(torch.randn(24))
+
+        def forward(self, x):
+            y = torch.ops.tilecc_test.gemm_gelu(torch.relu(x), self.w, self.bias)
+            return y.float() * 2 + 1
+
+    m = Model()
+    x = torch.randn(20, 40).bfloat16()
+    with torch.no_grad():
+        eager = m(x)  # the custom op runs the kernel on the simulator
+        math = F.gelu(torch.relu(x).float() @ m.w.float() + m.bias).bfloat16().float() * 2 + 1
+    torch.testing.assert_close(eager, math, rtol=2e-2, atol=0.1)
+    ep = torch.export.export(m, (x,))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert "tilecc_test.gemm_gelu.default" in targets  # export keeps the kernel as one op
+    cm = tilecc.compile(ep, target="tiny")
+    cm.sanitize = True
+    got = cm(x)
+    torch.testing.assert_close(got, eager)
+    names = [s for s in cm.program.kernels]
+    assert any("gemm_gelu" in n[0] for n in names)
+
+
+def test_torch_op_fake_shapes_follow_result_types():
+    k = tilecc.kernel(KERNELS / "conv2d.tdsl")
+    k.as_torch_op("tilecc_test::conv2d")
+
+    class Model(torch.nn.Module):
+        def forward(self, x, w):
+            return torch.ops.tilecc_test.conv2d(x, w) + 1
+
+    x, w = torch.randn(3, 6, 9).bfloat16(), torch.randn(3, 2, 3, 5).bfloat16()
+    ep = torch.export.export(Model(), (x, w))
+    out = [n for n in ep.graph.nodes if n.op == "call_function"][0]
+    assert tuple(out.meta["val"].shape) == (5, 4, 8)
+    got = tilecc.compile(ep, target="tiny")(x, w)
+    want = F.conv2d(x.float()[None], w.float().permute(3, 2, 0, 1))[0] + 1
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_tiles_with_a_start_unroll_and_folded_constant_tiles():
+    src = """\
+kernel band(x: f32[R, C]) -> f32[R, C]:
+    for r in tiles(R, 16):
+        for c in tiles(r.start, r.end, 16, unroll=True):
+            out[r, c] = load(x[r, c]) + (col_ids(c) > row_ids(r)) * -100.0
+        for c in tiles(0, r.start, 16):
+            out[r, c] = load(x[r, c]) * 2.0
+        for c in tiles(r.end, C, 16):
+            out[r, c] = exp(load(x[r, c]))
+"""
+    k = tilecc.kernel(src)
+    k.sanitize = True
+    x = np.random.default_rng(1).standard_normal((40, 40)).astype(np.float32)
+    got = k(x)
+    rows, cols = np.indices(x.shape)
+    want = np.where(cols // 16 < rows // 16, x * 2, np.exp(x))
+    diag = cols // 16 == rows // 16
+    want[diag] = (x + np.where(cols > rows, -100.0, 0.0))[diag]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    ir = k.ir("tile")
+    assert 'tile.binary "gt"' not in ir  # the id comparison folded into a constant tile
+
+
+def test_scheduler_reorders_within_blocks_and_keeps_results():
+    k = tilecc.kernel(KERNELS / "flash_attention.tdsl")
+    q, kk, v = (torch.randn(1, 40, 16).bfloat16() for _ in range(3))
+    k.sanitize = True
+    got = k(q, kk, v)
+    want = F.scaled_dot_product_attention(q.float(), kk.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
+    from tilecc.frontend.dsl.lower import KernelLowering
+    from tilecc.simulator.config import load_config
+
+    shapes, cfg = [tuple(q.shape)] * 3, load_config("tiny")
+    names = [[op.name for op in KernelLowering(k.ast, shapes, cfg, schedule=s).run().walk()]
+             for s in (False, True)]
+    assert sorted(names[0]) == sorted(names[1]) and names[0] != names[1]
+
+
+def test_matmul_splits_a_long_contraction_and_transposes_tall_tiles():
+    src = """\
+kernel mm(a: bf16[M, K], b: bf16[K, N], c: bf16[K, N]) -> (y: f32[M, N], z: f32[N, K]):
+    for m in tiles(M, 16):
+        y[m, :] = matmul(load(a[m, :]), load(b[:, :]))
+    z[:, :] = f32(transpose(load(c[:, :])))
+"""
+    k = tilecc.kernel(src)
+    k.sanitize = True
+    a, b, c = torch.randn(20, 45).bfloat16(), torch.randn(45, 12).bfloat16(), torch.randn(45, 12).bfloat16()
+    y, z = k(a, b, c)
+    torch.testing.assert_close(y, a.float() @ b.float(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(z, c.float().T)
+    ir = k.ir("tile")
+    assert ir.count("tile.matmul") >= 3 * 2  # K = 45: three parts (and their transposes)
+
+
+def test_unrolled_loops_load_a_read_only_tile_once():
+    src = """\
+kernel rep(x: f32[R, C], w: f32[C]) -> f32[R, C]:
+    for r in tiles(R, 16, unroll=True):
+        out[r, :] = load(x[r, :]) * load(w[:])
+"""
+    k = tilecc.kernel(src)
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((32, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    np.testing.assert_allclose(k(x, w), x * w, rtol=1e-6)
+    assert k.ir("tile").count("tile.load") == 2 + 1  # x[r, :] per copy; w once for both copies
