@@ -22,7 +22,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import Graph, GraphModule, Node
 
 from tilecc.errors import UnsupportedOpError
-from tilecc.frontend.torch_export import _Importer
+from tilecc.frontend.torch_export import _Importer, _op_name
 from tilecc.ir import graph as g
 
 
@@ -155,7 +155,8 @@ def node_support(node: Node, bindings: dict | None = None) -> str | None:
     try:
         import_graph_module(graph, bindings or hint_bindings(node.graph))
     except UnsupportedOpError as e:
-        return "; ".join(w for w, _ in e.ops)
+        name = _op_name(node.target)
+        return "; ".join(f"no NPU lowering for {w}" if w == name else w for w, _ in e.ops)
     except Exception as e:  # a handler that fails on this shape: not for the NPU
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return None

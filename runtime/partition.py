@@ -159,8 +159,15 @@ class Plan:
                 f"  transfers: {len(self.transfers)}, {self.transfer_bytes:,} bytes, "
                 f"{self.transfer_seconds * 1e6:.2f} us modelled"
             )
+            host = [t for t in self.transfers if "host" in (t.src, t.dst)]
+            if host:
+                lines.append(
+                    f"    host I/O (graph inputs, weights, outputs): {len(host)}, "
+                    f"{sum(t.bytes for t in host):,} bytes, {sum(t.seconds for t in host) * 1e6:.2f} us"
+                )
             for t in self.transfers:
-                lines.append(f"    {t.tensor}: {t.src} -> {t.dst}, {t.bytes:,} bytes, {t.seconds * 1e6:.2f} us")
+                if t not in host:
+                    lines.append(f"    {t.tensor}: {t.src} -> {t.dst}, {t.bytes:,} bytes, {t.seconds * 1e6:.2f} us")
         return "\n".join(lines)
 
 
@@ -291,7 +298,8 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
                     f"outweigh its gain ({gain * 1e6:.2f} us)"
                 )
                 changed = True
-    keep = [i for i in range(len(regions)) if i not in region_reason]
+    keep = sorted((i for i in range(len(regions)) if i not in region_reason),
+                  key=lambda i: min(order[n] for n in regions[i]))
 
     # the plan, read off the graph before fusing rewrites it
     for i in keep:
@@ -303,7 +311,7 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
         fb = _partition("fallback", "fallback", dict.fromkeys(fallback_nodes), cfg, cost, hints)
         plan.partitions.append(fb)
     for n in fallback_nodes:
-        why = reasons.get(n) or region_reason.get(owner.get(n, -1), "")
+        why = reasons.get(n)  # unsupported alone; demoted regions are reported once below
         if n.target is operator.getitem or not why or why.startswith("not a tensor"):
             continue
         plan.fallbacks.append(Fallback(_op_name(n.target), node_location(n), why))
@@ -311,7 +319,9 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
         if why.startswith("NPU island"):
             ops = Counter(_op_name(n.target) for n in regions[i] if n.target is not operator.getitem)
             first = min(regions[i], key=lambda n: order[n])
-            plan.fallbacks.append(Fallback(", ".join(sorted(ops)), node_location(first), why))
+            names = sorted(ops)
+            label = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            plan.fallbacks.append(Fallback(f"{sum(ops.values())} ops ({label})", node_location(first), why))
     name_of = {n: p.name for p, i in zip(plan.npu_partitions, keep) for n in regions[i]}
     plan.transfers = _transfers(gm, name_of, cost, hints)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from tilecc.errors import TileccError
 
-__all__ = ["compile", "load", "CompiledModel", "TileccError"]
+__all__ = ["compile", "load", "CompiledModel", "TileccError", "explain"]
 __version__ = "0.1.0"
 
 
@@ -21,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from tilecc import api
 
         return getattr(api, name)
+    if name == "explain":
+        from tilecc.explanation import explain
+
+        return explain
     raise AttributeError(f"module 'tilecc' has no attribute {name!r}")
