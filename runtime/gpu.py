@@ -46,11 +46,18 @@ def lower_to_tile(gp: GraphProgram, cfg: HardwareConfig) -> Any:
     return module
 
 
-def run_on_triton(gp: GraphProgram, cfg: HardwareConfig, inputs: tuple, device: str = "cpu") -> tuple[list, dict]:
+def prepare_triton(gp: GraphProgram, cfg: HardwareConfig) -> tuple[dict, dict, dict]:
+    """(functions by name, jitted kernels, Triton sources) of `gp` lowered for `cfg`."""
     module = lower_to_tile(gp, cfg)
     funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     sources = {n: triton_source(f) for n, f in funcs.items() if tile.KERNEL_ATTR in f.attributes}
     kernels = {n: triton_kernel(funcs[n]) for n in sources}
+    return funcs, kernels, sources
+
+
+def run_on_triton(gp: GraphProgram, cfg: HardwareConfig, inputs: tuple, device: str = "cpu",
+                  prepared: tuple | None = None) -> tuple[list, dict]:
+    funcs, kernels, sources = prepared or prepare_triton(gp, cfg)
     env: dict = {}
     main = funcs["main"]
     for op in main.body.block.ops:
