@@ -1,28 +1,34 @@
 """Triton source from tile-dialect kernels: one ``@triton.jit`` function per kernel.
 
-    src = triton_source(kernel)        # str: the kernel as Triton Python, inspectable
-    fn = triton_kernel(kernel)         # the jitted function (TRITON_INTERPRET=1 without a GPU)
-    fn[(1,)](*hbm_tensors)
+    k = emit_kernel(kernel)            # TritonKernel: .source (inspectable), .scratch_elems
+    fn = k.compile()                   # the jitted function (TRITON_INTERPRET=1 without a GPU)
+    fn[(1,)](*hbm_tensors, scratch)    # scratch: k.scratch_elems float32 elements
 
-The translation keeps the kernel's tiling: every on-chip buffer (`tile.alloc`) becomes
-a block value padded to powers of two, a tile op writes the leading ``rows x cols``
-corner of its output (a `tl.where` on a mask, like the NPU), `tile.load` / `tile.store`
-are masked pointer loads and stores at the HBM memref's row-major strides, `scf.for`
-stays a loop and `arith` index math stays Python arithmetic. One program instance runs
-the kernel's loops in order (grid ``(1,)``), as the NPU core does.
+The translation keeps the kernel's tiling and fusion: every on-chip buffer
+(`tile.alloc`) is a region of a float32 scratch tensor, the stand-in for SRAM and the
+accumulators (row-major, its row stride the buffer's columns); `tile.subview` is an
+offset into its parent's region with the parent's stride; each tile op loads its
+operands' leading ``rows x cols`` corner as a block (padded to powers of two, masked),
+computes and stores its output corner, as the NPU's vector and matrix engines do.
+`tile.load` / `tile.store` are masked pointer loads and stores at the HBM memref's
+row-major strides (steps and a broadcast row dimension included), `tile.matmul` is a
+`tl.dot` on the transposed lhs, `scf.for` stays a loop and `arith` index math stays
+scalar arithmetic. One program instance runs the kernel's loops in order (grid
+``(1,)``), as one NPU core does.
 
-Handled: load / store (with steps), unary, binary (tile and column rhs), scalar, reduce,
-matmul (`tl.dot` on the transposed lhs). Anything else (subviews, gathers, strided HBM
-layouts) raises `TritonCodegenError` naming the op: such kernels are not emitted.
+Not translated (a `TritonCodegenError` naming the op): `tile.gather`, loops with
+loop-carried values, strided HBM layouts, and any op outside the tile, scf and arith
+subsets above.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from xdsl.dialects import arith, func, scf
-from xdsl.dialects.builtin import MemRefType, NoneAttr
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, NoneAttr
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.errors import TileccError
@@ -72,141 +78,233 @@ def _tanh(x):
 '''
 
 
-def _pow2(n: int) -> int:
-    return max(16, 1 << math.ceil(math.log2(max(1, n))))
+CMPI = {"eq": "==", "ne": "!=", "slt": "<", "sle": "<=", "sgt": ">", "sge": ">=", "ult": "<", "ule": "<=",
+        "ugt": ">", "uge": ">="}
+
+
+def _pow2(n: int, least: int = 1) -> int:
+    return max(least, 1 << max(0, math.ceil(math.log2(max(1, n)))))
+
+
+@dataclass
+class _Buf:
+    base: str  # scratch offset (elements): an int literal or a scalar variable
+    stride: int  # row stride (elements)
+    rows: int  # static shape
+    cols: int
+
+
+@dataclass
+class TritonKernel:
+    name: str
+    source: str  # the @triton.jit function (PRELUDE holds the imports and helpers)
+    scratch_elems: int  # float32 elements of on-chip scratch the launch passes last
+
+    def compile(self) -> Any:
+        """The jitted function; Triton reads the source file back, so it is written to disk."""
+        import importlib.util
+        import os
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix=f"tilecc_{self.name}_", suffix=".py")
+        with os.fdopen(fd, "w") as f:
+            f.write(PRELUDE + "\n\n" + self.source)
+        spec = importlib.util.spec_from_file_location(f"tilecc_triton_{self.name}", path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return getattr(mod, self.name)
 
 
 class _Emitter:
     def __init__(self, kernel: func.FuncOp):
         self.kernel = kernel
         self.names: dict[SSAValue, str] = {}
-        self.buffers: dict[SSAValue, tuple[int, int]] = {}  # padded block shape
+        self.bufs: dict[SSAValue, _Buf] = {}
         self.lines: list[str] = []
-        self.one = arith.ConstantOp.from_int_and_width(1, 64).result  # a reduction's one column
+        self.scratch = 0
+        self.tmp = 0
 
     def name(self, v: SSAValue) -> str:
         if v not in self.names:
             self.names[v] = f"v{len(self.names)}"
         return self.names[v]
 
+    def fresh(self) -> str:
+        self.tmp += 1
+        return f"t{self.tmp}"
+
     def emit(self, depth: int, line: str) -> None:
         self.lines.append("    " * depth + line)
 
-    def run(self) -> str:
-        args = [self.name(a) for a in self.kernel.body.block.args]
+    def run(self) -> TritonKernel:
         fname = self.kernel.sym_name.data
+        args = [self.name(a) for a in self.kernel.body.block.args] + ["scratch"]
         self.emit(0, "@triton.jit")
         self.emit(0, f"def {fname}({', '.join(args)}):")
-        self.emit(1, f"{self.name(self.one)} = 1")
         self.block(self.kernel.body.block.ops, 1)
         self.emit(1, "return")
-        return "\n".join(self.lines) + "\n"
+        return TritonKernel(fname, "\n".join(self.lines) + "\n", max(1, self.scratch))
 
     def block(self, ops: Any, depth: int) -> None:
         for op in ops:
             self.op(op, depth)
 
-    def mask(self, buf: SSAValue, rows: SSAValue, cols: SSAValue) -> tuple[str, str, str]:
-        r, c = self.buffers[buf]
-        return (f"tl.arange(0, {r})[:, None]", f"tl.arange(0, {c})[None, :]",
-                f"(tl.arange(0, {r})[:, None] < {self.name(rows)}) & (tl.arange(0, {c})[None, :] < {self.name(cols)})")
+    def buf(self, v: SSAValue, op: Operation) -> _Buf:
+        b = self.bufs.get(v)
+        if b is None:
+            raise TritonCodegenError(f"{op.name}: operand is no on-chip buffer")
+        return b
 
-    def write(self, depth: int, out: SSAValue, rows: SSAValue, cols: SSAValue, value: str) -> None:
-        _, _, m = self.mask(out, rows, cols)
-        self.emit(depth, f"{self.name(out)} = tl.where({m}, {value}, {self.name(out)})")
+    # -- blocks of on-chip buffers -------------------------------------------------
 
-    def hbm(self, mem: SSAValue, indices: Any, row_dim: int, col_dim: int, row_step: int, col_step: int,
-            rr: str, cc: str, op: Operation) -> str:
+    def block_shape(self, op: Operation, *bufs: _Buf, least: int = 1) -> tuple[int, int]:
+        return (_pow2(min(b.rows for b in bufs), least), _pow2(min(b.cols for b in bufs), least))
+
+    def ranges(self, d: int, shape: tuple[int, int]) -> tuple[str, str]:
+        r, c = self.fresh(), self.fresh()
+        self.emit(d, f"{r} = tl.arange(0, {shape[0]})[:, None]")
+        self.emit(d, f"{c} = tl.arange(0, {shape[1]})[None, :]")
+        return r, c
+
+    def read(self, d: int, b: _Buf, r: str, c: str, mask: str, other: str = "0.0", column: bool = False) -> str:
+        x = self.fresh()
+        cc = f"{c} * 0" if column else c
+        self.emit(d, f"{x} = tl.load(scratch + {b.base} + {r} * {b.stride} + {cc}, mask={mask}, other={other})")
+        return x
+
+    def write(self, d: int, b: _Buf, r: str, c: str, mask: str, value: str) -> None:
+        self.emit(d, f"tl.store(scratch + {b.base} + {r} * {b.stride} + {c}, {value}, mask={mask})")
+
+    def mask(self, d: int, r: str, c: str, rows: SSAValue, cols: SSAValue | str) -> str:
+        m = self.fresh()
+        cols_s = cols if isinstance(cols, str) else self.name(cols)
+        self.emit(d, f"{m} = ({r} < {self.name(rows)}) & ({c} < {cols_s})")
+        return m
+
+    # -- HBM -------------------------------------------------------------------------
+
+    def hbm(self, mem: SSAValue, indices: Any, op: Any, r: str, c: str) -> str:
         t = mem.type
         assert isinstance(t, MemRefType)
         if not isinstance(t.layout, NoneAttr):
             raise TritonCodegenError(f"{op.name}: strided HBM layout {t} is not translated")
-        shape = [int(d) for d in t.get_shape()]
+        shape = [int(x) for x in t.get_shape()]
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
         base = " + ".join(f"{self.name(i)} * {s}" for i, s in zip(indices, strides)) or "0"
-        return (f"{self.name(mem)} + ({base}) + {rr} * {strides[row_dim] * row_step} "
-                f"+ {cc} * {strides[col_dim] * col_step}")
+        rd, cd = op.row_dim.value.data, op.col_dim.value.data
+        rs = 0 if rd < 0 else strides[rd] * _step(op.row_step)
+        cs = 0 if cd < 0 else strides[cd] * _step(op.col_step)
+        return f"{self.name(mem)} + ({base}) + {r} * {rs} + {c} * {cs}"
+
+    # -- ops ---------------------------------------------------------------------------
 
     def op(self, op: Operation, d: int) -> None:  # noqa: C901 (one case per op kind)
         if isinstance(op, arith.ConstantOp):
             v = op.value
-            val = getattr(v, "value", v)
-            self.emit(d, f"{self.name(op.result)} = {val.data if hasattr(val, 'data') else val}")
+            if isinstance(v, IntegerAttr):
+                val = v.value.data
+                if v.type.__class__.__name__ == "IntegerType" and getattr(v.type, "width", None).data == 1:
+                    val = bool(val)
+            else:
+                raise TritonCodegenError(f"arith.constant {v} is not translated")
+            self.emit(d, f"{self.name(op.result)} = {val!r}")
         elif type(op) in ARITH:
             a, b = op.operands
             self.emit(d, f"{self.name(op.results[0])} = {self.name(a)} {ARITH[type(op)]} {self.name(b)}")
-        elif isinstance(op, arith.MinUIOp | arith.MinSIOp):
-            a, b = op.operands
-            self.emit(d, f"{self.name(op.results[0])} = min({self.name(a)}, {self.name(b)})")
-        elif isinstance(op, arith.MaxUIOp | arith.MaxSIOp):
-            a, b = op.operands
-            self.emit(d, f"{self.name(op.results[0])} = max({self.name(a)}, {self.name(b)})")
+        elif isinstance(op, arith.MinUIOp | arith.MinSIOp | arith.MaxUIOp | arith.MaxSIOp):
+            a, b = (self.name(x) for x in op.operands)
+            lt = "<" if isinstance(op, arith.MinUIOp | arith.MinSIOp) else ">"
+            self.emit(d, f"{self.name(op.results[0])} = {a} if {a} {lt} {b} else {b}")
+        elif isinstance(op, arith.CmpiOp):
+            pred = arith.CMPI_COMPARISON_OPERATIONS[op.predicate.value.data]
+            a, b = (self.name(x) for x in op.operands)
+            self.emit(d, f"{self.name(op.results[0])} = {a} {CMPI[pred]} {b}")
+        elif isinstance(op, arith.SelectOp):
+            c, a, b = (self.name(x) for x in op.operands)
+            self.emit(d, f"{self.name(op.results[0])} = {a} if {c} else {b}")
         elif isinstance(op, tile.AllocOp):
             t = op.results[0].type
             assert isinstance(t, MemRefType)
             r, c = (int(x) for x in t.get_shape())
-            self.buffers[op.results[0]] = (_pow2(r), _pow2(c))
-            self.emit(d, f"{self.name(op.results[0])} = tl.zeros(({_pow2(r)}, {_pow2(c)}), dtype=tl.float32)")
+            self.bufs[op.results[0]] = _Buf(str(self.scratch), c, r, c)
+            self.scratch += r * c
+        elif isinstance(op, tile.SubviewOp):
+            p = self.buf(op.source, op)
+            t = op.result.type
+            assert isinstance(t, MemRefType)
+            r, c = (int(x) for x in t.get_shape())
+            base = self.fresh()
+            self.emit(d, f"{base} = {p.base} + {self.name(op.row)} * {p.stride} + {self.name(op.col)}")
+            self.bufs[op.result] = _Buf(base, p.stride, r, c)
         elif isinstance(op, tile.LoadOp):
-            rr, cc, m = self.mask(op.dst, op.rows, op.cols)
-            ptr = self.hbm(op.src, op.indices, op.row_dim.value.data, op.col_dim.value.data,
-                           _step(op.row_step), _step(op.col_step), rr, cc, op)
-            self.write(d, op.dst, op.rows, op.cols, f"tl.load({ptr}, mask={m}, other=0.0).to(tl.float32)")
+            b = self.buf(op.dst, op)
+            r, c = self.ranges(d, self.block_shape(op, b))
+            m = self.mask(d, r, c, op.rows, op.cols)
+            x = self.fresh()
+            self.emit(d, f"{x} = tl.load({self.hbm(op.src, op.indices, op, r, c)}, mask={m}, other=0.0).to(tl.float32)")
+            self.write(d, b, r, c, m, x)
         elif isinstance(op, tile.StoreOp):
-            rr, cc, m = self.mask(op.src, op.rows, op.cols)
-            ptr = self.hbm(op.dst, op.indices, op.row_dim.value.data, op.col_dim.value.data,
-                           _step(op.row_step), _step(op.col_step), rr, cc, op)
-            self.emit(d, f"tl.store({ptr}, {self.name(op.src)}, mask={m})")
+            b = self.buf(op.src, op)
+            r, c = self.ranges(d, self.block_shape(op, b))
+            m = self.mask(d, r, c, op.rows, op.cols)
+            x = self.read(d, b, r, c, m)
+            self.emit(d, f"tl.store({self.hbm(op.dst, op.indices, op, r, c)}, {x}, mask={m})")
         elif isinstance(op, tile.UnaryOp):
-            self.same_block(op, op.input, op.output)
-            x = self.name(op.input)
-            self.write(d, op.output, op.rows, op.cols, UNARY[op.fn.data].format(x=x))
-        elif isinstance(op, tile.BinaryOp):
+            i, o = self.buf(op.input, op), self.buf(op.output, op)
+            r, c = self.ranges(d, self.block_shape(op, i, o))
+            m = self.mask(d, r, c, op.rows, op.cols)
+            x = self.read(d, i, r, c, m)
+            self.write(d, o, r, c, m, UNARY[op.fn.data].format(x=x))
+        elif isinstance(op, tile.BinaryOp | tile.ScalarOp):
             fn = op.fn.data
             if fn not in BINARY:
-                raise TritonCodegenError(f"tile.binary \"{fn}\" is not translated")
-            self.same_block(op, op.lhs, op.output)
-            a, b = self.name(op.lhs), self.name(op.rhs)
-            if op.rhs_mode.data == "column":
-                b = f"tl.sum(tl.where(tl.arange(0, {self.buffers[op.rhs][1]})[None, :] == 0, {b}, 0.0), axis=1)[:, None]"
+                raise TritonCodegenError(f'{op.name} "{fn}" is not translated')
+            lhs = op.lhs if isinstance(op, tile.BinaryOp) else op.input
+            a_buf, o = self.buf(lhs, op), self.buf(op.output, op)
+            column = isinstance(op, tile.BinaryOp) and op.rhs_mode.data == "column"
+            others = [a_buf, o] + ([self.buf(op.rhs, op)] if isinstance(op, tile.BinaryOp) and not column else [])
+            r, c = self.ranges(d, self.block_shape(op, *others))
+            m = self.mask(d, r, c, op.rows, op.cols)
+            a = self.read(d, a_buf, r, c, m)
+            if isinstance(op, tile.BinaryOp):
+                b = self.read(d, self.buf(op.rhs, op), r, c, m, column=column)
             else:
-                self.same_block(op, op.rhs, op.output)
+                b = repr(float(op.imm.value.data))
             if op.swap is not None:
                 a, b = b, a
-            self.write(d, op.output, op.rows, op.cols, BINARY[fn].format(a=a, b=b))
-        elif isinstance(op, tile.ScalarOp):
-            fn = op.fn.data
-            if fn not in BINARY:
-                raise TritonCodegenError(f"tile.scalar \"{fn}\" is not translated")
-            self.same_block(op, op.input, op.output)
-            a, b = self.name(op.input), repr(float(op.imm.value.data))
-            if op.swap is not None:
-                a, b = b, a
-            self.write(d, op.output, op.rows, op.cols, BINARY[fn].format(a=a, b=b))
+            self.write(d, o, r, c, m, BINARY[fn].format(a=a, b=b))
         elif isinstance(op, tile.ReduceOp):
-            x = self.name(op.input)
-            rr, cc, m = self.mask(op.input, op.rows, op.cols)
+            i, o = self.buf(op.input, op), self.buf(op.output, op)
+            r, c = self.ranges(d, self.block_shape(op, i))
+            m = self.mask(d, r, c, op.rows, op.cols)
             neutral = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}[op.fn.data]
-            red = REDUCE[op.fn.data].format(x=f"tl.where({m}, {x}, {neutral})")
-            one = self.one
-            out_r = self.buffers[op.output][0]
-            if out_r != self.buffers[op.input][0]:
-                raise TritonCodegenError("tile.reduce: input and output rows differ")
-            self.write(d, op.output, op.rows, one, f"({red})[:, None]")
+            x = self.read(d, i, r, c, m, other=neutral)
+            y = self.fresh()
+            self.emit(d, f"{y} = {REDUCE[op.fn.data].format(x=x)}[:, None]")
+            one = self.fresh()
+            self.emit(d, f"{one} = tl.arange(0, 1)[None, :]")
+            self.write(d, o, r, one, f"({r} < {self.name(op.rows)}) & ({one} < 1)", y)
         elif isinstance(op, tile.MatmulOp):
-            m_, k_, n_ = (self.name(v) for v in (op.m, op.k, op.n))
-            lr, lc = self.buffers[op.lhsT]
-            rr_, rc = self.buffers[op.rhs]
-            ar, ac = self.buffers[op.acc]
-            if lr != rr_ or (ar, ac) != (lc, rc):
-                raise TritonCodegenError("tile.matmul: buffer blocks do not line up")
-            lhs = f"tl.where((tl.arange(0, {lr})[:, None] < {k_}), {self.name(op.lhsT)}, 0.0)"
-            rhs = f"tl.where((tl.arange(0, {rr_})[:, None] < {k_}), {self.name(op.rhs)}, 0.0)"
-            prod = f"tl.dot(tl.trans({lhs}), {rhs}, input_precision='ieee')"
-            acc = self.name(op.acc)
-            value = f"tl.where({self.name(op.accumulate)}, {acc} + {prod}, {prod})"
-            self.write(d, op.acc, op.m, op.n, value)
-            _ = (m_, n_)
+            lt, rh, acc = self.buf(op.lhsT, op), self.buf(op.rhs, op), self.buf(op.acc, op)
+            bk = _pow2(min(lt.rows, rh.rows), 16)
+            bm = _pow2(min(lt.cols, acc.rows), 16)
+            bn = _pow2(min(rh.cols, acc.cols), 16)
+            k, m_, n = (self.name(v) for v in (op.k, op.m, op.n))
+            rk, cm = self.ranges(d, (bk, bm))
+            ma = self.fresh()
+            self.emit(d, f"{ma} = ({rk} < {k}) & ({cm} < {m_})")
+            a = self.read(d, lt, rk, cm, ma)
+            rk2, cn = self.ranges(d, (bk, bn))
+            mb = self.fresh()
+            self.emit(d, f"{mb} = ({rk2} < {k}) & ({cn} < {n})")
+            b = self.read(d, rh, rk2, cn, mb)
+            ro, co = self.ranges(d, (bm, bn))
+            mo = self.fresh()
+            self.emit(d, f"{mo} = ({ro} < {m_}) & ({co} < {n})")
+            prev = self.read(d, acc, ro, co, f"{mo} & {self.name(op.accumulate)}")
+            prod = f"tl.dot(tl.trans({a}), {b}, input_precision='ieee')"
+            self.write(d, acc, ro, co, mo, f"{prev} + {prod}")
         elif isinstance(op, scf.ForOp):
             if op.results:
                 raise TritonCodegenError("scf.for with loop-carried values is not translated")
@@ -219,37 +317,18 @@ class _Emitter:
         else:
             raise TritonCodegenError(f"{op.name} is not translated to Triton")
 
-    def same_block(self, op: Operation, a: SSAValue, b: SSAValue) -> None:
-        if a not in self.buffers or b not in self.buffers:
-            raise TritonCodegenError(f"{op.name}: operand is not a tile.alloc buffer (subviews are not translated)")
-        if self.buffers[a] != self.buffers[b]:
-            raise TritonCodegenError(f"{op.name}: buffers of blocks {self.buffers[a]} and {self.buffers[b]} differ")
-
 
 def _step(attr: Any) -> int:
     return 1 if attr is None else int(attr.value.data)
 
 
-def triton_source(kernel: func.FuncOp) -> str:
-    """The ``@triton.jit`` source of one tile kernel (without the imports)."""
+def emit_kernel(kernel: func.FuncOp) -> TritonKernel:
+    """One tile kernel as Triton source (and the scratch it needs)."""
     if tile.KERNEL_ATTR not in kernel.attributes:
         raise TritonCodegenError(f"@{kernel.sym_name.data} is no tile kernel")
     return _Emitter(kernel).run()
 
 
-def triton_kernel(kernel: func.FuncOp) -> Any:
-    """Compile the source with Triton (`TRITON_INTERPRET=1` runs it on CPU tensors)."""
-    import importlib.util
-    import os
-    import tempfile
-
-    src = PRELUDE + "\n\n" + triton_source(kernel)
-    # triton.jit reads the source file back (inspect), so the module lives on disk
-    fd, path = tempfile.mkstemp(prefix=f"tilecc_{kernel.sym_name.data}_", suffix=".py")
-    with os.fdopen(fd, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(f"tilecc_triton_{kernel.sym_name.data}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, kernel.sym_name.data)
+def triton_source(kernel: func.FuncOp) -> str:
+    """The ``@triton.jit`` source of one tile kernel (without the imports)."""
+    return emit_kernel(kernel).source

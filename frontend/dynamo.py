@@ -83,14 +83,12 @@ def _graph_compiler(opts: BackendOptions, kind: str) -> Any:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         from torch._functorch.aot_autograd import make_boxed_func
 
-        if opts.target == "gpu":
-            from tilecc.runtime.gpu import compile_gpu_graph
+        from tilecc.runtime.partition import partition_graph
+        from tilecc.simulator.config import load_config
 
-            plan, run = compile_gpu_graph(gm, kind)
+        if opts.target == "gpu":  # Triton kernels with the tiny preset's tile sizes
+            plan, run = partition_graph(gm, load_config("tiny"), opts.cost, kind, device="gpu")
         else:
-            from tilecc.runtime.partition import partition_graph
-            from tilecc.simulator.config import load_config
-
             plan, run = partition_graph(gm, load_config(opts.target), opts.cost, kind)
             if opts.fallback != "cpu":
                 run = _on_device(run, torch.device(opts.fallback))

@@ -93,6 +93,7 @@ class Partition:
     compiled: bool = False
     runs: int = 0
     cycles: float = 0.0  # simulated, the last run
+    sources: dict[str, str] = field(default_factory=dict)  # target="gpu": Triton source per kernel
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -110,7 +111,8 @@ class Plan:
 
     @property
     def npu_partitions(self) -> list[Partition]:
-        return [p for p in self.partitions if p.device == "npu"]
+        """The partitions compiled by tilecc (NPU, or GPU with target="gpu")."""
+        return [p for p in self.partitions if p.device in ("npu", "gpu")]
 
     @property
     def fallback_ops(self) -> int:
@@ -143,6 +145,8 @@ class Plan:
         for p in self.partitions:
             ops = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(p.ops.items()))
             extra = ""
+            if p.device == "gpu" and p.runs:
+                extra = f"  {len(p.sources)} Triton kernel(s)"
             if p.device == "npu":
                 extra = f"  modelled {p.npu_seconds * 1e6:.2f} us (fallback {p.fallback_seconds * 1e6:.2f} us)"
                 if p.runs:
@@ -252,15 +256,20 @@ def _compute_op(n: Node) -> bool:
 
 
 def partition_graph(
-    gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, kind: str = "inference"
+    gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, kind: str = "inference", device: str = "npu"
 ) -> tuple[Plan, GraphModule]:
-    """Split `gm` in place into NPU submodules and fallback ops; returns the plan and `gm`."""
+    """Split `gm` in place into NPU submodules and fallback ops; returns the plan and `gm`.
+
+    ``device="gpu"``: the regions run through the Triton backend (`runtime/gpu.py`) with
+    `cfg`'s tile sizes, on the same device as the fallback ops, so nothing is
+    transferred and no region is demoted for cost."""
     with unset_fake_temporarily():  # AOTAutograd calls compilers inside its fake mode
-        return _partition_graph(gm, cfg, cost, kind)
+        return _partition_graph(gm, cfg, cost, kind, device)
 
 
-def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, kind: str) -> tuple[Plan, GraphModule]:
-    plan = Plan(kind, cfg.name)
+def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, kind: str,
+                     device: str) -> tuple[Plan, GraphModule]:
+    plan = Plan(kind, "gpu" if device == "gpu" else cfg.name)
     hints = hint_bindings(gm.graph)
     reasons: dict[Node, str] = {}
     supported: set[Node] = set()
@@ -281,7 +290,7 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
     for i, r in enumerate(regions):
         if not any(_compute_op(n) for n in r):
             region_reason[i] = "data movement only (views and copies): no NPU work"
-    changed = cost.cost_aware
+    changed = cost.cost_aware and device == "npu"
     while changed:
         changed = False
         for i, r in enumerate(regions):
@@ -304,7 +313,7 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
     # the plan, read off the graph before fusing rewrites it
     for i in keep:
         r = regions[i]
-        plan.partitions.append(_partition(f"npu{len(plan.partitions)}", "npu", r, cfg, cost, hints))
+        plan.partitions.append(_partition(f"{device}{len(plan.partitions)}", device, r, cfg, cost, hints))
     on_npu = {n for i in keep for n in regions[i]}
     fallback_nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n not in on_npu]
     if fallback_nodes:
@@ -323,12 +332,12 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
             label = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             plan.fallbacks.append(Fallback(f"{sum(ops.values())} ops ({label})", node_location(first), why))
     name_of = {n: p.name for p, i in zip(plan.npu_partitions, keep) for n in regions[i]}
-    plan.transfers = _transfers(gm, name_of, cost, hints)
+    plan.transfers = _transfers(gm, name_of, cost, hints) if device == "npu" else []
 
     fused = fuse_by_partitions(gm, [regions[i] for i in keep], prefix="tilecc_npu_", always_return_tuple=True)
     for k, part in enumerate(plan.npu_partitions):
         sub = getattr(fused, f"tilecc_npu_{k}")
-        setattr(fused, f"tilecc_npu_{k}", NpuPartition(sub, cfg, part, plan))
+        setattr(fused, f"tilecc_npu_{k}", NpuPartition(sub, cfg, part, plan, gpu=device == "gpu"))
     fused.recompile()
     return plan, fused
 
@@ -404,8 +413,9 @@ class NpuPartition(torch.nn.Module):
     plan records why (`Partition.reason`).
     """
 
-    def __init__(self, sub: GraphModule, cfg: HardwareConfig, part: Partition, plan: Plan):
+    def __init__(self, sub: GraphModule, cfg: HardwareConfig, part: Partition, plan: Plan, gpu: bool = False):
         super().__init__()
+        self.gpu = gpu
         self.sub = sub
         self.cfg = cfg
         self.part = part
@@ -420,9 +430,16 @@ class NpuPartition(torch.nn.Module):
     def _compile(self, key: tuple, bindings: dict) -> Any:
         try:
             gp = import_graph_module(self.sub, bindings)
-            program = compile_graph(gp, self.cfg)
+            if self.gpu:
+                from tilecc.runtime.gpu import prepare_triton
+
+                program = (gp, prepare_triton(gp, self.cfg))
+                self.part.sources = program[1][2]
+            else:
+                program = compile_graph(gp, self.cfg)
         except TileccError as e:
-            self._give_up(f"the NPU pipeline cannot compile it: {str(e).splitlines()[0]}")
+            what = "the Triton backend" if self.gpu else "the NPU pipeline"
+            self._give_up(f"{what} cannot compile it: {str(e).splitlines()[0]}")
             return None
         self.programs[_key_of(key)] = program
         self.part.compiled = True
@@ -447,6 +464,14 @@ class NpuPartition(torch.nn.Module):
                 return self.sub(*args)
         tensors = [a for a, t in zip(args, self.is_tensor) if t]
         device = tensors[0].device if tensors else torch.device("cpu")
+        if self.gpu:
+            from tilecc.runtime.gpu import run_on_triton
+
+            gp, prepared = program
+            outs, _ = run_on_triton(gp, self.cfg, tuple(t.contiguous() for t in tensors), device=str(device),
+                                    prepared=prepared)
+            self.part.runs += 1
+            return tuple(outs)
         inputs = tuple(t.detach().to("cpu").contiguous() for t in tensors)
         outputs, report = run_program(program, inputs)
         self.last_report = report

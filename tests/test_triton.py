@@ -53,12 +53,27 @@ def test_elementwise_kernel_matches_eager():
     assert any("tl.load(" in s and "tl.store(" in s and "tl.exp(" in s for s in sources.values())
 
 
-def test_kernel_with_subviews_is_refused_with_the_op_named():
-    from tilecc.codegen.triton import TritonCodegenError
-
+def test_linear_kernel_matches_eager():
+    """Matmul with bias and tanh epilogue: subviews of on-chip buffers, tl.dot."""
     torch.manual_seed(0)
-    with pytest.raises(TritonCodegenError, match="tile.subview is not translated"):
-        _run(_Linear(), (torch.randn(20, 40),))
+    sources = _run(_Linear(), (torch.randn(20, 40),))
+    assert any("tl.dot(" in s for s in sources.values())
+
+
+class _LayerNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(40)
+        torch.nn.init.normal_(self.ln.weight)
+        torch.nn.init.normal_(self.ln.bias)
+
+    def forward(self, x):
+        return self.ln(x)
+
+
+def test_layer_norm_kernel_matches_eager():
+    torch.manual_seed(0)
+    _run(_LayerNorm(), (torch.randn(20, 40),))
 
 
 def test_softmax_kernel_matches_eager():
@@ -67,24 +82,38 @@ def test_softmax_kernel_matches_eager():
     assert any("tl.max(" in s or "tl.sum(" in s for s in sources.values())
 
 
-def test_torch_compile_target_gpu_runs_the_graph_on_triton():
-    plans: list = []
-    torch.manual_seed(0)
-    model, x, y = _Elementwise(), torch.randn(20, 40), torch.randn(20, 40)
-    c = torch.compile(model, backend="tilecc", options={"target": "gpu", "plans": plans})
-    with torch.no_grad():
-        torch.testing.assert_close(c(x, y), model(x, y), rtol=1e-4, atol=1e-5)
-    (plan,) = plans
-    assert plan.partitions[0].device == "gpu" and plan.partitions[0].runs == 1
-    assert all("@triton.jit" in s for s in plan.sources.values())
+def test_torch_compile_target_gpu_runs_a_model_on_triton():
+    import sys
+    from pathlib import Path
 
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+    import mlp as mlp_example
 
-def test_target_gpu_graph_with_untranslated_kernel_runs_as_torch_ops():
     plans: list = []
-    torch.manual_seed(0)
-    model, x = _Linear(), torch.randn(20, 40)
+    model, (x,) = mlp_example.mlp()
     c = torch.compile(model, backend="tilecc", options={"target": "gpu", "plans": plans})
     with torch.no_grad():
         torch.testing.assert_close(c(x), model(x), rtol=1e-4, atol=1e-5)
     (plan,) = plans
-    assert plan.partitions[0].device == "fallback" and "tile.subview" in plan.fallbacks[0].reason
+    (part,) = plan.npu_partitions
+    assert part.device == "gpu" and part.runs == 1 and not plan.transfers
+    assert part.sources and all(s.startswith("@triton.jit") for s in part.sources.values())
+
+
+def test_target_gpu_op_without_tile_lowering_runs_as_torch_op():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+    import mixed as mixed_example
+
+    plans: list = []
+    model, (x,) = mixed_example.mixed()
+    c = torch.compile(model, backend="tilecc", options={"target": "gpu", "plans": plans})
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), model(x), rtol=1e-4, atol=1e-5)
+    (plan,) = plans
+    assert [p.device for p in plan.partitions] == ["gpu", "gpu", "fallback"]
+    assert all(p.runs == 1 for p in plan.npu_partitions)
+    (fb,) = plan.fallbacks
+    assert fb.op == "aten.sin.default" and fb.location == "mixed.py:22"
