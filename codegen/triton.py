@@ -16,8 +16,10 @@ row-major strides (steps and a broadcast row dimension included), `tile.matmul` 
 scalar arithmetic. One program instance runs the kernel's loops in order (grid
 ``(1,)``), as one NPU core does.
 
-Not translated (a `TritonCodegenError` naming the op): `tile.gather`, loops with
-loop-carried values, strided HBM layouts, and any op outside the tile, scf and arith
+`tile.gather` reads the table rows an on-chip index column selects.
+
+Not translated (a `TritonCodegenError` naming the op): loops with
+loop-carried values, HBM layouts with dynamic strides, and any op outside the tile, scf and arith
 subsets above.
 """
 
@@ -187,10 +189,14 @@ class _Emitter:
     def hbm(self, mem: SSAValue, indices: Any, op: Any, r: str, c: str) -> str:
         t = mem.type
         assert isinstance(t, MemRefType)
-        if not isinstance(t.layout, NoneAttr):
-            raise TritonCodegenError(f"{op.name}: strided HBM layout {t} is not translated")
         shape = [int(x) for x in t.get_shape()]
-        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        if isinstance(t.layout, NoneAttr):
+            strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        else:  # a strided view: the launch passes a pointer that already includes the offset
+            try:
+                strides = [int(x) for x in tile.layout_of(t)[0]]
+            except (TypeError, ValueError):
+                raise TritonCodegenError(f"{op.name}: HBM layout {t} has dynamic strides") from None
         base = " + ".join(f"{self.name(i)} * {s}" for i, s in zip(indices, strides)) or "0"
         rd, cd = op.row_dim.value.data, op.col_dim.value.data
         rs = 0 if rd < 0 else strides[rd] * _step(op.row_step)
@@ -243,6 +249,18 @@ class _Emitter:
             m = self.mask(d, r, c, op.rows, op.cols)
             x = self.fresh()
             self.emit(d, f"{x} = tl.load({self.hbm(op.src, op.indices, op, r, c)}, mask={m}, other=0.0).to(tl.float32)")
+            self.write(d, b, r, c, m, x)
+        elif isinstance(op, tile.GatherOp):
+            idx, b = self.buf(op.index, op), self.buf(op.dst, op)
+            r, c = self.ranges(d, self.block_shape(op, b))
+            m = self.mask(d, r, c, op.rows, op.cols)
+            rows = self.read(d, idx, r, c, m, column=True)  # index[r, 0], exact in fp32 below 2**24
+            t = op.table.type
+            assert isinstance(t, MemRefType)
+            width = int(t.get_shape()[1])
+            x = self.fresh()
+            self.emit(d, f"{x} = tl.load({self.name(op.table)} + {rows}.to(tl.int32) * {width} + "
+                         f"{self.name(op.col)} + {c}, mask={m}, other=0.0).to(tl.float32)")
             self.write(d, b, r, c, m, x)
         elif isinstance(op, tile.StoreOp):
             b = self.buf(op.src, op)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, MemRefType
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, MemRefType, NoneAttr
 
 from tilecc.codegen.triton import emit_kernel
 from tilecc.ir import tile
@@ -59,6 +59,7 @@ def run_on_triton(gp: GraphProgram, cfg: HardwareConfig, inputs: tuple, device: 
                   prepared: tuple | None = None) -> tuple[list, dict]:
     funcs, kernels, sources = prepared or prepare_triton(gp, cfg)
     env: dict = {}
+    roots: dict = {}  # value -> the flat tensor of its tile.hbm_alloc (views alias it)
     main = funcs["main"]
     for op in main.body.block.ops:
         if isinstance(op, tile.HbmAllocOp):
@@ -73,8 +74,10 @@ def run_on_triton(gp: GraphProgram, cfg: HardwareConfig, inputs: tuple, device: 
             elif op.value is not None:
                 buf.copy_(torch.tensor(np.asarray(op.value.get_values()), dtype=torch.float32).reshape(shape))
             env[op.result] = buf
+            roots[op.result] = buf.reshape(-1)
         elif isinstance(op, tile.ViewOp):
-            env[op.result] = env[op.source].reshape([int(d) for d in op.result.type.get_shape()])
+            env[op.result] = _view(env[op.source], op.result.type, roots, op)
+            roots[op.result] = roots[op.source]
         elif isinstance(op, func.CallOp):
             fn, scratch = kernels[op.callee.root_reference.data]
             fn[(1,)](*[env[a] for a in op.arguments], torch.zeros(scratch, dtype=torch.float32, device=device))
@@ -82,3 +85,13 @@ def run_on_triton(gp: GraphProgram, cfg: HardwareConfig, inputs: tuple, device: 
             return [env[a] for a in op.arguments], sources
     raise AssertionError("@main has no return")
 
+
+
+def _view(src: torch.Tensor, t: MemRefType, roots: dict, op: tile.ViewOp) -> torch.Tensor:
+    """`tile.view`: a row-major reshape of the source's elements, or a strided window of
+    its allocation (the layout's strides and offset, in elements of the allocation)."""
+    shape = [int(d) for d in t.get_shape()]
+    if isinstance(t.layout, NoneAttr):
+        return src.reshape(shape) if src.is_contiguous() else src.contiguous().reshape(shape)
+    strides, offset = tile.layout_of(t)
+    return roots[op.source].as_strided(shape, [int(x) for x in strides], int(offset))

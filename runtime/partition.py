@@ -137,10 +137,11 @@ class Plan:
 
     def __str__(self) -> str:
         npu = self.npu_partitions
+        what = "GPU (Triton)" if self.target == "gpu" else "NPU"
         lines = [
-            f"{self.kind} graph on {self.target}: {len(npu)} NPU partition(s), "
+            f"{self.kind} graph on {self.target}: {len(npu)} {what} partition(s), "
             f"{len(self.partitions) - len(npu)} fallback partition(s), "
-            f"{sum(sum(p.ops.values()) for p in npu)} NPU op(s), {self.fallback_ops} fallback op(s)"
+            f"{sum(sum(p.ops.values()) for p in npu)} {what} op(s), {self.fallback_ops} fallback op(s)"
         ]
         for p in self.partitions:
             ops = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(p.ops.items()))

@@ -117,3 +117,24 @@ def test_target_gpu_op_without_tile_lowering_runs_as_torch_op():
     assert all(p.runs == 1 for p in plan.npu_partitions)
     (fb,) = plan.fallbacks
     assert fb.op == "aten.sin.default" and fb.location == "mixed.py:22"
+
+
+@pytest.mark.slow
+def test_target_gpu_runs_tiny_gpt2_on_triton():
+    """Embedding gathers, strided q/k/v views, attention, layer norm and GELU kernels:
+    the whole graph as Triton kernels (about 10 s under the interpreter)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_dynamo import _tiny_gpt2
+
+    plans: list = []
+    model, ids = _tiny_gpt2()
+    model.eval()
+    c = torch.compile(model, backend="tilecc", options={"target": "gpu", "plans": plans})
+    with torch.no_grad():
+        torch.testing.assert_close(c(ids), model(ids), rtol=1e-4, atol=1e-4)
+    parts = [q for p in plans for q in p.npu_partitions]
+    assert parts and all(q.runs == 1 for q in parts)
+    assert not [f for p in plans for f in p.fallbacks if "Triton backend cannot" in f.reason]
