@@ -7,11 +7,12 @@ fusion decisions), every kernel is emitted as ``@triton.jit`` source (`sources`,
 kernel, kept for inspection) and `@main` is executed on the host: each `tile.hbm_alloc`
 is a torch tensor (inputs copied in, weights and constants filled), `tile.view` a
 reshape of the same storage, each `func.call` one launch on grid ``(1,)``. Without a GPU
-set ``TRITON_INTERPRET=1`` before Triton is imported: the kernels run on CPU tensors.
+the kernels run on CPU tensors under ``TRITON_INTERPRET=1`` (set here if CUDA is absent).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, MemRefType, NoneAttr
 
 from tilecc.codegen.triton import emit_kernel
+from tilecc.errors import TileccError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.registry import default_pipeline
@@ -47,7 +49,20 @@ def lower_to_tile(gp: GraphProgram, cfg: HardwareConfig) -> Any:
 
 
 def prepare_triton(gp: GraphProgram, cfg: HardwareConfig) -> tuple[dict, dict, dict]:
-    """(functions by name, jitted kernels, Triton sources) of `gp` lowered for `cfg`."""
+    """(functions by name, jitted kernels, Triton sources) of `gp` lowered for `cfg`.
+
+    Without CUDA the kernels can only run under Triton's interpreter on CPU tensors:
+    ``TRITON_INTERPRET=1`` is set then (Triton reads it when a kernel is defined)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(tl.sigmoid, InterpretedFunction):
+            raise TileccError(
+                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set: "
+                "set TRITON_INTERPRET=1 in the environment to run the Triton backend on the CPU"
+            )
     module = lower_to_tile(gp, cfg)
     funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     emitted = {n: emit_kernel(f) for n, f in funcs.items() if tile.KERNEL_ATTR in f.attributes}

@@ -1,21 +1,17 @@
 """The Triton backend: tile kernels emitted as @triton.jit source, run under Triton's
-interpreter (TRITON_INTERPRET=1, set before Triton is imported) on small shapes and
-compared with torch eager."""
+interpreter (TRITON_INTERPRET=1, which runtime/gpu.py sets when CUDA is absent) on
+small shapes and compared with torch eager."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
 
-from tilecc.frontend.torch_export import export_model, import_exported_program  # noqa: E402
-from tilecc.runtime.gpu import run_on_triton  # noqa: E402
-from tilecc.simulator.config import load_config  # noqa: E402
+from tilecc.frontend.torch_export import export_model, import_exported_program
+from tilecc.runtime.gpu import run_on_triton
+from tilecc.simulator.config import load_config
 
 
 class _Elementwise(torch.nn.Module):
