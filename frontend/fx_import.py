@@ -22,8 +22,12 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import Graph, GraphModule, Node
 
 from tilecc.errors import UnsupportedOpError
-from tilecc.frontend.torch_export import _Importer, _op_name
+from tilecc.frontend.torch_export import _bind, _dtype, _Importer, _op_name
 from tilecc.ir import graph as g
+from tilecc.ir import graph_nn as nn
+from tilecc.simulator.isa import DType
+
+aten = torch.ops.aten
 
 
 @dataclass
@@ -71,6 +75,29 @@ class FxProgram:
 
 
 class _FxImporter(_Importer):
+    def _handlers(self) -> dict:
+        h = super()._handlers()
+        h[aten.native_layer_norm.default] = self.h_layer_norm_with_stats
+        return h
+
+    def h_layer_norm_with_stats(self, node: Node) -> tuple:
+        """Layer norm whose mean and rstd outputs are used (a training forward saves them
+        for the backward): both computed in fp32 beside the normalised output."""
+        y, mean_p, rstd_p = self.h_layer_norm(node)
+        used = {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
+        if not used & {1, 2}:
+            return (y, mean_p, rstd_p)
+        a = _bind(node)
+        x = self.cast_to(self.tensor(a["input"]), DType.F32)
+        rank = len(g.shape_of(x))
+        dims = list(range(rank - len(a["normalized_shape"]), rank))
+        mean = self.emit(nn.MeanOp.make(x, dims, True))
+        d = self.emit(g.SubOp.make(x, mean))
+        var = self.emit(nn.MeanOp.make(self.emit(g.MulOp.make(d, d)), dims, True))
+        rstd = self.emit(g.RsqrtOp.make(self.emit(g.AddOp.make(var, self.scalar(float(a["eps"]), DType.F32)))))
+        vals = node.meta["val"]
+        return (y, self.cast_to(mean, _dtype(vals[1].dtype)), self.cast_to(rstd, _dtype(vals[2].dtype)))
+
     def placeholder(self, node: Node, spec: Any) -> None:
         v = node.meta.get("val")
         if isinstance(v, torch.SymInt | int) and not isinstance(v, bool):
