@@ -5,11 +5,14 @@ result compared with eager on the same inputs."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 
@@ -243,6 +246,9 @@ def test_cli_explain(capsys):
     assert main(["explain", str(ROOT / "examples" / "mixed.py") + ":mixed", "--target", "cloud"]) == 0
     out = capsys.readouterr().out
     assert "2 NPU partition(s)" in out and "aten.sin.default at mixed.py:22" in out
+    assert main(["explain", str(ROOT / "examples" / "mixed.py") + ":island", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["graphs"] == 1 and any("NPU island" in f["reason"] for f in d["plans"][0]["fallbacks"])
     assert main(["explain", "nowhere.py:f"]) == 2
 
 
@@ -265,3 +271,36 @@ def test_larger_models_match_eager(name):
         torch.testing.assert_close(e.outputs, model(x), rtol=rtol, atol=atol)
     ran = [q for p in e.plans for q in p.npu_partitions]
     assert ran and all(q.runs == 1 for q in ran)
+
+
+_OPS = {
+    "sin": (torch.sin, False), "cos": (torch.cos, False), "relu": (torch.relu, True),
+    "tanh": (torch.tanh, True), "double": (lambda t: t * 2.0, True), "exp": (torch.exp, True),
+}
+
+
+class _Chain(nn.Module):
+    def __init__(self, names):
+        super().__init__()
+        self.names = list(names)
+
+    def forward(self, x):
+        for n in self.names:
+            x = _OPS[n][0](x)
+        return x
+
+
+@settings(max_examples=6, deadline=None)
+@given(names=st.lists(st.sampled_from(sorted(_OPS)), min_size=1, max_size=5),
+       rows=st.integers(1, 20), cols=st.integers(1, 40), cost_aware=st.booleans())
+def test_random_op_chains_match_eager_and_report_every_fallback(names, rows, cols, cost_aware):
+    torch._dynamo.reset()
+    model, x = _Chain(names), torch.randn(rows, cols)
+    e = tilecc.explain(model, x, cost_aware=cost_aware)
+    torch.testing.assert_close(e.outputs, model(x), rtol=1e-5, atol=1e-5)
+    (plan,) = e.plans
+    unsupported = sum(not _OPS[n][1] for n in names)
+    assert sum("no NPU lowering" in f.reason for f in plan.fallbacks) == unsupported
+    assert all(p.runs == 1 for p in plan.npu_partitions)
+    if not cost_aware and unsupported < len(names):
+        assert plan.npu_partitions  # every supported run of ops went to the NPU

@@ -134,3 +134,21 @@ def test_target_gpu_runs_tiny_gpt2_on_triton():
     parts = [q for p in plans for q in p.npu_partitions]
     assert parts and all(q.runs == 1 for q in parts)
     assert not [f for p in plans for f in p.fallbacks if "Triton backend cannot" in f.reason]
+
+
+@pytest.mark.slow
+def test_target_gpu_runs_bert_on_triton():
+    """The BERT example (2 layers x 128): 44 kernels, about a minute under the interpreter."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+    import bert as bert_example
+
+    plans: list = []
+    model, (ids,) = bert_example.build("eager")
+    c = torch.compile(model.eval(), backend="tilecc", options={"target": "gpu", "plans": plans})
+    with torch.no_grad():
+        torch.testing.assert_close(c(ids), model(ids), rtol=1e-4, atol=1e-4)
+    parts = [q for p in plans for q in p.npu_partitions]
+    assert parts and all(q.runs == 1 for q in parts) and not [f for p in plans for f in p.fallbacks]
