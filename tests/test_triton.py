@@ -152,3 +152,20 @@ def test_target_gpu_runs_bert_on_triton():
         torch.testing.assert_close(c(ids), model(ids), rtol=1e-4, atol=1e-4)
     parts = [q for p in plans for q in p.npu_partitions]
     assert parts and all(q.runs == 1 for q in parts) and not [f for p in plans for f in p.fallbacks]
+
+
+def test_target_gpu_bf16_mlp_within_bf16_tolerance():
+    """bf16 tensors in HBM, fp32 blocks on chip (the NPU also computes in fp32)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+    import mlp as mlp_example
+
+    model, (x,) = mlp_example.mlp_bf16()
+    c = torch.compile(model, backend="tilecc", options={"target": "gpu"})
+    with torch.no_grad():
+        y, want = c(x), model(x)
+    assert y.dtype == torch.bfloat16
+    scale = float(want.float().abs().max())
+    torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2 * scale)
