@@ -30,6 +30,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr, TensorType
 from xdsl.ir import Block, Operation, Region, SSAValue
 
+from tilecc.frontend.decompositions import decomposition_table  # noqa: F401 (shared table)
 from tilecc.errors import ExportError, ShapeError, TileccError, UnsupportedOpError
 from tilecc.ir import graph as g
 from tilecc.simulator.isa import DType
@@ -85,13 +86,6 @@ def export_model(
         raise ExportError(
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
         ) from e
-
-
-def decomposition_table() -> dict:
-    """Core ATen decompositions, keeping ``scaled_dot_product_attention`` whole."""
-    table = torch.export.default_decompositions()
-    table.pop(aten.scaled_dot_product_attention.default, None)
-    return table
 
 
 # ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 from tilecc.errors import TileccError
 
-__all__ = ["compile", "load", "CompiledModel", "TileccError", "kernel"]
+__all__ = ["compile", "load", "CompiledModel", "TileccError", "kernel", "explain"]
 __version__ = "0.1.0"
 
 
@@ -25,4 +25,8 @@ def __getattr__(name: str) -> Any:
         from tilecc.frontend.dsl.api import kernel
 
         return kernel
+    if name == "explain":
+        from tilecc.explanation import explain
+
+        return explain
     raise AttributeError(f"module 'tilecc' has no attribute {name!r}")

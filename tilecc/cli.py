@@ -1,6 +1,7 @@
 """The `tilecc` command line.
 
     tilecc run FILE.py:FACTORY [--target NAME_OR_TOML] [--json] [--save PROGRAM]
+    tilecc explain FILE.py:FACTORY [--target NAME_OR_TOML] [--training] [--json]
 
 `FACTORY()` returns `(model, example_inputs)`. The model is exported, compiled for the
 target, run on the simulator and compared with torch eager on the same inputs.
@@ -194,6 +195,15 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     return 0 if report.supported else 1
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from tilecc.explanation import explain
+
+    model, inputs = load_factory(args.source)
+    e = explain(model, *inputs, target=args.target, training=args.training)
+    print(json.dumps(e.to_dict(), sort_keys=True) if args.json else e)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tilecc", description="A tensor compiler for tile-based NPUs.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -237,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     from tilecc.frontend.dsl.cli import add_parser as add_kernel_parser  # the tile DSL
 
     add_kernel_parser(sub)
+    ex = sub.add_parser("explain", help="how torch.compile(backend='tilecc') splits a model: NPU "
+                                        "partitions, fallback ops with source line and reason, transfers")
+    ex.add_argument("source", help="FILE.py:FACTORY")
+    ex.add_argument("--target", default="tiny", help="preset name (tiny, edge, cloud) or a TOML file")
+    ex.add_argument("--training", action="store_true", help="also run a backward pass and explain its graph")
+    ex.add_argument("--json", action="store_true")
+    ex.set_defaults(fn=cmd_explain)
     return ap
 
 
