@@ -53,6 +53,12 @@ def prepare_triton(gp: GraphProgram, cfg: HardwareConfig) -> tuple[dict, dict, d
 
     Without CUDA the kernels can only run under Triton's interpreter on CPU tensors:
     ``TRITON_INTERPRET=1`` is set then (Triton reads it when a kernel is defined)."""
+    return prepare_tile_module(lower_to_tile(gp, cfg))
+
+
+def prepare_tile_module(module: Any) -> tuple[dict, dict, dict]:
+    """(functions by name, jitted kernels, Triton sources) of a tile-level module (the
+    graph compiler's after plan-hbm, or a tile-DSL kernel's)."""
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
         import triton.language as tl
@@ -63,7 +69,6 @@ def prepare_triton(gp: GraphProgram, cfg: HardwareConfig) -> tuple[dict, dict, d
                 "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set: "
                 "set TRITON_INTERPRET=1 in the environment to run the Triton backend on the CPU"
             )
-    module = lower_to_tile(gp, cfg)
     funcs = {f.sym_name.data: f for f in module.ops if isinstance(f, func.FuncOp)}
     emitted = {n: emit_kernel(f) for n, f in funcs.items() if tile.KERNEL_ATTR in f.attributes}
     kernels = {n: (k.compile(), k.scratch_elems) for n, k in emitted.items()}
@@ -72,7 +77,13 @@ def prepare_triton(gp: GraphProgram, cfg: HardwareConfig) -> tuple[dict, dict, d
 
 def run_on_triton(gp: GraphProgram, cfg: HardwareConfig, inputs: tuple, device: str = "cpu",
                   prepared: tuple | None = None) -> tuple[list, dict]:
-    funcs, kernels, sources = prepared or prepare_triton(gp, cfg)
+    return run_prepared(prepared or prepare_triton(gp, cfg), gp.weights, inputs, device)
+
+
+def run_prepared(prepared: tuple, weights: dict, inputs: tuple, device: str = "cpu") -> tuple[list, dict]:
+    """Execute `@main` of a prepared module: HBM tensors as torch tensors, each launch
+    one Triton kernel; (outputs, Triton sources)."""
+    funcs, kernels, sources = prepared
     env: dict = {}
     roots: dict = {}  # value -> the flat tensor of its tile.hbm_alloc (views alias it)
     main = funcs["main"]
@@ -85,7 +96,7 @@ def run_on_triton(gp: GraphProgram, cfg: HardwareConfig, inputs: tuple, device: 
             if op.input is not None:
                 buf.copy_(inputs[op.input.value.data].reshape(shape))
             elif op.weight is not None:
-                buf.copy_(torch.from_numpy(np.asarray(gp.weights[op.weight.data])).reshape(shape))
+                buf.copy_(torch.from_numpy(np.asarray(weights[op.weight.data])).reshape(shape))
             elif op.value is not None:
                 buf.copy_(torch.tensor(np.asarray(op.value.get_values()), dtype=torch.float32).reshape(shape))
             env[op.result] = buf

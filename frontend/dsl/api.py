@@ -93,6 +93,8 @@ class Kernel:
         self.report: Report | None = None
         self.compiled: Compiled | None = None
         self._cache: dict[tuple, Compiled] = {}
+        self._gpu: dict[tuple, tuple] = {}  # (gpu, shapes, tiles config) -> prepared Triton module
+        self.triton_sources: dict[str, str] = {}
 
     # ---- compile and run ---------------------------------------------------------
     def compile(self, *arrays: Any, target: str | Path | HardwareConfig = "tiny") -> Compiled:
@@ -119,12 +121,36 @@ class Kernel:
         as_numpy = not any(isinstance(a, torch.Tensor) for a in arrays)
         tensors = tuple(a if isinstance(a, torch.Tensor) else _to_torch(a, p.type.dtype)
                         for a, p in zip(arrays, self.ast.params))
-        c = self.compile(*tensors, target=target)
-        outs, self.report = run_program(c.program, tensors,
-                                        sanitize=self.sanitize if sanitize is None else sanitize)
+        if isinstance(target, str) and target == "gpu":
+            outs = self.run_gpu(*tensors)
+        else:
+            c = self.compile(*tensors, target=target)
+            outs, self.report = run_program(c.program, tensors,
+                                            sanitize=self.sanitize if sanitize is None else sanitize)
         if as_numpy:
             outs = [o.float().numpy() if o.dtype == torch.bfloat16 else o.numpy() for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run_gpu(self, *tensors: torch.Tensor, tiles: str | Path | HardwareConfig = "tiny") -> list[torch.Tensor]:
+        """Run the kernel on the GPU fallback backend: its tile IR (tile sizes from the
+        `tiles` config, as `target="gpu"` does for models) emitted as Triton kernels
+        (`codegen/triton.py`); under Triton's interpreter where there is no CUDA device.
+        The Triton sources are kept in `self.triton_sources`."""
+        from tilecc.runtime.gpu import prepare_tile_module, run_prepared
+
+        cfg = load_config(tiles)
+        self._check_dtypes(tensors)
+        shapes = [tuple(int(n) for n in a.shape) for a in tensors]
+        key = ("gpu", tuple(shapes), cfg)
+        if key not in self._gpu:
+            module = build_module(self.ast, shapes, cfg, cfg.name)
+            for name, run in default_pipeline(cfg, 0):
+                if name in ("plan-sram", "plan-hbm"):
+                    run(module)
+            self._gpu[key] = prepare_tile_module(module)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        outs, self.triton_sources = run_prepared(self._gpu[key], {}, tuple(t.to(device) for t in tensors), device)
+        return [o.cpu() for o in outs]
 
     # ---- each stage ----------------------------------------------------------------
     def ir(self, stage: str = "tile") -> str:
