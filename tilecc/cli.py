@@ -1,6 +1,7 @@
 """The `tilecc` command line.
 
     tilecc run FILE.py:FACTORY [--target NAME_OR_TOML] [--json] [--save PROGRAM]
+    tilecc explore SOURCE [--print-ir-after-all] [--remarks] [--html PAGE] ...  (tilecc/explore.py)
 
 `FACTORY()` returns `(model, example_inputs)`. The model is exported, compiled for the
 target, run on the simulator and compared with torch eager on the same inputs.
@@ -234,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("source", help="FILE.py:FACTORY")
     cov.add_argument("--json", action="store_true")
     cov.set_defaults(fn=cmd_coverage)
+    from tilecc.explore_cli import add_explore_parser
+
+    add_explore_parser(sub)
     return ap
 
 

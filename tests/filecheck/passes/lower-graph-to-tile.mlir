@@ -12,7 +12,7 @@ builtin.module {
   }
 }
 
-// CHECK:      func.func @k0_add(%{{.*}}: memref<20x8xf32>, %{{.*}}: memref<1x8xf32>, %{{.*}}: memref<20x8xf32>) attributes {tile.kernel}
+// CHECK:      func.func @k0_add(%{{.*}}: memref<20x8xf32>, %{{.*}}: memref<1x8xf32>, %{{.*}}: memref<20x8xf32>) attributes {tile.kernel, tilecc.loc = "m.py:3"}
 // CHECK:        tile.alloc {tilecc.loc = "m.py:3", buffer = "in0"} : memref<16x8xf32, #tile.space<"sram">>
 // CHECK:        tile.alloc {tilecc.loc = "m.py:3", buffer = "in01"} : memref<16x8xf32, #tile.space<"sram">>
 // CHECK:        tile.load %{{.*}} {tilecc.loc = "m.py:3", row_dim = -1 : i64, col_dim = 1 : i64, queue = 0 : i64} : memref<1x8xf32>
