@@ -301,8 +301,11 @@ class Fuser:
     def why_not(self, op: Operation, v: SSAValue, prod: _Group, mine: _Group) -> str:
         if mine.anchor is op and op is not None:
             if is_matmul(op):
-                users = sum(1 for _ in v.uses)
-                if isinstance(v.owner, g.LayerNormOp) and users > 1:
+                a = v
+                while isinstance(a.owner, g.ReshapeOp):  # the rows of A through reshapes
+                    a = a.owner.operands[0]
+                users = sum(1 for _ in a.uses)
+                if isinstance(a.owner, g.LayerNormOp) and users > 1:
                     return f"the layer norm's result has {users} users (a prologue feeds one matmul)"
                 return "a matmul takes only a single-use layer norm as its prologue"
             return f"{op.name} starts a {mine.kind} kernel; only an elementwise group joins it as prologue"

@@ -72,7 +72,8 @@ def parse_module(text: str, source: str = "<stdin>") -> ModuleOp:
         module = Parser(make_context(), text, source).parse_module()
         module.verify()
     except (ParseError, VerifyException) as e:
-        raise TileccError(f"{source}: {_first_line(e)}") from None
+        msg = _first_line(e)
+        raise TileccError(msg if msg.startswith(source) else f"{source}: {msg}") from None
     return module
 
 
@@ -95,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BrokenPipeError:  # `tilecc-opt --list-passes | head`
             pass
         return 0
+    args = _stdio_dashes(args)
     try:
         TileccOptMain("tilecc-opt: " + __doc__.splitlines()[0].split(": ", 1)[1], args).run()
     except (TileccError, ParseError, DiagnosticException, OSError, ValueError) as e:
@@ -103,6 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     return 0
+
+
+def _stdio_dashes(args: list[str]) -> list[str]:
+    """``-`` as the input file (stdin) or ``-o -`` (stdout): xDSL's defaults, so dropped."""
+    out: list[str] = []
+    for a in args:
+        if a == "-":
+            if out and out[-1] in ("-o", "--output-file"):
+                out.pop()
+            continue
+        out.append(a)
+    return out
 
 
 def _message(e: BaseException) -> str:
