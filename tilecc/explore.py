@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import difflib
 import io
+import shutil
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -236,7 +239,9 @@ def explore(
     npu_module: list = []
 
     def before(name: str, module) -> None:
-        befores[name] = str(module)
+        # nothing changes the module between passes: the IR before a pass is the IR after
+        # the previous one (printing costs about 100 us per op; print each state once)
+        befores[name] = records[-1].after if records else str(module)
 
     def after(name: str, module) -> None:
         records.append(PassRecord(name, befores.pop(name), str(module), 0.0))
@@ -262,7 +267,6 @@ def explore(
 
 def _simulate(ex: Exploration) -> None:
     import json
-    import tempfile
 
     from tilecc.cli import compare
     from tilecc.runtime.executor import run_program
@@ -360,9 +364,26 @@ def render_text(
 def pass_diff(p: PassRecord) -> str:
     if not p.changed:
         return f"// -----// {p.name}: no change //----- //\n\n"
-    lines = difflib.unified_diff(p.before.splitlines(), p.after.splitlines(),
-                                 f"before {p.name}", f"after {p.name}", lineterm="", n=2)
-    return f"// -----// Diff {p.name} //----- //\n" + "\n".join(lines) + "\n\n"
+    return f"// -----// Diff {p.name} //----- //\n" + unified_diff(p.before, p.after, p.name) + "\n\n"
+
+
+def unified_diff(before: str, after: str, name: str, context: int = 2) -> str:
+    """A unified diff of two IR texts. GNU diff (Myers' algorithm) where it exists:
+    difflib's matcher is quadratic on the long, repetitive texts a lowering produces
+    (minutes for a GPT-2 block's tile IR)."""
+    exe = shutil.which("diff")
+    if exe is None:
+        return "\n".join(difflib.unified_diff(before.splitlines(), after.splitlines(), f"before {name}",
+                                               f"after {name}", lineterm="", n=context))
+    with tempfile.TemporaryDirectory() as d:
+        a, b = Path(d) / "a", Path(d) / "b"
+        a.write_text(before + "\n")
+        b.write_text(after + "\n")
+        p = subprocess.run([exe, f"-U{context}", "--label", f"before {name}", "--label", f"after {name}", str(a),
+                            str(b)], capture_output=True, text=True)
+    if p.returncode > 1:
+        raise ExploreError(f"diff failed: {p.stderr.strip()}")
+    return p.stdout.rstrip("\n")
 
 
 def remarks_text(ex: Exploration) -> str:

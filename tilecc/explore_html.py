@@ -94,17 +94,11 @@ def _source(ex: Exploration) -> str:
             f"<pre class='src'>{body}</pre></section>")
 
 
-_LOC = re.compile(r"([\w.\-]+\.(?:py|mlir|tile|tdsl)):(\d+)")
-
-
 def _link_locs(escaped: str, src_name: str) -> str:
-    """file:line in escaped text -> a link to the source line (when it is the source's file)."""
-    def sub(m: re.Match) -> str:
-        if Path(src_name).name != m.group(1):
-            return m.group(0)
-        return f"<a href='#L{m.group(2)}'>{m.group(0)}</a>"
-
-    return _LOC.sub(sub, escaped)
+    """``file:line`` of the source's own file in escaped text -> a link to that line
+    (an exact-name pattern: linear even on long constants' hex strings)."""
+    pat = re.compile(r"(?<![\w.\-])" + re.escape(Path(src_name).name) + r":(\d+)")
+    return pat.sub(lambda m: f"<a href='#L{m.group(1)}'>{m.group(0)}</a>", escaped)
 
 
 def _capped(text: str) -> str:
