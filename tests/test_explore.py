@@ -201,3 +201,27 @@ def test_remarks_scopes():
         ("p", "passed", "a", "m.py:1"), ("p", "analysis", "c", "")]
     assert [str(r) for r in inner.remarks] == ["m.py:7: remark [q] missed: b"]
     assert remarks.Remark.from_dict(inner.to_json()[0]) == inner.remarks[0]
+
+
+def test_diff_without_gnu_diff_matches(block, monkeypatch):
+    """difflib (where GNU diff is absent) and GNU diff agree on a small pass's diff."""
+    import tilecc.explore as explore_mod
+
+    p = next(p for p in block.passes if p.name == "fuse-graph")
+    with_gnu = explore_mod.pass_diff(p)
+    monkeypatch.setattr(explore_mod.shutil, "which", lambda _name: None)
+    without = explore_mod.pass_diff(p)
+    changed = lambda d: sorted(ln for ln in d.splitlines() if ln[:1] in "+-")  # noqa: E731
+    assert changed(with_gnu) == changed(without)
+
+
+def test_location_links_are_linear():
+    import time
+
+    from tilecc.explore_html import _link_locs
+
+    text = "dense<\"0x" + "0A1B2C3D." * 40000 + "\"> at model.py:12 and other.py:3"
+    t0 = time.perf_counter()
+    out = _link_locs(text, "examples/model.py")
+    assert time.perf_counter() - t0 < 1.0
+    assert out.endswith("<a href='#L12'>model.py:12</a> and other.py:3")
