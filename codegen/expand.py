@@ -26,9 +26,16 @@ def _eval(e: int | float | Expr, ivs: list[np.ndarray], n: int) -> np.ndarray:
 
 
 def expand_kernel(kernel: npu.KernelOp) -> np.ndarray:
+    return expand_kernel_with_origin(kernel)[0]
+
+
+def expand_kernel_with_origin(kernel: npu.KernelOp) -> tuple[np.ndarray, np.ndarray, list]:
+    """The kernel's records, the index of the static instruction each came from, and
+    those instructions (`insert_sync.collect`): the explorer's asm leads each record
+    back to its instruction op and so to the op's source location."""
     insts = collect(kernel)
     if not insts:
-        return empty_stream(0)
+        return empty_stream(0), np.zeros(0, dtype=np.int64), insts
     width = 2 * max(len(i.trips) for i in insts) + 1
     parts: list[np.ndarray] = []
     keys: list[np.ndarray] = []
@@ -59,7 +66,8 @@ def expand_kernel(kernel: npu.KernelOp) -> np.ndarray:
     stream = np.concatenate(parts)
     key = np.concatenate(keys)
     order = np.lexsort(key.T[::-1])
-    return stream[order]
+    origin = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+    return stream[order], origin[order], insts
 
 
 def barrier() -> np.ndarray:
@@ -86,4 +94,4 @@ def expand_module(module: ModuleOp) -> tuple[np.ndarray, list[tuple[str, int, in
     return np.concatenate(chunks), spans
 
 
-__all__ = ["expand_kernel", "expand_module", "Affine"]
+__all__ = ["expand_kernel", "expand_kernel_with_origin", "expand_module", "Affine"]

@@ -56,6 +56,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.passes import remarks
 from tilecc.passes.lower_elementwise import elementwise_fn
 
 
@@ -197,6 +198,8 @@ class Fuser:
                 self.rowwise_prologue(grp)
             elif is_elementwise(op):
                 self.place(op)
+        if remarks.enabled():
+            self.explain_missed()
         return self.materialise()
 
     def producer_group(self, v: SSAValue) -> _Group | None:
@@ -274,6 +277,49 @@ class Fuser:
                 self.merge(target, c)
         target.ops.sort(key=self.pos.__getitem__)
 
+    # ---- remarks ----------------------------------------------------------------
+    def explain_missed(self) -> None:
+        """One `missed` remark per producer -> consumer edge between two groups that
+        fusion could have joined: why the consumer did not join the producer's group."""
+        seen: set[tuple[int, int]] = set()
+        for op in self.fn.body.block.ops:
+            mine = self.group.get(op)
+            if mine is None or is_transparent(op):
+                continue
+            for v in op.operands:
+                prod = self.producer_group(v)
+                if prod is None or prod is mine or (id(prod), id(mine)) in seen:
+                    continue
+                if all(isinstance(o, g.ReshapeOp) for o in prod.ops):
+                    continue  # a view, not a kernel
+                seen.add((id(prod), id(mine)))
+                why = self.why_not(op, v, prod, mine)
+                if why:
+                    remarks.emit("fuse-graph", "missed", f"did not fuse {op.name} into the {prod.kind} group of "
+                                 f"{_describe(prod.ops, 3)} ({g.source_loc(prod.ops[0])}): {why}", g.source_loc(op))
+
+    def why_not(self, op: Operation, v: SSAValue, prod: _Group, mine: _Group) -> str:
+        if mine.anchor is op and op is not None:
+            if is_matmul(op):
+                a = v
+                while isinstance(a.owner, g.ReshapeOp):  # the rows of A through reshapes
+                    a = a.owner.operands[0]
+                users = sum(1 for _ in a.uses)
+                if isinstance(a.owner, g.LayerNormOp) and users > 1:
+                    return f"the layer norm's result has {users} users (a prologue feeds one matmul)"
+                return "a matmul takes only a single-use layer norm as its prologue"
+            return f"{op.name} starts a {mine.kind} kernel; only an elementwise group joins it as prologue"
+        if mine.kind != "elementwise" and mine.anchor is not None and prod.kind != "elementwise":
+            return f"it belongs to the {mine.kind} group of {mine.anchor.name}"
+        if not compatible(op, prod.space, set(prod.ops)):
+            return (f"its iteration space {list(squeezed(op.results[0].type))} differs from the group's "
+                    f"{list(prod.space)}")
+        if prod.kind == "matmul" and v not in prod.epilogue:
+            return "it reads the matmul's A rows (the prologue), not its output tiles"
+        if not self.legal(set(prod.ops) | {op}):
+            return "the merged group would have a path that leaves it and re-enters (a cycle)"
+        return f"it joined the {mine.kind} group of {_describe(mine.ops, 3)} first"
+
     # ---- rewriting --------------------------------------------------------------
     def materialise(self) -> int:
         """Wrap every group of two or more ops in a graph.fused; re-order the body."""
@@ -336,9 +382,19 @@ class Fuser:
         fused = FusedOp(grp.kind, inputs, [v.type for v in outputs], Region(body))
         anchor = grp.anchor if grp.anchor is not None else grp.ops[0]
         g.set_loc(fused, g.source_loc(anchor))
+        remarks.emit("fuse-graph", "passed", lambda: (
+            f"fused {_describe(grp.ops)} into one {grp.kind} kernel ({len(inputs)} inputs, "
+            f"{len(outputs)} outputs to HBM; intermediates stay on chip)"), g.source_loc(anchor))
         for v, r in zip(outputs, fused.results):
             v.replace_all_uses_with(r)
         return fused
+
+
+def _describe(ops: list[Operation], most: int = 8) -> str:
+    """``graph.matmul, graph.add, graph.gelu`` (transparent reshapes left out)."""
+    names = [o.name.removeprefix("graph.") for o in ops if not is_transparent(o)]
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _conv_epilogues(fn: func.FuncOp) -> set[Operation]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from xdsl.context import Context
-from xdsl.dialects import func
+from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import (
     BFloat16Type,
     DenseIntOrFPElementsAttr,
@@ -59,6 +59,7 @@ from tilecc.errors import CompileError, TensorTooLargeError
 from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.ir.graph_fusion import FusedOp
+from tilecc.passes import remarks
 from tilecc.passes.kernel_builder import KernelBuilder
 from tilecc.simulator.config import HardwareConfig, load_config
 
@@ -117,10 +118,13 @@ class GraphToTile:
 
         # op families lowered in their own files: op class -> fn(lowering, op, loc)
         self.extra = {**lower_nn.LOWERINGS, **lower_index.LOWERINGS, **lower_dsl_call.LOWERINGS}
+        self.lowering: Operation | None = None  # the graph op being lowered (for remarks)
 
     # ---- @main helpers -------------------------------------------------------------
     def emit(self, op: Operation) -> Operation:
         self.main_ops.append(op)
+        if self.lowering is not None and g.LOC_ATTR not in op.attributes:
+            g.set_loc(op, g.source_loc(self.lowering))
         return op
 
     def hbm(self, shape: Sequence[int], elem: Attribute, **kw) -> SSAValue:
@@ -187,7 +191,10 @@ class GraphToTile:
         return self.view(ek.build()[0], shape)
 
     def launch(self, kb: KernelBuilder, args: Sequence[SSAValue]) -> None:
+        if not kb.loc and self.lowering is not None:  # a helper kernel (a dense copy): its op's place
+            kb.loc = g.source_loc(self.lowering)
         self.kernels.append(kb.finish())
+        remarks.emit("lower-graph-to-tile", "passed", lambda: _kernel_remark(kb.func, self.lowering), kb.loc)
         self.emit(func.CallOp(kb.func.sym_name.data, list(args), []))
 
     def output_buffer(self, res: SSAValue, elem: Attribute | None = None) -> SSAValue:
@@ -270,6 +277,14 @@ class GraphToTile:
         return out
 
     def lower(self, op: Operation) -> None:
+        saved, self.lowering = self.lowering, op
+        try:
+            with remarks.at(g.source_loc(op)):
+                self._lower(op)
+        finally:
+            self.lowering = saved
+
+    def _lower(self, op: Operation) -> None:
         loc = g.source_loc(op)
         res = op.results[0] if op.results else None
         if isinstance(op, g.WeightOp):
@@ -625,3 +640,17 @@ class LowerGraphToTilePass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         GraphToTile(load_config(self.target), self.opt_level).run(op)
+
+
+def _kernel_remark(kernel: func.FuncOp, op: Operation | None) -> str:
+    """``kernel k3_fused_matmul for graph.fused "matmul" (matmul, add, gelu): 3 loops, 42 tile ops``."""
+    what = "" if op is None else op.name
+    if isinstance(op, FusedOp):
+        inner = [o.name.removeprefix("graph.") for o in op.body.block.ops
+                 if not isinstance(o, (g.ReshapeOp, g.ConstantOp)) and o.name != "graph.yield"]
+        what = f'graph.fused "{op.kind.data}" ({", ".join(inner)})'
+    loops = tiles = 0
+    for o in kernel.walk():
+        loops += isinstance(o, scf.ForOp)
+        tiles += o.name.startswith("tile.")
+    return f"kernel {kernel.sym_name.data} for {what}: {loops} loops, {tiles} tile ops"

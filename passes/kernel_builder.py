@@ -37,7 +37,7 @@ class KernelBuilder:
         return self.entry.args
 
     def add(self, op: Operation) -> Operation:
-        if self.loc is not None:
+        if self.loc:
             op.attributes["tilecc.loc"] = _str_attr(self.loc)
         self.block.add_op(op)
         return op
@@ -109,7 +109,14 @@ class KernelBuilder:
             yield start, size
 
     def finish(self) -> func.FuncOp:
+        """The kernel; ops built without a location (index constants, loops, buffers)
+        and the kernel itself get the kernel's (terminators excepted), so every op leads back to user code."""
         self.entry.add_op(func.ReturnOp())
+        if self.loc:
+            loc = _str_attr(self.loc)
+            for op in self.func.walk():
+                if "tilecc.loc" not in op.attributes and not isinstance(op, (func.ReturnOp, scf.YieldOp)):
+                    op.attributes["tilecc.loc"] = loc
         return self.func
 
 

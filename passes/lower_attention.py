@@ -128,6 +128,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import tile
+from tilecc.passes import remarks
 from tilecc.passes.kernel_builder import KernelBuilder
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.machine import matmul_mapping
@@ -787,8 +788,13 @@ def lower_attention_kernel(lw, op, loc: str) -> bool:
                        pair_ok, group_ok)
         _CHOICES[sig] = best
     if best is None:
+        remarks.emit("lower-graph-to-tile", "missed", "attention: no fused tiling fits the target", loc)
         return False
     plan = best[1]
+    remarks.emit("lower-graph-to-tile", "passed", lambda: (
+        f"attention {list(q_shape)} x {list(k_shape)}: chose tiling q x{plan.qseq.f} k x{plan.kseq.f}, "
+        f"tile {plan.T}, row sum {'fused' if plan.rowsum_fused else 'separate'}, heads per DMA "
+        f"{plan.grp}, estimated {best[0]:,.0f} cycles (best of {best[2]} tilings)"), loc)
     mask = None
     if has_mask:
         mask = lw.materialise(op.mask)
@@ -838,7 +844,7 @@ def _search(lw, op, q_shape, k_shape, v_shape, out_shape, mask_shape, has_mask, 
                   f"heads per DMA {plan.grp} (group sets {plan.gsets}): {est:,.0f} cycles")
         if best is None or est < best[0]:
             best = (est, plan)
-    return best
+    return None if best is None else (*best, len(tried))
 
 
 def _budget(cfg: HardwareConfig) -> int:

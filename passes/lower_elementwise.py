@@ -41,6 +41,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from tilecc.errors import CompileError, TensorTooLargeError
 from tilecc.ir import tile
+from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile import _collapse, _Operand
 from tilecc.passes.kernel_builder import KernelBuilder
 from tilecc.passes.plan_sram import element_size
@@ -397,6 +398,10 @@ class ElementwiseKernel:
         b = max((lvl for lvl in range(rank) if trips[lvl] >= 2), default=-1)
         if b < 0:
             D = 1
+        remarks.emit("lower-graph-to-tile", "passed", lambda: (
+            f"kernel {lw.kernel_name(self.what)}: tiles {TR} x {TC} of {list(kshape)}, "
+            + (f"loads and stores multi-buffered x{D}" if D > 1 else "one tile, single-buffered")
+            + f", estimated {best[0]:,.0f} cycles"), self.loc)
         return _Plan(extents, tiles, trips, b, D)
 
     def _emit(self, kshape: tuple[int, ...], plan: _Plan, leaves: list[int], out_ops: list[_Operand]) -> None:

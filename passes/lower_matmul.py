@@ -67,6 +67,7 @@ from xdsl.dialects.builtin import Float32Type, IntegerAttr, f32, i1
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import tile
+from tilecc.passes import remarks
 from tilecc.passes.kernel_builder import KernelBuilder
 from tilecc.passes.matmul_schedule import (
     BlockPlan,
@@ -558,11 +559,27 @@ def choose_schedule(lw, problem: MatmulProblem, measure: Callable | None = None)
     cycles) times a candidate when the kernel is more than the matmul alone (a fused
     group); by default the autotuner simulates the matmul alone."""
     policy = lw.matmul_policy
-    if policy is not None:
-        return policy(problem, measure)
     from tilecc.passes.cost_model import choose
 
-    return choose(problem, lw.cfg)
+    sched = policy(problem, measure) if policy is not None else choose(problem, lw.cfg)
+    remarks.emit("lower-graph-to-tile", "passed" if sched else "missed",
+                 lambda: schedule_remark(problem, sched, lw.cfg, "autotuner" if policy else "cost model"))
+    return sched
+
+
+def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg, by: str) -> str:
+    """One line: the matmul, the tile and schedule chosen, the estimated cycles."""
+    from tilecc.passes.cost_model import estimate, rank
+
+    batch = "x".join(str(b) for b in p.batch)
+    shape = f"matmul {batch + ' x ' if batch else ''}{p.M}x{p.K}x{p.N} ({p.a_dtype})"
+    if s is None:
+        return f"{shape}: no -O2 schedule fits the target; the -O0 kernel is used"
+    n = len(rank(p, cfg))
+    return (f"{shape}: {by} chose tile {p.TM} x {s.w * p.TN} x {p.TK} (M x N x K; nb={s.nb} m-tiles per "
+            f"block, g={s.g} k-tiles per B group, B x{s.b_sets} buffered, "
+            f"{'pipelined' if s.pipelined else 'not pipelined'}), estimated {estimate(p, s, cfg):,.0f} cycles "
+            f"(best of {n} schedules)")
 
 
 def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:

@@ -40,6 +40,7 @@ from xdsl.passes import ModulePass
 
 from tilecc.errors import CompileError
 from tilecc.ir import tile
+from tilecc.passes import remarks
 from tilecc.passes.plan_sram import element_size
 from tilecc.simulator.config import HardwareConfig, load_config
 
@@ -130,6 +131,15 @@ def plan_hbm(op: ModuleOp, cfg: HardwareConfig) -> None:
             f"plan-hbm: the program needs {size} bytes of HBM ({base} for inputs, weights "
             f"and constants, {peak} for intermediates), the target has {cfg.hbm.capacity_bytes}"
         )
+    remarks.emit("plan-hbm", "analysis", lambda: (
+        f"HBM {size:,} bytes: inputs, weights and constants {base:,}; {len(temps)} intermediates "
+        f"peak at {peak:,} bytes of {total:,} (sharing by liveness saves {total - peak:,}, "
+        f"{sum(1 for i, a in enumerate(placed) if any(_shares(a, b) for b in placed[:i]))} reuse earlier bytes)"))
     op.attributes["tile.hbm_size"] = IntegerAttr(size, i64)
     op.attributes["tile.hbm_intermediate_peak"] = IntegerAttr(peak, i64)
     op.attributes["tile.hbm_intermediate_total"] = IntegerAttr(total, i64)
+
+
+def _shares(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    """Whether two placed intermediates (start, end, first, last) overlap in bytes."""
+    return a[0] < b[1] and b[0] < a[1]

@@ -26,6 +26,7 @@ from xdsl.passes import ModulePass
 
 from tilecc.errors import SramOverflowError
 from tilecc.ir import tile
+from tilecc.passes import remarks
 from tilecc.simulator.config import HardwareConfig, load_config
 
 ALIGN = 64
@@ -80,7 +81,17 @@ def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
                 f"kernel {kernel.sym_name.data}: {space} buffers need {offset + size} bytes per "
                 f"partition, the target has {capacity}: {listing}"
             )
+    remarks.emit("plan-sram", "analysis", lambda: (
+        f"kernel {kernel.sym_name.data}: " + ", ".join(
+            f"{space} {used[space]:,} of {limits[space][1]:,} bytes per partition "
+            f"({used[space] / limits[space][1]:.0%}, {len(placed[space])} buffers)" for space in used)),
+        _loc(kernel))
     return used
+
+
+def _loc(op) -> str:
+    loc = op.attributes.get("tilecc.loc")
+    return loc.data if loc is not None else ""
 
 
 @dataclass(frozen=True)

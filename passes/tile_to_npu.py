@@ -124,6 +124,7 @@ class KernelLowering:
         for a, t in zip(kernel.body.block.args, args, strict=True):
             self.env[a] = t
         out = npu.KernelOp(self.name)
+        _copy_loc(kernel, out)
         self.block(kernel.body.block, out.body.block, 0)
         return out
 
@@ -186,6 +187,7 @@ class KernelLowering:
             if not (lb.is_const and ub.is_const and step.is_const) or lb.const != 0 or step.const != 1:
                 raise CompileError(f"{self.name}: scf.for must run from 0 to a constant with step 1")
             loop = npu.LoopOp(ub.const)
+            _copy_loc(op, loop)
             self.env[op.body.block.args[0]] = Affine.iv(depth)
             self.block(op.body.block, loop.body.block, depth + 1)
             dst.add_op(loop)
@@ -210,7 +212,7 @@ class KernelLowering:
         handler = _HANDLERS.get(type(op))
         if handler is None:
             raise CompileError(f"{self.name}: no instruction selection for {op.name}")
-        dst.add_op(handler(self, op))
+        dst.add_op(_copy_loc(op, handler(self, op)))
 
     def buf(self, v: SSAValue) -> Buffer:
         b = self.env[v]
@@ -241,6 +243,14 @@ class KernelLowering:
 
     def sizes(self, rows: SSAValue, cols: SSAValue) -> dict[str, int | str]:
         return {"rows": _field(self.expr(rows)), "cols": _field(self.expr(cols))}
+
+
+def _copy_loc(src: Operation, dst: Operation) -> Operation:
+    """The source location (``tilecc.loc``) of the tile op travels to its instruction."""
+    loc = src.attributes.get("tilecc.loc")
+    if loc is not None:
+        dst.attributes["tilecc.loc"] = loc
+    return dst
 
 
 def _as_affine(v: int | Affine) -> Affine:

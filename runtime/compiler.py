@@ -15,6 +15,7 @@ from tilecc.codegen.expand import expand_module
 from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
+from tilecc.passes import remarks
 from tilecc.passes.autotune import Autotuner
 from tilecc.passes.fold_norm_affine import fold_norm_affine
 from tilecc.passes.registry import default_pipeline
@@ -39,6 +40,7 @@ def compile_graph(
     cfg: HardwareConfig,
     *,
     after_pass: StageCallback | None = None,
+    before_pass: StageCallback | None = None,
     stats: CompileStats | None = None,
     opt_level: int = 2,
     autotune: bool | Autotuner = False,
@@ -47,7 +49,18 @@ def compile_graph(
     """Compile `gp` for `cfg`. With `autotune` (True, or an `Autotuner` to use its cache
     directory and counters) the -O2 matmul kernels' schedules are picked by simulating
     candidates (`passes/autotune.py`, cached on disk); `matmul_policy` (problem ->
-    schedule) forces them (the autotuner measures candidates this way)."""
+    schedule) forces them (the autotuner measures candidates this way).
+
+    `before_pass` / `after_pass` (pass name, module) run around every pass, outside
+    its timing (the explorer's instrumentation, `tilecc/explore.py`); the passes'
+    remarks (`passes/remarks.py`) are kept in ``program.meta["remarks"]``."""
+    with remarks.collecting() as collected:
+        program = _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy)
+    program.meta["remarks"] = collected.to_json()
+    return program
+
+
+def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy) -> Program:
     t0 = time.perf_counter()
     module = gp.module.clone()
     layout: _Layout | None = None
@@ -56,6 +69,8 @@ def compile_graph(
 
         matmul_policy = tuning_policy(cfg, autotune if isinstance(autotune, Autotuner) else None)
     if opt_level >= 2:  # a transform that needs the weights' data (not a module pass)
+        if before_pass is not None:
+            before_pass("fold-norm-affine", module)
         ts = time.perf_counter()
         weights = dict(gp.weights)
         if fold_norm_affine(module, weights):
@@ -67,6 +82,8 @@ def compile_graph(
     for name, run in default_pipeline(cfg, opt_level, matmul_policy):
         if name == "lower-tile-to-npu":
             layout = _read_layout(module, gp)
+        if before_pass is not None:
+            before_pass(name, module)
         ts = time.perf_counter()
         run(module)
         if stats is not None:

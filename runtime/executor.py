@@ -100,4 +100,5 @@ def run_program(
         outputs.append(_to_user_dtype(spec, numerics.storage_to_torch(raw, spec.dtype)))
     if trace is not None:
         write_trace(trace, program.stream, program.config, sim.start, sim.end, program.kernels)
-    return outputs, make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"))
+    return outputs, make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
+                                program.meta.get("remarks"))

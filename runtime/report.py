@@ -92,6 +92,8 @@ class Report:
     # HBM footprint (bytes): size, persistent (inputs, weights, constants), and the
     # intermediates' peak (shared by liveness, plan-hbm) against their sum
     hbm_plan: dict[str, int] = field(default_factory=dict)
+    # the compiler's optimisation remarks (passes/remarks.py: pass_name, kind, message, loc)
+    remarks: list[dict[str, str]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,6 +137,12 @@ class Report:
             + f") in {self.kernels} kernels",
             f"MACs              {self.macs:,}",
         ]
+        if self.remarks:
+            kinds = [r["kind"] for r in self.remarks]
+            lines.append(
+                f"remarks           {len(kinds)} (" + ", ".join(f"{k} {kinds.count(k)}" for k in dict.fromkeys(kinds))
+                + "; `tilecc explore --remarks` lists them)"
+            )
         if en:
             lines.append(
                 f"energy            {en['total_pj'] * 1e-6:,.3f} uJ "
@@ -150,6 +158,7 @@ _SHORT = {"semaphore": "sem", "hbm_bandwidth": "hbm"}
 def make_report(
     sim, work: dict[str, float], cfg: HardwareConfig, simulate_seconds: float,
     hbm_plan: dict[str, int] | None = None,
+    remarks: list[dict[str, str]] | None = None,
 ) -> Report:
     comps = roofline(work, cfg)
     bottleneck = max(comps, key=lambda k: comps[k])
@@ -183,4 +192,5 @@ def make_report(
         },
         energy=energy.to_dict(),
         hbm_plan=dict(hbm_plan or {}),
+        remarks=list(remarks or []),
     )

@@ -2,6 +2,7 @@
 
     tilecc run FILE.py:FACTORY [--target NAME_OR_TOML] [--json] [--save PROGRAM]
     tilecc explain FILE.py:FACTORY [--target NAME_OR_TOML] [--training] [--json]
+    tilecc explore SOURCE [--print-ir-after-all] [--remarks] [--html PAGE] ...  (tilecc/explore.py)
 
 `FACTORY()` returns `(model, example_inputs)`. The model is exported, compiled for the
 target, run on the simulator and compared with torch eager on the same inputs.
@@ -254,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--training", action="store_true", help="also run a backward pass and explain its graph")
     ex.add_argument("--json", action="store_true")
     ex.set_defaults(fn=cmd_explain)
+    from tilecc.explore_cli import add_explore_parser
+
+    add_explore_parser(sub)
     return ap
 
 

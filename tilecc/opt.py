@@ -1,83 +1,145 @@
-"""tilecc-opt: an mlir-opt-style driver over IR text files.
+"""tilecc-opt: an mlir-opt-style driver over IR text files (xDSL's `xDSLOptMain`).
 
-    tilecc-opt model.mlir -p 'lower-graph-to-tile{target=tiny},plan-sram{target=tiny}'
+    tilecc-opt model.mlir -p 'lower-graph-to-tile{target=tiny opt_level=0},plan-sram{target=tiny}'
+    cat in.mlir | tilecc-opt -p plan-hbm{target=tiny} --print-op-generic
+    tilecc-opt cases.mlir --split-input-file --verify-diagnostics
     tilecc-opt --list-passes
-    cat in.mlir | tilecc-opt -p plan-hbm --print-op-generic
+
+tilecc's dialects (graph, tile, npu) and passes come with xDSL's own (func, arith,
+scf, memref, ...; canonicalize, cse, ...) through the `xdsl.universe` entry point
+(`tilecc/universe.py`), so the stock `xdsl-opt` reads the same files. Input is a file
+or stdin (``-``), output stdout or ``-o FILE``. ``--split-input-file`` runs each
+``// -----`` chunk on its own; ``--verify-diagnostics`` prints a verifier's (or a
+pass's `TileccError`) message and exits 0, for FileCheck tests of invalid IR. Other
+errors print one line (``error: ...``) and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import sys
+from collections.abc import Sequence
 
 from xdsl.context import Context
-from xdsl.dialects import get_all_dialects
-from xdsl.passes import PassPipeline
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
-from xdsl.printer import Printer
-from xdsl.transforms import get_all_passes
-from xdsl.utils.exceptions import ParseError, VerifyException
+from xdsl.universe import Universe
+from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+from xdsl.xdsl_opt_main import xDSLOptMain
 
 from tilecc.errors import TileccError
 from tilecc.universe import UNIVERSE
 
 
+class TileccOptMain(xDSLOptMain):
+    def register_all_dialects(self) -> None:
+        super().register_all_dialects()
+        for name, factory in UNIVERSE.all_dialects.items():  # also when not installed as a plugin
+            if name not in self.ctx.registered_dialect_names:
+                self.ctx.register_dialect(name, factory)
+
+    def register_all_passes(self) -> None:
+        super().register_all_passes()
+        for name, factory in UNIVERSE.all_passes.items():
+            self.register_pass(name, factory)
+
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(arg_parser)
+        arg_parser.add_argument("--list-passes", action="store_true", help="list the passes and exit")
+
+    def apply_passes(self, prog: ModuleOp) -> None:
+        try:
+            super().apply_passes(prog)
+        except TileccError as e:  # a pass refused the IR: a diagnostic like a verifier's
+            if self.args.verify_diagnostics:
+                raise DiagnosticException(f"error: {e}") from None
+            raise
+
+
 def make_context() -> Context:
-    ctx = Context(allow_unregistered=False)
+    """A context with xDSL's dialects and tilecc's (graph, tile, npu)."""
+    from xdsl.dialects import get_all_dialects
+
+    ctx = Context()
     for name, factory in {**get_all_dialects(), **UNIVERSE.all_dialects}.items():
         ctx.register_dialect(name, factory)
     return ctx
 
 
-def available_passes():
-    return {**get_all_passes(), **UNIVERSE.all_passes}
-
-
-def run(text: str, pipeline: str, *, generic: bool = False, source: str = "<stdin>") -> str:
-    ctx = make_context()
+def parse_module(text: str, source: str = "<stdin>") -> ModuleOp:
+    """Parse and verify IR text; errors become one-line `TileccError`s naming `source`."""
     try:
-        module = Parser(ctx, text, source).parse_module()
+        module = Parser(make_context(), text, source).parse_module()
         module.verify()
-        if pipeline:
-            PassPipeline.parse_spec(available_passes(), pipeline).apply(ctx, module)
-            module.verify()
     except (ParseError, VerifyException) as e:
-        msg = str(e).strip().splitlines()
-        raise TileccError(f"{source}: {' '.join(m.strip() for m in msg[:1])}" + (
-            "\n" + "\n".join(msg[1:]) if len(msg) > 1 else "")) from None
-    out = io.StringIO()
-    Printer(stream=out, print_generic_format=generic).print_op(module)
-    return out.getvalue() + "\n"
+        msg = _first_line(e)
+        raise TileccError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+    return module
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tilecc-opt", description=__doc__.splitlines()[0])
-    ap.add_argument("input", nargs="?", default="-", help="IR text file (default: stdin)")
-    ap.add_argument("-p", "--passes", default="", help="pass pipeline, e.g. 'plan-sram{target=tiny}'")
-    ap.add_argument("-o", "--output", default="-")
-    ap.add_argument("--print-op-generic", action="store_true")
-    ap.add_argument("--list-passes", action="store_true")
-    args = ap.parse_args(argv)
-    if args.list_passes:
-        print("\n".join(sorted(UNIVERSE.all_passes)))
+def pass_names() -> list[str]:
+    """tilecc's passes, then xDSL's (what ``-p`` accepts)."""
+    mine = sorted(UNIVERSE.all_passes)
+    theirs = sorted(set(Universe.get_multiverse().all_passes) - set(mine))
+    return mine + theirs
+
+
+def _first_line(e: BaseException) -> str:
+    return _diagnostic(str(e))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--list-passes" in args:
+        try:
+            print("\n".join(pass_names()))
+        except BrokenPipeError:  # `tilecc-opt --list-passes | head`
+            pass
         return 0
+    args = _stdio_dashes(args)
     try:
-        if args.input == "-":
-            text, source = sys.stdin.read(), "<stdin>"
-        else:
-            with open(args.input) as f:
-                text, source = f.read(), args.input
-        result = run(text, args.passes, generic=args.print_op_generic, source=source)
-    except (TileccError, OSError, ValueError) as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        TileccOptMain("tilecc-opt: " + __doc__.splitlines()[0].split(": ", 1)[1], args).run()
+    except (TileccError, ParseError, DiagnosticException, OSError, ValueError) as e:
+        print(f"error: {_message(e)}", file=sys.stderr)
         return 2
-    if args.output == "-":
-        sys.stdout.write(result)
-    else:
-        with open(args.output, "w") as f:
-            f.write(result)
+    except SystemExit as e:  # argparse
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
     return 0
+
+
+def _stdio_dashes(args: list[str]) -> list[str]:
+    """``-`` as the input file (stdin) or ``-o -`` (stdout): xDSL's defaults, so dropped."""
+    out: list[str] = []
+    for a in args:
+        if a == "-":
+            if out and out[-1] in ("-o", "--output-file"):
+                out.pop()
+            continue
+        out.append(a)
+    return out
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, (ParseError, DiagnosticException)):
+        return _diagnostic(str(e))
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _diagnostic(text: str) -> str:
+    """One line from an xDSL diagnostic: ``file:line:col: what is wrong`` for a parse
+    error (location, source line, caret, message), the message for a verifier's."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    if not lines:
+        return "invalid IR"
+    if ":" in lines[0] and lines[0].rsplit(":", 2)[-1].isdigit() and len(lines) >= 3:
+        return f"{lines[0]}: {lines[-1].lstrip('^ ')}"
+    for x in lines:
+        if "does not verify:" in x:
+            return x.split("does not verify:", 1)[1].strip()
+    for x in lines:
+        if x.startswith("| "):
+            return x[2:].strip()
+    return lines[0]
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ builtin.module {
   }
 }
 
-// CHECK:      func.func @k0_add(%{{.*}}: memref<20x8xf32>, %{{.*}}: memref<1x8xf32>, %{{.*}}: memref<20x8xf32>) attributes {tile.kernel}
+// CHECK:      func.func @k0_add(%{{.*}}: memref<20x8xf32>, %{{.*}}: memref<1x8xf32>, %{{.*}}: memref<20x8xf32>) attributes {tile.kernel, tilecc.loc = "m.py:3"}
 // CHECK:        tile.alloc {tilecc.loc = "m.py:3", buffer = "in0"} : memref<16x8xf32, #tile.space<"sram">>
 // CHECK:        tile.alloc {tilecc.loc = "m.py:3", buffer = "in01"} : memref<16x8xf32, #tile.space<"sram">>
 // CHECK:        tile.load %{{.*}} {tilecc.loc = "m.py:3", row_dim = -1 : i64, col_dim = 1 : i64, queue = 0 : i64} : memref<1x8xf32>
@@ -33,9 +33,9 @@ builtin.module {
 // CHECK-NEXT:   tile.hbm_alloc {input = 0 : i64} : memref<20x8xf32>
 // CHECK-NEXT:   tile.hbm_alloc {input = 1 : i64} : memref<8xf32>
 // CHECK-NEXT:   tile.hbm_alloc {input = 2 : i64} : memref<8x5xf32>
-// CHECK-NEXT:   tile.view %{{.*}} : memref<8xf32> to memref<1x8xf32>
-// CHECK-NEXT:   tile.hbm_alloc : memref<20x8xf32>
-// CHECK-NEXT:   func.call @k0_add
-// CHECK-NEXT:   tile.hbm_alloc : memref<20x5xf32>
-// CHECK-NEXT:   func.call @k1_matmul
+// CHECK-NEXT:   tile.view %{{.*}} {tilecc.loc = "m.py:3"} : memref<8xf32> to memref<1x8xf32>
+// CHECK-NEXT:   tile.hbm_alloc {tilecc.loc = "m.py:3"} : memref<20x8xf32>
+// CHECK-NEXT:   func.call @k0_add({{.*}}) {tilecc.loc = "m.py:3"}
+// CHECK-NEXT:   tile.hbm_alloc {tilecc.loc = "m.py:4"} : memref<20x5xf32>
+// CHECK-NEXT:   func.call @k1_matmul({{.*}}) {tilecc.loc = "m.py:4"}
 // CHECK-NEXT:   func.return
