@@ -32,6 +32,7 @@ StageCallback = Callable[[str, ModuleOp], None]
 class CompileStats:
     pass_seconds: dict[str, float] = field(default_factory=dict)
     total_seconds: float = 0.0
+    cache: str = ""  # the compile cache (runtime/cache.py): "hit", "miss", "" when not used
 
 
 def compile_graph(

@@ -1,9 +1,13 @@
+import os
 import warnings
 
 import pytest
 import torch
 
 warnings.filterwarnings("ignore", category=FutureWarning)
+# the compile cache (runtime/cache.py) is off in the test suite: tests monkeypatch the
+# compiler and count compiles; tests/test_compile_cache.py turns it on explicitly
+os.environ.setdefault("TILECC_COMPILE_CACHE", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,8 @@ from tilecc.frontend.torch_export import decompose, export_model, import_exporte
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.autotune import Autotuner
 from tilecc.runtime import specialize
-from tilecc.runtime.compiler import CompileStats, compile_graph
+from tilecc.runtime.cache import CompileCache, compile_cached
+from tilecc.runtime.compiler import CompileStats, compile_graph  # noqa: F401 (re-exported)
 from tilecc.runtime.executor import run_program
 from tilecc.runtime.program import Program
 from tilecc.runtime.report import Report
@@ -37,7 +38,9 @@ class CompiledModel:
         dynamic: tuple[ExportedProgram, HardwareConfig] | None = None,
         opt_level: int = 2,
         autotune: bool | Autotuner = False,
+        cache: Any = None,
     ):
+        self.cache = cache
         self.opt_level = opt_level
         self.autotune = autotune
         self.program = program
@@ -60,8 +63,8 @@ class CompiledModel:
             bindings = specialize.bind(core, inputs)
             gp = import_exported_program(core, bindings, decomposed=True)
             self.compile_stats = CompileStats()
-            self.programs[key] = compile_graph(gp, cfg, stats=self.compile_stats, opt_level=self.opt_level,
-                                               autotune=self.autotune)
+            self.programs[key] = compile_cached(gp, cfg, self.cache, stats=self.compile_stats,
+                                                opt_level=self.opt_level, autotune=self.autotune)
         self.program = self.programs[key]
         return self.program
 
@@ -87,6 +90,7 @@ def compile(
     dynamic_shapes: Any = None,
     opt_level: int = 2,
     autotune: bool | Autotuner = False,
+    cache: bool | str | Path | CompileCache | None = None,
 ) -> CompiledModel:
     """Export (if needed), import, lower and encode `model` for `target`.
 
@@ -95,6 +99,8 @@ def compile(
     `autotune` (True, or an `Autotuner` with its own cache directory) picks each -O2
     matmul kernel's schedule by simulating candidates instead of by the cost model;
     winners are cached on disk (`passes/autotune.py`), so recompiling skips the search.
+    `cache`: the compile cache of whole programs (`runtime/cache.py`): None (default) is
+    on unless ``TILECC_COMPILE_CACHE=0``; False off; a directory or a `CompileCache`.
     """
     cfg = load_config(target)
     if opt_level not in (0, 2):
@@ -107,7 +113,7 @@ def compile(
         ep = export_model(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     if specialize.is_dynamic(ep):
         core = decompose(ep)
-        cm = CompiledModel(None, dynamic=(core, cfg), opt_level=opt_level, autotune=autotune)
+        cm = CompiledModel(None, dynamic=(core, cfg), opt_level=opt_level, autotune=autotune, cache=cache)
         examples = example_inputs if example_inputs is not None else _example_args(ep)
         if examples is not None:
             # the graph IR at the example shapes, with every symbolic size kept as a sympy
@@ -117,8 +123,8 @@ def compile(
         return cm
     gp = import_exported_program(ep)
     stats = CompileStats()
-    program = compile_graph(gp, cfg, stats=stats, opt_level=opt_level, autotune=autotune)
-    return CompiledModel(program, stats, opt_level=opt_level, autotune=autotune)
+    program = compile_cached(gp, cfg, cache, stats=stats, opt_level=opt_level, autotune=autotune)
+    return CompiledModel(program, stats, opt_level=opt_level, autotune=autotune, cache=cache)
 
 
 def _example_args(ep: torch.export.ExportedProgram) -> tuple | None:

@@ -93,7 +93,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.target)
     model, inputs = load_factory(args.source)
     t0 = time.perf_counter()
-    cm = tilecc.compile(model, inputs, target=cfg, opt_level=args.opt_level, autotune=args.autotune)
+    cm = tilecc.compile(model, inputs, target=cfg, opt_level=args.opt_level, autotune=args.autotune,
+                        cache=False if args.no_cache else None)
     compile_seconds = time.perf_counter() - t0
     outputs, report = run_program(cm.program, inputs, trace=args.trace, sanitize=not args.no_sanitize)
     cm.report = report
@@ -206,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--autotune", action="store_true",
                      help="pick each matmul kernel's schedule by simulating candidates (cached in "
                           "$TILECC_CACHE_DIR or ~/.cache/tilecc; a second run skips the search)")
+    run.add_argument("--no-cache", action="store_true",
+                     help="compile afresh, without the compile cache ($TILECC_CACHE_DIR or ~/.cache/tilecc)")
     run.add_argument("--save", help="write the compiled program to this file")
     run.add_argument("--trace", help="write a Perfetto / Chrome-trace timeline (JSON) here")
     run.add_argument("--no-sanitize", action="store_true", help="skip the race / uninitialised-read checks")
