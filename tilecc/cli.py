@@ -162,10 +162,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
         program.config = load_config(args.target)
     gen = torch.Generator().manual_seed(args.seed)
     inputs = []
+    data = _load_npz(args.inputs, [s.name for s in program.inputs]) if args.inputs else None
     for spec in program.inputs:
         dtype = numerics.DTYPE_TO_TORCH[spec.dtype]
-        if args.inputs:
-            data = np.load(args.inputs)
+        if data is not None:
             inputs.append(torch.from_numpy(data[spec.name]).to(dtype))
         else:
             inputs.append(torch.randn(spec.shape, generator=gen).to(dtype))
@@ -180,6 +180,30 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if args.trace:
             print(f"trace             {args.trace}")
     return 0
+
+
+def _load_npz(path: str, names: list[str]) -> dict:
+    """The arrays of an .npz file, one per program input (InputMismatchError naming the
+    file and the missing input otherwise)."""
+    import zipfile
+
+    import numpy as np
+
+    from tilecc.errors import InputMismatchError
+
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        why = "not a zip archive of .npy arrays" if not zipfile.is_zipfile(path) else str(e).split(". ")[0]
+        raise InputMismatchError(f"{path}: cannot be read as an .npz file ({why})") from None
+    for name in names:
+        if name not in data:
+            raise InputMismatchError(
+                f"{path}: no array named '{name}' (the program's inputs: {', '.join(names)}; "
+                f"the file has: {', '.join(sorted(data)) or 'nothing'})"
+            )
+    return data
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
