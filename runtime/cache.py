@@ -8,9 +8,12 @@
 `tilecc.compile` uses it (`cache=False` turns it off, `TILECC_COMPILE_CACHE=0` in the
 environment too). An entry's key is a SHA-256 over
 
-- the graph program in a canonical form: the graph IR as printed text (the printer is
-  deterministic: tests/test_determinism.py), the input and output names and user
-  dtypes, and each weight's name, dtype, shape and bytes, in sorted order;
+- the exported graph in a canonical form (`exported_digest`): the torch.export graph's
+  code, each node's op, target, arguments and result shapes and dtypes, the graph
+  signature, and each parameter's, buffer's and constant's name, dtype, shape and
+  bytes, in sorted order; a hit skips the decompositions, the import and the passes.
+  (A dynamic-shape model compiles per shape from the graph IR: there the key is the
+  printed graph IR, names, dtypes and weight bytes, `graph_digest`);
 - the hardware config (every field, canonical JSON);
 - the options (`opt_level`, `autotune`);
 - the compiler version: `tilecc.__version__`, the program format version, and a
@@ -85,6 +88,35 @@ def compiler_fingerprint() -> str:
     return f"{tilecc.__version__}/program-{PROGRAM_VERSION}/{h.hexdigest()[:20]}"
 
 
+def exported_digest(ep: Any) -> str:
+    """SHA-256 of a canonical serialisation of a (static-shape) torch ExportedProgram:
+    the graph's code, every node's op, target, arguments and result shapes and dtypes,
+    the graph signature (which placeholders are inputs, parameters, buffers,
+    constants) and the bytes of every parameter, buffer and constant, in sorted order.
+    Source locations are left out: they do not change the compiled program."""
+    import torch
+
+    h = hashlib.sha256()
+    h.update(ep.graph_module.code.encode())
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        meta = [(str(v.dtype), [str(d) for d in v.shape]) if isinstance(v, torch.Tensor) else repr(v) for v in vals]
+        h.update(repr((node.op, str(node.target), str(node.args), str(node.kwargs), meta)).encode())
+    h.update(str(ep.graph_signature).encode())
+    tensors = {**{f"state:{k}": v for k, v in ep.state_dict.items()},
+               **{f"const:{k}": v for k, v in ep.constants.items()}}
+    for name in sorted(tensors):
+        t = tensors[name]
+        if not isinstance(t, torch.Tensor):
+            h.update(f"{name}={t!r}".encode())
+            continue
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(json.dumps([name, str(t.dtype), list(tensors[name].shape)]).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def graph_digest(gp: GraphProgram) -> str:
     """SHA-256 of a canonical serialisation of the graph program (IR text, names,
     dtypes and weight bytes)."""
@@ -106,9 +138,10 @@ class CompileCache:
         self.misses = 0
         self.rebuilt = 0  # corrupt entries found (and rebuilt by the caller)
 
-    def key(self, gp: GraphProgram, cfg: HardwareConfig, options: dict[str, Any]) -> str:
+    def key(self, graph: Any, cfg: HardwareConfig, options: dict[str, Any]) -> str:
+        """The entry key of `graph` (a torch ExportedProgram or a GraphProgram)."""
         parts = {
-            "graph": graph_digest(gp),
+            "graph": graph_digest(graph) if isinstance(graph, GraphProgram) else "export:" + exported_digest(graph),
             "config": json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str),
             "options": json.dumps(options, sort_keys=True, default=str),
             "compiler": compiler_fingerprint(),
@@ -179,23 +212,34 @@ def resolve(cache: bool | str | os.PathLike | CompileCache | None) -> CompileCac
     return CompileCache(cache)
 
 
-def compile_cached(gp: GraphProgram, cfg: HardwareConfig, cache: Any, *, stats: Any = None,
+def compile_cached(graph: Any, cfg: HardwareConfig, cache: Any, *, stats: Any = None,
                    opt_level: int = 2, autotune: Any = False) -> Program:
-    """`compile_graph` through the cache `cache` means (see `resolve`). An `Autotuner`
-    instance passed as `autotune` bypasses the cache: its caller wants it consulted."""
+    """`compile_graph` through the cache `cache` means (see `resolve`). `graph` is a
+    GraphProgram or a static-shape torch ExportedProgram (keyed before it is imported,
+    so a hit skips the decompositions and the import too). An `Autotuner` instance
+    passed as `autotune` bypasses the cache: its caller wants it consulted."""
     from tilecc.passes.autotune import Autotuner
     from tilecc.runtime.compiler import compile_graph
 
+    def build() -> Program:
+        if isinstance(graph, GraphProgram):
+            gp = graph
+        else:
+            from tilecc.frontend.torch_export import import_exported_program
+
+            gp = import_exported_program(graph)
+        return compile_graph(gp, cfg, stats=stats, opt_level=opt_level, autotune=autotune)
+
     cc = None if isinstance(autotune, Autotuner) else resolve(cache)
     if cc is None:
-        return compile_graph(gp, cfg, stats=stats, opt_level=opt_level, autotune=autotune)
-    key = cc.key(gp, cfg, {"opt_level": opt_level, "autotune": bool(autotune)})
+        return build()
+    key = cc.key(graph, cfg, {"opt_level": opt_level, "autotune": bool(autotune)})
     program = cc.get(key)
     if program is not None:
         if stats is not None:
             stats.cache = "hit"
         return program
-    program = compile_graph(gp, cfg, stats=stats, opt_level=opt_level, autotune=autotune)
+    program = build()
     cc.put(key, program)
     if stats is not None:
         stats.cache = "miss"

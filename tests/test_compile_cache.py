@@ -84,24 +84,27 @@ def test_default_location(tmp_path, monkeypatch):
     assert CompileCache().dir == tmp_path / "home" / ".cache" / "tilecc" / "programs"
 
 
-def test_key_depends_on_graph_weights_config_options_and_compiler(tmp_path, monkeypatch):
+@pytest.mark.parametrize("level", ["exported", "graph-ir"])
+def test_key_depends_on_graph_weights_config_options_and_compiler(tmp_path, monkeypatch, level):
     from tilecc.frontend.torch_export import export_model, import_exported_program
     from tilecc.simulator.config import load_config
 
+    # keyed on the torch.export graph (static models) or on the imported graph IR (dynamic ones)
+    graph = (lambda ep: ep) if level == "exported" else import_exported_program
     model, x = _model()
     c = CompileCache(tmp_path)
-    gp = import_exported_program(export_model(model, (x,)))
+    gp = graph(export_model(model, (x,)))
     tiny, edge = load_config("tiny"), load_config("edge")
     base = c.key(gp, tiny, {"opt_level": 2, "autotune": False})
-    again = import_exported_program(export_model(model, (x,)))
+    again = graph(export_model(model, (x,)))
     assert c.key(again, tiny, {"opt_level": 2, "autotune": False}) == base  # deterministic
     assert c.key(gp, edge, {"opt_level": 2, "autotune": False}) != base
     assert c.key(gp, tiny, {"opt_level": 0, "autotune": False}) != base
     with torch.no_grad():
         model.fc.weight[0, 0] += 1.0
-    changed = import_exported_program(export_model(model, (x,)))
+    changed = graph(export_model(model, (x,)))
     assert c.key(changed, tiny, {"opt_level": 2, "autotune": False}) != base
-    other = import_exported_program(export_model(model, (torch.randn(14, 24),)))
+    other = graph(export_model(model, (torch.randn(14, 24),)))
     assert c.key(other, tiny, {"opt_level": 2, "autotune": False}) != base
     monkeypatch.setattr(cache_mod, "compiler_fingerprint", lambda: "tilecc-next")
     assert c.key(gp, tiny, {"opt_level": 2, "autotune": False}) != base

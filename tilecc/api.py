@@ -121,9 +121,8 @@ def compile(
             # shapes are reported now, not at the first call
             cm.graph = import_exported_program(core, specialize.bind(core, tuple(examples)), decomposed=True)
         return cm
-    gp = import_exported_program(ep)
     stats = CompileStats()
-    program = compile_cached(gp, cfg, cache, stats=stats, opt_level=opt_level, autotune=autotune)
+    program = compile_cached(ep, cfg, cache, stats=stats, opt_level=opt_level, autotune=autotune)
     return CompiledModel(program, stats, opt_level=opt_level, autotune=autotune, cache=cache)
 
 
