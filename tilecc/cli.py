@@ -1,6 +1,7 @@
 """The `tilecc` command line.
 
     tilecc run FILE.py:FACTORY [--target NAME_OR_TOML] [--json] [--save PROGRAM]
+    tilecc bisect FILE.py:FACTORY [--target NAME_OR_TOML]   (docs/reliability.md)
 
 `FACTORY()` returns `(model, example_inputs)`. The model is exported, compiled for the
 target, run on the simulator and compared with torch eager on the same inputs.
@@ -219,6 +220,18 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     return 0 if report.supported else 1
 
 
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from tilecc.runtime.bisect import bisect
+    from tilecc.simulator.config import load_config
+
+    cfg = load_config(args.target)
+    model, inputs = load_factory(args.source)
+    result = bisect(model, inputs, cfg, opt_level=args.opt_level)
+    print(f"model              {args.source} (target {cfg.name}, -O{args.opt_level})")
+    print(result)
+    return 0 if result.matches else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tilecc", description="A tensor compiler for tile-based NPUs.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -261,6 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("source", help="FILE.py:FACTORY")
     cov.add_argument("--json", action="store_true")
     cov.set_defaults(fn=cmd_coverage)
+    bis = sub.add_parser("bisect", help="when a compiled model disagrees with eager: the first op that "
+                                        "differs and the first pass after which the result changes")
+    bis.add_argument("source", help="FILE.py:FACTORY")
+    bis.add_argument("--target", default="tiny", help="preset name or a TOML file")
+    bis.add_argument("-O", dest="opt_level", type=int, choices=[0, 2], default=2)
+    bis.set_defaults(fn=cmd_bisect)
     return ap
 
 
