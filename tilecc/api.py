@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ class CompiledModel:
         self.program = program
         self.compile_stats = stats
         self.report: Report | None = None
-        self.sanitize = False  # check races, uninitialised reads and deadlocks on every run
+        # check races, uninitialised reads and deadlocks on every run (default: off, or
+        # TILECC_SANITIZE=1 in the environment: the test suite turns it on, tests/conftest.py)
+        self.sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"
         self._dynamic = dynamic
         self.programs: dict[tuple, Program] = {}
         # dynamic shapes: the graph IR imported at the example shapes, with the symbolic
