@@ -349,6 +349,7 @@ def test_compile_and_run_leave_the_model_and_inputs_untouched():
         torch.testing.assert_close(y, model(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # three fresh `tilecc` processes (the other checks call tilecc.cli.main in-process)
 def test_cli_subprocess_one_line_exit_2(tmp_path):
     """One case of each file kind through a real `tilecc` process."""
     cfg = tmp_path / "zero.toml"

@@ -183,6 +183,7 @@ print(cm.compile_stats.cache, hashlib.sha256(cm.program.to_bytes()).hexdigest())
 """
 
 
+@pytest.mark.slow  # three fresh Python processes importing torch: ~15 s idle, ~40 s on a loaded machine
 def test_two_processes_compiling_the_same_model_at_once_both_succeed(tmp_path):
     env = {**os.environ, "TILECC_CACHE_DIR": str(tmp_path), "TILECC_COMPILE_CACHE": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT], cwd=ROOT, env=env, text=True,
