@@ -113,13 +113,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             allclose=ok,
             max_abs_error=worst,
             compile_seconds=compile_seconds,
+            compile_cache=cm.compile_stats.cache if cm.compile_stats else "",
             simulate_seconds=report.simulate_seconds,
             source=args.source,
         )
         print(json.dumps(d, sort_keys=True))
     else:
         print(f"model             {args.source}")
-        print(f"compile           {compile_seconds:.2f} s, simulate {report.simulate_seconds:.2f} s")
+        cached = " (from the compile cache)" if cm.compile_stats and cm.compile_stats.cache == "hit" else ""
+        print(f"compile           {compile_seconds:.2f} s{cached}, simulate {report.simulate_seconds:.2f} s")
         print(f"matches eager     {'yes' if ok else 'NO'} (max abs error {worst:.3g})")
         print(report)
         if args.trace:
