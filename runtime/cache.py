@@ -233,7 +233,12 @@ def compile_cached(graph: Any, cfg: HardwareConfig, cache: Any, *, stats: Any = 
     cc = None if isinstance(autotune, Autotuner) else resolve(cache)
     if cc is None:
         return build()
-    key = cc.key(graph, cfg, {"opt_level": opt_level, "autotune": bool(autotune)})
+    try:
+        key = cc.key(graph, cfg, {"opt_level": opt_level, "autotune": bool(autotune)})
+    except (RuntimeError, TypeError, ValueError) as e:  # a tensor that has no plain bytes (sparse, ...)
+        warnings.warn(f"compile cache: this model cannot be keyed ({type(e).__name__}: {e}); compiling "
+                      "without the cache", stacklevel=3)
+        return build()
     program = cc.get(key)
     if program is not None:
         if stats is not None:

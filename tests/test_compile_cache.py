@@ -212,3 +212,17 @@ def test_cached_program_runs_like_a_fresh_one(tmp_path):
     a, ra = run_program(fresh, (x,), sanitize=True)
     b, rb = run_program(cached, (x,), sanitize=True)
     assert torch.equal(a[0], b[0]) and ra.cycles == rb.cycles
+
+
+def test_a_model_that_cannot_be_keyed_compiles_without_the_cache(tmp_path, monkeypatch):
+    model, x = _model()
+
+    def unkeyable(ep):
+        raise RuntimeError("sparse tensors have no bytes")
+
+    monkeypatch.setattr(cache_mod, "exported_digest", unkeyable)
+    c = CompileCache(tmp_path)
+    with pytest.warns(UserWarning, match="cannot be keyed"):
+        cm = tilecc.compile(model, (x,), cache=c)
+    assert not c.dir.exists()
+    _check(cm, model, x)
