@@ -73,3 +73,17 @@ def test_strategy_covers_the_op_set():
         return wanted <= seen
 
     find(programs(max_steps=6), covers, settings=settings(max_examples=5000, database=None))
+
+
+def test_a_failing_program_is_saved_as_a_replayable_case(tmp_path):
+    from fuzz_programs import FuzzModule, make_inputs
+
+    desc = {"dtype": "float32", "seed": 1, "inputs": [[3, 5]],
+            "steps": [{"op": "softmax", "args": [0], "dim": 1}], "outputs": [1]}
+    path = save_regression(desc, AssertionError("-O2 output 0: Tensor-likes are not close!\nMismatched"), tmp_path)
+    saved = json.loads(path.read_text())
+    assert saved["program"] == desc and saved["failure"].startswith("AssertionError: -O2 output 0")
+    assert save_regression(desc, AssertionError("again"), tmp_path) == path  # one file per program
+    model = FuzzModule(saved["program"])
+    assert model(*make_inputs(desc)).shape == (3, 5)
+    check(saved["program"])
