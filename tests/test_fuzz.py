@@ -44,9 +44,14 @@ def test_random_programs_match_eager(desc):
     try:
         check(desc)
     except Exception as e:
-        if DEEP:  # the last failing call is the shrunk example: it overwrites its own file
-            save_regression(desc, e)
+        if DEEP:  # while hypothesis shrinks, each smaller failing program replaces the last
+            if _SAVED:
+                _SAVED.pop().unlink(missing_ok=True)
+            _SAVED.append(save_regression(desc, e))
         raise
+
+
+_SAVED: list[Path] = []  # the case this run wrote last (the shrunk one, once shrinking ends)
 
 
 REGRESSION_FILES = sorted(REGRESSIONS.glob("*.json"))
