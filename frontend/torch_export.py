@@ -15,9 +15,13 @@ of them with their locations.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import operator
 import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -75,9 +79,18 @@ def export_model(
         example_inputs = tuple(example_inputs)
     elif not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
+    # the user's model keeps its train/eval flags; torch's symbolic-shapes logger, which
+    # prints graph dumps to stderr on a failed guard, is quiet (the error says it in one line)
+    modes = [(m, m.training) for m in model.modules()]
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    shapes_log.setLevel(logging.ERROR)
+    noise = io.StringIO()  # what torch prints while it fails: dropped, the error says it in one line
     try:
-        with torch.no_grad():
-            return torch.export.export(model.eval(), example_inputs, dynamic_shapes=dynamic_shapes)
+        with torch.no_grad(), contextlib.redirect_stderr(noise):
+            ep = torch.export.export(model.eval(), example_inputs, dynamic_shapes=dynamic_shapes)
+        sys.stderr.write(noise.getvalue())
+        return ep
     except TileccError:
         raise
     except Exception as e:  # torch raises many unrelated types here
@@ -86,6 +99,10 @@ def export_model(
         raise ExportError(
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
         ) from e
+    finally:
+        shapes_log.setLevel(level)
+        for m, training in modes:
+            m.training = training
 
 
 # ---------------------------------------------------------------------------
@@ -533,7 +550,11 @@ class _Importer:
             try:
                 if t is None:
                     raise _Unsupported(f"non-tensor input {node.meta.get('val')!r}")
-                ty = g.tensor_type(_static_shape(t, self.bindings), _dtype(t.dtype))
+                shape = _static_shape(t, self.bindings)
+                if 0 in shape:
+                    raise ShapeError(f"input '{name}' has shape {shape}, with a zero-size dimension: "
+                                     "tilecc compiles non-empty tensors")
+                ty = g.tensor_type(shape, _dtype(t.dtype))
                 self.input_dtypes.append(torch_dtype_name(t.dtype))
             except _Unsupported as e:
                 self.unsupported.append(

@@ -266,7 +266,9 @@ class ElementwiseKernel:
         walks alike merged, and the last dim split when rows are fewer than partitions
         so that tiles fill them."""
         lw = self.lw
-        keep = [d for d, n in enumerate(full) if n != 1]
+        # a row-wise kernel reduces along the last dim: it stays, even of size 1 (a softmax
+        # over a unit dim is 1.0 everywhere, not a softmax over the dim before it)
+        keep = [d for d, n in enumerate(full) if n != 1 or (self.full_rows and d == len(full) - 1)]
         shape = [full[d] for d in keep]
         operands = [self._drop(o, keep) for o in operands]
         if len(shape) >= 2:

@@ -94,7 +94,13 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
         ref = {res: acc}
         _build(ek, lw, epi_ops, ref)
         for v in epi_values:
-            ek.output(ref[v], v.type.element_type, value=v)  # type: ignore[attr-defined]
+            out = ref[v]
+            if out == acc:
+                # the raw product is yielded (beside epilogue values, or after a
+                # prologue): an explicit copy converts the fp32 accumulator tile (a DMA
+                # cannot convert); it is the copy an evacuation makes anyway
+                out = ek.unary("copy", acc, v.type.element_type)  # type: ignore[attr-defined]
+            ek.output(out, v.type.element_type, value=v)  # type: ignore[attr-defined]
         ek._classify()
         epi = _Part(ek, acc, epi_values)
         epi.split_leaves(hoist=True)

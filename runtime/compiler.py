@@ -16,6 +16,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes import remarks
+from tilecc.passes import break_pass
 from tilecc.passes.autotune import Autotuner
 from tilecc.passes.fold_norm_affine import fold_norm_affine
 from tilecc.passes.registry import default_pipeline
@@ -33,6 +34,7 @@ StageCallback = Callable[[str, ModuleOp], None]
 class CompileStats:
     pass_seconds: dict[str, float] = field(default_factory=dict)
     total_seconds: float = 0.0
+    cache: str = ""  # the compile cache (runtime/cache.py): "hit", "miss", "" when not used
 
 
 def compile_graph(
@@ -45,22 +47,27 @@ def compile_graph(
     opt_level: int = 2,
     autotune: bool | Autotuner = False,
     matmul_policy: Callable | None = None,
+    disabled: frozenset[str] | set[str] = frozenset(),
 ) -> Program:
     """Compile `gp` for `cfg`. With `autotune` (True, or an `Autotuner` to use its cache
     directory and counters) the -O2 matmul kernels' schedules are picked by simulating
     candidates (`passes/autotune.py`, cached on disk); `matmul_policy` (problem ->
-    schedule) forces them (the autotuner measures candidates this way).
+    schedule) forces them (the autotuner measures candidates this way). `disabled` names
+    optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, fuse-graph;
+    `tilecc bisect` switches them off in turn).
 
     `before_pass` / `after_pass` (pass name, module) run around every pass, outside
     its timing (the explorer's instrumentation, `tilecc/explore.py`); the passes'
     remarks (`passes/remarks.py`) are kept in ``program.meta["remarks"]``."""
     with remarks.collecting() as collected:
-        program = _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy)
+        program = _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy,
+                           disabled)
     program.meta["remarks"] = collected.to_json()
     return program
 
 
-def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy) -> Program:
+def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled) -> Program:
+    broken = break_pass.broken_pass()  # test-only planted miscompilation (passes/break_pass.py)
     t0 = time.perf_counter()
     module = gp.module.clone()
     layout: _Layout | None = None
@@ -68,7 +75,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         from tilecc.passes.lower_matmul import tuning_policy
 
         matmul_policy = tuning_policy(cfg, autotune if isinstance(autotune, Autotuner) else None)
-    if opt_level >= 2:  # a transform that needs the weights' data (not a module pass)
+    if opt_level >= 2 and "fold-norm-affine" not in disabled:  # needs the weights' data (not a module pass)
         if before_pass is not None:
             before_pass("fold-norm-affine", module)
         ts = time.perf_counter()
@@ -77,15 +84,21 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             gp = dataclasses.replace(gp, weights=weights)
         if stats is not None:
             stats.pass_seconds["fold-norm-affine"] = time.perf_counter() - ts
+        if broken == "fold-norm-affine":
+            break_pass.plant(module)
         if after_pass is not None:
             after_pass("fold-norm-affine", module)
     for name, run in default_pipeline(cfg, opt_level, matmul_policy):
+        if name in disabled:
+            continue
         if name == "lower-tile-to-npu":
             layout = _read_layout(module, gp)
         if before_pass is not None:
             before_pass(name, module)
         ts = time.perf_counter()
         run(module)
+        if name == broken:
+            break_pass.plant(module)
         if stats is not None:
             stats.pass_seconds[name] = time.perf_counter() - ts
         if after_pass is not None:

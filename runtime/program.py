@@ -128,7 +128,10 @@ class Program:
             raise ProgramFormatError(f"{source}: checksum mismatch: the program file is corrupt")
         try:
             meta = json.loads(body[:m])
-            stream = decode_stream(body[m : m + s])
+            try:
+                stream = decode_stream(body[m : m + s])
+            except ProgramFormatError as e:
+                raise ProgramFormatError(f"instruction stream section: {e}") from None
             weights = [TensorSpec.from_json(d) for d in meta["weights"]]
             blob = np.frombuffer(body[m + s :], dtype=np.uint8)
             weight_data: dict[str, np.ndarray] = {}

@@ -227,6 +227,11 @@ def validate(cfg: HardwareConfig) -> HardwareConfig:
             f"cannot hold one fp32 row of the array's {cfg.matrix.cols} columns "
             f"(need >= {4 * cfg.matrix.cols})"
         )
+    if cfg.sram.bytes_per_partition < 4 * cfg.matrix.cols:
+        raise ConfigError(
+            f"'sram.bytes_per_partition' = {cfg.sram.bytes_per_partition} cannot hold one fp32 row "
+            f"of the array's {cfg.matrix.cols} columns (need >= {4 * cfg.matrix.cols})"
+        )
     if cfg.semaphores > 32767:
         raise ConfigError(f"'semaphores' = {cfg.semaphores} exceeds the encodable 32767")
     return cfg

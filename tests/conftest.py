@@ -10,6 +10,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 warnings.filterwarnings("ignore", category=FutureWarning)
+# the compile cache (runtime/cache.py) is off in the test suite: tests monkeypatch the
+# compiler and count compiles; tests/test_compile_cache.py turns it on explicitly
+os.environ.setdefault("TILECC_COMPILE_CACHE", "0")
+# every compiled model a test calls runs with the simulator's sanitisers on (races,
+# uninitialised reads, deadlocks): CompiledModel.sanitize defaults to TILECC_SANITIZE
+os.environ.setdefault("TILECC_SANITIZE", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ from tilecc.frontend.torch_export import decompose, export_model, import_exporte
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.autotune import Autotuner
 from tilecc.runtime import specialize
-from tilecc.runtime.compiler import CompileStats, compile_graph
+from tilecc.runtime.cache import CompileCache, compile_cached
+from tilecc.runtime.compiler import CompileStats, compile_graph  # noqa: F401 (re-exported)
 from tilecc.runtime.executor import run_program
 from tilecc.runtime.program import Program
 from tilecc.runtime.report import Report
@@ -37,13 +39,17 @@ class CompiledModel:
         dynamic: tuple[ExportedProgram, HardwareConfig] | None = None,
         opt_level: int = 2,
         autotune: bool | Autotuner = False,
+        cache: Any = None,
     ):
+        self.cache = cache
         self.opt_level = opt_level
         self.autotune = autotune
         self.program = program
         self.compile_stats = stats
         self.report: Report | None = None
-        self.sanitize = False  # check races, uninitialised reads and deadlocks on every run
+        # check races, uninitialised reads and deadlocks on every run (default: off, or
+        # TILECC_SANITIZE=1 in the environment: the test suite turns it on, tests/conftest.py)
+        self.sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"
         self._dynamic = dynamic
         self.programs: dict[tuple, Program] = {}
         # dynamic shapes: the graph IR imported at the example shapes, with the symbolic
@@ -60,8 +66,8 @@ class CompiledModel:
             bindings = specialize.bind(core, inputs)
             gp = import_exported_program(core, bindings, decomposed=True)
             self.compile_stats = CompileStats()
-            self.programs[key] = compile_graph(gp, cfg, stats=self.compile_stats, opt_level=self.opt_level,
-                                               autotune=self.autotune)
+            self.programs[key] = compile_cached(gp, cfg, self.cache, stats=self.compile_stats,
+                                                opt_level=self.opt_level, autotune=self.autotune)
         self.program = self.programs[key]
         return self.program
 
@@ -87,6 +93,7 @@ def compile(
     dynamic_shapes: Any = None,
     opt_level: int = 2,
     autotune: bool | Autotuner = False,
+    cache: bool | str | Path | CompileCache | None = None,
 ) -> CompiledModel:
     """Export (if needed), import, lower and encode `model` for `target`.
 
@@ -95,6 +102,8 @@ def compile(
     `autotune` (True, or an `Autotuner` with its own cache directory) picks each -O2
     matmul kernel's schedule by simulating candidates instead of by the cost model;
     winners are cached on disk (`passes/autotune.py`), so recompiling skips the search.
+    `cache`: the compile cache of whole programs (`runtime/cache.py`): None (default) is
+    on unless ``TILECC_COMPILE_CACHE=0``; False off; a directory or a `CompileCache`.
     """
     cfg = load_config(target)
     if opt_level not in (0, 2):
@@ -107,7 +116,7 @@ def compile(
         ep = export_model(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     if specialize.is_dynamic(ep):
         core = decompose(ep)
-        cm = CompiledModel(None, dynamic=(core, cfg), opt_level=opt_level, autotune=autotune)
+        cm = CompiledModel(None, dynamic=(core, cfg), opt_level=opt_level, autotune=autotune, cache=cache)
         examples = example_inputs if example_inputs is not None else _example_args(ep)
         if examples is not None:
             # the graph IR at the example shapes, with every symbolic size kept as a sympy
@@ -115,10 +124,9 @@ def compile(
             # shapes are reported now, not at the first call
             cm.graph = import_exported_program(core, specialize.bind(core, tuple(examples)), decomposed=True)
         return cm
-    gp = import_exported_program(ep)
     stats = CompileStats()
-    program = compile_graph(gp, cfg, stats=stats, opt_level=opt_level, autotune=autotune)
-    return CompiledModel(program, stats, opt_level=opt_level, autotune=autotune)
+    program = compile_cached(ep, cfg, cache, stats=stats, opt_level=opt_level, autotune=autotune)
+    return CompiledModel(program, stats, opt_level=opt_level, autotune=autotune, cache=cache)
 
 
 def _example_args(ep: torch.export.ExportedProgram) -> tuple | None:

@@ -3,6 +3,7 @@
     tilecc run FILE.py:FACTORY [--target NAME_OR_TOML] [--json] [--save PROGRAM]
     tilecc explain FILE.py:FACTORY [--target NAME_OR_TOML] [--training] [--json]
     tilecc explore SOURCE [--print-ir-after-all] [--remarks] [--html PAGE] ...  (tilecc/explore.py)
+    tilecc bisect FILE.py:FACTORY [--target NAME_OR_TOML]   (docs/reliability.md)
 
 `FACTORY()` returns `(model, example_inputs)`. The model is exported, compiled for the
 target, run on the simulator and compared with torch eager on the same inputs.
@@ -95,7 +96,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.target)
     model, inputs = load_factory(args.source)
     t0 = time.perf_counter()
-    cm = tilecc.compile(model, inputs, target=cfg, opt_level=args.opt_level, autotune=args.autotune)
+    cm = tilecc.compile(model, inputs, target=cfg, opt_level=args.opt_level, autotune=args.autotune,
+                        cache=False if args.no_cache else None)
     compile_seconds = time.perf_counter() - t0
     outputs, report = run_program(cm.program, inputs, trace=args.trace, sanitize=not args.no_sanitize)
     cm.report = report
@@ -113,13 +115,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             allclose=ok,
             max_abs_error=worst,
             compile_seconds=compile_seconds,
+            compile_cache=cm.compile_stats.cache if cm.compile_stats else "",
             simulate_seconds=report.simulate_seconds,
             source=args.source,
         )
         print(json.dumps(d, sort_keys=True))
     else:
         print(f"model             {args.source}")
-        print(f"compile           {compile_seconds:.2f} s, simulate {report.simulate_seconds:.2f} s")
+        cached = " (from the compile cache)" if cm.compile_stats and cm.compile_stats.cache == "hit" else ""
+        print(f"compile           {compile_seconds:.2f} s{cached}, simulate {report.simulate_seconds:.2f} s")
         print(f"matches eager     {'yes' if ok else 'NO'} (max abs error {worst:.3g})")
         print(report)
         if args.trace:
@@ -163,10 +167,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
         program.config = load_config(args.target)
     gen = torch.Generator().manual_seed(args.seed)
     inputs = []
+    data = _load_npz(args.inputs, [s.name for s in program.inputs]) if args.inputs else None
     for spec in program.inputs:
         dtype = numerics.DTYPE_TO_TORCH[spec.dtype]
-        if args.inputs:
-            data = np.load(args.inputs)
+        if data is not None:
             inputs.append(torch.from_numpy(data[spec.name]).to(dtype))
         else:
             inputs.append(torch.randn(spec.shape, generator=gen).to(dtype))
@@ -181,6 +185,30 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if args.trace:
             print(f"trace             {args.trace}")
     return 0
+
+
+def _load_npz(path: str, names: list[str]) -> dict:
+    """The arrays of an .npz file, one per program input (InputMismatchError naming the
+    file and the missing input otherwise)."""
+    import zipfile
+
+    import numpy as np
+
+    from tilecc.errors import InputMismatchError
+
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        why = "not a zip archive of .npy arrays" if not zipfile.is_zipfile(path) else str(e).split(". ")[0]
+        raise InputMismatchError(f"{path}: cannot be read as an .npz file ({why})") from None
+    for name in names:
+        if name not in data:
+            raise InputMismatchError(
+                f"{path}: no array named '{name}' (the program's inputs: {', '.join(names)}; "
+                f"the file has: {', '.join(sorted(data)) or 'nothing'})"
+            )
+    return data
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
@@ -203,6 +231,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     e = explain(model, *inputs, target=args.target, training=args.training)
     print(json.dumps(e.to_dict(), sort_keys=True) if args.json else e)
     return 0
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from tilecc.runtime.bisect import bisect
+    from tilecc.simulator.config import load_config
+
+    cfg = load_config(args.target)
+    model, inputs = load_factory(args.source)
+    result = bisect(model, inputs, cfg, opt_level=args.opt_level)
+    print(f"model              {args.source} (target {cfg.name}, -O{args.opt_level})")
+    print(result)
+    return 0 if result.matches else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--autotune", action="store_true",
                      help="pick each matmul kernel's schedule by simulating candidates (cached in "
                           "$TILECC_CACHE_DIR or ~/.cache/tilecc; a second run skips the search)")
+    run.add_argument("--no-cache", action="store_true",
+                     help="compile afresh, without the compile cache ($TILECC_CACHE_DIR or ~/.cache/tilecc)")
     run.add_argument("--save", help="write the compiled program to this file")
     run.add_argument("--trace", help="write a Perfetto / Chrome-trace timeline (JSON) here")
     run.add_argument("--no-sanitize", action="store_true", help="skip the race / uninitialised-read checks")
@@ -258,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     from tilecc.explore_cli import add_explore_parser
 
     add_explore_parser(sub)
+    bis = sub.add_parser("bisect", help="when a compiled model disagrees with eager: the first op that "
+                                        "differs and the first pass after which the result changes")
+    bis.add_argument("source", help="FILE.py:FACTORY")
+    bis.add_argument("--target", default="tiny", help="preset name or a TOML file")
+    bis.add_argument("-O", dest="opt_level", type=int, choices=[0, 2], default=2)
+    bis.set_defaults(fn=cmd_bisect)
     return ap
 
 

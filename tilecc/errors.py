@@ -20,7 +20,7 @@ class UnsupportedOpError(TileccError):
 
     def __init__(self, ops: list[tuple[str, str]]):
         self.ops = ops
-        names = sorted({name for name, _ in ops})
+        names = sorted({name.split(" (")[0] for name, _ in ops})  # the reasons follow, with the places
         places = "; ".join(f"{name} at {loc}" for name, loc in ops)
         super().__init__(
             f"{len(ops)} unsupported op(s) ({', '.join(names)}): {places}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 from xdsl.context import Context
@@ -68,13 +69,61 @@ def make_context() -> Context:
 
 def parse_module(text: str, source: str = "<stdin>") -> ModuleOp:
     """Parse and verify IR text; errors become one-line `TileccError`s naming `source`."""
+    module = None
     try:
         module = Parser(make_context(), text, source).parse_module()
         module.verify()
-    except (ParseError, VerifyException) as e:
-        msg = _first_line(e)
-        raise TileccError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+    except ParseError as e:
+        raise TileccError(_parse_message(e, source)) from None
+    except VerifyException as e:
+        raise TileccError(_verify_message(e, text, module, source)) from None
     return module
+
+
+def _parse_message(e: ParseError, source: str) -> str:
+    """``FILE:LINE:COL: cause`` from an xDSL parse error (its first line is the place,
+    the cause comes after the source excerpt)."""
+    place = str(e).strip().splitlines()[0]
+    cause = " ".join(e.msg.split())
+    if cause.startswith("in "):  # xDSL's context-only message ("in block definition")
+        cause = f"unexpected '{e.span.text.strip()}' {cause}"
+    if not place.startswith(source):
+        place = f"{source}: {place}"
+    return f"{place}: {cause}"
+
+
+def _verify_message(e: VerifyException, text: str, module, source: str) -> str:
+    """``FILE:LINE: cause``: the first op (in walk order) that fails its own checks,
+    located in the source by the name of its result or its position among same-named ops."""
+    cause = " ".join(str(e).split())
+    if module is None:
+        return f"{source}: {cause}"
+    seen: dict[str, int] = {}
+    for op in module.walk():
+        seen[op.name] = seen.get(op.name, 0) + 1
+        try:
+            op.verify(verify_nested_ops=False)
+        except VerifyException as inner:
+            cause = " ".join(str(inner).split())
+            if not cause.startswith(op.name):
+                cause = f"{op.name}: {cause}"
+            line = _line_of(text, op, seen[op.name])
+            return f"{source}:{line}: {cause}" if line else f"{source}: {cause}"
+    return f"{source}: {cause}"
+
+
+def _line_of(text: str, op, ordinal: int) -> int | None:
+    import re
+
+    lines = text.splitlines()
+    hint = op.results[0].name_hint if op.results else None
+    if hint:
+        for i, ln in enumerate(lines):
+            if re.match(rf"\s*%{re.escape(hint)}(:\d+)?\s*(,|=)", ln):
+                return i + 1
+    pat = re.compile(rf"(^|[\s=\"]){re.escape(op.name)}([\s\"(]|$)")
+    hits = [i + 1 for i, ln in enumerate(lines) if not ln.lstrip().startswith("//") and pat.search(ln)]
+    return hits[ordinal - 1] if ordinal <= len(hits) else None
 
 
 def pass_names() -> list[str]:
@@ -100,11 +149,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         TileccOptMain("tilecc-opt: " + __doc__.splitlines()[0].split(": ", 1)[1], args).run()
     except (TileccError, ParseError, DiagnosticException, OSError, ValueError) as e:
-        print(f"error: {_message(e)}", file=sys.stderr)
+        print(f"error: {_input_message(args) or _message(e)}", file=sys.stderr)
         return 2
     except SystemExit as e:  # argparse
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     return 0
+
+
+def _input_message(args: list[str]) -> str:
+    """Where the input file itself does not parse or verify: `parse_module`'s message
+    (``FILE:LINE(:COL): cause``, the failing op located in the text), else ''."""
+    takes_value = {"-o", "--output-file", "-p", "--passes", "--target", "-t", "-f", "--frontend"}
+    files = [a for i, a in enumerate(args)
+             if not a.startswith("-") and not (i and args[i - 1] in takes_value) and Path(a).is_file()]
+    if len(files) != 1 or "--verify-diagnostics" in args or "--split-input-file" in args:
+        return ""
+    try:
+        parse_module(Path(files[0]).read_text(), files[0])
+    except TileccError as e:
+        return str(e).splitlines()[0]
+    except Exception:
+        return ""
+    return ""
 
 
 def _stdio_dashes(args: list[str]) -> list[str]:

@@ -1,0 +1,6 @@
+ERROR = "ModelLoadError"
+EXPECT = "{spec}() raised RuntimeError: weights file not found"
+
+
+def factory():
+    raise RuntimeError("weights file not found")
