@@ -362,3 +362,54 @@ def test_cli_subprocess_one_line_exit_2(tmp_path):
                            cwd=ROOT, timeout=300)
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: ")
+
+
+# ---- tile-DSL kernels: malformed and ill-typed ----------------------------------------
+
+DSL_CASES = sorted((Path(__file__).resolve().parent / "bad_inputs" / "dsl").glob("*.tdsl"))
+
+
+def _dsl_header(case: Path) -> dict[str, str]:
+    head = {}
+    for line in case.read_text().splitlines()[:3]:
+        key, _, value = line.removeprefix("# ").partition(": ")
+        head[key] = value
+    return head
+
+
+def test_dsl_corpus_size():
+    assert len(DSL_CASES) >= 30
+
+
+@pytest.mark.parametrize("case", DSL_CASES, ids=lambda p: p.stem)
+def test_bad_dsl(case, capsys):
+    """The kernel author's error: the exact headline `FILE:LINE:COL: cause`, then the
+    source line and a caret; `tilecc kernel` prints the headline alone and exits 2; the
+    arrays passed in are not written."""
+    import torch
+
+    from tilecc.cli import main
+
+    head = _dsl_header(case)
+    pattern = _pattern(head["expect"], path=str(case))
+    dtypes = {"f32": torch.float32, "bf16": torch.bfloat16}
+    specs = [s.split(":") for s in head["shapes"].split(",")]
+    arrays = [torch.randn([int(d) for d in dims.split("x")]).to(dtypes[dt]) for dims, dt in specs]
+    before = [a.clone() for a in arrays]
+    with pytest.raises(errors.TileccError) as info:
+        tilecc.kernel(case)(*arrays, target="tiny")
+    e = info.value
+    assert type(e).__name__ == head["error"] and isinstance(e, errors.DslError)
+    lines = str(e).splitlines()
+    assert pattern.fullmatch(lines[0]), (lines[0], pattern.pattern)
+    assert len(lines) == 3 and lines[2].strip() == "^"  # the source line and a caret under the column
+    line, col = (int(x) for x in lines[0][len(str(case)) + 1:].split(":")[:2])
+    raw = case.read_text().splitlines()[line - 1]
+    assert lines[1].endswith(raw)
+    assert lines[2].index("^") == len(lines[1]) - len(raw) + col - 1  # the caret under the column
+    assert all(torch.equal(a, b) for a, b in zip(arrays, before))
+    capsys.readouterr()
+    assert main(["kernel", str(case), "--shapes", ",".join(dims for dims, _ in specs)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert pattern.fullmatch(err.removeprefix("error: ")), err

@@ -533,8 +533,8 @@ class KernelLowering:
             raise self.err(DslNameError, s.pos, f"undefined name '{s.target}' (store targets are the kernel's "
                            "tensors)")
         tensor, p = self.tensors[s.target]
+        sl = self.slice(s.target, s.indices, s.pos)  # undefined index names first
         self.check_race(s)
-        sl = self.slice(s.target, s.indices, s.pos)
         dtype = p.type.dtype
         v = self.ev(s.value, hint=dtype)
         if isinstance(v, (int, float)):
