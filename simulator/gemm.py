@@ -172,7 +172,7 @@ def _array_config(
     parts = max(R, k, m, base.sram.partitions)
     matrix = dataclasses.replace(base.matrix, rows=R, cols=C, dataflow=dataflow, mode=mode)
     sram = dataclasses.replace(
-        base.sram, partitions=parts, bytes_per_partition=max(m, n) * isz
+        base.sram, partitions=parts, bytes_per_partition=max(max(m, n) * isz, 4 * C)
     )
     acc = dataclasses.replace(
         base.accumulator, partitions=parts, bytes_per_partition=4 * max(n, C)
