@@ -44,7 +44,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from tilecc import __version__
+from tilecc.fsutil import atomic_write
 from tilecc.errors import TileccError
 from tilecc.simulator.config import HardwareConfig
 
@@ -137,25 +137,11 @@ class Autotuner:
         data = {"format": FORMAT, "config_hash": self.hash, "config": self.cfg.name, "version": VERSION,
                 "entries": {k: entries[k] for k in sorted(entries)}}
         text = json.dumps(data, indent=1, sort_keys=True)
-        tmp = None
         try:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=".autotune-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.cache_file)
-            tmp = None
+            atomic_write(self.cache_file, text.encode(), ".autotune-")
         except OSError as e:
             warnings.warn(f"autotune cache {self.cache_file} cannot be written ({e}); the result is not kept",
                           stacklevel=3)
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
 
     def _read_quiet(self) -> dict[str, Any]:
         with warnings.catch_warnings():

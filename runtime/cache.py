@@ -36,7 +36,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from tilecc.errors import ProgramFormatError
+from tilecc.fsutil import atomic_write
 from tilecc.ir.graph import GraphProgram
 from tilecc.runtime.program import PROGRAM_VERSION, Program
 from tilecc.simulator.config import HardwareConfig
@@ -173,27 +173,11 @@ class CompileCache:
         return program
 
     def put(self, key: str, program: Program) -> None:
-        data = program.to_bytes()
-        tmp = None
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{key[:16]}-", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(key))
-            tmp = None
+            atomic_write(self.path(key), program.to_bytes(), f".{key[:16]}-")
         except OSError as e:
             warnings.warn(f"compile cache {self.dir} cannot be written ({e}); the program is not kept",
                           stacklevel=3)
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-
 
 def resolve(cache: bool | str | os.PathLike | CompileCache | None) -> CompileCache | None:
     """The cache `tilecc.compile(cache=...)` means: None -> the default (on unless
