@@ -452,6 +452,26 @@ class _Timing:
         return fixed, rows * cols * isz / (h.bytes_per_cycle * eff)
 
 
+def _buffer_deps(ops) -> list[set[int]]:
+    """Per op, the earlier ops it depends on through a buffer: the last writer of what it
+    reads or writes (RAW, WAW) and the readers since then of what it writes (WAR)."""
+    last_w: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    out: list[set[int]] = []
+    for i, o in enumerate(ops):
+        d: set[int] = {last_w[b] for b in (*o.reads, *o.writes) if b in last_w}
+        for b in o.writes:
+            d.update(readers.get(b, ()))
+        for b in o.reads:
+            readers.setdefault(b, []).append(i)
+        for b in o.writes:
+            last_w[b] = i
+            readers[b] = []
+        d.discard(i)
+        out.append(d)
+    return out
+
+
 def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None,
               tries: int = SCHEDULE_TRIES) -> tuple[list, float]:
     """A topological order of `ops` (dependences: shared buffers, in the given order) for
@@ -461,24 +481,8 @@ def _schedule(ops: list[_Op], tm: _Timing, queues: int, init: dict | None = None
     `init`: the engines' state after the kernel's prologue (``qfree``, ``vec``, and
     ``ready``: buffer -> when the prologue's last access to it ends)."""
     init = init or {}
-    last_w: dict[str, int] = {}
-    readers: dict[str, list[int]] = {}
-    for i, o in enumerate(ops):
+    for i, (o, deps) in enumerate(zip(ops, _buffer_deps(ops))):
         o.idx = i
-        deps: set[int] = set()
-        for b in o.reads:
-            if b in last_w:
-                deps.add(last_w[b])
-        for b in o.writes:
-            if b in last_w:
-                deps.add(last_w[b])
-            deps.update(readers.get(b, ()))
-        for b in o.reads:
-            readers.setdefault(b, []).append(i)
-        for b in o.writes:
-            last_w[b] = i
-            readers[b] = []
-        deps.discard(i)
         o.deps = deps
     n = len(ops)
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -556,26 +560,11 @@ def _replay(order: list[tuple[_Op, int | None]], tm: _Timing, queues: int, init:
     eng_of = [0] * n
     seqs: list[list[int]] = [[] for _ in range(queues + 2)]
     deps: list[list[int]] = []
-    last_w: dict[str, int] = {}
-    readers: dict[str, list[int]] = {}
-    for k, (o, q) in enumerate(seq_all):
+    for k, ((o, q), d) in enumerate(zip(seq_all, _buffer_deps([o for o, _ in seq_all]))):
         e = q if o.kind == "load" else _engine(o, queues)
         eng_of[k] = e
         seqs[e].append(k)
-        d: set[int] = set()
-        for b in o.reads:
-            if b in last_w:
-                d.add(last_w[b])
-        for b in o.writes:
-            if b in last_w:
-                d.add(last_w[b])
-            d.update(readers.get(b, ()))
-        for b in o.reads:
-            readers.setdefault(b, []).append(k)
-        for b in o.writes:
-            last_w[b] = k
-            readers[b] = []
-        deps.append(sorted(x for x in d if x != k and eng_of[x] != e))
+        deps.append(sorted(x for x in d if eng_of[x] != e))
     order = seq_all
     end: list[float | None] = [None] * n
     head = [0] * (queues + 2)
