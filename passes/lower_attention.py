@@ -129,6 +129,7 @@ from xdsl.ir import Attribute, SSAValue
 from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.passes import remarks
+from tilecc.passes.cost_model import Timing
 from tilecc.passes.kernel_builder import KernelBuilder
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.machine import matmul_mapping
@@ -412,15 +413,13 @@ class _Op:
     deps: set[int] = field(default_factory=set)
 
 
-class _Timing:
-    """The simulator's timing formulas (machine._durations), for the schedule only."""
+class _Timing(Timing):
+    """The simulator's timing formulas (machine._durations), for the schedule only: the
+    cost model's closed forms plus the per-instruction view the list scheduler needs."""
 
     def __init__(self, cfg: HardwareConfig):
-        self.cfg = cfg
-        mx = cfg.matrix
-        self.preload = float(mx.rows) if mx.dataflow in ("ws", "is") else 0.0
-        self.drain = float(mx.rows + mx.cols - 2)
-        self.pipelined = mx.mode == "pipelined"
+        super().__init__(cfg)
+        self.pipelined = cfg.matrix.mode == "pipelined"
 
     def mm(self, m: int, k: int, n: int, fp32: bool) -> float:
         _, _, t = matmul_mapping(self.cfg, m, k, n)
@@ -444,12 +443,11 @@ class _Timing:
         return o.a + o.b
 
     def dma(self, rows: int, cols: int, isz: int, contiguous: bool = True) -> tuple[float, float]:
-        d, h = self.cfg.dma, self.cfg.hbm
-        chunk = cols * isz if contiguous else isz
-        desc = rows if contiguous else rows * cols
-        eff = min(1.0, chunk / d.efficient_chunk_bytes)
-        fixed = d.latency_cycles + h.latency_cycles + desc * d.per_descriptor_cycles
-        return fixed, rows * cols * isz / (h.bytes_per_cycle * eff)
+        """(fixed cycles, transfer cycles): one descriptor per row, or per element when
+        the rows are not contiguous."""
+        if contiguous:
+            return self.fixed(rows), self.xfer(rows, cols, isz)
+        return self.fixed(rows * cols), self.xfer(rows * cols, 1, isz)
 
 
 def _buffer_deps(ops) -> list[set[int]]:
