@@ -74,18 +74,12 @@ def enabled_by_default() -> bool:
 
 @lru_cache(maxsize=1)
 def compiler_fingerprint() -> str:
-    """tilecc's version, the program format version and a hash of the package sources."""
+    """tilecc's version, the program format version and a hash of the package sources
+    (those actually imported: tilecc/sources.py)."""
     import tilecc
+    from tilecc.sources import compiler_source_hash
 
-    root = Path(tilecc.__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for sub in ("tilecc", "frontend", "ir", "passes", "codegen", "runtime", "simulator"):
-        for p in sorted((root / sub).rglob("*")):
-            if p.suffix not in (".py", ".toml") or "__pycache__" in p.parts:
-                continue
-            h.update(str(p.relative_to(root)).encode())
-            h.update(p.read_bytes())
-    return f"{tilecc.__version__}/program-{PROGRAM_VERSION}/{h.hexdigest()[:20]}"
+    return f"{tilecc.__version__}/program-{PROGRAM_VERSION}/{compiler_source_hash()}"
 
 
 def exported_digest(ep: Any) -> str:

@@ -265,6 +265,10 @@ def save_regression(desc: dict, error: BaseException, directory: Path = REGRESSI
     text = json.dumps(desc, sort_keys=True)
     path = directory / f"case-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
     msg = " ".join(str(error).split())[:500]
-    path.write_text(json.dumps({"program": desc, "failure": f"{type(error).__name__}: {msg}"}, indent=1,
-                               sort_keys=True) + "\n")
+    # the compiler that failed, by the hash of the sources it imported (tilecc/sources.py):
+    # a replay can tell whether it runs the same code
+    from tilecc.runtime.cache import compiler_fingerprint
+
+    path.write_text(json.dumps({"program": desc, "failure": f"{type(error).__name__}: {msg}",
+                                "compiler": compiler_fingerprint()}, indent=1, sort_keys=True) + "\n")
     return path
