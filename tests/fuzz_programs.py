@@ -259,11 +259,30 @@ def check(desc: dict, opt_levels: tuple[int, ...] = (0, 2)) -> None:
                                        msg=lambda m, level=level, k=k: f"-O{level} output {k}: {m}")
 
 
+def case_path(desc: dict, directory: Path = REGRESSIONS) -> Path:
+    """Where the regression case of program `desc` is (or would be) saved."""
+    text = json.dumps({k: v for k, v in desc.items() if k != "atol"}, sort_keys=True)
+    return directory / f"case-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+
+
+def with_saved_tolerance(desc: dict, directory: Path = REGRESSIONS) -> dict:
+    """`desc` with the absolute tolerance its saved, explained case carries (a deep run
+    replaying hypothesis's database meets those programs again)."""
+    path = case_path(desc, directory)
+    if "atol" not in desc and path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("explained") and "atol" in saved["program"]:
+            return {**desc, "atol": saved["program"]["atol"]}
+    return desc
+
+
 def save_regression(desc: dict, error: BaseException, directory: Path = REGRESSIONS) -> Path:
-    """Write `desc` (with the failure it gave) as a regression case; returns the path."""
+    """Write `desc` (with the failure it gave) as a regression case; returns the path. A
+    saved case with an explanation is never overwritten."""
     directory.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(desc, sort_keys=True)
-    path = directory / f"case-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    path = case_path(desc, directory)
+    if path.exists() and json.loads(path.read_text()).get("explained"):
+        return path
     msg = " ".join(str(error).split())[:500]
     # the compiler that failed, by the hash of the sources it imported (tilecc/sources.py):
     # a replay can tell whether it runs the same code

@@ -202,3 +202,70 @@ kernel rep(x: f32[R, C], w: f32[C]) -> f32[R, C]:
     x, w = rng.standard_normal((32, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
     np.testing.assert_allclose(k(x, w), x * w, rtol=1e-6)
     assert k.ir("tile").count("tile.load") == 2 + 1  # x[r, :] per copy; w once for both copies
+
+
+ROWSUM = """\
+kernel rowsum(x: f32[R, C]) -> f32[R, 1]:
+    for r in tiles(R, 16):
+        acc = zeros(f32[r.size, 1])
+        for c in tiles(C, 16{kw}):
+            acc += sum(exp(load(x[r, c])))
+        out[r, :] = acc
+"""
+
+
+@pytest.mark.parametrize("kw", [", unroll=True", ""])
+def test_a_zeroed_sram_tile_takes_its_first_sum_directly(kw):
+    """`acc = zeros(...)` then `acc += v`: in an unrolled loop the first execution writes v
+    into acc (no fill, no add); in a loop that runs as scf.for the fill stays."""
+    k = tilecc.kernel(ROWSUM.format(kw=kw))
+    k.sanitize = True
+    x = np.random.default_rng(3).standard_normal((20, 40)).astype(np.float32)
+    np.testing.assert_allclose(k(x), np.exp(x).sum(-1, keepdims=True), rtol=1e-5)
+    ir = k.ir("tile")
+    adds = ir.count('tile.binary "add"')
+    if kw:  # three column tiles per row tile: two adds per row-tile body (two bodies: full, peeled)
+        assert adds == 2 * 2 and "const_fill" not in ir
+    else:  # the loop body runs twice per row tile (16 + 16) plus a peeled 8: the fill stays
+        assert adds >= 2 and "const_fill" in ir
+
+
+def test_small_fills_in_loops_copy_a_resident_constant():
+    """A running maximum filled in every row tile: a vector copy from a constant tile
+    loaded once, not a DMA per fill (that DMA's latency sat on the loop's critical path)."""
+    src = """\
+kernel rowmax(x: f32[R, C]) -> f32[R, 1]:
+    for r in tiles(R, 16):
+        mx = full(f32[r.size, 1], -1e30)
+        for c in tiles(C, 16, unroll=True):
+            mx = max(mx, max(load(x[r, c])))
+        out[r, :] = mx
+"""
+    k = tilecc.kernel(src)
+    k.sanitize = True
+    x = np.random.default_rng(4).standard_normal((40, 33)).astype(np.float32)
+    np.testing.assert_allclose(k(x), x.max(-1, keepdims=True), rtol=0)
+    ir = k.ir("tile")
+    assert "const_fill" in ir
+    assert ir.count('tile.unary "copy"') >= 1
+
+
+def test_the_scheduler_costs_vector_ops_from_the_config_table():
+    from xdsl.dialects.builtin import Float32Type
+
+    from tilecc.frontend.dsl.schedule import _Cost
+    from tilecc.ir import tile as T
+    from tilecc.simulator.config import load_config
+
+    cfg = load_config("cloud")
+    buf = T.AllocOp(T.onchip_type([128, 512], Float32Type(), T.SRAM), "b").results[0]
+    from xdsl.dialects import arith
+    from xdsl.dialects.builtin import IndexType, IntegerAttr
+
+    rows = arith.ConstantOp(IntegerAttr(128, IndexType())).result
+    cols = arith.ConstantOp(IntegerAttr(512, IndexType())).result
+    cost = _Cost(cfg)
+    fixed = cfg.vector.latency_cycles + cfg.vector.access_cycles
+    exp = cost.cycles(T.UnaryOp("exp", buf, buf, rows, cols))
+    copy = cost.cycles(T.UnaryOp("copy", buf, buf, rows, cols))
+    assert exp - fixed == 2 * (copy - fixed) == 2 * 512 * 128 / cfg.vector.lanes

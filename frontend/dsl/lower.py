@@ -72,6 +72,7 @@ BIN = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow", "==": "eq", 
        "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 COMMUTATIVE = {"add", "mul", "max", "min", "eq", "ne"}
 FLIP = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
+SMALL_FILL_COLS = 64  # tiles filled in a loop up to this many columns: a vector copy, not a DMA
 
 
 # ---- values ------------------------------------------------------------------------
@@ -103,6 +104,10 @@ class Value:
     pos: A.Pos
     zero: bool = False  # still all zeros (nothing written yet; `zeros` in acc before a matmul)
     zero_loops: list = field(default_factory=list)  # loops entered since (their iteration numbers)
+    # a `zeros` in SRAM whose first use is `x += ...`, not filled yet: (block, the op to
+    # fill after, loc, inside a loop); that use writes its value straight into x when it is the first
+    # execution, else emits the fill there (aug_assign)
+    pending_fill: tuple | None = None
 
     def describe(self) -> str:
         return f"{self.dtype}[{self.rows} x {self.cols}] in {self.space}"
@@ -489,6 +494,21 @@ class KernelLowering:
                 self.scopes[-1][s.target] = self.scalar_op(BIN[s.op], cur, rhs, s.pos)
                 return
             raise self.err(DslTypeError, s.pos, f"'{s.target}' is not a tile")
+        if cur.pending_fill is not None:
+            (block, after, loc, in_loop), cur.pending_fill = cur.pending_fill, None
+            if s.op == "+" and all(isinstance(lv.index, int) for lv in self.loops[len(cur.zero_loops):]):
+                # the first execution of `x += v` on a zeroed tile (only unrolled loops
+                # entered since): x = v, written straight into x, and no fill at all
+                v = self.ev(s.value, dest=cur)
+                if not (isinstance(v, Value) and v.buf is cur.buf):
+                    self.write_into(s, cur, v)
+                return
+            fill = self._fill_op(cur, 0.0, in_loop)  # a loop runs the += more than once: fill where zeros was
+            fill.attributes["tilecc.loc"] = StringAttr(loc)
+            if after is None:
+                block.insert_op_before(fill, block.first_op) if block.first_op else block.add_op(fill)
+            else:
+                block.insert_op_after(fill, after)
         if s.op == "+" and isinstance(s.value, A.Call) and s.value.fn in ("matmul", "matmul_t"):
             p = self.ev(s.value)
             assert isinstance(p, Product)
@@ -680,7 +700,8 @@ class KernelLowering:
         if isinstance(e, A.Cast):
             fuse = isinstance(e.value, (A.Call, A.BinOp)) and not (
                 isinstance(e.value, A.Call) and e.value.fn in ("load", "matmul", "matmul_t", "zeros", "full"))
-            v = self.ev(e.value, hint=e.dtype if fuse and e.dtype in FLOATS else None)
+            into = dest if fuse and dest is not None and dest.dtype == e.dtype and e.dtype in FLOATS else None
+            v = self.ev(e.value, dest=into, hint=e.dtype if fuse and e.dtype in FLOATS else None)
             if isinstance(v, Value) and v.dtype == e.dtype and fuse:
                 return v
             if isinstance(v, (int, float)):
@@ -1097,10 +1118,29 @@ class KernelLowering:
         over the partitions), unless the caller keeps it lazily zero."""
         if value == 0.0 and v.space == tile.ACC and self._lazy_here(e):
             return v
+        if value == 0.0 and v.space == tile.SRAM and self._lazy_here(e):
+            v.pending_fill = (self.block, self.block.last_op, self.loc, bool(self.loops))
+            return v
+        self.add(self._fill_op(v, value))
+        return v
+
+    def _fill_op(self, v: Value, value: float, in_loop: bool | None = None) -> Operation:
+        """The op that fills `v` (not yet in a block; a resident constant goes to the prologue)."""
         row = np.full((v.shape[1],), value, dtype=np.float32)
         src = self.const_tensor(row, v.dtype)
-        self.add(tile.LoadOp(src, [self.idx(0)], v.buf, self.idx(v.rows), self.idx(v.cols), -1, 0))
-        return v
+        if (bool(self.loops) if in_loop is None else in_loop) and v.shape[1] <= SMALL_FILL_COLS:
+            # a small tile filled in a loop (running maxima, sums): a vector copy from a
+            # resident constant tile (one DMA in the prologue) keeps the DMA's fixed
+            # latency off the loop's critical path
+            saved, self.slot = self.slot, ()
+            cbuf = self.buffer(self.k, v.shape, v.dtype, tile.SRAM, "const_fill")
+            self.slot = saved
+            key = ("fill", value, v.shape, v.dtype)
+            if key not in self._idx_loaded:
+                self._entry(tile.LoadOp(src, [self.idx(0)], cbuf, self.idx(v.shape[0]), self.idx(v.shape[1]), -1, 0))
+                self._idx_loaded.add(key)
+            return tile.UnaryOp("copy", cbuf, v.buf, self.idx(v.rows), self.idx(v.cols))
+        return tile.LoadOp(src, [self.idx(0)], v.buf, self.idx(v.rows), self.idx(v.cols), -1, 0)
 
     def _lazy_here(self, e: A.Call) -> bool:
         return id(e) in self.lazy_zero_calls
@@ -1360,8 +1400,10 @@ def _loops_bounding_inner(body: list[A.Stmt]) -> set[int]:
 
 
 def _lazy_zero_assigns(body: list[A.Stmt]) -> dict[int, int]:
-    """`x = zeros(..., acc)` statements whose next mention of x is ``x += matmul(...)``:
-    statement id -> zeros call id."""
+    """`x = zeros(...)` statements whose next mention of x is ``x += ...`` (for a zeros
+    in acc: ``x += matmul(...)``), x not read on the right: statement id -> zeros call id.
+    In acc the first matmul's accumulate flag replaces the fill; in SRAM the first
+    execution of the ``+=`` writes its value into x instead (`aug_assign`)."""
     out: dict[int, int] = {}
 
     def scan(block: list[A.Stmt]) -> None:
@@ -1372,8 +1414,10 @@ def _lazy_zero_assigns(body: list[A.Stmt]) -> dict[int, int]:
             if not (isinstance(s, A.Assign) and isinstance(s.value, A.Call) and s.value.fn == "zeros"):
                 continue
             nxt = _first_mention(block[i + 1:], s.target)
-            if (isinstance(nxt, A.AugAssign) and nxt.op == "+" and isinstance(nxt.value, A.Call)
-                    and nxt.value.fn in ("matmul", "matmul_t") and s.target not in _names_in(nxt.value)):
+            if not (isinstance(nxt, A.AugAssign) and nxt.op == "+" and s.target not in _names_in(nxt.value)):
+                continue
+            in_acc = any(isinstance(a, A.Name) and a.id == tile.ACC for a in s.value.args[1:])
+            if not in_acc or (isinstance(nxt.value, A.Call) and nxt.value.fn in ("matmul", "matmul_t")):
                 out[id(s)] = id(s.value)
 
     scan(body)

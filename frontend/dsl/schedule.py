@@ -68,6 +68,17 @@ class _Cost:
             return "vec"
         return None
 
+    def op_cost(self, op: Operation) -> float:
+        """Cycles per group of `lanes` elements (`[vector.op_cost]`, as the simulator)."""
+        table = self.cfg.vector.op_cost
+        if isinstance(op, tile.UnaryOp):
+            return table.unary.get(op.fn.data, 1)
+        if isinstance(op, tile.ReduceOp):
+            return table.reduce.get(op.fn.data, 1)
+        if isinstance(op, (tile.BinaryOp, tile.ScalarOp)):
+            return table.binary.get(op.fn.data, 1)
+        return 1
+
     def cycles(self, op: Operation) -> float:
         cfg = self.cfg
         if isinstance(op, (tile.LoadOp, tile.StoreOp)):
@@ -79,7 +90,7 @@ class _Cost:
             v = cfg.vector
             n = _const(op.rows) * _const(op.cols)
             two = isinstance(op, tile.BinaryOp) and op.rhs_mode.data == "tile"
-            return v.latency_cycles + v.access_cycles + -(-n // v.lanes) * (2 if two else 1)
+            return v.latency_cycles + v.access_cycles + -(-n // v.lanes) * self.op_cost(op) * (2 if two else 1)
         return 0.0
 
 
