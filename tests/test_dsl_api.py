@@ -269,3 +269,97 @@ def test_the_scheduler_costs_vector_ops_from_the_config_table():
     exp = cost.cycles(T.UnaryOp("exp", buf, buf, rows, cols))
     copy = cost.cycles(T.UnaryOp("copy", buf, buf, rows, cols))
     assert exp - fixed == 2 * (copy - fixed) == 2 * 512 * 128 / cfg.vector.lanes
+
+
+def test_empty_declares_a_tile_without_filling_it():
+    """`empty(...)` allocates only: writing before reading works, and a read before any
+    write is an uninitialised read the sanitiser reports."""
+    good = """\
+kernel twice(x: f32[R, C]) -> f32[R, C]:
+    for r in tiles(R, 16):
+        t = empty(f32[r.size, C])
+        t = load(x[r, :]) * 2.0
+        out[r, :] = t
+"""
+    bad = good.replace("        t = load(x[r, :]) * 2.0\n", "")
+    x = np.random.default_rng(5).standard_normal((20, 8)).astype(np.float32)
+    k = tilecc.kernel(good)
+    k.sanitize = True
+    np.testing.assert_allclose(k(x), 2 * x)
+    assert 'tile.load' in k.ir("tile") and k.ir("tile").count("tile.load") == 2  # x per row tile: no fill DMA
+    k = tilecc.kernel(bad)
+    k.sanitize = True
+    with pytest.raises(TileccError, match="uninitialised"):
+        k(x)
+
+
+def test_a_masked_product_lands_in_place_and_the_mask_covers_its_columns_only():
+    """``s = matmul(...) + mask`` into an accumulator tile declared outside the loop: the
+    product goes straight into s (no separate product tile) and the constant mask is
+    added over the columns where it is not zero."""
+    src = """\
+kernel masked(a: bf16[M, K], b: bf16[K, N]) -> f32[M, N]:
+    for m in tiles(M, 16, unroll=True):
+        s = empty(f32[m.size, 32], acc)
+        for n in tiles(m.start, m.end + 16, 32, unroll=True):
+            s = matmul(load(a[m, :]), load(b[:, n])) + (col_ids(n) > row_ids(m) + 16) * -100.0
+            out[m, n] = s * 1.0
+"""
+    k = tilecc.kernel(src)
+    k.sanitize = True
+    a, b = torch.randn(32, 16).bfloat16(), torch.randn(16, 48).bfloat16()
+    got = k(a, b)
+    want = a.float() @ b.float()
+    rows, cols = np.indices((32, 48))
+    mask = cols > rows + 16
+    want = want + torch.as_tensor(np.where(mask, -100.0, 0.0), dtype=torch.float32)
+    lo = np.repeat(np.arange(2) * 16, 16)[:, None]  # each row tile writes columns [m.start, m.end + 16)
+    written = (cols >= lo) & (cols < lo + 32)
+    torch.testing.assert_close(got[written], want[written], rtol=1e-5, atol=1e-4)
+    ir = k.ir("tile")
+    assert '"prod' not in ir  # no product tile besides s
+    # each row tile's mask is non-zero in its columns 17..31 only (c > r + 16)
+    adds = [line for line in ir.splitlines() if 'tile.binary "add"' in line]
+    assert len(adds) == 2 and all("16x15x" in line for line in adds), adds  # columns 17..31 of 32
+
+
+def test_transposes_use_a_dead_score_tile_as_their_scratch():
+    """In the flash-attention example P's and K's transposes reuse s1 / s2 (dead at
+    that point) instead of accumulator scratch of their own: only Q's transposes (a
+    tile of another shape) have one."""
+    import re
+
+    k = tilecc.kernel(KERNELS / "flash_attention.tdsl")
+    q = torch.randn(1, 96, 16).bfloat16()
+    c = k.compile(q, q, q, target="tiny")
+    acc = set(re.findall(r'buffer = "(\w+)"\} : memref<(\d+x\d+)xf32, #tile.space<"acc">', c.stages["tile"]))
+    assert {name for name, shape in acc if name.startswith("tr")} == {"tr"}
+    assert {shape for name, shape in acc if name.startswith("tr")} == {"16x16"}
+
+
+def test_a_partial_query_tile_transposes_without_reading_unwritten_scratch():
+    """Regression: the last query tile of one row (S = 33 on tiny) transposed P's key
+    blocks into a scratch tile whose gaps one copy then read (an uninitialised read)."""
+    k = tilecc.kernel(KERNELS / "flash_attention.tdsl")
+    k.sanitize = True
+    q, kk, v = (torch.randn(1, 33, 1).bfloat16() for _ in range(3))
+    got = k(q, kk, v)
+    want = F.scaled_dot_product_attention(q.float(), kk.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
+
+
+def test_long_kernels_keep_the_fastest_schedule_variant(monkeypatch):
+    """A kernel with a long straight-line block is list-scheduled with each of
+    SCHEDULE_SLACKS, compiled and simulated; the program kept is the fastest."""
+    from tilecc.frontend.dsl import api
+    from tilecc.simulator.machine import simulate
+
+    q = torch.randn(1, 128, 16).bfloat16()
+    cycles = {}
+    for slack in api.SCHEDULE_SLACKS:
+        monkeypatch.setattr(api, "SCHEDULE_SLACKS", (slack,))
+        p = tilecc.kernel(KERNELS / "flash_attention.tdsl").compile(q, q, q, target="tiny").program
+        cycles[slack] = simulate(p.stream, p.config, None, functional=False, record=False).cycles
+    monkeypatch.undo()
+    p = tilecc.kernel(KERNELS / "flash_attention.tdsl").compile(q, q, q, target="tiny").program
+    assert simulate(p.stream, p.config, None, functional=False, record=False).cycles == min(cycles.values())

@@ -203,6 +203,7 @@ class KernelLowering:
         self._const_args: dict[tuple, SSAValue] = {}
         self._idx: dict[int, SSAValue] = {}
         self._bufs: dict[tuple, tuple[SSAValue, A.Pos, str]] = {}
+        self.stmt_stack: list[tuple[list[A.Stmt], int]] = []  # (body, index) of each statement being lowered
         self._names: dict[str, int] = {}
         self.slot: tuple[int, ...] = ()  # the multi-buffering copy we are in
         self.loops: list[TileVar] = []
@@ -401,9 +402,39 @@ class KernelLowering:
 
     # ---- statements ------------------------------------------------------------
     def stmts(self, body: list[A.Stmt]) -> None:
-        for s in body:
+        for i, s in enumerate(body):
             self.loc = self._loc(s.pos)
-            self.stmt(s)
+            self.stmt_stack.append((body, i))
+            try:
+                self.stmt(s)
+            finally:
+                self.stmt_stack.pop()
+
+    def dead_acc_tile(self, shape: tuple[int, int]) -> Value | None:
+        """An f32 accumulator tile of static `shape`, bound to a name in scope, whose value
+        is dead here: the current statement does not read it and no later statement does
+        before overwriting it (`_dead_after`). Transposes use it as their scratch, so a
+        kernel's score tile doubles as the scratch of P's transposes (and of K's)."""
+        body, i = self.stmt_stack[-1]
+        cur = body[i]
+        reads = _reads(cur)
+        for scope in reversed(self.scopes):
+            for name, v in scope.items():
+                if not (isinstance(v, Value) and v.space == tile.ACC and v.dtype == "f32" and v.shape == shape):
+                    continue
+                if v.zero or name in reads or self.lookup_quiet(name) is not v:
+                    continue
+                # this statement overwrites it (after its operands, scratch included), or
+                # nothing reads it again before it is overwritten
+                if isinstance(cur, A.Assign) and cur.target == name or _dead_after(name, self.stmt_stack):
+                    return v
+        return None
+
+    def lookup_quiet(self, name: str) -> object:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        return None
 
     def stmt(self, s: A.Stmt) -> None:
         self.name_hint = getattr(s, "target", "t")
@@ -699,7 +730,7 @@ class KernelLowering:
             return self.binop(BIN[e.op], a, b, e.pos, e, dest=dest, hint=hint)
         if isinstance(e, A.Cast):
             fuse = isinstance(e.value, (A.Call, A.BinOp)) and not (
-                isinstance(e.value, A.Call) and e.value.fn in ("load", "matmul", "matmul_t", "zeros", "full"))
+                isinstance(e.value, A.Call) and e.value.fn in ("load", "matmul", "matmul_t", "zeros", "full", "empty"))
             into = dest if fuse and dest is not None and dest.dtype == e.dtype and e.dtype in FLOATS else None
             v = self.ev(e.value, dest=into, hint=e.dtype if fuse and e.dtype in FLOATS else None)
             if isinstance(v, Value) and v.dtype == e.dtype and fuse:
@@ -791,6 +822,9 @@ class KernelLowering:
         folded = self.fold(fn, a, b, pos)
         if folded is not None:
             return folded
+        if (dest is not None and dest.space == tile.ACC and fn in ("add", "sub") and isinstance(a, Product)
+                and isinstance(b, Const) and b.kind == "tile" and b.data.shape == (a.m, a.n) and hint in (None, "f32")):
+            return self.product_plus_const(fn, a, b, dest, node, pos)
         if isinstance(a, Const):
             a = self.const_value(a, b, node)
         if isinstance(b, Const):
@@ -839,6 +873,20 @@ class KernelLowering:
         out = self.out_buf(node, out_dtype, (a.rows, a.cols), a.shape, dest, pos)
         self.add(tile.BinaryOp(fn, a.buf, b.buf, out.buf, self.idx(a.rows), self.idx(a.cols), mode, swap))
         return out
+
+    def product_plus_const(self, fn: str, p: Product, c: Const, dest: Value, node: A.Node, pos: A.Pos) -> Value:
+        """``dest = p +/- c`` in place: the product straight into the accumulator tile,
+        then the constant added over the columns where it is not zero (a causal mask
+        touches only the key tile the diagonal crosses)."""
+        self.check_acc_target(dest, p, pos)
+        self.emit_matmul(p, dest, accumulate=False)
+        dest.zero = False
+        nz = np.flatnonzero(c.data.any(axis=0))
+        c0, c1 = int(nz[0]), int(nz[-1]) + 1
+        win = self.window(dest, c0, c1 - c0, c1 - c0) if (c0, c1) != (0, p.n) else dest
+        cv = self.const_value(Const(np.ascontiguousarray(c.data[:, c0:c1]), c.pos, "tile"), win, node)
+        self.add(tile.BinaryOp(fn, win.buf, cv.buf, win.buf, self.idx(p.m), self.idx(c1 - c0), "tile", False))
+        return dest
 
     def fold(self, fn: str, a: object, b: object, pos: A.Pos) -> object | None:
         """Constant tiles combine at compile time; ``x + 0``, ``x - 0``, ``x * 1`` of an
@@ -1023,7 +1071,7 @@ class KernelLowering:
             if e.kwargs.get("transpose") is not None:
                 return self.materialise(lz, e, layout="transposed")
             return lz
-        if fn in ("zeros", "full"):
+        if fn in ("zeros", "full", "empty"):
             return self.fill(e)
         if fn in ("matmul", "matmul_t"):
             return self.matmul(e)
@@ -1109,6 +1157,9 @@ class KernelLowering:
             space = sp.id
         if space == tile.ACC and dtype != "f32":
             raise self.err(DslTypeError, e.pos, f"the accumulator holds f32 tiles, not {dtype}")
+        if e.fn == "empty":  # uninitialised: the sanitiser reports a read before a write
+            buf = self.buffer(e, shape, dtype, space, self.name_hint)
+            return Value(buf, dtype, space, shape, actual[0], actual[1], e.pos)
         buf = self.buffer(e, shape, dtype, space, "acc" if space == tile.ACC else "fill")
         v = Value(buf, dtype, space, shape, actual[0], actual[1], e.pos, zero_loops=list(self.loops))
         return self._fill(v, value, e)
@@ -1311,7 +1362,8 @@ class KernelLowering:
         scratch = node
         if not self.cse and node in self._cse_nodes.values():  # a shared tile: shared scratch
             scratch = self.cse_node(("scratch", self._scratch_turn), node.pos)
-        tbuf = self.buffer(scratch, (c_static, total), "f32", tile.ACC, "tr")
+        dead = self.dead_acc_tile((c_static, total)) if self.stmt_stack else None
+        tbuf = dead.buf if dead is not None else self.buffer(scratch, (c_static, total), "f32", tile.ACC, "tr")
         offs, off = [], 0
         for b in blocks:
             ibuf = self.identity(b.shape[0], dtype)
@@ -1329,10 +1381,12 @@ class KernelLowering:
         else:
             res = Value(self.buffer(node, shape, dtype, tile.SRAM, "xT"), dtype, tile.SRAM, shape,
                         blocks[0].cols, width, node.pos)
-        # one copy per run of blocks with the same row count (only the last can differ)
+        # one copy per contiguous run of blocks with the same row count
         groups: list[list[int]] = []
         for i, b in enumerate(blocks):
-            if groups and blocks[groups[-1][0]].cols == b.cols:
+            prev = blocks[groups[-1][-1]] if groups else None
+            # a run is contiguous: every block before the last fills its static width
+            if prev is not None and blocks[groups[-1][0]].cols == b.cols and prev.rows == prev.shape[0]:
                 groups[-1].append(i)
             else:
                 groups.append([i])
@@ -1378,6 +1432,48 @@ def _names_in(e: A.Node) -> set[str]:
         elif isinstance(x, dict):
             stack.extend(x.values())
     return out
+
+
+def _reads(s: A.Stmt) -> set[str]:
+    """The names statement `s` reads (an augmented assignment reads its target)."""
+    names = _names_in(s)
+    if isinstance(s, A.AugAssign):
+        names.add(s.target)
+    return names
+
+
+def _first_use(stmts: Sequence[A.Stmt], name: str) -> str | None:
+    """"read" if `name` may be read in `stmts` before it is overwritten, "killed" if it
+    is certainly overwritten first, None if neither (not mentioned, or overwritten only
+    inside loops, which may run no iteration)."""
+    for s in stmts:
+        if isinstance(s, A.For):
+            if name in _names_in(s.iter) or _first_use(s.body, name) == "read":
+                return "read"
+            continue
+        if name in _reads(s):
+            return "read"
+        if isinstance(s, A.Assign) and s.target == name:
+            return "killed"
+    return None
+
+
+def _dead_after(name: str, stack: Sequence[tuple[list[A.Stmt], int]]) -> bool:
+    """Whether `name`'s value is dead after the statement at the top of `stack` (a
+    (body, index) per enclosing statement, the kernel's body first): on every path it is
+    overwritten or never read again. A loop body may run again, so the statements before
+    the current one count too."""
+    for level in range(len(stack) - 1, -1, -1):
+        body, i = stack[level]
+        use = _first_use(body[i + 1:], name)
+        if use == "read":
+            return False
+        if use == "killed":
+            return True
+        if level > 0 and isinstance(stack[level - 1][0][stack[level - 1][1]], A.For):
+            if _first_use(body[: i + 1], name) == "read":  # the next iteration
+                return False
+    return True
 
 
 def _walk_stmts(body: list[A.Stmt]) -> Iterator[A.Stmt]:
@@ -1437,10 +1533,11 @@ def _first_mention(block: list[A.Stmt], name: str) -> A.Stmt | None:
 
 # ---- the program -------------------------------------------------------------------
 def build_module(kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: HardwareConfig,
-                 target: str = "") -> ModuleOp:
+                 target: str = "", schedule: bool = True) -> ModuleOp:
     """The tile-dialect module of `kernel` at `shapes`: the kernel and an ``@main``
-    that allocates the inputs, outputs and constants and calls it."""
-    kl = KernelLowering(kernel, shapes, cfg, target)
+    that allocates the inputs, outputs and constants and calls it (the kernel
+    list-scheduled unless `schedule` is off: frontend/dsl/schedule.py)."""
+    kl = KernelLowering(kernel, shapes, cfg, target, schedule=schedule)
     kfunc = kl.run()
     main_ops: list[Operation] = []
     args: list[SSAValue] = []

@@ -94,30 +94,39 @@ class _Cost:
         return 0.0
 
 
-def schedule_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> None:
+def schedule_kernel(kernel: func.FuncOp, cfg: HardwareConfig, slack: float = 0.0) -> None:
+    """List-schedule every straight-line block of `kernel`. With `slack` > 0 the op with
+    the longest path to the block's end goes first among the ready ops that can start
+    within `slack` cycles of the earliest (0: the earliest start goes first)."""
     cost = _Cost(cfg)
     blocks: list[Block] = [kernel.body.block]
     for op in kernel.walk():
         if isinstance(op, scf.ForOp):
             blocks.append(op.body.block)
     for b in blocks:
-        _schedule_block(b, cost)
+        _schedule_block(b, cost, slack)
 
 
-def _schedule_block(block: Block, cost: _Cost) -> None:
+def largest_block(kernel: func.FuncOp) -> int:
+    """Ops in the kernel's longest straight-line block (where scheduling choices matter)."""
+    blocks = [kernel.body.block] + [op.body.block for op in kernel.walk() if isinstance(op, scf.ForOp)]
+    return max(len(b.ops) for b in blocks)
+
+
+def _schedule_block(block: Block, cost: _Cost, slack: float) -> None:
     ops = list(block.ops)
     # only the run of ops between loops (and before the terminator) moves
     segment: list[Operation] = []
     for op in ops:
         if isinstance(op, (scf.ForOp, scf.YieldOp, func.ReturnOp)) or isinstance(op, tile.AllocOp):
-            _reorder(block, segment, cost, anchor=op)
+            _reorder(block, segment, cost, op, slack)
             segment = []
         else:
             segment.append(op)
-    _reorder(block, segment, cost, anchor=None)
+    _reorder(block, segment, cost, None, slack)
 
 
-def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation | None) -> None:
+def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation | None, slack: float) -> None:
     if len(seg) < 3:
         return
     index = {op: i for i, op in enumerate(seg)}
@@ -159,16 +168,15 @@ def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation 
     ready = [i for i in range(len(seg)) if waiting[i] == 0]
     order: list[int] = []
     while ready:
-        best, best_key = None, None
+        starts = {}
         for i in ready:
             dep = max((finish[p] for p in preds[i]), default=0.0)
-            start = dep if eng[i] is None else max(dep, min(free[eng[i]]))
-            key = (start, -prio[i], i)
-            if best_key is None or key < best_key:
-                best, best_key = i, key
-        assert best is not None and best_key is not None
+            starts[i] = dep if eng[i] is None else max(dep, min(free[eng[i]]))
+        first = min(starts.values())
+        best = min((i for i in ready if starts[i] <= first + slack), key=lambda i: (-prio[i], starts[i], i)) if slack \
+            else min(ready, key=lambda i: (starts[i], -prio[i], i))
         ready.remove(best)
-        start = best_key[0]
+        start = starts[best]
         finish[best] = start + dur[best]
         if eng[best] is not None:
             lanes = free[eng[best]]
@@ -189,4 +197,4 @@ def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation 
             block.insert_op_before(seg[i], anchor)
 
 
-__all__ = ["schedule_kernel"]
+__all__ = ["schedule_kernel", "largest_block"]
