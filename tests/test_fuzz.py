@@ -105,3 +105,22 @@ def test_a_deep_run_keeps_explained_cases(tmp_path):
     assert json.loads(path.read_text()) == saved
     other = save_regression({**bare, "seed": 99}, AssertionError("not close"), tmp_path)
     assert other != path and json.loads(other.read_text())["failure"] == "AssertionError: not close"
+
+
+def test_error_scales_follow_cancellation_not_the_output():
+    """gram(x) - gram(x) is 0 but carries the rounding step of gram(x); a softmax starts
+    afresh from its own output."""
+    import torch
+
+    from fuzz_programs import FuzzModule, make_inputs
+
+    desc = {"dtype": "bfloat16", "seed": 0, "inputs": [[2, 12]],
+            "steps": [{"op": "gram", "args": [0]}, {"op": "gram", "args": [0]}, {"op": "sub", "args": [1, 2]},
+                      {"op": "softmax", "args": [3], "dim": -1}],
+            "outputs": [3, 4]}
+    model = FuzzModule(desc)
+    (x,) = make_inputs(desc)
+    diff_scale, softmax_scale = model.error_scales(x)
+    assert float((x.float() @ x.float().T).abs().max()) * 0.99 <= diff_scale
+    assert float(model(x)[0].float().abs().max()) == 0.0
+    assert softmax_scale == float(torch.softmax(torch.zeros(2, 2), -1).max())

@@ -153,3 +153,58 @@ def test_a_known_kernel_through_the_generator():
          "R": 17, "C": 33, "T": 16, "buffers": 2, "out": "f32"}
     assert "max(load(x0[r, :]))" in _src(k) and "load(w[:])" in _src(k)
     check(k)
+
+
+# ---- loop-carried row statistics over column tiles -----------------------------------
+# The lowering's lazily zeroed SRAM tiles (`a = zeros(...)` then `a += ...` written
+# straight into a), small fills in loops (vector copies of a resident constant) and
+# `empty` buffers overwritten by every iteration, in unrolled and scf.for loops.
+
+
+@st.composite
+def accumulating_kernels(draw):
+    return {
+        "fn": draw(st.sampled_from(["", *sorted(UNARY)])), "red": draw(st.sampled_from(["sum", "max"])),
+        "R": draw(st.sampled_from([1, 3, 16, 17, 40])), "C": draw(st.sampled_from([1, 2, 7, 33, 100])),
+        "T": draw(st.sampled_from([1, 8, 16])), "TC": draw(st.sampled_from([1, 8, 16, 32])),
+        "unroll": draw(st.booleans()), "buffers": draw(st.sampled_from([1, 2])), "scratch": draw(st.booleans()),
+    }
+
+
+def _acc_src(k: dict) -> str:
+    tile = f"load(x[r, c])"
+    val = f"{k['fn']}({tile})" if k["fn"] else tile
+    if k["scratch"]:  # an `empty` tile declared per row tile, overwritten by every column tile
+        pre, val, stmt = "        t = empty(f32[r.size, 1])\n", "t", f"            t = {k['red']}({val})\n"
+    else:
+        pre, stmt = "", ""
+    if k["red"] == "sum":
+        init, update = "zeros(f32[r.size, 1])", f"a += {'t' if k['scratch'] else f'sum({val})'}"
+    else:
+        init, update = "full(f32[r.size, 1], -1e30)", f"a = max(a, {'t' if k['scratch'] else f'max({val})'})"
+    unroll = ", unroll=True" if k["unroll"] else ""
+    return (f"kernel stat(x: f32[R, C]) -> f32[R, 1]:\n"
+            f"    for r in tiles(R, {k['T']}, buffers={k['buffers']}):\n"
+            f"{pre}"
+            f"        a = {init}\n"
+            f"        for c in tiles(C, {k['TC']}{unroll}):\n"
+            f"{stmt}"
+            f"            {update}\n"
+            f"        out[r, :] = a\n")
+
+
+def check_accumulating(k: dict) -> None:
+    x = np.random.default_rng(k["R"] * 7 + k["C"]).standard_normal((k["R"], k["C"])).astype(np.float32)
+    kern = tilecc.kernel(_acc_src(k))
+    kern.sanitize = True
+    got = kern(torch.from_numpy(x), target="tiny").numpy()
+    fx = UNARY[k["fn"]](x.astype(np.float64)) if k["fn"] else x.astype(np.float64)
+    want = fx.sum(-1, keepdims=True) if k["red"] == "sum" else fx.max(-1, keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())),
+                               err_msg=_acc_src(k))
+
+
+@settings(settings.get_profile(f"tilecc-dsl-fuzz-{'deep' if DEEP else 'fast'}"))
+@given(k=accumulating_kernels())
+def test_random_accumulating_kernels_match_numpy(k):
+    check_accumulating(k)
