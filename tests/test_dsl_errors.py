@@ -196,3 +196,28 @@ def test_store_shape_and_dtype_errors():
         out[m, :] = 2
 """, (8, 4, "f32"))
     assert isinstance(e, DslTypeError) and e.headline == "<string>:3:21: cannot store a scalar; store a tile"
+
+
+def test_window_errors():
+    """Column windows of on-chip tiles: bounds, the rows, HBM ranges, updating HBM."""
+    head = "kernel f(a: f32[M, N]) -> f32[M, N]:\n    for m in tiles(M, 16):\n        t = load(a[m, :])\n"
+    e = _raise(head + "        out[m, :] = t[:, 2:9]\n", (8, 4, "f32"))
+    assert isinstance(e, DslShapeError)
+    assert e.headline == "<string>:4:26: window 2:9 is outside the columns 0:4 of t f32[8 x 4] in sram (line 3)"
+    e = _raise(head + "        out[m, :] = t[0:4, :]\n", (8, 4, "f32"))
+    assert e.headline == ("<string>:4:21: an on-chip tile is windowed by columns: t[:, a:b] (the rows stay whole)")
+    e = _raise(head + "        out[m, :] = t[:, 1]\n", (8, 4, "f32"))
+    assert e.headline == "<string>:4:26: a window of t is a column range a:b, not a single column"
+    e = _raise("kernel f(a: f32[M, N]) -> f32[M, N]:\n    for m in tiles(M, 16):\n"
+               "        out[m, :] = load(a[m, 0:2])\n", (8, 4, "f32"))
+    assert e.headline == ("<string>:3:31: HBM tensors are sliced by tiles: index 'a' with a tiles() loop "
+                          "variable, ':' or a scalar index")
+    e = _raise("kernel f(a: f32[M, N]) -> f32[M, N]:\n    for m in tiles(M, 16):\n"
+               "        out[m, :] += load(a[m, :])\n", (8, 4, "f32"))
+    assert e.headline == ("<string>:3:9: out[...] += ...: HBM tensors are stored, not updated; load, compute "
+                          "and store")
+    e = _raise(head + "        for c in tiles(N, 2):\n            u = t[:, c.start:c.end]\n        out[m, :] = t\n",
+               (8, 4, "f32"))
+    assert isinstance(e, DslTypeError)
+    assert e.headline == ("<string>:5:22: a window bound must be a number known when the kernel is compiled "
+                          "(sizes, constants, or attributes of an enclosing loop that bounds this one)")

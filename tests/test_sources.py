@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tilecc.sources import SUBPACKAGES, compiler_source_hash, foreign_packages, package_dirs
+from tilecc.sources import SUBPACKAGES, foreign_packages, package_dirs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,14 +40,17 @@ def test_a_mixed_checkout_is_seen_and_hashed_as_it_runs(tmp_path):
     import json
 
     other = _mixed_checkout(tmp_path)
+    # this checkout's hash from a fresh process too (this one's is of the sources it imported)
+    ours = json.loads(subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True,
+                                     check=True).stdout)[1]
     run = subprocess.run([sys.executable, "-c", PROBE], cwd=other, capture_output=True, text=True, check=True)
     foreign, same = json.loads(run.stdout)
     assert foreign == sorted(n for n in SUBPACKAGES if n != "tilecc")  # passes/, frontend/, ... from here
-    assert same == compiler_source_hash()  # identical sources, identical hash
+    assert same == ours  # identical sources, identical hash
     with open(other / "tilecc" / "errors.py", "a") as f:
         f.write("# edited in the other checkout\n")
     run = subprocess.run([sys.executable, "-c", PROBE], cwd=other, capture_output=True, text=True, check=True)
-    assert json.loads(run.stdout)[1] != compiler_source_hash()  # the cache key follows the code that runs
+    assert json.loads(run.stdout)[1] != ours  # the cache key follows the code that runs
 
 
 def test_the_suite_refuses_another_checkouts_compiler(tmp_path):

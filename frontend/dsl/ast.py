@@ -59,6 +59,14 @@ class FullSlice(Expr):
 
 
 @dataclass
+class RangeSlice(Expr):
+    """``lo:hi`` in a subscript (a column window of an on-chip tile)."""
+
+    lo: Expr
+    hi: Expr
+
+
+@dataclass
 class Subscript(Expr):
     name: str
     indices: list[Expr]
@@ -118,6 +126,16 @@ class AugAssign(Stmt):
 class Store(Stmt):
     target: str
     indices: list[Expr]
+    value: Expr
+
+
+@dataclass
+class AugStore(Stmt):
+    """``x[:, a:b] += value``: an augmented assignment to a window of an on-chip tile."""
+
+    target: str
+    indices: list[Expr]
+    op: str
     value: Expr
 
 

@@ -448,6 +448,8 @@ class KernelLowering:
             self.aug_assign(s)
         elif isinstance(s, A.Store):
             self.store(s)
+        elif isinstance(s, A.AugStore):
+            self.aug_store(s)
         else:  # pragma: no cover
             raise AssertionError(s)
 
@@ -525,6 +527,10 @@ class KernelLowering:
                 self.scopes[-1][s.target] = self.scalar_op(BIN[s.op], cur, rhs, s.pos)
                 return
             raise self.err(DslTypeError, s.pos, f"'{s.target}' is not a tile")
+        self._aug(s, cur)
+
+    def _aug(self, s: A.AugAssign | A.AugStore, cur: Value) -> None:
+        """``cur op= value`` (cur a tile, or a window of one)."""
         if cur.pending_fill is not None:
             (block, after, loc, in_loop), cur.pending_fill = cur.pending_fill, None
             if s.op == "+" and all(isinstance(lv.index, int) for lv in self.loops[len(cur.zero_loops):]):
@@ -572,15 +578,45 @@ class KernelLowering:
         if dest.space != tile.ACC or dest.dtype != "f32":
             raise self.err(DslMatmulError, pos, f"matmul accumulates into an f32 tile in acc, not into "
                            f"{dest.dtype} in {dest.space} (line {dest.pos.line}); declare it zeros(f32[..], acc)")
-        if p.shape[0] > dest.shape[0] or p.shape[1] > dest.shape[1]:
-            raise self.err(DslShapeError, pos, f"shape mismatch: the product [{p.shape[0]} x {p.shape[1]}] does "
+        if p.m > dest.shape[0] or p.n > dest.shape[1]:
+            raise self.err(DslShapeError, pos, f"shape mismatch: the product [{p.m} x {p.n}] does "
                            f"not fit the accumulator f32[{dest.shape[0]} x {dest.shape[1]}] (line {dest.pos.line})")
+
+    def tile_window(self, name: str, indices: list[A.Expr], pos: A.Pos, write: bool = False) -> Value:
+        """``x[:, a:b]``: columns [a, b) of the on-chip tile x (a, b known when the kernel
+        is compiled), a view of x's buffer."""
+        v = self.lookup(name, pos)
+        if not isinstance(v, Value):
+            raise self.err(DslTypeError, pos, f"'{name}' cannot be indexed (only HBM tensors and on-chip tiles can)")
+        if len(indices) != 2 or not isinstance(indices[0], A.FullSlice):
+            raise self.err(DslShapeError, pos, f"an on-chip tile is windowed by columns: {name}[:, a:b] "
+                           f"(the rows stay whole)")
+        ix = indices[1]
+        if isinstance(ix, A.FullSlice):
+            return v
+        if not isinstance(ix, A.RangeSlice):
+            raise self.err(DslShapeError, ix.pos, f"a window of {name} is a column range a:b, not a single column")
+        lo = self.static_int(ix.lo, "a window bound")
+        hi = self.static_int(ix.hi, "a window bound")
+        limit = v.shape[1]
+        if not 0 <= lo < hi <= limit:
+            raise self.err(DslShapeError, ix.pos, f"window {lo}:{hi} is outside the columns 0:{limit} of "
+                           f"{name} {v.describe()} (line {v.pos.line})")
+        return self.window(v, lo, hi - lo, hi - lo)
+
+    def aug_store(self, s: A.AugStore) -> None:
+        if s.target in self.tensors:
+            raise self.err(DslTypeError, s.pos, f"{s.target}[...] {s.op}= ...: HBM tensors are stored, not updated; "
+                           f"load, compute and store")
+        self._aug(s, self.tile_window(s.target, s.indices, s.pos))
 
     def store(self, s: A.Store) -> None:
         if s.target not in self.tensors:
             if self._is_defined(s.target):
-                raise self.err(DslNameError, s.pos, f"'{s.target}' is not an HBM tensor; slices of on-chip tiles "
-                               "cannot be assigned")
+                dest = self.tile_window(s.target, s.indices, s.pos, write=True)
+                v = self.ev(s.value, dest=dest)
+                self.write_into(s, dest, v)
+                return
             raise self.err(DslNameError, s.pos, f"undefined name '{s.target}' (store targets are the kernel's "
                            "tensors)")
         tensor, p = self.tensors[s.target]
@@ -647,8 +683,9 @@ class KernelLowering:
             lo = self.static_int(it.args[0], "a loop start")
             it = A.Call(it.pos, it.fn, it.args[1:], it.kwargs)
         for kw in it.kwargs:
-            if kw not in ("buffers", "unroll"):
-                raise self.err(DslNameError, it.pos, f"unknown argument '{kw}' of {it.fn}() (allowed: buffers, unroll)")
+            if kw not in ("buffers", "unroll", "reverse"):
+                raise self.err(DslNameError, it.pos, f"unknown argument '{kw}' of {it.fn}() (allowed: buffers, "
+                               f"unroll, reverse)")
         extent = self.static_int(it.args[0], "a loop extent") - lo
         size = 1 if is_range else self.static_int(it.args[1], "a tile size")
         bufs = self.static_int(it.kwargs["buffers"], "a buffer count") if "buffers" in it.kwargs else 1
@@ -670,10 +707,14 @@ class KernelLowering:
             self.loc = self._loc(s.pos)
 
         unroll = "unroll" in it.kwargs and bool(self.static_int(it.kwargs["unroll"], "unroll"))
-        if id(s) in self.unrolled or unroll:
+        reverse = "reverse" in it.kwargs and bool(self.static_int(it.kwargs["reverse"], "reverse"))
+        if id(s) in self.unrolled or unroll or reverse:
+            # unrolled; `reverse` runs the tiles last to first (the heaviest first in a
+            # causal triangle, as FlashAttention-2 orders its query blocks)
             self.unroll_depth += 1
-            for i in range(full + (rem > 0)):
-                body(i * size, min(size, extent - i * size), i, i % bufs)
+            order = range(full + (rem > 0))
+            for n, i in enumerate(reversed(order) if reverse else order):
+                body(i * size, min(size, extent - i * size), i, n % bufs)
             self.unroll_depth -= 1
             return
         trip, left = divmod(full, bufs)
@@ -747,8 +788,7 @@ class KernelLowering:
         if isinstance(e, A.Subscript):
             if e.name in self.tensors:
                 raise self.err(DslTypeError, e.pos, f"{e.name}[...] is an HBM slice; read it with load({e.name}[...])")
-            self.lookup(e.name, e.pos)
-            raise self.err(DslTypeError, e.pos, f"'{e.name}' cannot be indexed (only HBM tensors can)")
+            return self.tile_window(e.name, e.indices, e.pos)
         if isinstance(e, A.TypeExpr):
             raise self.err(DslTypeError, e.pos, "a tile type is only an argument of zeros() or full()")
         if isinstance(e, A.FullSlice):
@@ -964,6 +1004,9 @@ class KernelLowering:
                 sizes.append(n)
                 tiles.append(n)
                 continue
+            if isinstance(ix, A.RangeSlice):
+                raise self.err(DslShapeError, ix.pos, f"HBM tensors are sliced by tiles: index '{name}' with a "
+                               f"tiles() loop variable, ':' or a scalar index")
             v = self.ev(ix)
             if isinstance(v, TileVar):
                 if v.extent > n:
@@ -1437,7 +1480,7 @@ def _names_in(e: A.Node) -> set[str]:
 def _reads(s: A.Stmt) -> set[str]:
     """The names statement `s` reads (an augmented assignment reads its target)."""
     names = _names_in(s)
-    if isinstance(s, A.AugAssign):
+    if isinstance(s, (A.AugAssign, A.AugStore)):
         names.add(s.target)
     return names
 

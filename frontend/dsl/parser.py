@@ -167,6 +167,8 @@ class _Build:
             return A.Assign(p, str(c[0]), self.expr(c[1]))
         if t.data == "aug_assign":
             return A.AugAssign(p, str(c[0]), str(c[1])[0], self.expr(c[2]))
+        if t.data == "aug_store":
+            return A.AugStore(p, str(c[0]), [self.expr(i) for i in c[1:-2]], str(c[-2])[0], self.expr(c[-1]))
         if t.data == "store":
             return A.Store(p, str(c[0]), [self.expr(i) for i in c[1:-1]], self.expr(c[-1]))
         if t.data == "pass_stmt":
@@ -188,6 +190,8 @@ class _Build:
             return A.Attr(p, self.expr(c[0]), str(c[1]))
         if d == "full_slice":
             return A.FullSlice(p)
+        if d == "range_slice":
+            return A.RangeSlice(p, self.expr(c[0]), self.expr(c[1]))
         if d == "subscript":
             return A.Subscript(p, str(c[0]), [self.expr(i) for i in c[1:]])
         if d == "type_expr":
