@@ -412,3 +412,20 @@ kernel rev(x: f32[R, C]) -> f32[R, C]:
 
     assert "scf.for" not in rev.ir("tile")
     assert first_rows(rev) == 32 and first_rows(fwd) != 32
+
+
+def test_floor_division_of_compile_time_numbers():
+    src = """\
+kernel blocks(x: f32[R, C]) -> f32[R, C]:
+    NB = (C + 7) // 8
+    for r in tiles(R, 16):
+        t = empty(f32[r.size, NB * 8])
+        t[:, 0:C] = load(x[r, :]) * NB
+        out[r, :] = t[:, 0:C]
+"""
+    k = tilecc.kernel(src)
+    x = np.random.default_rng(7).standard_normal((5, 20)).astype(np.float32)
+    np.testing.assert_allclose(k(x), 3 * x)
+    bad = src.replace("load(x[r, :]) * NB", "load(x[r, :]) // 2.0")
+    with pytest.raises(TileccError, match="'//' divides numbers known when the kernel is compiled"):
+        tilecc.kernel(bad)(x)

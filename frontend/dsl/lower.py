@@ -68,7 +68,7 @@ DTYPES: dict[str, Attribute] = {
 ITEM = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4}
 FLOATS = ("f32", "bf16", "f16")
 UNARY = set(tile.UNARY_FNS) - {"copy"}
-BIN = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow", "==": "eq", "!=": "ne",
+BIN = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "**": "pow", "==": "eq", "!=": "ne",
        "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 COMMUTATIVE = {"add", "mul", "max", "min", "eq", "ne"}
 FLIP = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
@@ -836,7 +836,8 @@ class KernelLowering:
     def scalar_op(self, fn: str, a: object, b: object, pos: A.Pos) -> object:
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
             r = {"add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b,
-                 "div": lambda: a / b if b != 0 else math.inf, "pow": lambda: a ** b}.get(fn)
+                 "div": lambda: a / b if b != 0 else math.inf, "pow": lambda: a ** b,
+                 "floordiv": lambda: a // b if b != 0 else math.inf}.get(fn)
             if r is None:
                 raise self.err(DslTypeError, pos, "comparisons of numbers are not supported")
             out = r()
@@ -859,6 +860,9 @@ class KernelLowering:
         for v in (a, b):
             if isinstance(v, TileVar):
                 raise self.err(DslTypeError, pos, f"'{v.name}' is a loop tile; use {v.name}.start, .size, .end or .index")
+        if fn == "floordiv" and not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+            raise self.err(DslTypeError, pos, "'//' divides numbers known when the kernel is compiled, not tiles "
+                           "or run-time indices")
         folded = self.fold(fn, a, b, pos)
         if folded is not None:
             return folded

@@ -37,7 +37,7 @@ _WORDS = {
     "NAME": "a name", "NUMBER": "a number", "DTYPE": "a dtype (f32, bf16, f16, i32)",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COLON": "':'", "COMMA": "','",
     "EQUAL": "'='", "AUGOP": "'+=', '-=', '*=' or '/='", "CMPOP": "a comparison", "ADDOP": "'+' or '-'",
-    "MULOP": "'*' or '/'", "MINUS": "'-'", "DOT": "'.'", "__ANON_0": "'->'", "_NL": "a new line",
+    "MULOP": "'*', '/' or '//'", "MINUS": "'-'", "DOT": "'.'", "__ANON_0": "'->'", "_NL": "a new line",
     "_INDENT": "an indented block", "_DEDENT": "the end of the block", "KERNEL": "'kernel'",
     "FOR": "'for'", "IN": "'in'", "PASS": "'pass'", "$END": "the end of the file", "POW": "'**'",
 }
