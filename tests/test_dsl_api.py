@@ -429,3 +429,27 @@ kernel blocks(x: f32[R, C]) -> f32[R, C]:
     bad = src.replace("load(x[r, :]) * NB", "load(x[r, :]) // 2.0")
     with pytest.raises(TileccError, match="'//' divides numbers known when the kernel is compiled"):
         tilecc.kernel(bad)(x)
+
+
+def test_fills_of_different_values_in_one_loop_keep_their_own_constants():
+    """Regression: small fills in a loop copy a resident constant tile; a running maximum
+    (-1e30) and a running sum (0) of the same shape shared one such tile, so the maximum
+    started from 0 (wrong for rows of negative numbers)."""
+    src = """\
+kernel two(x: f32[R, C]) -> (a: f32[R, 1], b: f32[R, 1]):
+    for r in tiles(R, 16):
+        mx = full(f32[r.size, 1], -1e30)
+        s = zeros(f32[r.size, 1])
+        s = s + 1.0
+        for c in tiles(C, 16, unroll=True):
+            mx = max(mx, max(load(x[r, c])))
+            s = s + sum(load(x[r, c]))
+        a[r, :] = mx
+        b[r, :] = s
+"""
+    k = tilecc.kernel(src)
+    k.sanitize = True
+    x = np.random.default_rng(8).standard_normal((20, 40)).astype(np.float32) - 10
+    a, b = k(x)
+    np.testing.assert_allclose(a, x.max(-1, keepdims=True))
+    np.testing.assert_allclose(b, 1 + x.sum(-1, keepdims=True), rtol=1e-5)

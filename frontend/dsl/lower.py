@@ -418,22 +418,18 @@ class KernelLowering:
         body, i = self.stmt_stack[-1]
         cur = body[i]
         reads = _reads(cur)
-        for scope in reversed(self.scopes):
-            for name, v in scope.items():
-                if not (isinstance(v, Value) and v.space == tile.ACC and v.dtype == "f32" and v.shape == shape):
-                    continue
-                if v.zero or name in reads or self.lookup_quiet(name) is not v:
-                    continue
-                # this statement overwrites it (after its operands, scratch included), or
-                # nothing reads it again before it is overwritten
-                if isinstance(cur, A.Assign) and cur.target == name or _dead_after(name, self.stmt_stack):
-                    return v
-        return None
-
-    def lookup_quiet(self, name: str) -> object:
-        for scope in reversed(self.scopes):
-            if name in scope:
-                return scope[name]
+        visible: dict[str, object] = {}
+        for scope in self.scopes:  # inner bindings shadow outer ones
+            visible.update(scope)
+        for name, v in visible.items():
+            if not (isinstance(v, Value) and v.space == tile.ACC and v.dtype == "f32" and v.shape == shape):
+                continue
+            if v.zero or name in reads:
+                continue
+            # this statement overwrites it (after its operands, scratch included), or
+            # nothing reads it again before it is overwritten
+            if isinstance(cur, A.Assign) and cur.target == name or _dead_after(name, self.stmt_stack):
+                return v
         return None
 
     def stmt(self, s: A.Stmt) -> None:
@@ -542,10 +538,12 @@ class KernelLowering:
                 return
             fill = self._fill_op(cur, 0.0, in_loop)  # a loop runs the += more than once: fill where zeros was
             fill.attributes["tilecc.loc"] = StringAttr(loc)
-            if after is None:
-                block.insert_op_before(fill, block.first_op) if block.first_op else block.add_op(fill)
-            else:
+            if after is not None:
                 block.insert_op_after(fill, after)
+            elif block.first_op is not None:
+                block.insert_op_before(fill, block.first_op)
+            else:
+                block.add_op(fill)
         if s.op == "+" and isinstance(s.value, A.Call) and s.value.fn in ("matmul", "matmul_t"):
             p = self.ev(s.value)
             assert isinstance(p, Product)
@@ -1230,13 +1228,7 @@ class KernelLowering:
             # a small tile filled in a loop (running maxima, sums): a vector copy from a
             # resident constant tile (one DMA in the prologue) keeps the DMA's fixed
             # latency off the loop's critical path
-            saved, self.slot = self.slot, ()
-            cbuf = self.buffer(self.k, v.shape, v.dtype, tile.SRAM, "const_fill")
-            self.slot = saved
-            key = ("fill", value, v.shape, v.dtype)
-            if key not in self._idx_loaded:
-                self._entry(tile.LoadOp(src, [self.idx(0)], cbuf, self.idx(v.shape[0]), self.idx(v.shape[1]), -1, 0))
-                self._idx_loaded.add(key)
+            cbuf = self.resident(("fill", value, v.shape, v.dtype), src, [0], v.shape, v.dtype, "const_fill", (-1, 0))
             return tile.UnaryOp("copy", cbuf, v.buf, self.idx(v.rows), self.idx(v.cols))
         return tile.LoadOp(src, [self.idx(0)], v.buf, self.idx(v.rows), self.idx(v.cols), -1, 0)
 
@@ -1358,14 +1350,20 @@ class KernelLowering:
 
     def identity(self, n: int, dtype: str) -> SSAValue:
         eye = self.const_tensor(np.eye(n, dtype=np.float32), dtype)
+        return self.resident(("identity", n, dtype), eye, [0, 0], (n, n), dtype, "identity", (0, 1))
+
+    def resident(self, key: tuple, src: SSAValue, index: list[int], shape: tuple[int, int], dtype: str,
+                 name: str, steps: tuple[int, int]) -> SSAValue:
+        """An SRAM buffer of its own per `key`, loaded from the HBM constant `src` once, in
+        the prologue, and shared by every copy of the body (identities, fill values)."""
         saved, self.slot = self.slot, ()
-        ibuf = self.buffer(self.k, (n, n), dtype, tile.SRAM, "identity")
+        buf = self.buffer(self.cse_node(("resident",) + key, self.k.pos), shape, dtype, tile.SRAM, name)
         self.slot = saved
-        key = ("identity", n, dtype)
-        if key not in self._idx_loaded:  # once, in the prologue
-            self._entry(tile.LoadOp(eye, [self.idx(0), self.idx(0)], ibuf, self.idx(n), self.idx(n), 0, 1))
+        if key not in self._idx_loaded:
+            self._entry(tile.LoadOp(src, [self.idx(i) for i in index], buf, self.idx(shape[0]), self.idx(shape[1]),
+                                    *steps))
             self._idx_loaded.add(key)
-        return ibuf
+        return buf
 
     def transpose(self, v: object, node: A.Node, dest: Value | None) -> Value:
         """x^T on the matrix engine (``x^T @ I`` into the accumulator, then a copy back to
