@@ -62,13 +62,12 @@ def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: Hardwar
     t0 = time.perf_counter()
     unscheduled = build_module(kernel, shapes, cfg, target, schedule=False)
     unscheduled.verify()
-    kfunc = next(op for op in unscheduled.body.block.ops if op.sym_name.data == kernel.name)
-    slacks = SCHEDULE_SLACKS if largest_block(kfunc) >= SEARCH_MIN_OPS else SCHEDULE_SLACKS[:1]
+    slacks = SCHEDULE_SLACKS if largest_block(_kernel_func(unscheduled, kernel.name)) >= SEARCH_MIN_OPS \
+        else SCHEDULE_SLACKS[:1]
     best: tuple[float, Compiled] | None = None
     for slack in slacks:
         module = unscheduled.clone() if len(slacks) > 1 else unscheduled
-        kf = next(op for op in module.body.block.ops if op.sym_name.data == kernel.name)
-        schedule_kernel(kf, cfg, slack * cfg.dma.latency_cycles)
+        schedule_kernel(_kernel_func(module, kernel.name), cfg, slack * cfg.dma.latency_cycles)
         compiled = _finish(kernel, module, cfg, keep_ir)
         cycles = 0.0
         if len(slacks) > 1:
@@ -78,6 +77,10 @@ def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: Hardwar
     assert best is not None
     best[1].seconds = time.perf_counter() - t0
     return best[1]
+
+
+def _kernel_func(module: ModuleOp, name: str):
+    return next(op for op in module.body.block.ops if op.sym_name.data == name)
 
 
 def _finish(kernel: A.Kernel, module: ModuleOp, cfg: HardwareConfig, keep_ir: bool) -> Compiled:
