@@ -292,12 +292,15 @@ class _Chain(nn.Module):
 
 @settings(max_examples=6, deadline=None)
 @given(names=st.lists(st.sampled_from(sorted(_OPS)), min_size=1, max_size=5),
-       rows=st.integers(1, 20), cols=st.integers(1, 40), cost_aware=st.booleans())
-def test_random_op_chains_match_eager_and_report_every_fallback(names, rows, cols, cost_aware):
+       rows=st.integers(1, 20), cols=st.integers(1, 40), cost_aware=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_op_chains_match_eager_and_report_every_fallback(names, rows, cols, cost_aware, seed):
     torch._dynamo.reset()
-    model, x = _Chain(names), torch.randn(rows, cols)
+    # the input comes from a drawn seed, so a failing example replays exactly
+    model, x = _Chain(names), torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
     e = tilecc.explain(model, x, cost_aware=cost_aware)
-    torch.testing.assert_close(e.outputs, model(x), rtol=1e-5, atol=1e-5)
+    # exp(exp(2x)) overflows to inf for x > 2.2 and cos(inf) is NaN, in eager and on the
+    # NPU alike: NaNs must sit at the same places
+    torch.testing.assert_close(e.outputs, model(x), rtol=1e-5, atol=1e-5, equal_nan=True)
     (plan,) = e.plans
     unsupported = sum(not _OPS[n][1] for n in names)
     assert sum("no NPU lowering" in f.reason for f in plan.fallbacks) == unsupported
