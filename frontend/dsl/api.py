@@ -26,6 +26,7 @@ from tilecc.codegen.expand import expand_module
 from tilecc.errors import InputMismatchError, TileccError
 from tilecc.frontend.dsl import ast as A
 from tilecc.frontend.dsl.lower import build_module
+from tilecc.frontend.dsl.schedule import BOTTLENECK_WEIGHT
 from tilecc.frontend.dsl.parser import parse
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.registry import default_pipeline
@@ -47,11 +48,21 @@ class Compiled:
     seconds: float
 
 
-# list-scheduling variants tried on kernels with a long straight-line block (unrolled
-# loops), in units of the target's DMA latency (the `slack` of schedule_kernel); each is
-# compiled and simulated (timing only) and the fastest is kept
-SCHEDULE_SLACKS = (0.0, 2.5, 8.0)
-SEARCH_MIN_OPS = 300  # ops in the largest block from which the variants are tried
+# list-scheduling variants: (slack in units of the target's DMA latency, weight of the
+# busiest engine; see schedule_kernel), and None for the order as written. Each is
+# compiled and simulated (timing only) and the fastest is kept. Kernels with a long
+# straight-line block (unrolled loops) try every slack; slack hardly matters in short
+# blocks (loop bodies, where the estimate sees one iteration and not the next one's
+# prefetches), which try weights instead.
+SCHEDULE_SLACKS = (0.0, 0.25, 1.0)
+SCHEDULE_VARIANTS_SHORT = ((0.0, BOTTLENECK_WEIGHT), (0.0, 1.0), (0.0, 0.0), None)
+SEARCH_MIN_OPS = 300  # ops in the largest block from which every slack is tried
+
+
+def schedule_variants(largest: int) -> list[tuple[float, float] | None]:
+    if largest < SEARCH_MIN_OPS:
+        return list(SCHEDULE_VARIANTS_SHORT)
+    return [(s, BOTTLENECK_WEIGHT) for s in SCHEDULE_SLACKS] + [(0.0, 1.0), None]
 
 
 def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: HardwareConfig,
@@ -62,16 +73,15 @@ def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: Hardwar
     t0 = time.perf_counter()
     unscheduled = build_module(kernel, shapes, cfg, target, schedule=False)
     unscheduled.verify()
-    slacks = SCHEDULE_SLACKS if largest_block(_kernel_func(unscheduled, kernel.name)) >= SEARCH_MIN_OPS \
-        else SCHEDULE_SLACKS[:1]
+    variants = schedule_variants(largest_block(_kernel_func(unscheduled, kernel.name)))
     best: tuple[float, Compiled] | None = None
-    for slack in slacks:
-        module = unscheduled.clone() if len(slacks) > 1 else unscheduled
-        schedule_kernel(_kernel_func(module, kernel.name), cfg, slack * cfg.dma.latency_cycles)
+    for variant in variants:
+        module = unscheduled.clone()
+        if variant is not None:
+            slack, weight = variant
+            schedule_kernel(_kernel_func(module, kernel.name), cfg, slack * cfg.dma.latency_cycles, weight)
         compiled = _finish(kernel, module, cfg, keep_ir)
-        cycles = 0.0
-        if len(slacks) > 1:
-            cycles = simulate(compiled.program.stream, cfg, None, functional=False, record=False).cycles
+        cycles = simulate(compiled.program.stream, cfg, None, functional=False, record=False).cycles
         if best is None or cycles < best[0]:
             best = (cycles, compiled)
     assert best is not None

@@ -72,6 +72,8 @@ BIN = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "**": "
        "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 COMMUTATIVE = {"add", "mul", "max", "min", "eq", "ne"}
 FLIP = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
+RESIDENT_CONST_FRACTION = 32  # constant tiles up to 1/32 of an SRAM partition per row: loaded once, kept
+INTERLEAVE_MAX = 4  # a transposed slice of up to this many array heights is loaded by one DMA (interleaved)
 SMALL_FILL_COLS = 64  # tiles filled in a loop up to this many columns: a vector copy, not a DMA
 
 
@@ -191,6 +193,7 @@ class KernelLowering:
         self.entry = self.func.body.block  # the prologue: hoisted buffers and constants
         self.block = self.top = Block()  # the body, appended to the prologue at the end
         self._idx_loaded: set = set()
+        self._evac: tuple[str, float] | None = None  # the scale of a transpose's copy back
         self.cse = True  # loads at static indices of read-only tensors are shared
         self._cse: dict[tuple, Value] = {}
         self._cse_nodes: dict[tuple, A.Node] = {}
@@ -411,26 +414,41 @@ class KernelLowering:
                 self.stmt_stack.pop()
 
     def dead_acc_tile(self, shape: tuple[int, int]) -> Value | None:
-        """An f32 accumulator tile of static `shape`, bound to a name in scope, whose value
-        is dead here: the current statement does not read it and no later statement does
-        before overwriting it (`_dead_after`). Transposes use it as their scratch, so a
-        kernel's score tile doubles as the scratch of P's transposes (and of K's)."""
+        """An f32 accumulator tile of at least static `shape` (its leading window when
+        larger), bound to a name in scope, whose value is dead here: the current statement
+        does not read it and no later statement does before overwriting it
+        (`_dead_after`). Transposes use it as their scratch, so a kernel's score tile
+        doubles as the scratch of P's transposes (and of K's). Preferred: a tile the
+        statement does not itself assign (using that one would make the transposes wait
+        for its last reader), then one of exactly `shape`."""
         body, i = self.stmt_stack[-1]
         cur = body[i]
         reads = _reads(cur)
         visible: dict[str, object] = {}
         for scope in self.scopes:  # inner bindings shadow outer ones
             visible.update(scope)
+        best: tuple[tuple[bool, bool], Value] | None = None
         for name, v in visible.items():
-            if not (isinstance(v, Value) and v.space == tile.ACC and v.dtype == "f32" and v.shape == shape):
+            if not (isinstance(v, Value) and v.space == tile.ACC and v.dtype == "f32"
+                    and v.shape[0] >= shape[0] and v.shape[1] >= shape[1]):
                 continue
             if v.zero or name in reads:
                 continue
+            target = isinstance(cur, A.Assign) and cur.target == name
             # this statement overwrites it (after its operands, scratch included), or
             # nothing reads it again before it is overwritten
-            if isinstance(cur, A.Assign) and cur.target == name or _dead_after(name, self.stmt_stack):
-                return v
-        return None
+            if not (target or _dead_after(name, self.stmt_stack)):
+                continue
+            rank = (target, v.shape != shape)
+            if best is None or rank < best[0]:
+                best = (rank, v)
+        if best is None:
+            return None
+        v = best[1]
+        if v.shape == shape:
+            return v
+        sub = self.add(tile.SubviewOp(v.buf, self.idx(0), self.idx(0), list(shape))).results[0]
+        return Value(sub, v.dtype, v.space, shape, shape[0], shape[1], v.pos)
 
     def stmt(self, s: A.Stmt) -> None:
         self.name_hint = getattr(s, "target", "t")
@@ -765,6 +783,9 @@ class KernelLowering:
                 return -v
             return self.binop("mul", v, -1.0, e.pos, e, dest=dest, hint=hint)
         if isinstance(e, A.BinOp):
+            fused = self.scaled_transpose(e, dest)
+            if fused is not None:
+                return fused
             a, b = self.ev(e.lhs), self.ev(e.rhs)
             return self.binop(BIN[e.op], a, b, e.pos, e, dest=dest, hint=hint)
         if isinstance(e, A.Cast):
@@ -964,6 +985,12 @@ class KernelLowering:
             data = np.broadcast_to(data, (rows, data.shape[1]))
         data = np.ascontiguousarray(data, dtype=np.float32)
         src = self.const_tensor(data, "f32")
+        if data.shape[1] * 4 <= self.cfg.sram.bytes_per_partition // RESIDENT_CONST_FRACTION:
+            # small: one buffer per distinct constant, loaded once in the prologue (a causal
+            # mask's diagonal tile is the same in every query tile: no DMA per use)
+            buf = self.resident(("const", data.shape, data.tobytes()), src, [0, 0], data.shape, "f32", "const",
+                                (0, 1))
+            return Value(buf, "f32", tile.SRAM, data.shape, data.shape[0], data.shape[1], c.pos)
         buf = self.buffer(node, data.shape, "f32", tile.SRAM, "const")
         self.add(tile.LoadOp(src, [self.idx(0), self.idx(0)], buf, self.idx(data.shape[0]),
                              self.idx(data.shape[1]), 0, 1))
@@ -1365,12 +1392,75 @@ class KernelLowering:
             self._idx_loaded.add(key)
         return buf
 
+    def scaled_transpose(self, e: A.BinOp, dest: Value | None) -> Value | None:
+        """``transpose(x) * c`` (or ``/ c``, c a number): the copy that brings the
+        transpose back from the accumulator scales it on the way (one vector op, not two).
+        A shared transpose (a static slice in an unrolled loop) is shared with its scale."""
+        fn = BIN.get(e.op)
+        if fn not in ("mul", "div"):
+            return None
+        def is_t(x: A.Expr) -> bool:
+            return isinstance(x, A.Call) and x.fn == "transpose" and len(x.args) == 1 and not x.kwargs
+        if is_t(e.lhs):
+            t, other = e.lhs, e.rhs
+        elif fn == "mul" and is_t(e.rhs):
+            t, other = e.rhs, e.lhs
+        else:
+            return None
+        if not self._numeric(other):
+            return None
+        c = self.ev(other)
+        if not isinstance(c, (int, float)) or isinstance(c, bool):
+            return None
+        v = self.ev(t.args[0])
+        if dest is not None:
+            return self.binop(fn, self.transpose(v, t, None), c, e.pos, e, dest=dest)
+        self._evac = (fn, float(c))
+        try:
+            return self.transpose(v, t, None)
+        finally:
+            self._evac = None
+
+    def _numeric(self, x: A.Expr) -> bool:
+        """x evaluates to a compile-time number without emitting anything."""
+        if isinstance(x, A.Number):
+            return True
+        if isinstance(x, A.Name):
+            try:
+                return isinstance(self.lookup(x.id, x.pos), (int, float))
+            except DslError:
+                return False
+        if isinstance(x, A.Neg):
+            return self._numeric(x.value)
+        if isinstance(x, A.BinOp):
+            return self._numeric(x.lhs) and self._numeric(x.rhs)
+        if isinstance(x, A.Call):
+            return x.fn in ("sqrt", "rsqrt", "exp") and not x.kwargs and all(self._numeric(a) for a in x.args)
+        return False
+
+    def cse_prefix(self, key: tuple, v: Lazy) -> Value | None:
+        """The transpose of a slice that starts where an already transposed, longer slice
+        of the same tensor starts: the leading columns of that one (a causal key block
+        cut at the diagonal reuses the whole block's K^T)."""
+        rows, cols = key[4]
+        for k, val in self._cse.items():
+            if (len(k) == len(key) and k[:4] == key[:4] and k[6:] == key[6:] and k[4][1] == cols
+                    and k[4][0] > rows and val.cols == k[4][0]):
+                return Value(val.buf, val.dtype, val.space, val.shape, val.rows, rows, v.pos)
+        return None
+
     def transpose(self, v: object, node: A.Node, dest: Value | None) -> Value:
         """x^T on the matrix engine (``x^T @ I`` into the accumulator, then a copy back to
         SRAM in x's dtype); a lazily loaded slice taller than the array is loaded and
         transposed in blocks of the array's size, side by side."""
         n0 = min(self.cfg.matrix.rows, self.cfg.matrix.cols, self.cfg.sram.partitions)
         key = self.cse_key(v, "T", None) if isinstance(v, Lazy) and dest is None else None
+        if key is not None and self._evac is not None:
+            key += (self._evac,)
+        if key is not None and key not in self._cse:
+            prefix = self.cse_prefix(key, v)
+            if prefix is not None:
+                return prefix
         if key is not None:
             if key not in self._cse:
                 saved, self.slot = self.slot, ()
@@ -1382,6 +1472,9 @@ class KernelLowering:
                     self.cse, self.slot = was, saved
             return self._cse[key]
         if isinstance(v, Lazy) and not v.is_row and v.shape[0] > n0:
+            fast = self.interleaved_transpose(v, node, n0)
+            if fast is not None:
+                return fast
             blocks = [self.materialise(self.sub_lazy(v, r0, min(n0, v.shape[0] - r0), min(n0, v.actual[0] - r0), i),
                                        node)
                       for i, r0 in enumerate(range(0, v.shape[0], n0)) if r0 < v.actual[0]]
@@ -1390,6 +1483,60 @@ class KernelLowering:
         if x.space == tile.ACC:
             x = self.cast(x, "bf16", node)
         return self.transpose_blocks([x], node, dest=dest)[0]
+
+    def interleaved_transpose(self, v: Lazy, node: A.Node, n0: int) -> Value | None:
+        """The transpose of a tall slice of whole rows ([c*g*n0 x D]) with one DMA per g*n0
+        rows: partition p receives rows g*p .. g*p + g-1 (g*D contiguous elements: long
+        DMA chunks, one transfer instead of g), and the transposing matmuls undo the
+        interleave: fold f of x^T is sum_i L[f*n0/g .., i*D ..]^T @ E_i, with E_i the
+        [n0/g x n0] selection E_i[q, c] = (c == g*q + i), so g matmuls of n0/g contraction
+        rows per fold instead of one of n0 (the matrix engine's extra work buys the DMAs).
+        g is the smallest that makes a chunk at least the DMA's efficient size."""
+        if len(v.kept) != 2 or v.cast_to is not None or not all(isinstance(i, int) for i in v.indices):
+            return None
+        if v.param not in self.tensors or v.dtype not in FLOATS:
+            return None
+        dims = self.dims(self.tensors[v.param][1])
+        rd, cd = v.kept
+        R, D = v.shape
+        if (rd, cd) != (len(dims) - 2, len(dims) - 1) or v.sizes != [R, D] or D != dims[cd] or D > n0 or R % n0:
+            return None
+        row_bytes = D * ITEM[v.dtype]
+        g = min(R // n0, INTERLEAVE_MAX, -(-self.cfg.dma.efficient_chunk_bytes // row_bytes))
+        if g < 2 or n0 % g or (R // n0) % g:
+            return None
+        dtype, kq, chunks = v.dtype, n0 // g, R // (g * n0)
+        raws = []  # a buffer per DMA: the transfers do not wait for each other
+        for ch in range(chunks):
+            idx = list(v.indices)
+            idx[rd] += ch * g * n0
+            raws.append(self.buffer(self.cse_node(("interleaved", id(node), ch), node.pos), (n0, g * D), dtype,
+                                    tile.SRAM, v.param))
+            self.add(tile.LoadOp(v.tensor, [self.idx(i) for i in idx], raws[-1], self.idx(n0), self.idx(g * D),
+                                 rd, cd, row_step=g))
+        sel = np.zeros((kq, g * n0), dtype=np.float32)
+        for i in range(g):
+            sel[np.arange(kq), i * n0 + g * np.arange(kq) + i] = 1.0
+        sbuf = self.resident(("select", g, n0, dtype), self.const_tensor(sel, dtype), [0, 0], sel.shape, dtype,
+                             "select", (0, 1))
+        scratch = node
+        if not self.cse and node in self._cse_nodes.values():  # a shared tile: shared scratch
+            scratch = self.cse_node(("scratch", self._scratch_turn), node.pos)
+        dead = self.dead_acc_tile((D, R)) if self.stmt_stack else None
+        tbuf = dead.buf if dead is not None else self.buffer(scratch, (D, R), "f32", tile.ACC, "tr")
+        for f in range(R // n0):
+            ch, fl = divmod(f, g)
+            out = self.add(tile.SubviewOp(tbuf, self.idx(0), self.idx(f * n0), [D, n0])).results[0]
+            for i in range(g):
+                lhsT = self.add(tile.SubviewOp(raws[ch], self.idx(fl * kq), self.idx(i * D), [kq, D])).results[0]
+                rhs = self.add(tile.SubviewOp(sbuf, self.idx(0), self.idx(i * n0), [kq, n0])).results[0]
+                self.add(tile.MatmulOp(lhsT, rhs, out, self.idx(D), self.idx(kq), self.idx(n0), self.flag(i > 0)))
+        res = Value(self.buffer(node, (D, R), dtype, tile.SRAM, "xT"), dtype, tile.SRAM, (D, R), D, R, node.pos)
+        if self._evac is not None:
+            self.add(tile.ScalarOp(self._evac[0], tbuf, self._evac[1], res.buf, self.idx(D), self.idx(R)))
+        else:
+            self.add(tile.UnaryOp("copy", tbuf, res.buf, self.idx(D), self.idx(R)))
+        return res
 
     def transpose_blocks(self, blocks: list[Value], node: A.Node, split: bool = False,
                          dest: Value | None = None, total: int | None = None) -> list[Value]:
@@ -1442,7 +1589,10 @@ class KernelLowering:
             if len(groups) > 1:
                 src = self.add(tile.SubviewOp(tbuf, self.idx(0), self.idx(c0), [c_static, w])).results[0]
                 dst = self.add(tile.SubviewOp(res.buf, self.idx(0), self.idx(c0), [c_static, w])).results[0]
-            self.add(tile.UnaryOp("copy", src, dst, self.idx(rows), self.idx(w)))
+            if self._evac is not None:  # transpose(x) * c: scaled on the way back
+                self.add(tile.ScalarOp(self._evac[0], src, self._evac[1], dst, self.idx(rows), self.idx(w)))
+            else:
+                self.add(tile.UnaryOp("copy", src, dst, self.idx(rows), self.idx(w)))
         if not split:
             return [res]
         return [Value(self.add(tile.SubviewOp(res.buf, self.idx(0), self.idx(o), [c_static, b.shape[0]])).results[0],

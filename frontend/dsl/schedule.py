@@ -8,8 +8,25 @@ matmul waits in the matrix queue behind copy 0's last matmul, which waits for co
 vector work. This pass list-schedules each block (the body of every ``scf.for`` and the
 kernel's top level, never across a loop): an op may move ahead of any op it shares no
 buffer (or HBM tensor) with, as `npu-insert-sync` will see it; among the ready ops the
-one that can start first on its engine goes next (ties: the longest path to the end of
-the block), with each engine's time estimated from the target's timing figures.
+one that can start first on its engine goes next (within a `slack`, the one with the
+highest priority: its longest path to the block's end, the busiest engine's ops
+weighted up).
+
+Start times are estimated with the simulator's own timing model (`simulator.machine`),
+so that a straight-line kernel's estimate is its simulated time:
+
+- each op takes its engine for its *occupancy* and has its result after its *latency*:
+  a pipelined matmul frees the array after streaming (its successor's preload
+  overlaps it) while its result drains; vector ops and DMAs take both for the same time;
+- DMAs pay the fixed cost (`dma.latency_cycles + hbm.latency_cycles` + descriptors),
+  then transfer at the short-chunk-derated bandwidth, sharing HBM equally with the
+  transfers in flight (processor sharing: a new transfer also delays those it
+  overlaps); at the top level each DMA goes on the queue the estimate put it on
+  (`tile.load`/`tile.store` ``queue``), a loop body keeps the default queues;
+- a dependence on an earlier op of the same in-order engine (matrix, vector) orders
+  the two without waiting for the result;
+- the engines' state carries from one run of ops to the next within a block (the
+  prologue's constant loads take the DMA queues first).
 
 Example (one body, two copies; M: matrix, V: vector)::
 
@@ -20,11 +37,13 @@ Example (one body, two copies; M: matrix, V: vector)::
 from __future__ import annotations
 
 from xdsl.dialects import func, scf
+from xdsl.dialects.builtin import IntegerAttr, i64
 from xdsl.ir import Block, Operation, SSAValue
 
 from tilecc.ir import tile
 from tilecc.simulator.config import HardwareConfig
 
+BOTTLENECK_WEIGHT = 3.0  # default extra weight of the busiest engine's ops in the priority
 ITEM = {"f32": 4, "bf16": 2, "f16": 2}
 
 
@@ -79,32 +98,59 @@ class _Cost:
             return table.binary.get(op.fn.data, 1)
         return 1
 
-    def cycles(self, op: Operation) -> float:
+    def dma_fixed(self, op: Operation) -> float:
+        cfg = self.cfg
+        return cfg.dma.latency_cycles + cfg.hbm.latency_cycles + _const(op.rows) * cfg.dma.per_descriptor_cycles
+
+    def timing(self, op: Operation) -> tuple[float, float]:
+        """(occupancy, latency) of `op` in cycles, the simulator's closed forms: how long
+        its engine (queue) is taken, and how long until its result is ready. A pipelined
+        matmul frees the array for the next one after streaming (its preload overlaps the
+        previous matmul), while its result drains through the array."""
         cfg = self.cfg
         if isinstance(op, (tile.LoadOp, tile.StoreOp)):
-            nbytes = _const(op.rows) * _const(op.cols) * 4
-            return cfg.dma.latency_cycles + nbytes / cfg.hbm.bytes_per_cycle
+            rows, cols = _const(op.rows), _const(op.cols)
+            onchip = op.dst if isinstance(op, tile.LoadOp) else op.src
+            isz = ITEM.get(str(getattr(onchip.type, "element_type", "f32")), 4)
+            chunk = cols * isz  # contiguous rows (the DSL's loads and stores)
+            eff = min(1.0, chunk / cfg.dma.efficient_chunk_bytes)
+            fixed = cfg.dma.latency_cycles + cfg.hbm.latency_cycles + rows * cfg.dma.per_descriptor_cycles
+            t = fixed + rows * cols * isz / (cfg.hbm.bytes_per_cycle * eff)
+            return t, t
         if isinstance(op, tile.MatmulOp):
-            return max(_const(op.m), cfg.matrix.min_interval_cycles) + cfg.matrix.rows
+            mx = cfg.matrix
+            passes = mx.fp32_slowdown if any("f32" == str(v.type.element_type) for v in (op.lhsT, op.rhs)) else 1
+            stream = max(_const(op.m), 1) * passes
+            preload = float(mx.rows) if mx.dataflow in ("ws", "is") else 0.0
+            drain = float(mx.rows + mx.cols - 2)
+            if mx.mode == "compatible":
+                return preload + stream + drain, preload + stream + drain
+            return max(stream, mx.min_interval_cycles, preload), preload + stream + drain
         if self.engine(op) == "vec":
             v = cfg.vector
             n = _const(op.rows) * _const(op.cols)
             two = isinstance(op, tile.BinaryOp) and op.rhs_mode.data == "tile"
-            return v.latency_cycles + v.access_cycles + -(-n // v.lanes) * self.op_cost(op) * (2 if two else 1)
-        return 0.0
+            t = v.latency_cycles + v.access_cycles + -(-n // v.lanes) * self.op_cost(op) * (2 if two else 1)
+            return t, t
+        return 0.0, 0.0
 
 
-def schedule_kernel(kernel: func.FuncOp, cfg: HardwareConfig, slack: float = 0.0) -> None:
+def schedule_kernel(kernel: func.FuncOp, cfg: HardwareConfig, slack: float = 0.0,
+                    weight: float = BOTTLENECK_WEIGHT) -> float:
     """List-schedule every straight-line block of `kernel`. With `slack` > 0 the op with
-    the longest path to the block's end goes first among the ready ops that can start
-    within `slack` cycles of the earliest (0: the earliest start goes first)."""
+    the highest priority goes first among the ready ops that can start within `slack`
+    cycles of the earliest (0: the earliest start goes first). The priority of an op is
+    its longest path to the block's end, the durations of the busiest engine's ops
+    counted ``1 + weight`` times. Returns the estimated
+    cycles of the kernel's top-level block (exact for a kernel without `scf.for` loops,
+    up to the simulator's sharing of HBM among more transfers than the estimate follows;
+    a loop's body counts once)."""
     cost = _Cost(cfg)
     blocks: list[Block] = [kernel.body.block]
     for op in kernel.walk():
         if isinstance(op, scf.ForOp):
             blocks.append(op.body.block)
-    for b in blocks:
-        _schedule_block(b, cost, slack)
+    return [_schedule_block(b, cost, slack, weight, b is kernel.body.block) for b in blocks][0]
 
 
 def largest_block(kernel: func.FuncOp) -> int:
@@ -113,22 +159,94 @@ def largest_block(kernel: func.FuncOp) -> int:
     return max(len(b.ops) for b in blocks)
 
 
-def _schedule_block(block: Block, cost: _Cost, slack: float) -> None:
+def _schedule_block(block: Block, cost: _Cost, slack: float, weight: float, top: bool) -> float:
     ops = list(block.ops)
-    # only the run of ops between loops (and before the terminator) moves
+    # only the run of ops between loops (and before the terminator) moves; the engines'
+    # state carries from one run to the next (a prologue's constant loads take DMA
+    # queues the body's first loads then wait for), and starts afresh after a loop
     segment: list[Operation] = []
+    # the top level's DMAs go on the queues the estimate used; a loop body's keep the
+    # defaults (loads alternate, stores on the last queue), since its estimate sees one
+    # iteration: a store placed before the next iteration's prefetch would hold it up
+    state = _Engines(cost.cfg, top)
     for op in ops:
         if isinstance(op, (scf.ForOp, scf.YieldOp, func.ReturnOp)) or isinstance(op, tile.AllocOp):
-            _reorder(block, segment, cost, op, slack)
+            _reorder(block, segment, cost, op, slack, weight, state)
             segment = []
+            if isinstance(op, scf.ForOp):  # its body's time is not followed here
+                done, state = state.finish, _Engines(cost.cfg, top)
+                state.finish = done
         else:
             segment.append(op)
-    _reorder(block, segment, cost, None, slack)
+    _reorder(block, segment, cost, None, slack, weight, state)
+    return state.finish
 
 
-def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation | None, slack: float) -> None:
-    if len(seg) < 3:
+_SHARED_WINDOW = 16  # recent transfers whose sharing of HBM the estimate follows
+
+
+def _shared_finish(jobs: list[tuple[float, float]]) -> list[float]:
+    """Finish times of transfers (arrival, work at the full rate) sharing one channel
+    equally among those in flight."""
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i][0])
+    done = [0.0] * len(jobs)
+    left = {i: jobs[i][1] for i in order}
+    active: list[int] = []
+    t, k = jobs[order[0]][0], 0
+    while k < len(order) or active:
+        if not active:
+            t = max(t, jobs[order[k]][0])
+        while k < len(order) and jobs[order[k]][0] <= t:
+            active.append(order[k])
+            k += 1
+        n = len(active)
+        step = min(left[i] for i in active) * n
+        if k < len(order):
+            step = min(step, jobs[order[k]][0] - t)
+        for i in active:
+            left[i] -= step / n
+        t += step
+        for i in [i for i in active if left[i] <= 1e-9]:
+            done[i] = t
+            active.remove(i)
+    return done
+
+
+def _transfer(state: "_Engines", op: Operation, queue: int, t0: float, work: float) -> None:
+    """Put DMA `op` on `queue`, its transfer starting at t0 (after its fixed part). The
+    transfers in flight share HBM equally (processor sharing, as in the simulator), so
+    this one also delays those it overlaps: `state.updated` lists the new finish times."""
+    if state.assign_queues:  # the queue the estimate assumed (a loop body keeps the defaults)
+        op.properties["queue"] = IntegerAttr(queue, i64)
+    state.last_on_queue[queue] = op
+    state.transfers = [tr for tr in state.transfers if state.fin[tr[0]] > t0][-_SHARED_WINDOW:]
+    state.transfers.append((op, t0, work))
+    ends = _shared_finish([(a, w) for _, a, w in state.transfers])
+    state.updated = [(tr[0], end) for tr, end in zip(state.transfers, ends)]
+    for o, end in state.updated:
+        state.fin[o] = end
+    for q, o in state.last_on_queue.items():
+        state.free["dma"][q] = state.fin[o]
+
+
+class _Engines:
+    """When each engine (each DMA queue) is next free, and the transfers in flight."""
+
+    def __init__(self, cfg: HardwareConfig, assign_queues: bool = False):
+        self.assign_queues = assign_queues
+        self.free: dict[str, list[float]] = {"dma": [0.0] * max(1, cfg.dma.queues), "pe": [0.0], "vec": [0.0]}
+        self.transfers: list[tuple[Operation, float, float]] = []  # recent DMAs: (op, transfer start, work)
+        self.fin: dict[Operation, float] = {}  # DMA finish times
+        self.last_on_queue: dict[int, Operation] = {}
+        self.updated: list[tuple[Operation, float]] = []
+        self.finish = 0.0  # the estimated end of everything scheduled so far
+
+
+def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation | None, slack: float,
+             weight: float, state: _Engines) -> None:
+    if not seg:
         return
+    keep = len(seg) < 3  # too short to reorder: only timed
     index = {op: i for i, op in enumerate(seg)}
     preds: list[set[int]] = [set() for _ in seg]
     last_write: dict[SSAValue, int] = {}
@@ -156,13 +274,25 @@ def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation 
     for i, ps in enumerate(preds):
         for p in ps:
             succs[p].append(i)
-    dur = [cost.cycles(op) for op in seg]
+    timing = [cost.timing(op) for op in seg]
+    occ = [t[0] for t in timing]
+    dur = [t[1] for t in timing]
     eng = [cost.engine(op) for op in seg]
+    fixed_of = [cost.dma_fixed(op) if e == "dma" else 0.0 for op, e in zip(seg, eng)]
+    starts_of = [0.0] * len(seg)
+    # priority: the longest path to the block's end, the busiest engine's ops counting
+    # `weight` times more (keeping the engine that bounds the block fed first)
+    load: dict[str | None, float] = {}
+    for e, o in zip(eng, occ):
+        load[e] = load.get(e, 0.0) + o
+    load["dma"] = load.get("dma", 0.0) / len(state.free["dma"])
+    load.pop(None, None)
+    busiest = max(load, key=lambda e: load[e]) if load else None
     prio = [0.0] * len(seg)
     for i in reversed(range(len(seg))):
-        prio[i] = dur[i] + max((prio[s] for s in succs[i]), default=0.0)
-    dma_queues = max(1, cost.cfg.dma.queues)
-    free: dict[str, list[float]] = {"dma": [0.0] * dma_queues, "pe": [0.0], "vec": [0.0]}
+        w = 1.0 + weight * (eng[i] == busiest)
+        prio[i] = dur[i] * w + max((prio[s] for s in succs[i]), default=0.0)
+    free = state.free
     finish = [0.0] * len(seg)
     waiting = [len(ps) for ps in preds]
     ready = [i for i in range(len(seg)) if waiting[i] == 0]
@@ -170,24 +300,42 @@ def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation 
     while ready:
         starts = {}
         for i in ready:
-            dep = max((finish[p] for p in preds[i]), default=0.0)
+            # an engine runs its queue in order: a dependence on an earlier op of the same
+            # (non-DMA) engine orders the two, it does not wait for the result
+            dep = max((starts_of[p] if eng[p] == eng[i] and eng[i] in ("pe", "vec") else finish[p]
+                       for p in preds[i]), default=0.0)
             starts[i] = dep if eng[i] is None else max(dep, min(free[eng[i]]))
         first = min(starts.values())
-        best = min((i for i in ready if starts[i] <= first + slack), key=lambda i: (-prio[i], starts[i], i)) if slack \
-            else min(ready, key=lambda i: (starts[i], -prio[i], i))
+        if keep:
+            best = min(ready)
+        elif slack:
+            best = min((i for i in ready if starts[i] <= first + slack), key=lambda i: (-prio[i], starts[i], i))
+        else:
+            best = min(ready, key=lambda i: (starts[i], -prio[i], i))
         ready.remove(best)
         start = starts[best]
+        starts_of[best] = start
         finish[best] = start + dur[best]
         if eng[best] is not None:
             lanes = free[eng[best]]
             k = min(range(len(lanes)), key=lambda q: lanes[q])
-            lanes[k] = finish[best]
+            if eng[best] == "dma":
+                _transfer(state, seg[best], k, start + fixed_of[best], dur[best] - fixed_of[best])
+                for op_, end in state.updated:
+                    j = index.get(op_)
+                    if j is not None:
+                        finish[j] = end
+            else:
+                lanes[k] = start + occ[best]
         order.append(best)
         for s in succs[best]:
             waiting[s] -= 1
             if waiting[s] == 0:
                 ready.append(s)
     assert len(order) == len(seg)
+    state.finish = max(state.finish, max(finish, default=0.0))
+    if keep:
+        return
     for op in seg:
         op.detach()
     for i in order:
