@@ -1072,10 +1072,12 @@ class KernelLowering:
         self.add(tile.LoadOp(lz.tensor, idx, buf, self.idx(sizes[0]), self.idx(sizes[1]), rd, cd))
 
     def cse_key(self, v: Lazy, layout: str, bcast: Value | None) -> tuple | None:
-        """Loads at static indices of tensors the kernel never writes are loaded once
-        (unrolled loops reading the same tile share it)."""
-        if not self.cse or not self.unroll_depth or v.param in self.outputs or not all(
-                isinstance(i, int) for i in v.indices):
+        """Loads of tensors the kernel never writes are loaded once per execution of the
+        innermost scf.for body (unrolled loops reading the same tile share it; indices
+        are static or values fixed in that body, such as a head loop's index)."""
+        # an index may be a run-time value (a `range` loop's index): it is the same
+        # throughout one execution of the block the key names
+        if not self.cse or not self.unroll_depth or v.param in self.outputs:
             return None
         if v.tensor not in {a for a, _ in self.tensors.values()}:
             return None
@@ -1492,7 +1494,7 @@ class KernelLowering:
         [n0/g x n0] selection E_i[q, c] = (c == g*q + i), so g matmuls of n0/g contraction
         rows per fold instead of one of n0 (the matrix engine's extra work buys the DMAs).
         g is the smallest that makes a chunk at least the DMA's efficient size."""
-        if len(v.kept) != 2 or v.cast_to is not None or not all(isinstance(i, int) for i in v.indices):
+        if len(v.kept) != 2 or v.cast_to is not None or not isinstance(v.indices[v.kept[0]], int):
             return None
         if v.param not in self.tensors or v.dtype not in FLOATS:
             return None
