@@ -598,7 +598,7 @@ class KernelLowering:
             raise self.err(DslShapeError, pos, f"shape mismatch: the product [{p.m} x {p.n}] does "
                            f"not fit the accumulator f32[{dest.shape[0]} x {dest.shape[1]}] (line {dest.pos.line})")
 
-    def tile_window(self, name: str, indices: list[A.Expr], pos: A.Pos, write: bool = False) -> Value:
+    def tile_window(self, name: str, indices: list[A.Expr], pos: A.Pos) -> Value:
         """``x[:, a:b]``: columns [a, b) of the on-chip tile x (a, b known when the kernel
         is compiled), a view of x's buffer."""
         v = self.lookup(name, pos)
@@ -629,7 +629,7 @@ class KernelLowering:
     def store(self, s: A.Store) -> None:
         if s.target not in self.tensors:
             if self._is_defined(s.target):
-                dest = self.tile_window(s.target, s.indices, s.pos, write=True)
+                dest = self.tile_window(s.target, s.indices, s.pos)
                 v = self.ev(s.value, dest=dest)
                 self.write_into(s, dest, v)
                 return
@@ -1521,11 +1521,7 @@ class KernelLowering:
             sel[np.arange(kq), i * n0 + g * np.arange(kq) + i] = 1.0
         sbuf = self.resident(("select", g, n0, dtype), self.const_tensor(sel, dtype), [0, 0], sel.shape, dtype,
                              "select", (0, 1))
-        scratch = node
-        if not self.cse and node in self._cse_nodes.values():  # a shared tile: shared scratch
-            scratch = self.cse_node(("scratch", self._scratch_turn), node.pos)
-        dead = self.dead_acc_tile((D, R)) if self.stmt_stack else None
-        tbuf = dead.buf if dead is not None else self.buffer(scratch, (D, R), "f32", tile.ACC, "tr")
+        tbuf = self.transpose_scratch(node, (D, R))
         for f in range(R // n0):
             ch, fl = divmod(f, g)
             out = self.add(tile.SubviewOp(tbuf, self.idx(0), self.idx(f * n0), [D, n0])).results[0]
@@ -1534,11 +1530,27 @@ class KernelLowering:
                 rhs = self.add(tile.SubviewOp(sbuf, self.idx(0), self.idx(i * n0), [kq, n0])).results[0]
                 self.add(tile.MatmulOp(lhsT, rhs, out, self.idx(D), self.idx(kq), self.idx(n0), self.flag(i > 0)))
         res = Value(self.buffer(node, (D, R), dtype, tile.SRAM, "xT"), dtype, tile.SRAM, (D, R), D, R, node.pos)
-        if self._evac is not None:
-            self.add(tile.ScalarOp(self._evac[0], tbuf, self._evac[1], res.buf, self.idx(D), self.idx(R)))
-        else:
-            self.add(tile.UnaryOp("copy", tbuf, res.buf, self.idx(D), self.idx(R)))
+        self.copy_back(tbuf, res.buf, D, R)
         return res
+
+    def transpose_scratch(self, node: A.Node, shape: tuple[int, int]) -> SSAValue:
+        """The accumulator scratch of a transpose: a dead acc tile (`dead_acc_tile`), else a
+        buffer of the transpose's own (shared transposes share alternating scratch)."""
+        dead = self.dead_acc_tile(shape) if self.stmt_stack else None
+        if dead is not None:
+            return dead.buf
+        scratch = node
+        if not self.cse and node in self._cse_nodes.values():  # a shared tile: shared scratch
+            scratch = self.cse_node(("scratch", self._scratch_turn), node.pos)
+        return self.buffer(scratch, shape, "f32", tile.ACC, "tr")
+
+    def copy_back(self, src: SSAValue, dst: SSAValue, rows: int, cols: int) -> None:
+        """A transpose's copy from the accumulator to SRAM; `transpose(x) * c` scales it on
+        the way (`_evac`)."""
+        if self._evac is not None:
+            self.add(tile.ScalarOp(self._evac[0], src, self._evac[1], dst, self.idx(rows), self.idx(cols)))
+        else:
+            self.add(tile.UnaryOp("copy", src, dst, self.idx(rows), self.idx(cols)))
 
     def transpose_blocks(self, blocks: list[Value], node: A.Node, split: bool = False,
                          dest: Value | None = None, total: int | None = None) -> list[Value]:
@@ -1553,11 +1565,7 @@ class KernelLowering:
                 raise self.err(DslMatmulError, node.pos, f"transpose of a [{b.shape[0]} x {b.shape[1]}] tile needs at "
                                f"most {min(R, C)} rows and {accp} columns on target '{self.target}'")
         total = max(total or 0, sum(b.shape[0] for b in blocks))  # static: the same buffer at every edge
-        scratch = node
-        if not self.cse and node in self._cse_nodes.values():  # a shared tile: shared scratch
-            scratch = self.cse_node(("scratch", self._scratch_turn), node.pos)
-        dead = self.dead_acc_tile((c_static, total)) if self.stmt_stack else None
-        tbuf = dead.buf if dead is not None else self.buffer(scratch, (c_static, total), "f32", tile.ACC, "tr")
+        tbuf = self.transpose_scratch(node, (c_static, total))
         offs, off = [], 0
         for b in blocks:
             ibuf = self.identity(b.shape[0], dtype)
@@ -1591,10 +1599,7 @@ class KernelLowering:
             if len(groups) > 1:
                 src = self.add(tile.SubviewOp(tbuf, self.idx(0), self.idx(c0), [c_static, w])).results[0]
                 dst = self.add(tile.SubviewOp(res.buf, self.idx(0), self.idx(c0), [c_static, w])).results[0]
-            if self._evac is not None:  # transpose(x) * c: scaled on the way back
-                self.add(tile.ScalarOp(self._evac[0], src, self._evac[1], dst, self.idx(rows), self.idx(w)))
-            else:
-                self.add(tile.UnaryOp("copy", src, dst, self.idx(rows), self.idx(w)))
+            self.copy_back(src, dst, rows, w)
         if not split:
             return [res]
         return [Value(self.add(tile.SubviewOp(res.buf, self.idx(0), self.idx(o), [c_static, b.shape[0]])).results[0],

@@ -114,8 +114,7 @@ class _Cost:
             isz = ITEM.get(str(getattr(onchip.type, "element_type", "f32")), 4)
             chunk = cols * isz  # contiguous rows (the DSL's loads and stores)
             eff = min(1.0, chunk / cfg.dma.efficient_chunk_bytes)
-            fixed = cfg.dma.latency_cycles + cfg.hbm.latency_cycles + rows * cfg.dma.per_descriptor_cycles
-            t = fixed + rows * cols * isz / (cfg.hbm.bytes_per_cycle * eff)
+            t = self.dma_fixed(op) + rows * cols * isz / (cfg.hbm.bytes_per_cycle * eff)
             return t, t
         if isinstance(op, tile.MatmulOp):
             mx = cfg.matrix
@@ -150,7 +149,10 @@ def schedule_kernel(kernel: func.FuncOp, cfg: HardwareConfig, slack: float = 0.0
     for op in kernel.walk():
         if isinstance(op, scf.ForOp):
             blocks.append(op.body.block)
-    return [_schedule_block(b, cost, slack, weight, b is kernel.body.block) for b in blocks][0]
+    top = _schedule_block(blocks[0], cost, slack, weight, True)
+    for b in blocks[1:]:
+        _schedule_block(b, cost, slack, weight, False)
+    return top
 
 
 def largest_block(kernel: func.FuncOp) -> int:
@@ -212,21 +214,22 @@ def _shared_finish(jobs: list[tuple[float, float]]) -> list[float]:
     return done
 
 
-def _transfer(state: "_Engines", op: Operation, queue: int, t0: float, work: float) -> None:
+def _transfer(state: "_Engines", op: Operation, queue: int, t0: float, work: float) -> list[tuple[Operation, float]]:
     """Put DMA `op` on `queue`, its transfer starting at t0 (after its fixed part). The
     transfers in flight share HBM equally (processor sharing, as in the simulator), so
-    this one also delays those it overlaps: `state.updated` lists the new finish times."""
+    this one also delays those it overlaps: returns the (op, finish) of each, new ones."""
     if state.assign_queues:  # the queue the estimate assumed (a loop body keeps the defaults)
         op.properties["queue"] = IntegerAttr(queue, i64)
     state.last_on_queue[queue] = op
     state.transfers = [tr for tr in state.transfers if state.fin[tr[0]] > t0][-_SHARED_WINDOW:]
     state.transfers.append((op, t0, work))
     ends = _shared_finish([(a, w) for _, a, w in state.transfers])
-    state.updated = [(tr[0], end) for tr, end in zip(state.transfers, ends)]
-    for o, end in state.updated:
+    updated = [(tr[0], end) for tr, end in zip(state.transfers, ends)]
+    for o, end in updated:
         state.fin[o] = end
     for q, o in state.last_on_queue.items():
         state.free["dma"][q] = state.fin[o]
+    return updated
 
 
 class _Engines:
@@ -238,7 +241,6 @@ class _Engines:
         self.transfers: list[tuple[Operation, float, float]] = []  # recent DMAs: (op, transfer start, work)
         self.fin: dict[Operation, float] = {}  # DMA finish times
         self.last_on_queue: dict[int, Operation] = {}
-        self.updated: list[tuple[Operation, float]] = []
         self.finish = 0.0  # the estimated end of everything scheduled so far
 
 
@@ -320,8 +322,7 @@ def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation 
             lanes = free[eng[best]]
             k = min(range(len(lanes)), key=lambda q: lanes[q])
             if eng[best] == "dma":
-                _transfer(state, seg[best], k, start + fixed_of[best], dur[best] - fixed_of[best])
-                for op_, end in state.updated:
+                for op_, end in _transfer(state, seg[best], k, start + fixed_of[best], dur[best] - fixed_of[best]):
                     j = index.get(op_)
                     if j is not None:
                         finish[j] = end
