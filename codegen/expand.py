@@ -15,7 +15,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tilecc.ir import npu
 from tilecc.ir.affine import Affine, Expr
-from tilecc.passes.insert_sync import collect
+from tilecc.passes.npu.insert_sync import collect
 from tilecc.simulator.isa import MAX_WAITS, OPCODE_ENGINE, Engine, Opcode, empty_stream
 
 

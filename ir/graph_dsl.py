@@ -1,6 +1,6 @@
 """`graph.dsl_call`: a tile-DSL kernel called from a graph (a torch custom op made with
 ``tilecc.Kernel.as_torch_op``). It carries the kernel's source; lower-graph-to-tile
-inlines the kernel's tile IR at the call's shapes (`passes/lower_dsl_call.py`)::
+inlines the kernel's tile IR at the call's shapes (`passes/graph_to_tile/dsl_call.py`)::
 
     %y = graph.dsl_call %a, %b {kernel = "gemm_gelu", source = "kernel gemm_gelu(...", file = "g.tdsl"}
         : (tensor<64x32xbf16>, tensor<32x48xbf16>) -> tensor<64x48xbf16>

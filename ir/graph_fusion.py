@@ -1,6 +1,6 @@
 """Fusion groups of the graph dialect: `graph.fused` and its terminator `graph.yield`.
 
-The `fuse-graph` pass (passes/fuse_graph.py) wraps the ops that become one kernel in a
+The `fuse-graph` pass (passes/graph/fuse.py) wraps the ops that become one kernel in a
 `graph.fused` op: its region holds the ops on block arguments (the group's inputs),
 `graph.yield` returns the values used outside (the group's outputs, which are the only
 tensors of the group that reach HBM). `kind` names the kernel template that lowers it:

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from tilecc.passes.canonicalize_graph import CanonicalizeGraphPass, canonicalize
-from tilecc.passes.fuse_graph import FuseGraphPass, fuse
-from tilecc.passes.graph_to_tile import GraphToTile, LowerGraphToTilePass
-from tilecc.passes.insert_sync import InsertSyncPass, insert_sync
-from tilecc.passes.plan_hbm import PlanHbmPass, plan_hbm
-from tilecc.passes.plan_sram import PlanSramPass, plan_sram
+from tilecc.passes.graph.canonicalize import CanonicalizeGraphPass, canonicalize
+from tilecc.passes.graph.fuse import FuseGraphPass, fuse
+from tilecc.passes.graph_to_tile.context import GraphToTile, LowerGraphToTilePass
+from tilecc.passes.npu.insert_sync import InsertSyncPass, insert_sync
+from tilecc.passes.tile.plan_hbm import PlanHbmPass, plan_hbm
+from tilecc.passes.tile.plan_sram import PlanSramPass, plan_sram
 from tilecc.passes.tile_to_npu import LowerTileToNpuPass, lower_tile_to_npu
 from tilecc.simulator.config import HardwareConfig
 
@@ -34,7 +34,7 @@ def default_pipeline(
 
     `opt_level` 0 is the baseline every figure is compared with (one single-buffered
     kernel per op, fixed tiles, strided operand loads); 2 (default) uses the optimised
-    kernels (see `passes/lower_matmul.py`). `matmul_policy` (problem -> schedule) picks
+    kernels (see `passes/graph_to_tile/matmul.py`). `matmul_policy` (problem -> schedule) picks
     the -O2 matmul kernels' schedules instead of the cost model (autotuning).
     """
     if opt_level not in (0, 2):

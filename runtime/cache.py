@@ -196,7 +196,7 @@ def compile_cached(graph: Any, cfg: HardwareConfig, cache: Any, *, stats: Any = 
     GraphProgram or a static-shape torch ExportedProgram (keyed before it is imported,
     so a hit skips the decompositions and the import too). An `Autotuner` instance
     passed as `autotune` bypasses the cache: its caller wants it consulted."""
-    from tilecc.passes.autotune import Autotuner
+    from tilecc.passes.schedule.autotune import Autotuner
     from tilecc.runtime.compiler import compile_graph
 
     def build() -> Program:

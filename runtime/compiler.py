@@ -17,8 +17,8 @@ from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes import remarks
 from tilecc.passes import break_pass
-from tilecc.passes.autotune import Autotuner
-from tilecc.passes.fold_norm_affine import fold_norm_affine
+from tilecc.passes.schedule.autotune import Autotuner
+from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
 from tilecc.passes.registry import default_pipeline
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
@@ -51,7 +51,7 @@ def compile_graph(
 ) -> Program:
     """Compile `gp` for `cfg`. With `autotune` (True, or an `Autotuner` to use its cache
     directory and counters) the -O2 matmul kernels' schedules are picked by simulating
-    candidates (`passes/autotune.py`, cached on disk); `matmul_policy` (problem ->
+    candidates (`passes/schedule/autotune.py`, cached on disk); `matmul_policy` (problem ->
     schedule) forces them (the autotuner measures candidates this way). `disabled` names
     optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, fuse-graph;
     `tilecc bisect` switches them off in turn).
@@ -72,7 +72,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
     module = gp.module.clone()
     layout: _Layout | None = None
     if autotune and matmul_policy is None:
-        from tilecc.passes.lower_matmul import tuning_policy
+        from tilecc.passes.graph_to_tile.matmul import tuning_policy
 
         matmul_policy = tuning_policy(cfg, autotune if isinstance(autotune, Autotuner) else None)
     if opt_level >= 2 and "fold-norm-affine" not in disabled:  # needs the weights' data (not a module pass)

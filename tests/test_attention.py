@@ -1,4 +1,4 @@
-"""The -O2 attention kernel (passes/lower_attention.py) against torch eager sdpa.
+"""The -O2 attention kernel (passes/graph_to_tile/attention.py) against torch eager sdpa.
 
 Every run goes through `helpers.run_and_compare`: compiled with `tilecc.compile`, run on
 the simulator with the sanitisers on (races between engine queues, reads of on-chip
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import tilecc
 from helpers import run_and_compare
-from tilecc.passes import lower_attention as la
+from tilecc.passes.graph_to_tile import attention as la
 from tilecc.simulator.config import load_config
 
 

@@ -1,4 +1,4 @@
-"""Autotuning (passes/autotune.py) and its on-disk cache; the matmul tuning policy.
+"""Autotuning (passes/schedule/autotune.py) and its on-disk cache; the matmul tuning policy.
 
 The generic tuner is tested with a fake kernel (a measure function over parameter
 dicts); the matmul policy end to end on `tiny` (compiled programs compared with eager,
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import tilecc
-from tilecc.passes import autotune
-from tilecc.passes.autotune import Autotuner, config_hash
+from tilecc.passes.schedule import autotune
+from tilecc.passes.schedule.autotune import Autotuner, config_hash
 from tilecc.simulator.config import load_config
 
 CANDS = [{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}]

@@ -16,8 +16,8 @@ import tilecc
 from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.ir.graph_fusion import FusedOp
 from tilecc.ir.graph_interp import run_graph
-from tilecc.passes.canonicalize_graph import canonicalize
-from tilecc.passes.fuse_graph import fuse
+from tilecc.passes.graph.canonicalize import canonicalize
+from tilecc.passes.graph.fuse import fuse
 from tilecc.simulator.isa import Opcode
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
@@ -265,7 +265,7 @@ class NormLinear(torch.nn.Module):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_norm_affine_folds_into_the_linear(bias, dtype):
-    from tilecc.passes.fold_norm_affine import fold_norm_affine
+    from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
 
     model = NormLinear(bias=bias).to(dtype)
     x = torch.randn(3, 17, 40, dtype=dtype)

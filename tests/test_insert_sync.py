@@ -25,7 +25,7 @@ from xdsl.parser import Parser
 from tilecc.codegen.expand import expand_kernel, expand_module
 from tilecc.ir import npu
 from tilecc.opt import make_context
-from tilecc.passes.insert_sync import _Order, collect, insert_sync, sync_kernel
+from tilecc.passes.npu.insert_sync import _Order, collect, insert_sync, sync_kernel
 from tilecc.simulator.config import load_config
 from tilecc.simulator.isa import MAX_WAITS
 from tilecc.simulator.machine import simulate

@@ -1,4 +1,4 @@
-"""The -O2 blocked matmul kernel (passes/lower_matmul.py) against eager and -O0.
+"""The -O2 blocked matmul kernel (passes/graph_to_tile/matmul.py) against eager and -O0.
 
 Every run is checked by the simulator's sanitisers (races, uninitialised reads), so the
 semaphores the sync pass places for its multi-buffered loads are checked too. Besides
@@ -18,8 +18,9 @@ import tilecc
 from helpers import run_and_compare
 from tilecc.cli import tolerance
 from tilecc.frontend.torch_export import export_model, import_exported_program
-from tilecc.passes import cost_model, lower_matmul
-from tilecc.passes.matmul_schedule import (
+from tilecc.passes.schedule import cost_model
+from tilecc.passes.graph_to_tile import matmul as lower_matmul
+from tilecc.passes.schedule.matmul_schedule import (
     MatmulProblem,
     MatmulSchedule,
     candidates,

@@ -13,7 +13,7 @@ from torch.export import ExportedProgram
 
 from tilecc.frontend.torch_export import decompose, export_model, import_exported_program
 from tilecc.ir.graph import GraphProgram
-from tilecc.passes.autotune import Autotuner
+from tilecc.passes.schedule.autotune import Autotuner
 from tilecc.runtime import specialize
 from tilecc.runtime.cache import CompileCache, compile_cached
 from tilecc.runtime.compiler import CompileStats, compile_graph  # noqa: F401 (re-exported)
@@ -101,7 +101,7 @@ def compile(
     with symbolic sizes gives a model that compiles per concrete shape at call time.
     `autotune` (True, or an `Autotuner` with its own cache directory) picks each -O2
     matmul kernel's schedule by simulating candidates instead of by the cost model;
-    winners are cached on disk (`passes/autotune.py`), so recompiling skips the search.
+    winners are cached on disk (`passes/schedule/autotune.py`), so recompiling skips the search.
     `cache`: the compile cache of whole programs (`runtime/cache.py`): None (default) is
     on unless ``TILECC_COMPILE_CACHE=0``; False off; a directory or a `CompileCache`.
     """

@@ -59,7 +59,7 @@ from tilecc.errors import (
 from tilecc.frontend.dsl import ast as A
 from tilecc.frontend.dsl.parser import excerpt
 from tilecc.ir import tile
-from tilecc.passes.plan_sram import ALIGN
+from tilecc.passes.tile.plan_sram import ALIGN
 from tilecc.simulator.config import HardwareConfig
 
 DTYPES: dict[str, Attribute] = {

@@ -6,7 +6,7 @@ implementation that computes the result shapes from the kernel's result types, s
 `torch.export` traces through it and keeps it as one node. Eager calls (and any other
 backend) run the kernel on the simulator (its reference implementation). The tilecc
 importer turns the node into ``graph.dsl_call`` (`ir/graph_dsl.py`) and lower-graph-to-tile
-inlines the kernel's tile IR at the call's shapes (`passes/lower_dsl_call.py`).
+inlines the kernel's tile IR at the call's shapes (`passes/graph_to_tile/dsl_call.py`).
 
 Which ops are DSL kernels is recorded in `REGISTRY` (op overload -> kernel), beside
 torch's own global operator registry that it mirrors.

@@ -42,9 +42,9 @@ from xdsl.ir import Attribute, SSAValue
 from tilecc.errors import CompileError, TensorTooLargeError
 from tilecc.ir import tile
 from tilecc.passes import remarks
-from tilecc.passes.graph_to_tile import _collapse, _Operand
-from tilecc.passes.kernel_builder import KernelBuilder
-from tilecc.passes.plan_sram import element_size
+from tilecc.passes.graph_to_tile.context import collapse, Operand
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.tile.plan_sram import element_size
 
 IndexMap = list[int | None]  # output dim -> operand dim (None: broadcast)
 _ALIGN = 64
@@ -128,7 +128,7 @@ class ElementwiseKernel:
         """An operand: graph value `v` (lowered), broadcast to the iteration space."""
         if v in self.lw.scalars:
             return self.imm(self.lw.scalars[v])
-        op = self.lw._aligned(v, self.shape if len(self.shape) >= 2 else self.lw._out_shape2(self.shape))
+        op = self.lw.aligned(v, self.shape if len(self.shape) >= 2 else self.lw.out_shape2(self.shape))
         return self.leaf_hbm(op.value, op.imap)
 
     def given_leaf(self, elem: Attribute) -> int:
@@ -191,7 +191,7 @@ class ElementwiseKernel:
         if tuple(d for d in op_shape if d != 1) != tuple(d for d in self.shape if d != 1):
             # an op after a reshape in the group: `v` is a whole tensor, viewed here, or
             # a row vector along a last dim the reshape kept
-            o = self.lw._aligned(v, tuple(op_shape))
+            o = self.lw.aligned(v, tuple(op_shape))
             if op_shape and op_shape[-1] == self.shape[-1] and all(m is None for m in o.imap[:-1]) \
                     and o.imap[-1] is not None:
                 row = self.lw.view(self.lw.materialise(v), [1] * (len(self.shape) - 1) + [self.shape[-1]])
@@ -201,14 +201,14 @@ class ElementwiseKernel:
                 raise CompileError(f"{self.what} at {self.loc}: a broadcast operand across a reshape")
             view = self.lw.view(self.lw.materialise(v), self.shape)
             return self.leaf_hbm(view, list(range(len(self.shape))))
-        o = self.lw._aligned(v, tuple(op_shape))
+        o = self.lw.aligned(v, tuple(op_shape))
         keep = [d for d, n in enumerate(op_shape) if n != 1]
         o = self._drop(o, keep)
         pad = len(self.shape) - len(keep)
         if pad:
             shape = _shape(o.value.type)
             strides, offset = self.lw.layout(o.value)
-            o = _Operand(self.lw.strided(o.value, [1] * pad + list(shape), [0] * pad + list(strides), offset),
+            o = Operand(self.lw.strided(o.value, [1] * pad + list(shape), [0] * pad + list(strides), offset),
                          [None] * pad + [m if m is None else m + pad for m in o.imap])
         return self.leaf_hbm(o.value, o.imap)
 
@@ -233,11 +233,11 @@ class ElementwiseKernel:
     def build(self) -> list[SSAValue]:
         """Emit and launch the kernel; the HBM tensors of the outputs (at `shape`)."""
         lw = self.lw
-        full = self.shape if len(self.shape) >= 2 else lw._out_shape2(self.shape)
+        full = self.shape if len(self.shape) >= 2 else lw.out_shape2(self.shape)
         outs = [self._out_buffer(value, elem, full) for (_, elem), value in zip(self.outputs, self.out_values)]
         leaves = [i for i, v in enumerate(self.values) if isinstance(v, Leaf)]
-        operands = [_Operand(self.values[i].value, self.values[i].imap) for i in leaves]  # type: ignore[union-attr]
-        operands += [_Operand(lw.view(o, full), list(range(len(full)))) for o in outs]
+        operands = [Operand(self.values[i].value, self.values[i].imap) for i in leaves]  # type: ignore[union-attr]
+        operands += [Operand(lw.view(o, full), list(range(len(full)))) for o in outs]
         kshape, operands = self._kernel_space(full, operands)
         for i, o in zip(leaves, operands):
             leaf = self.values[i]
@@ -252,7 +252,7 @@ class ElementwiseKernel:
     def _out_buffer(self, value: SSAValue | None, elem: Attribute, full: Sequence[int]) -> SSAValue:
         """An output's HBM tensor at the iteration space's shape: the buffer the graph
         value asks for (`output_buffer`) when it reshapes to the space for free."""
-        from tilecc.passes.graph_to_tile import reshape_strides
+        from tilecc.passes.graph_to_tile.context import reshape_strides
 
         lw = self.lw
         if value is not None and value in lw.layout_requests:
@@ -261,7 +261,7 @@ class ElementwiseKernel:
                 return lw.view(lw.output_buffer(value, elem), self.shape)
         return lw.hbm(self.shape, elem)
 
-    def _kernel_space(self, full: Sequence[int], operands: list[_Operand]) -> tuple[tuple[int, ...], list[_Operand]]:
+    def _kernel_space(self, full: Sequence[int], operands: list[Operand]) -> tuple[tuple[int, ...], list[Operand]]:
         """The iteration space the kernel walks: unit dims dropped, dims every operand
         walks alike merged, and the last dim split when rows are fewer than partitions
         so that tiles fill them."""
@@ -272,11 +272,11 @@ class ElementwiseKernel:
         shape = [full[d] for d in keep]
         operands = [self._drop(o, keep) for o in operands]
         if len(shape) >= 2:
-            kshape, operands = _collapse(shape, operands, lw.view, lw.layout, keep_last=self.full_rows)
+            kshape, operands = collapse(shape, operands, lw.view, lw.layout, keep_last=self.full_rows)
             shape = list(kshape)
         while len(shape) < 2:
             shape = [1, *shape]
-            operands = [_Operand(lw.view(o.value, [1, *_shape(o.value.type)]),
+            operands = [Operand(lw.view(o.value, [1, *_shape(o.value.type)]),
                                  [None] + [m if m is None else m + 1 for m in o.imap]) for o in operands]
         if shape[-2] < lw.P and len(shape) > 2:
             shape, operands = _best_rows(shape, operands)
@@ -298,16 +298,16 @@ class ElementwiseKernel:
                 st = list(strides[:d]) + [strides[d] * (C // f), strides[d]] + list(strides[d + 1 :])
                 v = lw.strided(o.value, sh, st, offset)
                 imap = [m if m is None or m < d else m + 1 for m in o.imap[:-1]] + [d, d + 1]
-            new_ops.append(_Operand(v, imap))
+            new_ops.append(Operand(v, imap))
         if split[0] == 1:  # R was a leading unit dim: the split rows are the rows
             new_ops = [self._drop(o, list(range(1, len(split)))) for o in new_ops]
             return tuple(split[1:]), new_ops
-        kshape, new_ops = _collapse(split, new_ops, lw.view, lw.layout, keep_last=True)
+        kshape, new_ops = collapse(split, new_ops, lw.view, lw.layout, keep_last=True)
         if kshape[-2] <= R:  # the split rows did not merge into more rows: keep [R, C]
             return tuple(shape), operands
         return tuple(kshape), new_ops
 
-    def _drop(self, o: _Operand, keep: list[int]) -> _Operand:
+    def _drop(self, o: Operand, keep: list[int]) -> Operand:
         """Operand `o` without the iteration dims not in `keep` (unit dims). Operands
         are aligned (imap[d] is d or None, a unit dim) or permutations."""
         lw = self.lw
@@ -322,7 +322,7 @@ class ElementwiseKernel:
             renum = {d: i for i, d in enumerate(kept_dims)}
             imap = [renum[o.imap[d]] for d in keep]  # type: ignore[index]
         v = lw.strided(o.value, [oshape[d] for d in kept_dims], [strides[d] for d in kept_dims], offset)
-        return _Operand(v, imap)
+        return Operand(v, imap)
 
     def _classify(self) -> None:
         """Leaves broadcast along columns become column operands where every consumer
@@ -367,10 +367,10 @@ class ElementwiseKernel:
         temps = _temp_demand(self.values, stored)
         tile_leaves = [v for v in self.values if isinstance(v, Leaf) and v.cls == "tile"]
         stored_isz = [_isz(elem) for _, elem in self.outputs]
-        leaf_isz = [_isz(_leaf_elem(v)) for v in tile_leaves]
+        leaf_isz = [_isz(leaf_elem(v)) for v in tile_leaves]
         temp_isz = sum(_isz(e) * n for (e_str, cls), (e, n) in temps.items() if cls == "tile")
         budget = cfg.sram.bytes_per_partition - _ALIGN * (len(self.values) + 8)
-        steps = _vector_steps(self.values, cfg)
+        steps = vector_steps(self.values, cfg)
         row_tiles, row_cols = _row_scratch(self.values)
         temp_isz += 4 * row_tiles
         budget -= row_cols * _ALIGN
@@ -406,7 +406,7 @@ class ElementwiseKernel:
             + f", estimated {best[0]:,.0f} cycles"), self.loc)
         return _Plan(extents, tiles, trips, b, D)
 
-    def _emit(self, kshape: tuple[int, ...], plan: _Plan, leaves: list[int], out_ops: list[_Operand]) -> None:
+    def _emit(self, kshape: tuple[int, ...], plan: _Plan, leaves: list[int], out_ops: list[Operand]) -> None:
         lw = self.lw
         rank = len(kshape)
         leaf_args = [self.values[i].value for i in leaves]  # type: ignore[union-attr]
@@ -496,7 +496,7 @@ class TileProgram:
             leaf = values[i]
             assert isinstance(leaf, Leaf)
             cols = 1 if leaf.cls == "column" else TC
-            slots[i] = _Slot([kb.alloc([TR, cols], _leaf_elem(leaf), tile.SRAM, f"in{i}") for _ in range(n)])
+            slots[i] = _Slot([kb.alloc([TR, cols], leaf_elem(leaf), tile.SRAM, f"in{i}") for _ in range(n)])
         temp_bufs: dict[tuple[str, str, int], SSAValue] = {}
         for ref, key in sorted(_assign_temps(values, set(self.stored), roots, external).items()):
             if key not in temp_bufs:
@@ -532,7 +532,7 @@ class TileProgram:
         for i, n in leaf_sets.items():
             leaf = values[i]
             assert isinstance(leaf, Leaf)
-            total += n * buf(1 if leaf.cls == "column" else TC, _leaf_elem(leaf))
+            total += n * buf(1 if leaf.cls == "column" else TC, leaf_elem(leaf))
         for (_, cls), (elem, n) in _temp_demand(values, stored, roots, external).items():
             total += n * buf(1 if cls == "column" else TC, elem)
         for ref, k in ((r, k) for k, (r, _) in enumerate(ek.outputs)):
@@ -624,7 +624,7 @@ def _shape(t: Attribute) -> tuple[int, ...]:
     return tuple(t.get_shape())
 
 
-def _leaf_elem(v: Leaf) -> Attribute:
+def leaf_elem(v: Leaf) -> Attribute:
     if v.given is not None:
         return v.given
     t = v.value.type
@@ -636,11 +636,11 @@ def _elem_of(v: Value) -> Attribute | None:
     if isinstance(v, Node):
         return v.elem
     if isinstance(v, Leaf):
-        return _leaf_elem(v)
+        return leaf_elem(v)
     return None
 
 
-def _best_rows(shape: list[int], operands: list[_Operand]) -> tuple[list[int], list[_Operand]]:
+def _best_rows(shape: list[int], operands: list[Operand]) -> tuple[list[int], list[Operand]]:
     """Make the longest outer dim the row (partition) dim when dim -2 is shorter: any
     dim can walk partitions (a DMA's row stride is any stride), only the last one is
     contiguous. The iteration dims are permuted; operand imaps follow."""
@@ -648,7 +648,7 @@ def _best_rows(shape: list[int], operands: list[_Operand]) -> tuple[list[int], l
     if shape[d] <= shape[-2]:
         return shape, operands
     order = [i for i in range(len(shape) - 1) if i != d] + [d, len(shape) - 1]
-    return [shape[i] for i in order], [_Operand(o.value, [o.imap[i] for i in order]) for o in operands]
+    return [shape[i] for i in order], [Operand(o.value, [o.imap[i] for i in order]) for o in operands]
 
 
 def _row_split(R: int, C: int, P: int) -> int:
@@ -777,7 +777,7 @@ def _emit_rowwise(kb: KernelBuilder, v: Node, ops, out: SSAValue, r, c, scratch,
         kb.add(tile.ScalarOp("add", rstd, v.eps, rstd, r, one))
         kb.add(tile.UnaryOp("rsqrt", rstd, rstd, r, one))
         scale = ops[1] != ("imm", 1.0)  # an affine of ones and zeros (folded into the
-        shift = ops[2] != ("imm", 0.0)  # next matmul, passes/fold_norm_affine.py) is skipped
+        shift = ops[2] != ("imm", 0.0)  # next matmul, passes/graph/fold_norm_affine.py) is skipped
         kb.add(tile.BinaryOp("mul", xc, rstd, xc if scale or shift else out, r, c, "column"))
         if scale:
             _binary(kb, "mul", ("tile", xc), ops[1], xc if shift else out, r, c)
@@ -806,7 +806,7 @@ def _where_scratch(values: list[Value]) -> int:
     return 3 if any(isinstance(v, Node) and v.kind == "where" for v in values) else 0
 
 
-def _vector_steps(values: list[Value], cfg) -> list[tuple[float, bool]]:
+def vector_steps(values: list[Value], cfg) -> list[tuple[float, bool]]:
     """(cost x inputs, column-sized) of every vector instruction of a tile body."""
     costs = cfg.vector.op_cost
     steps: list[tuple[float, bool]] = []
@@ -921,17 +921,17 @@ def elementwise_fn(op) -> tuple[str, str] | None:
     is the unary copy), None for any other op."""
     from tilecc.ir import graph as g
     from tilecc.ir import graph_index as gi
-    from tilecc.passes.graph_to_tile import BINARY, UNARY
+    from tilecc.passes.graph_to_tile.context import BINARY, UNARY
 
     t = type(op)
     if t in UNARY:
         return "unary", UNARY[t]
-    if t in _INDEX_UNARY:
-        return "unary", _INDEX_UNARY[t]
+    if t in INDEX_UNARY:
+        return "unary", INDEX_UNARY[t]
     if t in BINARY:
         return "binary", BINARY[t]
-    if t in _INDEX_BINARY:
-        return "binary", _INDEX_BINARY[t]
+    if t in INDEX_BINARY:
+        return "binary", INDEX_BINARY[t]
     if isinstance(op, g.GeluOp):
         return "unary", "gelu" if op.properties["approximate"].data == "none" else "gelu_tanh"
     if isinstance(op, g.CastOp):
@@ -952,7 +952,7 @@ def _index_tables():
     return unary, binary
 
 
-_INDEX_UNARY, _INDEX_BINARY = _index_tables()
+INDEX_UNARY, INDEX_BINARY = _index_tables()
 
 
 def add_graph_op(ek: ElementwiseKernel, op, args: list[int]) -> int:

@@ -1,8 +1,8 @@
 """A `graph.fused "matmul"` group as one kernel: the -O2 matmul kernel with its epilogue
 applied to every accumulator tile as it is evacuated, and its A rows produced on chip.
 
-`FusedMatmulKernel` is a `BlockedMatmulKernel` (passes/lower_matmul.py) whose two
-extension points run `TileProgram`s (passes/lower_elementwise.py) of the group's DAGs:
+`FusedMatmulKernel` is a `BlockedMatmulKernel` (passes/graph_to_tile/matmul.py) whose two
+extension points run `TileProgram`s (passes/graph_to_tile/elementwise.py) of the group's DAGs:
 
 - `evacuate(acc, parity, m0, n0, ms, ns)`: the epilogue DAG reads the accumulator tile
   directly (its first op replaces the copy: ``out = acc + bias`` costs one vector
@@ -36,9 +36,9 @@ from xdsl.ir import Operation, SSAValue
 from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
-from tilecc.passes.kernel_builder import KernelBuilder
-from tilecc.passes.lower_elementwise import ElementwiseKernel, Leaf, TileProgram, _vector_steps
-from tilecc.passes.lower_matmul import BlockedMatmulKernel, choose_schedule, problem_of
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, Leaf, TileProgram, vector_steps
+from tilecc.passes.graph_to_tile.matmul import BlockedMatmulKernel, choose_schedule, problem_of
 
 
 def _shape(v: SSAValue) -> tuple[int, ...]:
@@ -65,7 +65,7 @@ class _Part:
                 self.per_tile.append(i)
 
     def cost(self) -> tuple[float, int]:
-        steps = _vector_steps(self.ek.values, self.ek.lw.cfg)
+        steps = vector_steps(self.ek.values, self.ek.lw.cfg)
         return sum(f for f, col in steps if not col), len(steps)
 
 
@@ -140,9 +140,9 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
     if sched is None:
         return False
 
-    from tilecc.passes.graph_to_tile import _dense, _elem
+    from tilecc.passes.graph_to_tile.context import dense_attr, elem_of
 
-    ea, eb, eo = _elem(a.type), _elem(b.type), _elem(res.type)
+    ea, eb, eo = elem_of(a.type), elem_of(b.type), elem_of(res.type)
     TM = problem.TM
     if pro is not None:  # the kernel's "A" argument: any [M, K] tensor; load_a_rows is ours
         A_val = pro.ek.values[pro.per_tile[0]].value if pro.per_tile else None  # type: ignore[union-attr]
@@ -150,9 +150,9 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
             return False
         A = _Aligned(A_val, [0, 1])
     else:
-        A = lw._aligned_batch(a, out_shape[:-2], (M, K))
-    B = lw._aligned_batch(b, out_shape[:-2], (K, N))
-    ident = lw.hbm([TM, TM], ea, value=_dense(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
+        A = lw.aligned_batch(a, out_shape[:-2], (M, K))
+    B = lw.aligned_batch(b, out_shape[:-2], (K, N))
+    ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
     epi_outs = [lw.view(o, space) for o in _outputs(lw, epi, space)] if epi is not None else []
     pro_outs = [lw.view(o, (M, K)) for o in _outputs(lw, pro, (M, K))] if pro is not None else []
     if epi is not None:
@@ -218,7 +218,7 @@ class _Aligned:
 
 
 def _build(ek: ElementwiseKernel, lw, ops: list[Operation], ref: dict[SSAValue, int]) -> None:
-    from tilecc.passes.lower_fused import build_dag
+    from tilecc.passes.graph_to_tile.fused import build_dag
 
     inside = {r for o in ops for r in o.results} | set(ref)
     args = {v: v for o in ops for v in o.operands if v not in inside}
@@ -231,13 +231,13 @@ def _outputs(lw, part: _Part, space: tuple[int, ...]) -> list[SSAValue]:
 
 
 def _hoist_bytes(ek: ElementwiseKernel, i: int, width: int) -> int:
-    from tilecc.passes.lower_elementwise import _leaf_elem
-    from tilecc.passes.plan_sram import element_size
+    from tilecc.passes.graph_to_tile.elementwise import leaf_elem
+    from tilecc.passes.tile.plan_sram import element_size
 
     leaf = ek.values[i]
     assert isinstance(leaf, Leaf)
     cols = 1 if leaf.cls == "column" else width
-    return -(-cols * element_size(_leaf_elem(leaf)) // 64) * 64
+    return -(-cols * element_size(leaf_elem(leaf)) // 64) * 64
 
 
 def _sram_per_col(part: _Part) -> int:
@@ -288,9 +288,9 @@ class FusedMatmulKernel(BlockedMatmulKernel):
             leaf = part.ek.values[i]
             assert isinstance(leaf, Leaf)
             cols = 1 if leaf.cls == "column" else width
-            from tilecc.passes.lower_elementwise import _leaf_elem
+            from tilecc.passes.graph_to_tile.elementwise import leaf_elem
 
-            buf = kb.alloc([TM, cols], _leaf_elem(leaf), tile.SRAM, f"hoist{i}")
+            buf = kb.alloc([TM, cols], leaf_elem(leaf), tile.SRAM, f"hoist{i}")
             ind = [self.c(0)] * len(_shape_m(arg))
             col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
             kb.add(tile.LoadOp(arg, ind, buf, self.c(TM), self.c(cols), -1, col_dim, queue=self.hoist_q))

@@ -41,7 +41,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import tile
-from tilecc.passes.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 
 
 def masked_value(dt) -> float:
@@ -76,7 +76,7 @@ def _copy_nest(
     rank = len(extent)
     R, C = extent[-2], extent[-1]
     TR = min(lw.P, R)
-    TC = lw._col_tile(C, 1)
+    TC = lw.col_tile(C, 1)
     elem = _elem(src.type)
     ivs: list[SSAValue] = []
 
@@ -90,7 +90,7 @@ def _copy_nest(
             kb.add(tile.LoadOp(src, shifted(idx, src_off), buf, r, c, rank - 2, rank - 1))
             kb.add(tile.StoreOp(buf, dst, shifted(idx, dst_off), r, c, rank - 2, rank - 1))
 
-    lw._outer_loops(kb, list(extent[:-2]), ivs, body)
+    lw.outer_loops(kb, list(extent[:-2]), ivs, body)
 
 
 def lower_slice(lw, op: gi.SliceOp, loc: str) -> None:
@@ -147,7 +147,7 @@ def lower_gather_rows(lw, op: gi.GatherRowsOp, loc: str) -> None:
     out2 = lw.view(out, (N, D))
     elem = _elem(res.type)
     TR = min(lw.P, N)
-    TC = lw._col_tile(D, 2)
+    TC = lw.col_tile(D, 2)
     kb = KernelBuilder(lw.kernel_name("gather"), [table2.type, idx2.type, out2.type], loc)
     with kb.tiles(N, TR) as (r0, r):
         zero, one = kb.const(0), kb.const(1)
@@ -167,7 +167,7 @@ def lower_gather_rows(lw, op: gi.GatherRowsOp, loc: str) -> None:
 
 
 def lower_where(lw, op: gi.WhereOp, loc: str) -> None:
-    from tilecc.passes.lower_elementwise import ElementwiseKernel
+    from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
     res = op.results[0]
     c, x, y = op.operands
@@ -187,7 +187,7 @@ def lower_log_softmax(lw, op: gi.LogSoftmaxOp, loc: str) -> None:
         raise CompileError(
             f"graph.log_softmax at {loc}: only the last dimension is supported, got dim {op.axis}"
         )
-    x, R, C = lw._rows_view(op.input, loc, "graph.log_softmax")
+    x, R, C = lw.rows_view(op.input, loc, "graph.log_softmax")
     lw.values[res] = lw.view(lw.rowwise_kernel("log_softmax", loc, x, R, C, _elem(res.type)), shape)
 
 
@@ -248,10 +248,10 @@ def _binary(fn: str) -> Callable[[Any, Any, str], None]:
 
 
 def _elementwise_lowerings() -> dict[type, Callable[[Any, Any, str], None]]:
-    from tilecc.passes.lower_elementwise import _INDEX_BINARY, _INDEX_UNARY
+    from tilecc.passes.graph_to_tile.elementwise import INDEX_BINARY, INDEX_UNARY
 
-    out: dict[type, Callable[[Any, Any, str], None]] = {t: _unary(fn) for t, fn in _INDEX_UNARY.items()}
-    out.update({t: _binary(fn) for t, fn in _INDEX_BINARY.items()})
+    out: dict[type, Callable[[Any, Any, str], None]] = {t: _unary(fn) for t, fn in INDEX_UNARY.items()}
+    out.update({t: _binary(fn) for t, fn in INDEX_BINARY.items()})
     return out
 
 
@@ -269,7 +269,7 @@ LOWERINGS: dict[type, Callable[[Any, Any, str], None]] = {
 def _attention(lw, op, loc: str) -> None:
     """-O2: the flash-attention kernel of lower_attention.py (which falls back to
     `lower_sdpa` at -O0 and where it does not apply)."""
-    from tilecc.passes.lower_attention import lower_attention
+    from tilecc.passes.graph_to_tile.attention import lower_attention
 
     lower_attention(lw, op, loc)
 

@@ -38,8 +38,8 @@ Loop nest, per batch index (TM x TK x TN: the target's tile; TNL = w * TN)::
   every alternating buffer is a static one.
 
 The schedule parameters (`MatmulSchedule`: nb, w, g, B sets, pipelining, DMA queues)
-come from the analytical cost model (`passes/cost_model.py`) or, with autotuning, from
-`passes/autotune.py` (simulating candidates, cached on disk).
+come from the analytical cost model (`passes/schedule/cost_model.py`) or, with autotuning, from
+`passes/schedule/autotune.py` (simulating candidates, cached on disk).
 
 Extension points (for fusing producers / epilogues into the kernel; override them in a
 subclass of `BlockedMatmulKernel`):
@@ -68,8 +68,8 @@ from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import tile
 from tilecc.passes import remarks
-from tilecc.passes.kernel_builder import KernelBuilder
-from tilecc.passes.matmul_schedule import (
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.schedule.matmul_schedule import (
     BlockPlan,
     Item,
     batch_unrolled,
@@ -532,16 +532,16 @@ def _dtype_name(elem) -> str:
 
 def problem_of(lw, op: Operation):
     """(MatmulProblem, dims) of a graph.matmul, or None when the kernel does not apply."""
-    from tilecc.passes.graph_to_tile import _elem, _shape, matmul_dims
+    from tilecc.passes.graph_to_tile.context import elem_of, matmul_dims, shape_of
 
     dims = matmul_dims(op)
     if dims is None:
         return None
     res, out_shape, a, b, M, K, N = dims
-    names = [_dtype_name(_elem(v.type)) for v in (a, b, res)]
+    names = [_dtype_name(elem_of(v.type)) for v in (a, b, res)]
     if "" in names:
         return None
-    a_shape, b_shape = _shape(a.type), _shape(b.type)
+    a_shape, b_shape = shape_of(a.type), shape_of(b.type)
     batch = tuple(out_shape[:-2])
 
     def walks(shape) -> tuple[bool, ...]:
@@ -559,7 +559,7 @@ def choose_schedule(lw, problem: MatmulProblem, measure: Callable | None = None)
     cycles) times a candidate when the kernel is more than the matmul alone (a fused
     group); by default the autotuner simulates the matmul alone."""
     policy = lw.matmul_policy
-    from tilecc.passes.cost_model import choose
+    from tilecc.passes.schedule.cost_model import choose
 
     sched = policy(problem, measure) if policy is not None else choose(problem, lw.cfg)
     remarks.emit("lower-graph-to-tile", "passed" if sched else "missed",
@@ -569,7 +569,7 @@ def choose_schedule(lw, problem: MatmulProblem, measure: Callable | None = None)
 
 def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg, by: str) -> str:
     """One line: the matmul, the tile and schedule chosen, the estimated cycles."""
-    from tilecc.passes.cost_model import estimate, rank
+    from tilecc.passes.schedule.cost_model import estimate, rank
 
     batch = "x".join(str(b) for b in p.batch)
     shape = f"matmul {batch + ' x ' if batch else ''}{p.M}x{p.K}x{p.N} ({p.a_dtype})"
@@ -583,7 +583,7 @@ def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg, by: str) ->
 
 
 def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
-    from tilecc.passes.graph_to_tile import _dense, _elem
+    from tilecc.passes.graph_to_tile.context import dense_attr, elem_of
 
     got = problem_of(lw, op)
     if got is None:
@@ -592,11 +592,11 @@ def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
     sched = choose_schedule(lw, problem)
     if sched is None:
         return False
-    ea, eb, eo = _elem(a.type), _elem(b.type), _elem(res.type)
+    ea, eb, eo = elem_of(a.type), elem_of(b.type), elem_of(res.type)
     TM = problem.TM
-    A = lw._aligned_batch(a, out_shape[:-2], (M, K))
-    B = lw._aligned_batch(b, out_shape[:-2], (K, N))
-    ident = lw.hbm([TM, TM], ea, value=_dense(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
+    A = lw.aligned_batch(a, out_shape[:-2], (M, K))
+    B = lw.aligned_batch(b, out_shape[:-2], (K, N))
+    ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
     out = lw.hbm(out_shape, eo)
     kb = KernelBuilder(lw.kernel_name("matmul"), [A.value.type, B.value.type, ident.type, out.type], loc)
     kernel_cls = getattr(lw, "matmul_kernel", None) or BlockedMatmulKernel
@@ -667,7 +667,7 @@ def diverse(ranked, first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
 
 def _valid_schedule(d, problem: MatmulProblem, cfg) -> bool:
     """A cached winner is a schedule that fits (a hand-edited or stale file may hold anything)."""
-    from tilecc.passes.matmul_schedule import fits
+    from tilecc.passes.schedule.matmul_schedule import fits
 
     try:
         s = MatmulSchedule.from_dict(d)
@@ -682,8 +682,8 @@ def tuning_policy(cfg, tuner=None, n_candidates: int = TUNE_CANDIDATES) -> Calla
     """problem -> schedule: the fastest of the cost model's best `n_candidates`
     schedules, simulated (the first is the cost model's own choice), via `tuner`'s
     on-disk cache (a new `Autotuner(cfg)` by default)."""
-    from tilecc.passes import cost_model
-    from tilecc.passes.autotune import Autotuner
+    from tilecc.passes.schedule import cost_model
+    from tilecc.passes.schedule.autotune import Autotuner
 
     tuner = tuner if tuner is not None else Autotuner(cfg)
 

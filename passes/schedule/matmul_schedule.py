@@ -2,14 +2,14 @@
 
 `MatmulProblem` is what a `graph.matmul` asks for (sizes, batch broadcasting, element
 types) together with the tile sizes the target imposes; `MatmulSchedule` is one point
-of the kernel's parameter space (see `passes/lower_matmul.py` for the loop nest each
+of the kernel's parameter space (see `passes/graph_to_tile/matmul.py` for the loop nest each
 parameter shapes). `footprint` gives the SRAM / accumulator bytes per partition a
 schedule needs (the same 64-byte aligned sum `plan-sram` computes) and `candidates`
 lists every schedule that fits, in a fixed order (no dict or set iteration), so both
 the cost model's choice and an autotuning search are deterministic.
 
-This module knows the kernel's buffers but not its timing: `passes/cost_model.py`
-estimates cycles, `passes/autotune.py` measures them.
+This module knows the kernel's buffers but not its timing: `passes/schedule/cost_model.py`
+estimates cycles, `passes/schedule/autotune.py` measures them.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class MatmulProblem:
     TM: int
     TK: int
     TN: int
-    # a fused epilogue / A-row producer (passes/lower_fused_matmul.py): the vector work
+    # a fused epilogue / A-row producer (passes/graph_to_tile/fused_matmul.py): the vector work
     # of one evacuation per output element (sum of op cost x inputs; 0: a plain copy)
     # and its instruction count; the vector work producing one m-tile's A rows per A
     # element and its instructions (0: A rows are loaded); SRAM bytes per partition of

@@ -41,7 +41,7 @@ from xdsl.passes import ModulePass
 from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.passes import remarks
-from tilecc.passes.plan_sram import element_size
+from tilecc.passes.tile.plan_sram import element_size
 from tilecc.simulator.config import HardwareConfig, load_config
 
 ALIGN = 64

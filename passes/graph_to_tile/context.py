@@ -60,7 +60,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.ir.graph_fusion import FusedOp
 from tilecc.passes import remarks
-from tilecc.passes.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.simulator.config import HardwareConfig, load_config
 
 UNARY = {
@@ -78,12 +78,12 @@ BINARY = {g.AddOp: "add", g.SubOp: "sub", g.MulOp: "mul", g.DivOp: "div", g.Maxi
 IndexMap = list[int | None]  # output dim -> operand dim (None: broadcast)
 
 
-def _shape(t: Attribute) -> tuple[int, ...]:
+def shape_of(t: Attribute) -> tuple[int, ...]:
     assert isinstance(t, (TensorType, MemRefType))
     return tuple(t.get_shape())
 
 
-def _elem(t: Attribute) -> Attribute:
+def elem_of(t: Attribute) -> Attribute:
     assert isinstance(t, (TensorType, MemRefType))
     return t.element_type
 
@@ -93,7 +93,7 @@ def _itemsize(elem: Attribute) -> int:
 
 
 @dataclass
-class _Operand:
+class Operand:
     value: SSAValue  # HBM memref in @main
     imap: IndexMap
 
@@ -114,7 +114,9 @@ class GraphToTile:
         # through a strided view (`output_buffer`); `absorbed` records where it was
         self.layout_requests: dict[SSAValue, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.absorbed: dict[SSAValue, SSAValue] = {}
-        from tilecc.passes import lower_dsl_call, lower_index, lower_nn
+        from tilecc.passes.graph_to_tile import dsl_call as lower_dsl_call
+        from tilecc.passes.graph_to_tile import index as lower_index
+        from tilecc.passes.graph_to_tile import nn as lower_nn
 
         # op families lowered in their own files: op class -> fn(lowering, op, loc)
         self.extra = {**lower_nn.LOWERINGS, **lower_index.LOWERINGS, **lower_dsl_call.LOWERINGS}
@@ -134,10 +136,10 @@ class GraphToTile:
         """`v` reshaped: a free view where its strides allow (always for a dense
         tensor), else a dense copy viewed."""
         shape = list(shape)
-        if list(_shape(v.type)) == shape:
+        if list(shape_of(v.type)) == shape:
             return v
         strides, offset = self.layout(v)
-        new = reshape_strides(_shape(v.type), strides, shape)
+        new = reshape_strides(shape_of(v.type), strides, shape)
         if new is None:
             return self.view(self.dense(v), shape)
         return self.strided(v, shape, new, offset)
@@ -150,12 +152,12 @@ class GraphToTile:
         root = v  # views chain back to the allocation: view it directly
         while isinstance(root.owner, tile.ViewOp):
             root = root.owner.source
-        whole = math.prod(shape) == math.prod(_shape(root.type))
+        whole = math.prod(shape) == math.prod(shape_of(root.type))
         if whole and strides == list(tile.row_major(shape)) and offset == 0:
             layout: Attribute = NoneAttr()
         else:
             layout = StridedLayoutAttr(strides, offset)
-        t = MemRefType(_elem(v.type), shape, layout)
+        t = MemRefType(elem_of(v.type), shape, layout)
         if t == v.type:
             return v
         return self.emit(tile.ViewOp(root, t)).results[0]
@@ -172,7 +174,7 @@ class GraphToTile:
 
     def is_dense(self, v: SSAValue) -> bool:
         strides, _ = self.layout(v)
-        shape = _shape(v.type)
+        shape = shape_of(v.type)
         return 0 in shape or all(n == 1 or s == r for n, s, r in zip(shape, strides, tile.row_major(shape)))
 
     def dense(self, v: SSAValue) -> SSAValue:
@@ -180,14 +182,14 @@ class GraphToTile:
         copy's loads walk `v`'s strides; no vector work)."""
         if self.is_dense(v):
             return v
-        from tilecc.passes.lower_elementwise import ElementwiseKernel
+        from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
-        shape = _shape(v.type)
-        full = self._out_shape2(shape)
+        shape = shape_of(v.type)
+        full = self.out_shape2(shape)
         strides, offset = self.layout(v)
         src = self.strided(v, full, _padded(strides, len(full)), offset)
         ek = ElementwiseKernel(self, "copy", "", full)
-        ek.output(ek.leaf_hbm(src, list(range(len(full)))), _elem(v.type))
+        ek.output(ek.leaf_hbm(src, list(range(len(full)))), elem_of(v.type))
         return self.view(ek.build()[0], shape)
 
     def launch(self, kb: KernelBuilder, args: Sequence[SSAValue]) -> None:
@@ -202,11 +204,11 @@ class GraphToTile:
         strided view of its consumer permute's buffer (the permute is then free)."""
         req = self.layout_requests.pop(res, None)
         if req is None:
-            return self.hbm(_shape(res.type), elem if elem is not None else _elem(res.type))
+            return self.hbm(shape_of(res.type), elem if elem is not None else elem_of(res.type))
         out_shape, strides = req
-        buf = self.hbm(out_shape, _elem(res.type))
+        buf = self.hbm(out_shape, elem_of(res.type))
         self.absorbed[res] = buf
-        return self.strided(buf, _shape(res.type), strides, 0)
+        return self.strided(buf, shape_of(res.type), strides, 0)
 
     def request_layout(self, op: Operation) -> None:
         """Offer `op`'s result the layout of its only user, a permute that keeps the
@@ -220,7 +222,7 @@ class GraphToTile:
         perm = [int(p) for p in user.properties["perm"].get_values()]
         if len(perm) < 2 or perm[-1] != len(perm) - 1:
             return
-        out_shape = _shape(user.results[0].type)
+        out_shape = shape_of(user.results[0].type)
         strides = tile.row_major(out_shape)
         inv = [0] * len(perm)
         for i, p in enumerate(perm):
@@ -239,7 +241,7 @@ class GraphToTile:
         if forward is None:
             raise CompileError("lower-graph-to-tile: the module has no func.func @forward")
         for i, arg in enumerate(forward.body.block.args):
-            self.values[arg] = self.hbm(_shape(arg.type), _elem(arg.type), input=i)
+            self.values[arg] = self.hbm(shape_of(arg.type), elem_of(arg.type), input=i)
         outputs: list[SSAValue] = []
         # a snapshot: a lowering may fuse later ops into its kernel (erasing them) or lower
         # a later weight / constant ahead of time; both are skipped here
@@ -270,9 +272,9 @@ class GraphToTile:
         if v in self.values:
             return self.values[v]
         assert v in self.scalars
-        shape, elem = _shape(v.type), _elem(v.type)
+        shape, elem = shape_of(v.type), elem_of(v.type)
         data = np.full(shape, self.scalars[v], dtype=np.float32)
-        out = self.hbm(shape, elem, value=_dense(data, elem, shape))
+        out = self.hbm(shape, elem, value=dense_attr(data, elem, shape))
         self.values[v] = out
         return out
 
@@ -288,17 +290,17 @@ class GraphToTile:
         loc = g.source_loc(op)
         res = op.results[0] if op.results else None
         if isinstance(op, g.WeightOp):
-            self.values[res] = self.hbm(_shape(res.type), _elem(res.type), weight=op.properties["name"].data)
+            self.values[res] = self.hbm(shape_of(res.type), elem_of(res.type), weight=op.properties["name"].data)
         elif isinstance(op, g.ConstantOp):
             data = _dense_values(op)
             if data.size >= 1 and np.all(data == data.reshape(-1)[0]):  # a splat: an immediate
                 self.scalars[res] = float(data.reshape(-1)[0])
             else:
                 self.values[res] = self.hbm(
-                    _shape(res.type), _elem(res.type), value=op.properties["value"]
+                    shape_of(res.type), elem_of(res.type), value=op.properties["value"]
                 )
         elif isinstance(op, g.ReshapeOp):
-            self.values[res] = self.view(self.materialise(op.operands[0]), _shape(res.type))
+            self.values[res] = self.view(self.materialise(op.operands[0]), shape_of(res.type))
         elif type(op) in UNARY:
             self.lower_unary(op, UNARY[type(op)], loc)
         elif isinstance(op, g.GeluOp):
@@ -313,7 +315,7 @@ class GraphToTile:
         elif isinstance(op, g.PermuteOp):
             self.lower_permute(op, loc)
         elif isinstance(op, g.MatmulOp):
-            from tilecc.passes.lower_matmul import lower_matmul_blocked
+            from tilecc.passes.graph_to_tile.matmul import lower_matmul_blocked
 
             if not (self.opt_level >= 2 and lower_matmul_blocked(self, op, loc)):
                 self.lower_matmul(op, loc)
@@ -322,7 +324,7 @@ class GraphToTile:
         elif isinstance(op, g.LayerNormOp):
             self.lower_layer_norm(op, loc)
         elif isinstance(op, FusedOp):
-            from tilecc.passes.lower_fused import lower_fused
+            from tilecc.passes.graph_to_tile.fused import lower_fused
 
             lower_fused(self, op, loc)
         elif type(op) in self.extra:
@@ -331,37 +333,37 @@ class GraphToTile:
             raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {loc}")
 
     # ---- elementwise family --------------------------------------------------------
-    def _aligned(self, v: SSAValue, out_shape: Sequence[int]) -> _Operand:
+    def aligned(self, v: SSAValue, out_shape: Sequence[int]) -> Operand:
         """The operand viewed at the output's rank, with its broadcast index map."""
         src = self.materialise(v)
-        shape = _shape(src.type)
+        shape = shape_of(src.type)
         rank = len(out_shape)
         full = (1,) * (rank - len(shape)) + shape
         src = self.view(src, full)
         imap: IndexMap = [d if full[d] == out_shape[d] else None for d in range(rank)]
-        return _Operand(src, imap)
+        return Operand(src, imap)
 
-    def _out_shape2(self, shape: Sequence[int]) -> tuple[int, ...]:
+    def out_shape2(self, shape: Sequence[int]) -> tuple[int, ...]:
         return (1,) * (2 - len(shape)) + tuple(shape) if len(shape) < 2 else tuple(shape)
 
-    def _col_tile(self, cols: int, n_bufs: int) -> int:
+    def col_tile(self, cols: int, n_bufs: int) -> int:
         budget = self.cfg.sram.bytes_per_partition // (2 * 4 * max(n_bufs, 1))
         return max(1, min(cols, budget, 2048))
 
-    def _outer_loops(self, kb: KernelBuilder, extents: Sequence[int], ivs: list[SSAValue], body) -> None:
+    def outer_loops(self, kb: KernelBuilder, extents: Sequence[int], ivs: list[SSAValue], body) -> None:
         if not extents:
             body()
             return
         with kb.loop(extents[0]) as i:
             ivs.append(i)
-            self._outer_loops(kb, extents[1:], ivs, body)
+            self.outer_loops(kb, extents[1:], ivs, body)
 
     def lower_unary(self, op: Operation, fn: str, loc: str, what: str | None = None) -> None:
-        from tilecc.passes.lower_elementwise import ElementwiseKernel
+        from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
         res = op.results[0]
-        ek = ElementwiseKernel(self, what or fn, loc, _shape(res.type))
-        self.finish_elementwise(ek, res, ek.unary(fn, ek.leaf(op.operands[0]), _elem(res.type)))
+        ek = ElementwiseKernel(self, what or fn, loc, shape_of(res.type))
+        self.finish_elementwise(ek, res, ek.unary(fn, ek.leaf(op.operands[0]), elem_of(res.type)))
 
     def finish_elementwise(self, ek, res: SSAValue, ref: int) -> None:
         """`res` = value `ref` of `ek`: a scalar when it folded to a constant, else the
@@ -370,22 +372,22 @@ class GraphToTile:
         if value is not None:
             self.scalars[res] = value
             return
-        ek.output(ref, _elem(res.type), value=res)
+        ek.output(ref, elem_of(res.type), value=res)
         self.values[res] = ek.build()[0]
 
     def lower_binary(self, op: Operation, fn: str, loc: str) -> None:
-        from tilecc.passes.lower_elementwise import ElementwiseKernel
+        from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
         res = op.results[0]
-        ek = ElementwiseKernel(self, fn, loc, _shape(res.type))
-        self.finish_elementwise(ek, res, ek.binary(fn, ek.leaf(op.operands[0]), ek.leaf(op.operands[1]), _elem(res.type)))
+        ek = ElementwiseKernel(self, fn, loc, shape_of(res.type))
+        self.finish_elementwise(ek, res, ek.binary(fn, ek.leaf(op.operands[0]), ek.leaf(op.operands[1]), elem_of(res.type)))
 
     def lower_expand(self, op: Operation) -> None:
         """A broadcast view: stride 0 along the expanded dimensions."""
         res = op.results[0]
         src = self.materialise(op.operands[0])
-        out_shape = _shape(res.type)
-        shape = _shape(src.type)
+        out_shape = shape_of(res.type)
+        shape = shape_of(src.type)
         strides, offset = self.layout(src)
         lead = len(out_shape) - len(shape)
         new = [0] * lead + [0 if n == 1 and m != 1 else s for n, m, s in zip(shape, out_shape[lead:], strides)]
@@ -400,7 +402,7 @@ class GraphToTile:
             self.values[res] = self.absorbed[op.operands[0]]
             return
         src = self.materialise(op.operands[0])
-        out_shape = _shape(res.type)
+        out_shape = shape_of(res.type)
         if len(out_shape) < 2 or perm[-1] == len(perm) - 1:
             strides, offset = self.layout(src)
             self.values[res] = self.strided(src, out_shape, [strides[p] for p in perm], offset)
@@ -414,9 +416,9 @@ class GraphToTile:
             raise CompileError(f"graph.matmul at {loc}: rank-1 operands are not supported yet")
         res, out_shape, a, b, M, K, N = dims
         rank = len(out_shape)
-        A = self._aligned_batch(a, out_shape[:-2], (M, K))
-        B = self._aligned_batch(b, out_shape[:-2], (K, N))
-        out = self.hbm(out_shape, _elem(res.type))
+        A = self.aligned_batch(a, out_shape[:-2], (M, K))
+        B = self.aligned_batch(b, out_shape[:-2], (K, N))
+        out = self.hbm(out_shape, elem_of(res.type))
         cfg = self.cfg
         TM = min(cfg.accumulator.partitions, self.P, M)
         TK = min(cfg.matrix.rows, K)
@@ -427,40 +429,40 @@ class GraphToTile:
         def body() -> None:
             zero = kb.const(0)
 
-            def batch_idx(o: _Operand) -> list[SSAValue]:
+            def batch_idx(o: Operand) -> list[SSAValue]:
                 return [ivs[d] if o.imap[d] is not None else zero for d in range(rank - 2)]
 
             with kb.tiles(M, TM) as (m0, m), kb.tiles(N, TN) as (n0, n):
                 acc = kb.alloc([TM, TN], f32, tile.ACC, "acc")
                 with kb.tiles(K, TK) as (k0, k):
-                    lhsT = kb.alloc([TK, TM], _elem(a.type), tile.SRAM, "lhsT")
+                    lhsT = kb.alloc([TK, TM], elem_of(a.type), tile.SRAM, "lhsT")
                     kb.add(tile.LoadOp(kb.args[0], [*batch_idx(A), m0, k0], lhsT, k, m, rank - 1, rank - 2))
-                    rhs = kb.alloc([TK, TN], _elem(b.type), tile.SRAM, "rhs")
+                    rhs = kb.alloc([TK, TN], elem_of(b.type), tile.SRAM, "rhs")
                     kb.add(tile.LoadOp(kb.args[1], [*batch_idx(B), k0, n0], rhs, k, n, rank - 2, rank - 1))
                     kb.add(tile.MatmulOp(lhsT, rhs, acc, m, k, n, kb.ne_zero(k0)))
-                ob = kb.alloc([TM, TN], _elem(res.type), tile.SRAM, "out")
+                ob = kb.alloc([TM, TN], elem_of(res.type), tile.SRAM, "out")
                 kb.add(tile.UnaryOp("copy", acc, ob, m, n))
                 kb.add(tile.StoreOp(ob, kb.args[2], [*ivs, m0, n0], m, n, rank - 2, rank - 1))
 
-        self._outer_loops(kb, out_shape[:-2], ivs, body)
+        self.outer_loops(kb, out_shape[:-2], ivs, body)
         self.launch(kb, [A.value, B.value, out])
         self.values[res] = out
 
-    def _aligned_batch(self, v: SSAValue, batch: Sequence[int], mat: tuple[int, int]) -> _Operand:
+    def aligned_batch(self, v: SSAValue, batch: Sequence[int], mat: tuple[int, int]) -> Operand:
         src = self.materialise(v)
-        shape = _shape(src.type)
+        shape = shape_of(src.type)
         full = (1,) * (len(batch) + 2 - len(shape)) + shape
         src = self.view(src, full)
         imap: IndexMap = [d if full[d] == batch[d] else None for d in range(len(batch))]
-        return _Operand(src, imap + [len(batch), len(batch) + 1])
+        return Operand(src, imap + [len(batch), len(batch) + 1])
 
     # ---- row-wise: softmax, layer norm --------------------------------------------
-    def _rows_view(
+    def rows_view(
         self, v: SSAValue | None, loc: str, what: str, row_ndim: int = 1, src: SSAValue | None = None
     ) -> tuple[SSAValue, int, int]:
         """`v` as a 2-D HBM view: rows = the leading dims, a row = the last `row_ndim` dims."""
         src = self.materialise(v) if src is None else src
-        shape = _shape(src.type)
+        shape = shape_of(src.type)
         split = max(len(shape) - row_ndim, 0)
         C = int(np.prod(shape[split:])) if shape else 1
         R = int(np.prod(shape[:split])) if split else 1
@@ -475,15 +477,15 @@ class GraphToTile:
         """Softmax along the last dim (any other dim: moved last by a transposing copy
         and back): one row-wise kernel."""
         res = op.results[0]
-        shape = _shape(res.type)
+        shape = shape_of(res.type)
         dim = op.properties["dim"].value.data
         src = self.materialise(op.operands[0])
         perm = list(range(len(shape)))
         if shape and dim != len(shape) - 1:
             perm = [d for d in perm if d != dim] + [dim]
             src = self.permuted(src, perm, loc)
-        x, R, C = self._rows_view(None, loc, "graph.softmax", src=src)
-        out = self.rowwise_kernel("softmax", loc, x, R, C, _elem(res.type))
+        x, R, C = self.rows_view(None, loc, "graph.softmax", src=src)
+        out = self.rowwise_kernel("softmax", loc, x, R, C, elem_of(res.type))
         if perm != sorted(perm):
             moved = [shape[d] for d in perm]
             self.values[res] = self.permuted(self.view(out, moved), list(np.argsort(perm)), loc)
@@ -496,7 +498,7 @@ class GraphToTile:
     ) -> SSAValue:
         """A row-wise op on the rows of 2-D HBM view `x` ([R, C]); `extra` are [1, C]
         operands broadcast over the rows (a layer norm's weight and bias)."""
-        from tilecc.passes.lower_elementwise import ElementwiseKernel
+        from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
         ek = ElementwiseKernel(self, kind, loc, (R, C))
         args = [ek.leaf_hbm(x, [0, 1])] + [ek.leaf_hbm(e, [None, 1]) for e in extra]
@@ -505,39 +507,39 @@ class GraphToTile:
 
     def permuted(self, src: SSAValue, perm: list[int], loc: str) -> SSAValue:
         """A transposed copy of an HBM tensor: out[i] = src[perm-mapped i]."""
-        shape = _shape(src.type)
+        shape = shape_of(src.type)
         out_shape = [shape[p] for p in perm]
         if len(out_shape) < 2:
             return self.view(src, out_shape)
 
-        from tilecc.passes.lower_elementwise import ElementwiseKernel
+        from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
         ek = ElementwiseKernel(self, "permute", loc, out_shape)
-        ek.output(ek.leaf_hbm(src, [int(p) for p in perm]), _elem(src.type))
+        ek.output(ek.leaf_hbm(src, [int(p) for p in perm]), elem_of(src.type))
         return ek.build()[0]
 
     def lower_layer_norm(self, op: Operation, loc: str) -> None:
         res = op.results[0]
         nd = op.properties["normalized_ndim"].value.data
         eps = op.properties["eps"].value.data
-        x, R, C = self._rows_view(op.operands[0], loc, "graph.layer_norm", row_ndim=nd)
+        x, R, C = self.rows_view(op.operands[0], loc, "graph.layer_norm", row_ndim=nd)
         w = self.view(self.materialise(op.operands[1]), (1, C))
         b = self.view(self.materialise(op.operands[2]), (1, C))
-        out = self.rowwise_kernel("layer_norm", loc, x, R, C, _elem(res.type), (w, b), float(eps))
-        self.values[res] = self.view(out, _shape(res.type))
+        out = self.rowwise_kernel("layer_norm", loc, x, R, C, elem_of(res.type), (w, b), float(eps))
+        self.values[res] = self.view(out, shape_of(res.type))
 
 
-def _collapse(
-    out_shape: Sequence[int], operands: list[_Operand], view: Callable[[SSAValue, Sequence[int]], SSAValue],
+def collapse(
+    out_shape: Sequence[int], operands: list[Operand], view: Callable[[SSAValue, Sequence[int]], SSAValue],
     layout: Callable[[SSAValue], tuple[tuple[int, ...], int]], keep_last: bool = False,
-) -> tuple[tuple[int, ...], list[_Operand]]:
+) -> tuple[tuple[int, ...], list[Operand]]:
     """Merge adjacent output dims that every operand maps to adjacent dims of its own (in
     order, with strides that merge: a strided view's dims merge only where one walks the
     other's extent) or broadcasts; the operands become views of the merged shape.
     `keep_last` keeps the last dim on its own."""
     rank = len(out_shape)
     for o in operands:  # aligned operands (imap d or None) or permutations only
-        if len(_shape(o.value.type)) != rank or not (
+        if len(shape_of(o.value.type)) != rank or not (
             all(m is None or m == d for d, m in enumerate(o.imap))
             or (None not in o.imap and sorted(o.imap) == list(range(rank)))  # type: ignore[type-var]
         ):
@@ -559,7 +561,7 @@ def _collapse(
     shape = tuple([1] * len(lead) + [int(np.prod([out_shape[d] for d in g])) for g in groups])
     new_ops = []
     for o in operands:
-        oshape = _shape(o.value.type)
+        oshape = shape_of(o.value.type)
         # operand dims of each output group (a broadcast group: the operand's own unit dims)
         odims = [[d if o.imap[d] is None else o.imap[d] for d in g] for g in groups]
         order = sorted(range(len(groups)), key=lambda i: odims[i][0])
@@ -567,7 +569,7 @@ def _collapse(
         imap: IndexMap = [None] * len(lead) + [
             None if o.imap[g[0]] is None else len(lead) + order.index(i) for i, g in enumerate(groups)
         ]
-        new_ops.append(_Operand(view(o.value, vshape), imap))
+        new_ops.append(Operand(view(o.value, vshape), imap))
     return shape, new_ops
 
 
@@ -602,10 +604,10 @@ def _padded(strides: Sequence[int], rank: int) -> list[int]:
     return [0] * (rank - len(strides)) + list(strides)
 
 
-def _merges(o: _Operand, d: int, layout: Callable[[SSAValue], tuple[tuple[int, ...], int]]) -> bool:
+def _merges(o: Operand, d: int, layout: Callable[[SSAValue], tuple[tuple[int, ...], int]]) -> bool:
     """Whether operand dims d and d+1 of `o` form one dimension in memory."""
     strides, _ = layout(o.value)
-    shape = _shape(o.value.type)
+    shape = shape_of(o.value.type)
     return shape[d + 1] == 1 or shape[d] == 1 or strides[d] == strides[d + 1] * shape[d + 1]
 
 
@@ -619,13 +621,13 @@ def matmul_dims(op: Operation):
     """(result, output shape, a, b, M, K, N) of a graph.matmul; None for rank-1 operands."""
     res = op.results[0]
     a, b = op.operands
-    a_shape, b_shape = _shape(a.type), _shape(b.type)
+    a_shape, b_shape = shape_of(a.type), shape_of(b.type)
     if len(a_shape) < 2 or len(b_shape) < 2:
         return None
-    return res, _shape(res.type), a, b, a_shape[-2], a_shape[-1], b_shape[-1]
+    return res, shape_of(res.type), a, b, a_shape[-2], a_shape[-1], b_shape[-1]
 
 
-def _dense(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> DenseIntOrFPElementsAttr:
+def dense_attr(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> DenseIntOrFPElementsAttr:
     values = data.reshape(-1)
     if not isinstance(elem, (Float32Type, BFloat16Type, Float16Type)):  # i32 constants
         values = values.astype(np.int64)

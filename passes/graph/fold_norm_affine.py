@@ -38,7 +38,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
-from tilecc.passes.canonicalize_graph import dead_code
+from tilecc.passes.graph.canonicalize import dead_code
 
 
 def _weight(v: SSAValue) -> g.WeightOp | None:
@@ -51,7 +51,7 @@ def _squeezed(v: SSAValue) -> tuple[int, ...]:
 
 
 def _keeps_rows(op: Operation) -> bool:
-    from tilecc.passes.fuse_graph import keeps_rows
+    from tilecc.passes.graph.fuse import keeps_rows
 
     return keeps_rows(op)
 

@@ -1,10 +1,10 @@
 """Lowering of `graph.fused` groups (from fuse-graph) to single kernels.
 
 - ``elementwise`` and ``rowwise`` groups become one `ElementwiseKernel`
-  (passes/lower_elementwise.py): the region's ops are the DAG's nodes, its block
+  (passes/graph_to_tile/elementwise.py): the region's ops are the DAG's nodes, its block
   arguments the leaves (loaded once per tile), its yielded values the outputs; a
   row-wise op makes tiles hold whole rows.
-- ``matmul`` groups lower as one kernel (passes/lower_fused_matmul.py: the epilogue on
+- ``matmul`` groups lower as one kernel (passes/graph_to_tile/fused_matmul.py: the epilogue on
   each accumulator tile, the layer-norm prologue producing A rows on chip); where that
   kernel does not apply, as up to three: the prologue as one row-wise kernel, the
   matmul, the epilogue as one elementwise kernel.
@@ -18,7 +18,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
-from tilecc.passes.lower_elementwise import ElementwiseKernel, add_graph_op, elementwise_fn
+from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, add_graph_op, elementwise_fn
 
 
 def _shape(v: SSAValue) -> tuple[int, ...]:
@@ -87,7 +87,7 @@ def lower_unfused(lw, op: FusedOp) -> None:
 def lower_matmul_group(lw, op: FusedOp, loc: str) -> None:
     """A matmul with its prologue (the ops before it: a layer norm producing A) and
     epilogue (the ops after it)."""
-    from tilecc.passes.lower_fused_matmul import lower_fused_matmul
+    from tilecc.passes.graph_to_tile.fused_matmul import lower_fused_matmul
 
     ops = [o for o in op.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
     mm = next(o for o in ops if isinstance(o, g.MatmulOp))

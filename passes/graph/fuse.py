@@ -57,7 +57,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes import remarks
-from tilecc.passes.lower_elementwise import elementwise_fn
+from tilecc.passes.graph_to_tile.elementwise import elementwise_fn
 
 
 def squeezed(t) -> tuple[int, ...]:
@@ -399,7 +399,7 @@ def _describe(ops: list[Operation], most: int = 8) -> str:
 
 def _conv_epilogues(fn: func.FuncOp) -> set[Operation]:
     """The chains of single-use elementwise ops after each convolution: the convolution
-    lowering fuses them into its own epilogue (passes/lower_nn.py), so they are left out
+    lowering fuses them into its own epilogue (passes/graph_to_tile/nn.py), so they are left out
     of the groups formed here."""
     from tilecc.ir import graph_nn as nn
 
@@ -470,7 +470,7 @@ def _topological(ops: list[Operation], unit: dict[Operation, object], pos: dict[
 
 def fuse(fn: func.FuncOp) -> int:
     """Fuse the ops of `fn` in place; the number of groups formed."""
-    from tilecc.passes.canonicalize_graph import dead_code
+    from tilecc.passes.graph.canonicalize import dead_code
 
     n = Fuser(fn).run()
     dead_code(fn)

@@ -67,7 +67,7 @@ from tilecc.errors import CompileError, TensorTooLargeError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_nn as nn
 from tilecc.ir import tile
-from tilecc.passes.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 
 # ---------------------------------------------------------------------------
 # small helpers
@@ -982,7 +982,7 @@ class Step:
 
 
 def _fusable_fns():
-    from tilecc.passes.graph_to_tile import BINARY, UNARY
+    from tilecc.passes.graph_to_tile.context import BINARY, UNARY
 
     binary = dict(BINARY)
     try:

@@ -1,6 +1,6 @@
 """Analytical cost model of the -O2 matmul kernel: cycles of a schedule, from the config.
 
-`estimate(problem, schedule, cfg)` follows the kernel's structure (`passes/lower_matmul.py`)
+`estimate(problem, schedule, cfg)` follows the kernel's structure (`passes/graph_to_tile/matmul.py`)
 with the simulator's closed forms (`docs/architecture.md`, "The simulator"):
 
 - matrix: a pipelined engine accepts the next matmul when the previous one starts
@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tilecc.passes.matmul_schedule import (
+from tilecc.passes.schedule.matmul_schedule import (
     MatmulProblem,
     MatmulSchedule,
     blocks,

@@ -129,8 +129,8 @@ from xdsl.ir import Attribute, SSAValue
 from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.passes import remarks
-from tilecc.passes.cost_model import Timing
-from tilecc.passes.kernel_builder import KernelBuilder
+from tilecc.passes.schedule.cost_model import Timing
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.machine import matmul_mapping
 
@@ -168,7 +168,7 @@ def _dense(data: np.ndarray, elem: Attribute) -> DenseIntOrFPElementsAttr:
 def lower_attention(lw, op, loc: str) -> None:
     """The `graph.sdpa` lowering: this kernel at -O2 where it applies, else the
     decomposition of `lower_index.lower_sdpa`."""
-    from tilecc.passes.lower_index import lower_sdpa
+    from tilecc.passes.graph_to_tile.index import lower_sdpa
 
     if not (lw.opt_level >= 2 and lower_attention_kernel(lw, op, loc)):
         lower_sdpa(lw, op, loc)
@@ -940,7 +940,7 @@ class _Kernel:
         self.tm = _Timing(self.cfg)
         self.dry = tensors is None
         T, fq, fk = p.T, p.qseq.f, p.kseq.f
-        from tilecc.passes.lower_index import masked_value
+        from tilecc.passes.graph_to_tile.index import masked_value
 
         self.lowest = masked_value(dt)  # the dtype's most negative finite value
         self.qblocks = range(p.qseq.blocks) if qblocks is None else qblocks
