@@ -9,11 +9,12 @@ from xdsl.passes import ModulePass
 
 from tilecc.passes.graph.canonicalize import CanonicalizeGraphPass, canonicalize
 from tilecc.passes.graph.fuse import FuseGraphPass, fuse
-from tilecc.passes.graph_to_tile.context import GraphToTile, LowerGraphToTilePass
+from tilecc.passes.graph_to_tile.conversion import LowerGraphToTilePass, lower_graph_to_tile
 from tilecc.passes.npu.insert_sync import InsertSyncPass, insert_sync
 from tilecc.passes.tile.plan_hbm import PlanHbmPass, plan_hbm
 from tilecc.passes.tile.plan_sram import PlanSramPass, plan_sram
 from tilecc.passes.tile_to_npu import LowerTileToNpuPass, lower_tile_to_npu
+from tilecc.passes.session import CompileSession
 from tilecc.simulator.config import HardwareConfig
 
 PASSES: dict[str, type[ModulePass]] = {
@@ -28,7 +29,8 @@ Stage = tuple[str, Callable[[ModuleOp], None]]
 
 
 def default_pipeline(
-    cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None
+    cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None,
+    session: CompileSession | None = None,
 ) -> list[Stage]:
     """(pass name, function) in order; `hbm-layout` is read between plan-hbm and lowering.
 
@@ -39,6 +41,7 @@ def default_pipeline(
     """
     if opt_level not in (0, 2):
         raise ValueError(f"optimisation level {opt_level}: tilecc has -O0 and -O2")
+    session = session if session is not None else CompileSession()
     graph: list[Stage] = []
     if opt_level >= 2:
         graph = [
@@ -47,7 +50,7 @@ def default_pipeline(
         ]
 
     return graph + [
-        ("lower-graph-to-tile", lambda m: GraphToTile(cfg, opt_level, matmul_policy).run(m)),
+        ("lower-graph-to-tile", lambda m: lower_graph_to_tile(m, cfg, opt_level, matmul_policy, session)),
         ("plan-sram", lambda m: plan_sram(m, cfg)),
         ("plan-hbm", lambda m: plan_hbm(m, cfg)),
         ("lower-tile-to-npu", lambda m: lower_tile_to_npu(m, cfg)),

@@ -18,8 +18,10 @@ from tilecc.ir.graph import GraphProgram
 from tilecc.passes import remarks
 from tilecc.passes import break_pass
 from tilecc.passes.schedule.autotune import Autotuner
+from tilecc.passes.schedule.matmul_schedule import MatmulSchedule
 from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
 from tilecc.passes.registry import default_pipeline
+from tilecc.passes.session import CompileSession
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import stream_work
@@ -66,15 +68,26 @@ def compile_graph(
     return program
 
 
+def measure_program(gp: GraphProgram, sched: MatmulSchedule, cfg: HardwareConfig) -> float:
+    """Cycles of `gp` compiled with every -O2 matmul under `sched`, simulated timing-only:
+    the measurement the autotuner's policy times candidates with (handed to it as a
+    callback, so that passes never run the driver or the simulator)."""
+    from tilecc.simulator.machine import simulate
+
+    prog = compile_graph(gp, cfg, matmul_policy=lambda _problem, _program=None: sched)
+    return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
+
+
 def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled) -> Program:
     broken = break_pass.broken_pass()  # test-only planted miscompilation (passes/break_pass.py)
     t0 = time.perf_counter()
     module = gp.module.clone()
     layout: _Layout | None = None
     if autotune and matmul_policy is None:
-        from tilecc.passes.graph_to_tile.matmul import tuning_policy
+        from tilecc.passes.schedule.matmul_tuning import tuning_policy
 
-        matmul_policy = tuning_policy(cfg, autotune if isinstance(autotune, Autotuner) else None)
+        tuner = autotune if isinstance(autotune, Autotuner) else None
+        matmul_policy = tuning_policy(cfg, lambda gp_, sched: measure_program(gp_, sched, cfg), tuner)
     if opt_level >= 2 and "fold-norm-affine" not in disabled:  # needs the weights' data (not a module pass)
         if before_pass is not None:
             before_pass("fold-norm-affine", module)
@@ -88,7 +101,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             break_pass.plant(module)
         if after_pass is not None:
             after_pass("fold-norm-affine", module)
-    for name, run in default_pipeline(cfg, opt_level, matmul_policy):
+    for name, run in default_pipeline(cfg, opt_level, matmul_policy, CompileSession()):
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":

@@ -29,7 +29,8 @@ from tilecc.passes.schedule.matmul_schedule import (
     footprint,
     kernel_matmuls,
 )
-from tilecc.runtime.compiler import compile_graph
+from tilecc.passes.schedule.matmul_tuning import kernel_alone
+from tilecc.runtime.compiler import compile_graph, measure_program
 from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import load_config
 
@@ -170,7 +171,7 @@ def test_cost_model_estimate_tracks_the_simulator(target, shape):
     s = cost_model.choose(p, cfg)
     assert s is not None and fits(p, s, cfg)
     est = cost_model.estimate(p, s, cfg)
-    real = lower_matmul.measure_schedule(p, s, cfg)
+    real = measure_program(kernel_alone(p, cfg), s, cfg)
     assert 0.75 < est / real < 1.25, (est, real, s)
 
 
@@ -199,7 +200,7 @@ def test_footprint_and_kernel_size_match_the_kernel():
     cfg = load_config("tiny")
     p = MatmulProblem.make(cfg, 119, 37, 75, batch=(2,))
     s = MatmulSchedule(nb=3, w=2, g=1, b_sets=2, pipelined=True, qb=(0,), qa=(1,))
-    gp = lower_matmul.kernel_alone(p, cfg)
+    gp = kernel_alone(p, cfg)
     counts = {}
 
     def after(name, module):

@@ -57,7 +57,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes import remarks
-from tilecc.passes.graph_to_tile.elementwise import elementwise_fn
+from tilecc.passes.vector_fns import elementwise_fn
 
 
 def squeezed(t) -> tuple[int, ...]:

@@ -42,9 +42,10 @@ from xdsl.ir import Attribute, SSAValue
 from tilecc.errors import CompileError, TensorTooLargeError
 from tilecc.ir import tile
 from tilecc.passes import remarks
-from tilecc.passes.graph_to_tile.context import collapse, Operand
+from tilecc.passes.graph_to_tile.shapes import Operand, collapse
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.tile.plan_sram import element_size
+from tilecc.passes.vector_fns import elementwise_fn
 
 IndexMap = list[int | None]  # output dim -> operand dim (None: broadcast)
 _ALIGN = 64
@@ -252,7 +253,7 @@ class ElementwiseKernel:
     def _out_buffer(self, value: SSAValue | None, elem: Attribute, full: Sequence[int]) -> SSAValue:
         """An output's HBM tensor at the iteration space's shape: the buffer the graph
         value asks for (`output_buffer`) when it reshapes to the space for free."""
-        from tilecc.passes.graph_to_tile.context import reshape_strides
+        from tilecc.passes.graph_to_tile.shapes import reshape_strides
 
         lw = self.lw
         if value is not None and value in lw.layout_requests:
@@ -914,45 +915,6 @@ __all__ = ["ElementwiseKernel", "Leaf", "Imm", "Node", "Float32Type"]
 # ---------------------------------------------------------------------------
 # Graph ops as DAG nodes
 # ---------------------------------------------------------------------------
-
-
-def elementwise_fn(op) -> tuple[str, str] | None:
-    """("unary" | "binary" | "where", vector function) of an elementwise graph op (a cast
-    is the unary copy), None for any other op."""
-    from tilecc.ir import graph as g
-    from tilecc.ir import graph_index as gi
-    from tilecc.passes.graph_to_tile.context import BINARY, UNARY
-
-    t = type(op)
-    if t in UNARY:
-        return "unary", UNARY[t]
-    if t in INDEX_UNARY:
-        return "unary", INDEX_UNARY[t]
-    if t in BINARY:
-        return "binary", BINARY[t]
-    if t in INDEX_BINARY:
-        return "binary", INDEX_BINARY[t]
-    if isinstance(op, g.GeluOp):
-        return "unary", "gelu" if op.properties["approximate"].data == "none" else "gelu_tanh"
-    if isinstance(op, g.CastOp):
-        return "unary", "copy"
-    if isinstance(op, gi.WhereOp):
-        return "where", ""
-    return None
-
-
-def _index_tables():
-    from tilecc.ir import graph_index as gi
-
-    unary = {gi.AbsOp: "abs", gi.LogOp: "log", gi.ErfOp: "erf"}
-    binary = {
-        gi.PowOp: "pow", gi.MinimumOp: "min", gi.EqOp: "eq", gi.NeOp: "ne", gi.LtOp: "lt",
-        gi.LeOp: "le", gi.GtOp: "gt", gi.GeOp: "ge",
-    }
-    return unary, binary
-
-
-INDEX_UNARY, INDEX_BINARY = _index_tables()
 
 
 def add_graph_op(ek: ElementwiseKernel, op, args: list[int]) -> int:

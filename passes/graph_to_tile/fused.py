@@ -18,7 +18,9 @@ from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
-from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, add_graph_op, elementwise_fn
+from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, add_graph_op
+from tilecc.passes.vector_fns import elementwise_fn
+from tilecc.passes.graph_to_tile.conversion import lower_op
 
 
 def _shape(v: SSAValue) -> tuple[int, ...]:
@@ -61,7 +63,7 @@ def _bind(lw, op: FusedOp) -> None:
             lw.values[arg] = lw.materialise(v)
     for inner in op.block.ops:
         if isinstance(inner, g.ConstantOp):
-            lw.lower(inner)
+            lower_op(lw, inner)
 
 
 def _results(lw, op: FusedOp) -> None:
@@ -81,7 +83,7 @@ def lower_unfused(lw, op: FusedOp) -> None:
     """The region's ops one by one (each its own kernel)."""
     for inner in op.block.ops:
         if not isinstance(inner, (YieldOp, g.ConstantOp)):
-            lw.lower(inner)
+            lower_op(lw, inner)
 
 
 def lower_matmul_group(lw, op: FusedOp, loc: str) -> None:
@@ -98,7 +100,7 @@ def lower_matmul_group(lw, op: FusedOp, loc: str) -> None:
     pro, epi = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]
     if pro:
         lower_subdag(lw, pro, _needed(pro, [mm, *epi], y), loc, _ops_name(pro), _space(pro))
-    lw.lower(mm)
+    lower_op(lw, mm)
     if epi:
         lower_subdag(lw, epi, _needed(epi, [], y), loc, _ops_name(epi), squeezed2(_shape(mm.results[0])))
 
@@ -183,4 +185,7 @@ def _ops_name(ops: list[Operation]) -> str:
     return f"fused_{head}" if len(names) > 1 else head
 
 
-__all__ = ["lower_fused", "lower_unfused", "build_dag", "lower_subdag", "squeezed2"]
+__all__ = ["LOWERINGS", "lower_fused", "lower_unfused", "build_dag", "lower_subdag", "squeezed2"]
+
+
+LOWERINGS = {FusedOp: lower_fused}

@@ -42,6 +42,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.conversion import lower_op
 
 
 def masked_value(dt) -> float:
@@ -207,7 +208,7 @@ def lower_sdpa(lw, op: gi.SdpaOp, loc: str) -> None:
     def add(o: Operation) -> SSAValue:
         g.set_loc(o, loc)
         tmp.append(o)
-        lw.lower(o)
+        lower_op(lw, o)
         return o.results[0]
 
     try:
@@ -234,29 +235,7 @@ def lower_sdpa(lw, op: gi.SdpaOp, loc: str) -> None:
             t.erase()
 
 
-# ---------------------------------------------------------------------------
-# Elementwise: the kernels of GraphToTile
-# ---------------------------------------------------------------------------
-
-
-def _unary(fn: str) -> Callable[[Any, Any, str], None]:
-    return lambda lw, op, loc: lw.lower_unary(op, fn, loc)
-
-
-def _binary(fn: str) -> Callable[[Any, Any, str], None]:
-    return lambda lw, op, loc: lw.lower_binary(op, fn, loc)
-
-
-def _elementwise_lowerings() -> dict[type, Callable[[Any, Any, str], None]]:
-    from tilecc.passes.graph_to_tile.elementwise import INDEX_BINARY, INDEX_UNARY
-
-    out: dict[type, Callable[[Any, Any, str], None]] = {t: _unary(fn) for t, fn in INDEX_UNARY.items()}
-    out.update({t: _binary(fn) for t, fn in INDEX_BINARY.items()})
-    return out
-
-
 LOWERINGS: dict[type, Callable[[Any, Any, str], None]] = {
-    **_elementwise_lowerings(),
     gi.GatherRowsOp: lower_gather_rows,
     gi.SliceOp: lower_slice,
     gi.ConcatOp: lower_concat,

@@ -58,6 +58,8 @@ uses the -O0 kernel).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -67,6 +69,7 @@ from xdsl.dialects.builtin import Float32Type, IntegerAttr, f32, i1
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import tile
+from tilecc.ir.graph import GraphProgram
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.schedule.matmul_schedule import (
@@ -84,8 +87,8 @@ from tilecc.passes.schedule.matmul_schedule import (
     uses_two_sets,
 )
 
-# bump when the kernel's structure changes: cached autotuning results are keyed by it
-KERNEL_VERSION = "matmul-resident-1"
+if TYPE_CHECKING:
+    from tilecc.passes.graph_to_tile.context import LoweringContext
 
 
 # ----------------------------------------------------------------------------- indices
@@ -532,7 +535,7 @@ def _dtype_name(elem) -> str:
 
 def problem_of(lw, op: Operation):
     """(MatmulProblem, dims) of a graph.matmul, or None when the kernel does not apply."""
-    from tilecc.passes.graph_to_tile.context import elem_of, matmul_dims, shape_of
+    from tilecc.passes.graph_to_tile.shapes import elem_of, matmul_dims, shape_of
 
     dims = matmul_dims(op)
     if dims is None:
@@ -553,15 +556,17 @@ def problem_of(lw, op: Operation):
     return problem, dims
 
 
-def choose_schedule(lw, problem: MatmulProblem, measure: Callable | None = None) -> MatmulSchedule | None:
+def choose_schedule(
+    lw: LoweringContext, problem: MatmulProblem, program: Callable[[], GraphProgram] | None = None
+) -> MatmulSchedule | None:
     """The schedule of this matmul: the lowering's policy (autotuning, a forced
-    schedule) if it has one, else the cost model's choice. `measure` (schedule ->
-    cycles) times a candidate when the kernel is more than the matmul alone (a fused
-    group); by default the autotuner simulates the matmul alone."""
+    schedule) if it has one, else the cost model's choice. `program` builds the graph
+    program whose cycles judge a candidate when the kernel is more than the matmul alone
+    (a fused group); by default the autotuner times the matmul alone."""
     policy = lw.matmul_policy
     from tilecc.passes.schedule.cost_model import choose
 
-    sched = policy(problem, measure) if policy is not None else choose(problem, lw.cfg)
+    sched = policy(problem, program) if policy is not None else choose(problem, lw.cfg)
     remarks.emit("lower-graph-to-tile", "passed" if sched else "missed",
                  lambda: schedule_remark(problem, sched, lw.cfg, "autotuner" if policy else "cost model"))
     return sched
@@ -583,7 +588,7 @@ def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg, by: str) ->
 
 
 def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
-    from tilecc.passes.graph_to_tile.context import dense_attr, elem_of
+    from tilecc.passes.graph_to_tile.shapes import dense_attr, elem_of
 
     got = problem_of(lw, op)
     if got is None:
@@ -599,8 +604,7 @@ def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
     ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
     out = lw.hbm(out_shape, eo)
     kb = KernelBuilder(lw.kernel_name("matmul"), [A.value.type, B.value.type, ident.type, out.type], loc)
-    kernel_cls = getattr(lw, "matmul_kernel", None) or BlockedMatmulKernel
-    kernel = kernel_cls(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,
+    kernel = BlockedMatmulKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,
                                  elems=(ea, eb, eo))
     kernel.emit(out_shape[:-2])
     lw.launch(kb, [A.value, B.value, ident, out])
@@ -610,97 +614,3 @@ def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
 
 def _bool(kb: KernelBuilder, value: bool) -> SSAValue:
     return kb._add_entry(arith.ConstantOp(IntegerAttr(int(value), i1)))
-
-
-# ----------------------------------------------------------------------------- autotuning
-
-TUNE_CANDIDATES = 8  # schedules the autotuner simulates per matmul: the cost model's best
-
-
-def kernel_alone(problem: MatmulProblem, cfg):
-    """A graph program holding only this matmul (inputs a, b; output out)."""
-    from xdsl.dialects import func
-    from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, TensorType
-    from xdsl.ir import Block, Region
-
-    from tilecc.ir import graph as g
-
-    elem = {"f32": f32, "bf16": BFloat16Type(), "f16": Float16Type()}
-    p = problem
-    a_shape = [x if w else 1 for x, w in zip(p.batch, p.a_batch)] + [p.M, p.K]
-    b_shape = [x if w else 1 for x, w in zip(p.batch, p.b_batch)] + [p.K, p.N]
-    ta, tb = TensorType(elem[p.a_dtype], a_shape), TensorType(elem[p.b_dtype], b_shape)
-    block = Block(arg_types=[ta, tb])
-    mm = g.MatmulOp.make(block.args[0], block.args[1], loc="<autotune>")
-    block.add_op(mm)
-    block.add_op(func.ReturnOp(mm.results[0]))
-    fn = func.FuncOp("forward", ([ta, tb], [mm.results[0].type]), Region(block))
-    return g.GraphProgram(ModuleOp([fn]), {}, ["a", "b"], ["out"])
-
-
-def measure_schedule(problem: MatmulProblem, sched: MatmulSchedule, cfg) -> float:
-    """Cycles of this matmul's kernel alone under `sched` (timing-only simulation)."""
-    from tilecc.runtime.compiler import compile_graph
-    from tilecc.simulator.machine import simulate
-
-    prog = compile_graph(kernel_alone(problem, cfg), cfg, matmul_policy=lambda _p, _m=None: sched)
-    return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
-
-
-def diverse(ranked, first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
-    """The best-ranked schedules that differ from each other (and from `first`) in the
-    block, the chunk width, the number of B queues or staggering; then the next best."""
-    def shape(s: MatmulSchedule) -> tuple:
-        return (s.nb, s.w, len(s.qb), s.stagger)
-
-    seen = {shape(first)}
-    out: list[MatmulSchedule] = []
-    for _, s in ranked:
-        if len(out) < n and s != first and shape(s) not in seen:
-            seen.add(shape(s))
-            out.append(s)
-    for _, s in ranked:
-        if len(out) < n and s != first and s not in out:
-            out.append(s)
-    return out
-
-
-def _valid_schedule(d, problem: MatmulProblem, cfg) -> bool:
-    """A cached winner is a schedule that fits (a hand-edited or stale file may hold anything)."""
-    from tilecc.passes.schedule.matmul_schedule import fits
-
-    try:
-        s = MatmulSchedule.from_dict(d)
-    except (KeyError, TypeError, ValueError):
-        return False
-    Q = cfg.dma.queues
-    return (s.nb >= 1 and s.w >= 1 and s.g >= 1 and s.b_sets in (1, 2) and bool(s.qb) and bool(s.qa)
-            and all(0 <= q < Q for q in s.qb + s.qa) and fits(problem, s, cfg))
-
-
-def tuning_policy(cfg, tuner=None, n_candidates: int = TUNE_CANDIDATES) -> Callable:
-    """problem -> schedule: the fastest of the cost model's best `n_candidates`
-    schedules, simulated (the first is the cost model's own choice), via `tuner`'s
-    on-disk cache (a new `Autotuner(cfg)` by default)."""
-    from tilecc.passes.schedule import cost_model
-    from tilecc.passes.schedule.autotune import Autotuner
-
-    tuner = tuner if tuner is not None else Autotuner(cfg)
-
-    def policy(problem: MatmulProblem, measure: Callable | None = None) -> MatmulSchedule | None:
-        first = cost_model.choose(problem, cfg)
-        if first is None:
-            return None
-        cands = [first] + diverse(cost_model.rank(problem, cfg), first, n_candidates - 1)
-        sig = {**problem.signature(), "tiles": [problem.TM, problem.TK, problem.TN], "kernel": KERNEL_VERSION}
-
-        def timed(d: dict) -> float:
-            sched = MatmulSchedule.from_dict(d)
-            return measure(sched) if measure is not None else measure_schedule(problem, sched, cfg)
-
-        best = tuner.tune("matmul", sig, [s.to_dict() for s in cands], timed,
-                          validate=lambda d: _valid_schedule(d, problem, cfg))
-        return MatmulSchedule.from_dict(best.params)
-
-    policy.tuner = tuner
-    return policy

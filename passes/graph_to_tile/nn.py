@@ -68,6 +68,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import graph_nn as nn
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.conversion import lower_op
 
 # ---------------------------------------------------------------------------
 # small helpers
@@ -360,7 +361,7 @@ def _wants_padded(lw, v: SSAValue, N: int, C: int, H: int, W: int, nonneg: bool,
     expected in a later convolution's epilogue are appended to `absorbed` as (add, conv);
     `strict` gets True when some user needs rows of exactly W + 2 (a stride-1 window
     reading it directly, or an epilogue adding it), else the row width is free."""
-    if getattr(lw, "opt_level", 2) < 2 or not v.uses:
+    if lw.opt_level < 2 or not v.uses:
         return False
     for use in v.uses:
         u = use.operation
@@ -472,7 +473,7 @@ def pad_kernel(
     read element by element (one descriptor and one short chunk per element). At -O2
     the phases are instead picked out on the matrix engine (`_phase_split_*`); -O0
     keeps the strided DMAs."""
-    if s != (1, 1) and getattr(lw, "opt_level", 2) >= 2:
+    if s != (1, 1) and lw.opt_level >= 2:
         if _phase_split(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value):
             return
     N, C, H, W = _shape(x)
@@ -981,19 +982,18 @@ class Step:
     value: SSAValue | None = None  # HBM operand (column / tile)
 
 
-def _fusable_fns():
-    from tilecc.passes.graph_to_tile.context import BINARY, UNARY
+def _fusable_fns() -> tuple[dict, dict]:
+    """The unary and binary ops a convolution epilogue absorbs (a subset of the one table,
+    `passes/vector_fns.py`: the core activations and arithmetic, and min)."""
+    from tilecc.passes.vector_fns import BINARY, UNARY
 
-    binary = dict(BINARY)
-    try:
-        from tilecc.ir import graph_index as gi
-
-        binary[gi.MinimumOp] = "min"
-    except (ImportError, AttributeError):
-        pass
-    return UNARY, binary
+    unary = {t: f for t, f in UNARY.items() if f in _EPILOGUE_UNARY}
+    binary = {t: f for t, f in BINARY.items() if f in _EPILOGUE_BINARY}
+    return unary, binary
 
 
+_EPILOGUE_UNARY = ("relu", "exp", "tanh", "sigmoid", "neg", "rsqrt", "sqrt", "silu")
+_EPILOGUE_BINARY = ("add", "sub", "mul", "div", "max", "min")
 _COMMUTATIVE = ("add", "mul", "max", "min")
 
 
@@ -1004,7 +1004,7 @@ def _ready(lw, v: SSAValue, before: Operation) -> bool:
         return True
     owner = v.owner
     if isinstance(owner, (g.WeightOp, g.ConstantOp)) and owner.parent_block() is before.parent_block():
-        lw.lower(owner)
+        lower_op(lw, owner)
         return True
     return False
 
@@ -1441,7 +1441,7 @@ def lower_conv2d(lw, op: nn.Conv2dOp, loc: str) -> None:
     # padded epilogue's buffers when that layout is wanted)
     kernel = "vector" if Ci_g == 1 else None
     probe = _output_layout(lw, final, steps, N, Co, OH, OW, _elem(res), key=res, probe=True, wq=geo.Wq)[0]
-    if kernel is None and getattr(lw, "opt_level", 2) >= 2:
+    if kernel is None and lw.opt_level >= 2:
         for pd in ([probe, None] if probe is not None else [None]):
             if _conv_gemm_small_o2(lw, op, loc, geo, None, steps, None, G, Ci_g, Co_g, layout, pd, plan_only=True):
                 kernel = "small"
@@ -1485,7 +1485,7 @@ def _output_layout(lw, final: SSAValue, steps: list[Step], N: int, C: int, OH: i
     it padded, or when a fused residual operand is padded (the epilogue reads operands in
     its own layout); natural otherwise (padded operands are then read through a
     natural copy). Also returns whether the users asked for it."""
-    if getattr(lw, "opt_level", 2) < 2:
+    if lw.opt_level < 2:
         return None, False
     if nonneg is None:
         nonneg = bool(steps) and steps[-1].kind == "unary" and steps[-1].fn == "relu"

@@ -27,6 +27,7 @@ from xdsl.passes import ModulePass
 from tilecc.errors import SramOverflowError
 from tilecc.ir import tile
 from tilecc.passes import remarks
+from tilecc.ir.dtypes import element_size
 from tilecc.simulator.config import HardwareConfig, load_config
 
 ALIGN = 64
@@ -36,16 +37,6 @@ def buffer_bytes(t: MemRefType) -> int:
     """Bytes per partition of an on-chip buffer (its columns x element size)."""
     rows, cols = t.get_shape()
     return cols * element_size(t.element_type)
-
-
-def element_size(elem) -> int:
-    from xdsl.dialects.builtin import Float32Type, IntegerType
-
-    if isinstance(elem, Float32Type):
-        return 4
-    if isinstance(elem, IntegerType):
-        return max(1, elem.width.data // 8)
-    return 2
 
 
 def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:

@@ -1,0 +1,125 @@
+"""lower-graph-to-tile: one tile kernel per graph op (or fused group), tiled to the target's memories.
+
+Before (graph)::
+
+    func.func @forward(%x: tensor<37x53xf32>) -> tensor<37x53xf32> {
+      %y = graph.relu %x : tensor<37x53xf32>
+      func.return %y : tensor<37x53xf32>
+    }
+
+After (tile; `tiny`: 16 partitions)::
+
+    func.func @k0_relu(%x: memref<37x53xf32>, %out: memref<37x53xf32>) attributes {tile.kernel} {
+      scf.for %i = %c0 to %c3 step %c1 {          // row tiles of 16, the last one 5 rows
+        %r = arith.minsi %c16, %rem : index
+        scf.for %j = ... {                          // column tiles
+          tile.load %x[%r0, %c0] into %in sizes(%r, %c) ...
+          tile.unary "relu" %in into %out_buf sizes(%r, %c) ...
+          tile.store %out_buf into %out[%r0, %c0] sizes(%r, %c) ...
+    }}}
+    func.func @main() -> memref<37x53xf32> {
+      %x = tile.hbm_alloc {input = 0 : i64} : memref<37x53xf32>
+      %y = tile.hbm_alloc : memref<37x53xf32>
+      func.call @k0_relu(%x, %y) : (...) -> ()
+      func.return %y : memref<37x53xf32>
+    }
+
+Tile shapes come from the hardware config: rows to SRAM partitions, matmul tiles to
+the systolic array (K <= rows, N <= columns) and the accumulator, columns to what fits
+in a partition. Any size works: edge tiles get `min(tile, extent - start)` sizes.
+Reshapes become `tile.view` (free); layout changes (permute, expand) are strided DMA
+copies. The program's weights and inputs become `tile.hbm_alloc` with `weight` / `input`.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from tilecc.errors import CompileError
+from tilecc.ir import graph as g
+from tilecc.passes import remarks
+from tilecc.passes.graph_to_tile.context import LoweringContext
+from tilecc.passes.graph_to_tile.registry import lowerings
+from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
+from tilecc.passes.session import CompileSession
+from tilecc.simulator.config import HardwareConfig, load_config
+
+
+def lower_graph_to_tile(
+    module: ModuleOp, cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable[..., Any] | None = None,
+    session: CompileSession | None = None,
+) -> LoweringContext:
+    """Replace `module`'s graph function @forward by tile kernels and their @main."""
+    lw = LoweringContext(cfg, opt_level, matmul_policy, session if session is not None else CompileSession())
+    convert(lw, module)
+    return lw
+
+
+def convert(lw: LoweringContext, module: ModuleOp) -> None:
+    """Lower every op of @forward in order, then assemble @main from the launches."""
+    forward = next(
+        (op for op in module.ops if isinstance(op, func.FuncOp) and op.sym_name.data == "forward"),
+        None,
+    )
+    if forward is None:
+        raise CompileError("lower-graph-to-tile: the module has no func.func @forward")
+    for i, arg in enumerate(forward.body.block.args):
+        lw.values[arg] = lw.hbm(shape_of(arg.type), elem_of(arg.type), input=i)
+    outputs: list[SSAValue] = []
+    # a snapshot: a lowering may fuse later ops into its kernel (erasing them) or lower
+    # a later weight / constant ahead of time; both are skipped here
+    for op in list(forward.body.block.ops):
+        if op.parent is None or (
+            op.results and (op.results[0] in lw.values or op.results[0] in lw.scalars)
+        ):
+            continue
+        if isinstance(op, func.ReturnOp):
+            outputs = [lw.dense(lw.materialise(v)) for v in op.arguments]
+            continue
+        lw.request_layout(op)
+        lower_op(lw, op)
+        if op.results:
+            lw.layout_requests.pop(op.results[0], None)
+    out_types = [v.type for v in outputs]
+    main = func.FuncOp("main", ([], out_types))
+    for op in lw.main_ops:
+        main.body.block.add_op(op)
+    main.body.block.add_op(func.ReturnOp(*outputs))
+    forward.detach()
+    forward.erase()
+    for k in lw.kernels:
+        module.body.block.add_op(k)
+    module.body.block.add_op(main)
+
+
+
+def lower_op(lw: LoweringContext, op: Operation) -> None:
+    """Lower one graph op through the registry, with its location on remarks and @main ops."""
+    saved, lw.lowering = lw.lowering, op
+    try:
+        with remarks.at(g.source_loc(op)):
+            lowering = lowerings().get(type(op))
+            if lowering is None:
+                raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {g.source_loc(op)}")
+            lowering(lw, op, g.source_loc(op))
+    finally:
+        lw.lowering = saved
+
+
+@dataclass(frozen=True)
+class LowerGraphToTilePass(ModulePass):
+    name = "lower-graph-to-tile"
+    target: str = "tiny"
+    opt_level: int = 2
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        lower_graph_to_tile(op, load_config(self.target), self.opt_level)

@@ -1,0 +1,63 @@
+"""Row-wise graph ops: softmax and layer norm keep whole rows on chip, one kernel each.
+
+A row is the last dim (softmax over another dim moves it last with a transposing copy
+and back); a row too long for an SRAM partition with its working buffers is a
+`TensorTooLargeError`.
+
+Before (graph)::
+
+    %y = graph.softmax %x {dim = 1} : tensor<64x100xf32>
+
+After (tile)::
+
+    func.func @k0_softmax(%x: memref<64x100xf32>, %out: memref<64x100xf32>) attributes {tile.kernel} {
+      scf.for ... {                   // row tiles
+        tile.load ...; tile.reduce "max" ...; tile.binary "sub" ... "column"; tile.unary "exp" ...
+        tile.reduce "add" ...; tile.binary "div" ... "column"; tile.store ...
+    }}
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from xdsl.ir import Operation
+
+from tilecc.ir import graph as g
+from tilecc.passes.graph_to_tile.context import LoweringContext
+from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
+
+
+def lower_softmax(lw: LoweringContext, op: Operation, loc: str) -> None:
+    """Softmax along the last dim (any other dim: moved last by a transposing copy
+    and back): one row-wise kernel."""
+    res = op.results[0]
+    shape = shape_of(res.type)
+    dim = op.properties["dim"].value.data
+    src = lw.materialise(op.operands[0])
+    perm = list(range(len(shape)))
+    if shape and dim != len(shape) - 1:
+        perm = [d for d in perm if d != dim] + [dim]
+        src = lw.permuted(src, perm, loc)
+    x, R, C = lw.rows_view(None, loc, "graph.softmax", src=src)
+    out = lw.rowwise_kernel("softmax", loc, x, R, C, elem_of(res.type))
+    if perm != sorted(perm):
+        moved = [shape[d] for d in perm]
+        lw.values[res] = lw.permuted(lw.view(out, moved), list(np.argsort(perm)), loc)
+    else:
+        lw.values[res] = lw.view(out, shape)
+
+
+def lower_layer_norm(lw: LoweringContext, op: Operation, loc: str) -> None:
+    """Layer norm over the last `normalized_ndim` dims, with its weight and bias."""
+    res = op.results[0]
+    nd = op.properties["normalized_ndim"].value.data
+    eps = op.properties["eps"].value.data
+    x, R, C = lw.rows_view(op.operands[0], loc, "graph.layer_norm", row_ndim=nd)
+    w = lw.view(lw.materialise(op.operands[1]), (1, C))
+    b = lw.view(lw.materialise(op.operands[2]), (1, C))
+    out = lw.rowwise_kernel("layer_norm", loc, x, R, C, elem_of(res.type), (w, b), float(eps))
+    lw.values[res] = lw.view(out, shape_of(res.type))
+
+
+
+LOWERINGS = {g.SoftmaxOp: lower_softmax, g.LayerNormOp: lower_layer_norm}
