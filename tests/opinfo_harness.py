@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import tilecc
-from tilecc.cli import tolerance
+from tilecc.runtime.compare import tolerance
 from tilecc.errors import TileccError
 
 # OpInfo name -> variant names claimed ("" is the default variant)

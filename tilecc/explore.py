@@ -305,7 +305,7 @@ def explore(
 def _simulate(ex: Exploration) -> None:
     import json
 
-    from tilecc.cli import compare
+    from tilecc.runtime.compare import compare
     from tilecc.runtime.executor import run_program
 
     with tempfile.TemporaryDirectory() as d:
