@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilecc
-from tilecc.frontend.dsl import api
+from tilecc.runtime import kernel as api
 from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.schedule import schedule_kernel
 from tilecc.runtime.executor import run_program

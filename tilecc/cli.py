@@ -126,7 +126,6 @@ def cmd_gemm(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    import numpy as np
     import torch
 
     from tilecc.runtime.executor import run_program
@@ -257,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("source", help="FILE.py:FACTORY")
     cov.add_argument("--json", action="store_true")
     cov.set_defaults(fn=cmd_coverage)
-    from tilecc.frontend.dsl.cli import add_parser as add_kernel_parser  # the tile DSL
+    from tilecc.kernel_cli import add_parser as add_kernel_parser  # the tile DSL
 
     add_kernel_parser(sub)
     ex = sub.add_parser("explain", help="how torch.compile(backend='tilecc') splits a model: NPU "

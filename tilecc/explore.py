@@ -176,9 +176,9 @@ def load_tile_dsl(spec: str) -> Source:
     the same random inputs."""
     import torch
 
-    from tilecc.frontend.dsl.api import TORCH_DTYPE
-    from tilecc.frontend.dsl.api import kernel as dsl_kernel
-    from tilecc.frontend.dsl.cli import _shapes
+    from tilecc.frontend.dsl.torch_op import TORCH_DTYPE
+    from tilecc.kernel_cli import _shapes
+    from tilecc.runtime.kernel import kernel as dsl_kernel
     from tilecc.frontend.torch_export import export_model, import_exported_program
 
     path, _, shapes_text = spec.partition(":")
