@@ -19,11 +19,12 @@ or the buffer of the variable it is assigned to when that variable outlives the 
 Every op built carries ``tilecc.loc = "file:line:col"`` of the DSL construct it came
 from (the attribute the graph lowering uses for torch source locations).
 
-The lowering is one class, `KernelLowering` (`kernel.py`: the driver, `build_module`),
-whose methods come by concept from the modules here: `builder` (ops, indices, buffers,
-scopes), `statements`, `loops`, `expressions`, `tiles` (HBM slices, loads, windows),
-`constants` (fills, ids, resident constants), `matmul`, `transpose`; the values an
-expression evaluates to are in `values`, the syntax-tree analyses in `analysis`.
+The lowering's context is `KernelLowering` (`kernel.py`: one kernel's state, its
+building blocks, the driver `run`, and `build_module`); the concepts are functions that
+take it as `lw`, by module: `statements`, `loops`, `expressions`, `tiles` (HBM slices,
+loads, windows), `constants` (fills, ids, resident constants), `matmul`, `transpose`.
+The values an expression evaluates to are in `values`, the syntax-tree analyses in
+`analysis`.
 """
 
 from tilecc.frontend.dsl.lower.kernel import KernelLowering, build_module

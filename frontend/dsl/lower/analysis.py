@@ -2,7 +2,7 @@
 
 - `names_in` / `reads_of`: the names an expression or statement reads;
 - `dead_after`: whether a tile's value is dead after the current statement (transposes
-  borrow a dead accumulator tile as their scratch, `Transposes.dead_acc_tile`);
+  borrow a dead accumulator tile as their scratch, `transpose.dead_acc_tile`);
 - `loops_bounding_inner`: the loops whose variable bounds a nested loop (unrolled);
 - `lazy_zero_assigns`: the ``x = zeros(...)`` whose next mention is ``x += ...`` (their
   fill is skipped or deferred):

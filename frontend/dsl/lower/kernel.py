@@ -1,51 +1,59 @@
-"""The lowering driver: a tile-DSL kernel, for concrete shapes, to a tile-dialect module.
+"""The lowering's context and driver: a tile-DSL kernel, for concrete shapes, to a
+tile-dialect module.
 
-`KernelLowering` binds the kernel's size symbols from the call's shapes, walks the body
-once (checking and emitting together; the concepts are mixed in from the modules of
-this package), hoists every buffer and constant to the kernel's entry, checks that the
-buffers fit on chip and list-schedules each block (`frontend/dsl/schedule.py`).
-`build_module` adds the ``@main`` that allocates the tensors and calls the kernel:
+`KernelLowering` holds the state of one kernel's lowering (declared in `__init__`) and
+its building blocks: ops in the current block or the prologue, index arithmetic folded
+where static, on-chip buffers hoisted per multi-buffering copy, HBM constants as extra
+kernel arguments, the scopes names are looked up in, and errors at a DSL position. The
+concepts are functions of the sibling modules that take it as `lw` (`statements`,
+`loops`, `expressions`, `tiles`, `constants`, `matmul`, `transpose`). `run` walks the
+body once (checking and emitting together), hoists every buffer and constant to the
+kernel's entry, checks that the buffers fit on chip and list-schedules each block
+(`frontend/dsl/schedule.py`); `build_module` adds the ``@main`` that allocates the
+tensors and calls the kernel:
 
     kernel add1(x: f32[R, C]) -> f32[R, C]:
         out[:, :] = load(x[:, :]) + 1.0
     -->
-    func.func @add1(%x: memref<16x8xf32>, %out: memref<16x8xf32>, ...) attributes {tile.kernel} {...}
+    func.func @add1(%x: memref<16x8xf32>, %out: memref<16x8xf32>) attributes {tile.kernel} {
+      %c0 = arith.constant 0 : index
+      %x_s = tile.alloc {buffer = "x"} : memref<16x8xf32, #tile.space<"sram">>
+      tile.load %x[%c0, %c0] into %x_s sizes(%c16, %c8) ...
+      tile.scalar "add" %x_s, 1.0 into %t sizes(%c16, %c8) ...
+      tile.store %t into %out[%c0, %c0] sizes(%c16, %c8) ...
+    }
     func.func @main() -> memref<16x8xf32> {
       %0 = tile.hbm_alloc {input = 0} : memref<16x8xf32>
       %1 = tile.hbm_alloc : memref<16x8xf32>
-      func.call @add1(%0, %1, ...)
+      func.call @add1(%0, %1)
       func.return %1
     }
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
-from xdsl.dialects import func
+from xdsl.dialects import arith, func
 from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     FunctionType,
+    IndexType,
     MemRefType,
     ModuleOp,
     StringAttr,
     TensorType,
     UnitAttr,
+    i1,
 )
 from xdsl.ir import Block, Operation, SSAValue
 
 from tilecc.errors import DslError, DslMemoryError, DslNameError, DslShapeError
 from tilecc.frontend.dsl import ast as A
+from tilecc.frontend.dsl.lower import expressions, statements
 from tilecc.frontend.dsl.lower.analysis import lazy_zero_assigns, loops_bounding_inner
-from tilecc.frontend.dsl.lower.builder import Builder
-from tilecc.frontend.dsl.lower.constants import Constants
-from tilecc.frontend.dsl.lower.expressions import Expressions
-from tilecc.frontend.dsl.lower.loops import Loops
-from tilecc.frontend.dsl.lower.matmul import Matmuls
-from tilecc.frontend.dsl.lower.statements import Statements
-from tilecc.frontend.dsl.lower.tiles import Tiles
-from tilecc.frontend.dsl.lower.transpose import Transposes
 from tilecc.frontend.dsl.lower.values import DTYPES, ITEM, TileVar, Value, fmt_dims
 from tilecc.frontend.dsl.parser import excerpt
 from tilecc.ir import tile
@@ -53,11 +61,12 @@ from tilecc.ir.buffers import align_up
 from tilecc.simulator.config import HardwareConfig
 
 
-class KernelLowering(Builder, Statements, Loops, Expressions, Tiles, Constants, Matmuls, Transposes):
-    """A kernel's lowering at one set of shapes: `run` builds its `func.func`."""
+class KernelLowering:
+    """One kernel's lowering at one set of shapes: its state and building blocks; `run`
+    builds its `func.func`."""
 
     def __init__(self, kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: HardwareConfig,
-                 target: str = "", schedule: bool = True):
+                 target: str = "", schedule: bool = True) -> None:
         self.k = kernel
         self.cfg = cfg
         self.target = target or cfg.name
@@ -88,7 +97,7 @@ class KernelLowering(Builder, Statements, Loops, Expressions, Tiles, Constants, 
         self.allocs: dict[tuple, tuple[SSAValue, A.Pos, str]] = {}
         self.stmt_stack: list[tuple[list[A.Stmt], int]] = []  # (body, index) of each statement being lowered
         self.buffer_names: dict[str, int] = {}
-        self.slot: tuple[int, ...] = ()  # the multi-buffering copy we are in
+        self.slot: tuple[tuple[int, int], ...] = ()  # the multi-buffering copy we are in: (loop id, copy) per loop
         self.loops: list[TileVar] = []
         self.loc = ""
         self.name_hint = "t"  # temporaries are named after the variable being assigned
@@ -131,7 +140,10 @@ class KernelLowering(Builder, Statements, Loops, Expressions, Tiles, Constants, 
                 if isinstance(d, str) and d not in self.symbols:
                     raise self.err(DslNameError, p.type.pos, f"undefined size '{d}' in the result type "
                                    "(every result size must be an input's size or a number)")
-                n = d if isinstance(d, int) else self.symbols[d] if isinstance(d, str) else self.static_int(d, "a result size")
+                if isinstance(d, int):
+                    n = d
+                else:
+                    n = self.symbols[d] if isinstance(d, str) else expressions.static_int(self, d, "a result size")
                 if n < 0:
                     raise self.err(DslShapeError, p.type.pos, f"result '{p.name}' would have a negative size {n}")
                 out.append(n)
@@ -143,7 +155,7 @@ class KernelLowering(Builder, Statements, Loops, Expressions, Tiles, Constants, 
         return tuple(d if isinstance(d, int) else self.symbols[d] for d in p.type.dims)
 
     def run(self) -> func.FuncOp:
-        self.stmts(self.k.body)
+        statements.stmts(self, self.k.body)
         self.loc = self.loc_of(self.k.pos)
         for op in list(self.top.ops):
             op.detach()
@@ -177,6 +189,109 @@ class KernelLowering(Builder, Statements, Loops, Expressions, Tiles, Constants, 
             worst = bufs[0][2]
             raise self.err(DslMemoryError, worst, f"on-chip buffers do not fit: {space} needs {total} bytes per "
                            f"partition, target '{self.target}' has {cap}; live at the peak: {listing}{more}")
+
+    def add(self, op: Operation) -> Operation:
+        op.attributes["tilecc.loc"] = StringAttr(self.loc)
+        self.block.add_op(op)
+        return op
+
+    def to_prologue(self, op: Operation) -> SSAValue:
+        op.attributes["tilecc.loc"] = StringAttr(self.loc)
+        self.entry.add_op(op)
+        return op.results[0] if op.results else None  # type: ignore[return-value]
+
+    def idx(self, v: SSAValue | int) -> SSAValue:
+        if not isinstance(v, int):
+            return v
+        if v not in self.index_consts:
+            self.index_consts[v] = self.to_prologue(arith.ConstantOp.from_int_and_width(v, IndexType()))
+        return self.index_consts[v]
+
+    def flag(self, v: bool) -> SSAValue:
+        key = -1 - int(v)  # beside the index constants
+        if key not in self.index_consts:
+            self.index_consts[key] = self.to_prologue(arith.ConstantOp.from_int_and_width(int(v), i1))
+        return self.index_consts[key]
+
+    def iadd(self, a: SSAValue | int, b: SSAValue | int) -> SSAValue | int:
+        if isinstance(a, int) and isinstance(b, int):
+            return a + b
+        if b == 0:
+            return a
+        if a == 0:
+            return b
+        return self.add(arith.AddiOp(self.idx(a), self.idx(b))).results[0]
+
+    def isub(self, a: SSAValue | int, b: SSAValue | int) -> SSAValue | int:
+        if isinstance(a, int) and isinstance(b, int):
+            return a - b
+        if b == 0:
+            return a
+        return self.add(arith.SubiOp(self.idx(a), self.idx(b))).results[0]
+
+    def imul(self, a: SSAValue | int, b: SSAValue | int) -> SSAValue | int:
+        if isinstance(a, int) and isinstance(b, int):
+            return a * b
+        if b == 1:
+            return a
+        if a == 1:
+            return b
+        return self.add(arith.MuliOp(self.idx(a), self.idx(b))).results[0]
+
+    def buffer(self, node: A.Node, shape: tuple[int, int], dtype: str, space: str, name: str) -> SSAValue:
+        """The on-chip buffer of `node` in this multi-buffering copy (hoisted to the entry)."""
+        rows, cols = shape
+        parts = self.cfg.sram.partitions if space == tile.SRAM else self.cfg.accumulator.partitions
+        if rows > parts:
+            raise self.err(DslShapeError, node.pos, f"partition dimension too large: the tile {name} "
+                           f"{dtype}[{rows} x {cols}] has {rows} rows but {space} on target '{self.target}' "
+                           f"has {parts} partitions")
+        key = (id(node), self.slot, shape, dtype, space, name)
+        if key not in self.allocs:
+            n = self.buffer_names.get(name, 0)
+            self.buffer_names[name] = n + 1
+            unique = name if n == 0 else f"{name}{n}"
+            op = tile.AllocOp(tile.onchip_type([rows, max(cols, 1)], DTYPES[dtype], space), unique)
+            self.allocs[key] = (self.to_prologue(op), node.pos, unique)
+        return self.allocs[key][0]
+
+    def const_tensor(self, data: np.ndarray, dtype: str) -> SSAValue:
+        """An HBM constant, passed to the kernel as an extra argument."""
+        key = (dtype, data.shape, data.tobytes())
+        if key not in self.const_args:
+            t = MemRefType(DTYPES[dtype], list(data.shape))
+            self.const_args[key] = self.entry.insert_arg(t, len(self.entry.args))
+            self.consts.append((data, dtype))
+        return self.const_args[key]
+
+    def lookup(self, name: str, pos: A.Pos) -> object:
+        if name in ("True", "False") and not self.is_defined(name):
+            return int(name == "True")
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        if name in self.symbols:
+            return self.symbols[name]
+        if name in self.tensors:
+            raise self.err(DslNameError, pos, f"'{name}' is an HBM tensor; read a tile of it with load({name}[...])")
+        raise self.err(DslNameError, pos, f"undefined name '{name}'")
+
+    def defined_outside(self, name: str) -> object | None:
+        for scope in reversed(self.scopes[:-1]):
+            if name in scope:
+                return scope[name]
+        return None
+
+    @contextmanager
+    def scope(self) -> Iterator[None]:
+        self.scopes.append({})
+        try:
+            yield
+        finally:
+            self.scopes.pop()
+
+    def is_defined(self, name: str) -> bool:
+        return any(name in sc for sc in self.scopes)
 
 
 def build_module(kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: HardwareConfig,

@@ -9,7 +9,7 @@ index value):
     y = exp(a)                  y   -> Value(buf=%y, "f32", "sram", shape=(128, 64))
     r = row_ids(m) (m static)   r   -> Const(data=[[0], [1], ...], kind="col")
 
-`Lazy` and `Product` become a `Value` when their use is known (`Tiles.materialise`).
+`Lazy` and `Product` become a `Value` when their use is known (`tiles.materialise`).
 """
 
 from __future__ import annotations
