@@ -67,13 +67,13 @@ from xdsl.irdl import (
 
 from tilecc.errors import ShapeError
 from tilecc.ir.graph_base import (  # noqa: F401 (re-exported: g.GraphOp, g.element_dtype, ...)
+    _NP_STORAGE,
     LOC_ATTR,
     UNKNOWN_LOC,
     GraphOp,
     _check_tensor,
     _element_type,
     _fmt,
-    _NP_STORAGE,
     _same_element,
     _value,
     broadcast_shapes,

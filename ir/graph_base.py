@@ -31,7 +31,6 @@ from xdsl.utils.exceptions import VerifyException
 from tilecc.errors import ShapeError
 from tilecc.simulator.isa import DTYPE_NAMES, DType
 
-
 LOC_ATTR = "tilecc.loc"
 UNKNOWN_LOC = "<unknown>"
 

@@ -32,7 +32,6 @@ from xdsl.irdl import (
 from tilecc.errors import ShapeError
 from tilecc.ir.graph_base import GraphOp, _check_tensor, _same_element, _value, broadcast_shapes, set_loc
 
-
 # ---------------------------------------------------------------------------
 # Binary elementwise
 # ---------------------------------------------------------------------------

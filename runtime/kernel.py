@@ -198,7 +198,8 @@ class Kernel:
 
     def _last(self) -> Compiled:
         if self.compiled is None:
-            raise TileccError(f"kernel {self.name} has not been compiled yet: call it or k.compile(*arrays, target=...)")
+            raise TileccError(f"kernel {self.name} has not been compiled yet: "
+                              "call it or k.compile(*arrays, target=...)")
         return self.compiled
 
     def as_torch_op(self, qualname: str, target: str = "tiny") -> Any:
@@ -217,7 +218,8 @@ def _np_dtype(a: Any, name: str) -> torch.dtype:
     if arr.dtype not in table:
         if arr.dtype == np.float64:
             return torch.float64
-        raise InputMismatchError(f"'{name}': numpy dtype {arr.dtype} is not supported (f32, f16, i32; bf16 via float32)")
+        raise InputMismatchError(f"'{name}': numpy dtype {arr.dtype} is not supported "
+                                 "(f32, f16, i32; bf16 via float32)")
     return table[arr.dtype]
 
 

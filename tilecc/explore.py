@@ -177,9 +177,9 @@ def load_tile_dsl(spec: str) -> Source:
     import torch
 
     from tilecc.frontend.dsl.torch_op import TORCH_DTYPE
+    from tilecc.frontend.torch_export import export_model, import_exported_program
     from tilecc.kernel_cli import _shapes
     from tilecc.runtime.kernel import kernel as dsl_kernel
-    from tilecc.frontend.torch_export import export_model, import_exported_program
 
     path, _, shapes_text = spec.partition(":")
     text = _read(path)
