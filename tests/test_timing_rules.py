@@ -37,14 +37,14 @@ import torch
 import torch.nn.functional as F
 
 import tilecc
-from tilecc.frontend.dsl import api
 from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.schedule import schedule_kernel
 from tilecc.passes.graph_to_tile import attention as la
-from tilecc.passes.schedule.matmul_tuning import kernel_alone
-from tilecc.runtime.compiler import measure_program
 from tilecc.passes.schedule import cost_model
 from tilecc.passes.schedule.matmul_schedule import MatmulProblem
+from tilecc.passes.schedule.matmul_tuning import kernel_alone
+from tilecc.runtime import kernel as api
+from tilecc.runtime.compiler import measure_program
 from tilecc.simulator import isa
 from tilecc.simulator.config import HardwareConfig, load_config
 from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, Opcode, ReduceFn, UnaryFn
