@@ -68,13 +68,14 @@ if TYPE_CHECKING:
     import torch
 
 WEIGHT_LAYOUTS = ("oihw", "gihwo")
+Ints = Sequence[int] | int  # one value per spatial dim, or one for both
 
 
 def _ints(attr: DenseArrayBase[IntegerType]) -> tuple[int, ...]:
     return tuple(int(v) for v in attr.get_values())
 
 
-def _pair(op: str, what: str, v: Sequence[int] | int, minimum: int) -> tuple[int, int]:
+def _pair(op: str, what: str, v: Ints, minimum: int) -> tuple[int, int]:
     vals = (v, v) if isinstance(v, int) else tuple(int(x) for x in v)
     if len(vals) == 1:
         vals = (vals[0], vals[0])
@@ -226,9 +227,9 @@ class Conv2dOp(GraphOp):
         x: SSAValue | Operation,
         w: SSAValue | Operation,
         b: SSAValue | Operation | None = None,
-        stride: Sequence[int] | int = 1,
-        padding: Sequence[int] | int = 0,
-        dilation: Sequence[int] | int = 1,
+        stride: Ints = 1,
+        padding: Ints = 0,
+        dilation: Ints = 1,
         groups: int = 1,
         layout: str = "oihw",
         *,
@@ -276,15 +277,7 @@ def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) ->
     return out
 
 
-def _pool_shape(
-    op: str,
-    x: Attribute,
-    k: Sequence[int] | int,
-    s: Sequence[int] | int,
-    p: Sequence[int] | int,
-    d: Sequence[int] | int,
-    ceil_mode: bool,
-) -> TensorType:
+def _pool_shape(op: str, x: Attribute, k: Ints, s: Ints, p: Ints, d: Ints, ceil_mode: bool) -> TensorType:
     x = _check_tensor(x, op, "input")
     n, c, h, w = _nchw(op, x)
     kh, kw = _pair(op, "kernel", k, 1)
@@ -336,15 +329,8 @@ class MaxPool2dOp(GraphOp):
 
     @classmethod
     def make(
-        cls,
-        x: SSAValue | Operation,
-        kernel: Sequence[int] | int,
-        stride: Sequence[int] | int | None = None,
-        padding: Sequence[int] | int = 0,
-        dilation: Sequence[int] | int = 1,
-        ceil_mode: bool = False,
-        *,
-        loc: str | None = None,
+        cls, x: SSAValue | Operation, kernel: Ints, stride: Ints | None = None, padding: Ints = 0,
+        dilation: Ints = 1, ceil_mode: bool = False, *, loc: str | None = None,
     ) -> MaxPool2dOp:
         x = _value(x)
         k = _pair(cls.name, "kernel", kernel, 1)
@@ -369,15 +355,8 @@ class MaxPool2dOp(GraphOp):
 
 
 def avg_pool_divisors(
-    h: int,
-    w: int,
-    oh: int,
-    ow: int,
-    k: Sequence[int],
-    s: Sequence[int],
-    p: Sequence[int],
-    count_include_pad: bool,
-    divisor: int,
+    h: int, w: int, oh: int, ow: int, k: Sequence[int], s: Sequence[int], p: Sequence[int],
+    count_include_pad: bool, divisor: int,
 ) -> np.ndarray:
     """[oh, ow] divisor of each output of avg_pool2d (torch's CPU kernel)."""
     out = np.empty((oh, ow), dtype=np.float64)
@@ -434,16 +413,9 @@ class AvgPool2dOp(GraphOp):
 
     @classmethod
     def make(
-        cls,
-        x: SSAValue | Operation,
-        kernel: Sequence[int] | int,
-        stride: Sequence[int] | int | None = None,
-        padding: Sequence[int] | int = 0,
-        ceil_mode: bool = False,
-        count_include_pad: bool = True,
-        divisor_override: int | None = None,
-        *,
-        loc: str | None = None,
+        cls, x: SSAValue | Operation, kernel: Ints, stride: Ints | None = None, padding: Ints = 0,
+        ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None,
+        *, loc: str | None = None,
     ) -> AvgPool2dOp:
         x = _value(x)
         k = _pair(cls.name, "kernel", kernel, 1)
@@ -578,12 +550,8 @@ class UpsampleNearest2dOp(GraphOp):
 
     @classmethod
     def make(
-        cls,
-        x: SSAValue | Operation,
-        size: Sequence[int],
-        scales: Sequence[float | None] = (0.0, 0.0),
-        *,
-        loc: str | None = None,
+        cls, x: SSAValue | Operation, size: Sequence[int], scales: Sequence[float | None] = (0.0, 0.0),
+        *, loc: str | None = None,
     ) -> UpsampleNearest2dOp:
         x = _value(x)
         sc = [float(s or 0.0) for s in scales]
@@ -644,13 +612,8 @@ class PadOp(GraphOp):
 
     @classmethod
     def make(
-        cls,
-        x: SSAValue | Operation,
-        low: Sequence[int],
-        high: Sequence[int],
-        value: float = 0.0,
-        *,
-        loc: str | None = None,
+        cls, x: SSAValue | Operation, low: Sequence[int], high: Sequence[int], value: float = 0.0,
+        *, loc: str | None = None,
     ) -> PadOp:
         x = _value(x)
         t = cls.infer(x.type, low, high)
@@ -717,12 +680,7 @@ class ReduceOp(GraphOp):
 
     @classmethod
     def make(
-        cls,
-        x: SSAValue | Operation,
-        dims: Sequence[int] | None,
-        keepdim: bool = False,
-        *,
-        loc: str | None = None,
+        cls, x: SSAValue | Operation, dims: Sequence[int] | None, keepdim: bool = False, *, loc: str | None = None
     ) -> Self:
         x = _value(x)
         rank = _check_tensor(x.type, cls.name, "input").get_num_dims()
