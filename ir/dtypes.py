@@ -20,7 +20,7 @@ def element_size(elem: Attribute) -> int:
     if isinstance(elem, Float64Type):
         return 8
     if isinstance(elem, IntegerType):
-        return max(1, elem.width.data // 8)
+        return max(1, elem.bitwidth // 8)
     return 2
 
 

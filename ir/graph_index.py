@@ -41,7 +41,7 @@ from xdsl.dialects.builtin import (
     i32,
     i64,
 )
-from xdsl.ir import SSAValue
+from xdsl.ir import Attribute, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     VarConstraint,
@@ -99,10 +99,10 @@ class GatherRowsOp(GraphOp):
     )
 
     @staticmethod
-    def infer(table: TensorType, indices: TensorType) -> TensorType:
+    def infer(table: Attribute, indices: Attribute) -> TensorType:
         op = GatherRowsOp.name
-        _check_tensor(table, op, "table")
-        _check_tensor(indices, op, "indices")
+        table = _check_tensor(table, op, "table")
+        indices = _check_tensor(indices, op, "indices")
         if table.get_num_dims() < 1:
             raise ShapeError(f"{op}: the table must have rank >= 1, got {_fmt(table)}")
         if element_dtype(indices) != DType.I32:
@@ -117,9 +117,12 @@ class GatherRowsOp(GraphOp):
     def make(cls, table: SSAValue, indices: SSAValue, *, loc: str | None = None) -> GatherRowsOp:
         table, indices = _value(table), _value(indices)
         t = cls.infer(table.type, indices.type)
-        return set_loc(cls.create(operands=[table, indices], result_types=[t]), loc)
+        op = cls.create(operands=[table, indices], result_types=[t])
+        set_loc(op, loc)
+        return op
 
-    def reference(self, table: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        table, indices = args
         idx = np.asarray(indices).astype(np.int64)
         n = table.shape[0]
         bad = (idx < 0) | (idx >= n)
@@ -159,9 +162,9 @@ class SliceOp(GraphOp):
     )
 
     @staticmethod
-    def infer(x: TensorType, dim: int, start: int, end: int, step: int) -> TensorType:
+    def infer(x: Attribute, dim: int, start: int, end: int, step: int) -> TensorType:
         op = SliceOp.name
-        _check_tensor(x, op, "input")
+        x = _check_tensor(x, op, "input")
         shape = list(x.get_shape())
         if not 0 <= dim < len(shape):
             raise ShapeError(f"{op}: dim {dim} out of range for {_fmt(x)}")
@@ -204,9 +207,12 @@ class SliceOp(GraphOp):
         end = max(start, end)
         res = cls.infer(t, dim, start, end, int(step))
         props = {"dim": _int(dim), "start": _int(start), "end": _int(end), "step": _int(step)}
-        return set_loc(cls.create(operands=[x], result_types=[res], properties=props), loc)
+        op = cls.create(operands=[x], result_types=[res], properties=props)
+        set_loc(op, loc)
+        return op
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        (x,) = args
         dim, start, end, step = self._params()
         index = [slice(None)] * x.ndim
         index[dim] = slice(start, end, step)
@@ -225,18 +231,17 @@ class ConcatOp(GraphOp):
     assembly_format = "$inputs `dim` $dim attr-dict `:` type($inputs) `->` type($result)"
 
     @staticmethod
-    def infer(types: Sequence[TensorType], dim: int) -> TensorType:
+    def infer(types: Sequence[Attribute], dim: int) -> TensorType:
         op = ConcatOp.name
         if not types:
             raise ShapeError(f"{op}: needs at least one input")
-        for i, t in enumerate(types):
-            _check_tensor(t, op, f"input #{i}")
-        _same_element(op, *types)
-        first = list(types[0].get_shape())
+        tensors = [_check_tensor(t, op, f"input #{i}") for i, t in enumerate(types)]
+        _same_element(op, *tensors)
+        first = list(tensors[0].get_shape())
         if not 0 <= dim < len(first):
-            raise ShapeError(f"{op}: dim {dim} out of range for {_fmt(types[0])}")
+            raise ShapeError(f"{op}: dim {dim} out of range for {_fmt(tensors[0])}")
         total = 0
-        for t in types:
+        for t in tensors:
             s = list(t.get_shape())
             if len(s) != len(first) or any(a != b for j, (a, b) in enumerate(zip(s, first)) if j != dim):
                 raise ShapeError(
@@ -244,7 +249,7 @@ class ConcatOp(GraphOp):
                 )
             total += s[dim]
         first[dim] = total
-        return TensorType(types[0].get_element_type(), first)
+        return TensorType(tensors[0].get_element_type(), first)
 
     def infer_result_type(self) -> TensorType:
         return self.infer([v.type for v in self.inputs], self.dim.value.data)
@@ -258,7 +263,8 @@ class ConcatOp(GraphOp):
         dim = _norm_dim(cls.name, int(dim), rank)
         t = cls.infer([v.type for v in vals], dim)
         op = cls.create(operands=vals, result_types=[t], properties={"dim": _int(dim)})
-        return set_loc(op, loc)
+        set_loc(op, loc)
+        return op
 
     def reference(self, *xs: np.ndarray) -> np.ndarray:
         return np.concatenate(xs, axis=self.dim.value.data)
@@ -272,13 +278,19 @@ class ConcatOp(GraphOp):
 @irdl_op_definition
 class AbsOp(UnaryElementwiseOp):
     name = "graph.abs"
-    compute = staticmethod(np.abs)
+
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return np.abs(x)
 
 
 @irdl_op_definition
 class LogOp(UnaryElementwiseOp):
     name = "graph.log"
-    compute = staticmethod(np.log)
+
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return np.log(x)
 
 
 @irdl_op_definition
@@ -297,13 +309,19 @@ def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @irdl_op_definition
 class PowOp(BinaryElementwiseOp):
     name = "graph.pow"
-    compute = staticmethod(_pow)
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return _pow(a, b)
 
 
 @irdl_op_definition
 class MinimumOp(BinaryElementwiseOp):
     name = "graph.minimum"
-    compute = staticmethod(np.minimum)  # NaN-propagating, like torch.minimum
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.minimum(a, b)  # NaN-propagating, like torch.minimum
 
 
 class CompareOp(BinaryElementwiseOp):
@@ -322,37 +340,55 @@ class CompareOp(BinaryElementwiseOp):
 @irdl_op_definition
 class EqOp(CompareOp):
     name = "graph.eq"
-    compute = staticmethod(np.equal)
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.equal(a, b)
 
 
 @irdl_op_definition
 class NeOp(CompareOp):
     name = "graph.ne"
-    compute = staticmethod(np.not_equal)
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.not_equal(a, b)
 
 
 @irdl_op_definition
 class LtOp(CompareOp):
     name = "graph.lt"
-    compute = staticmethod(np.less)
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.less(a, b)
 
 
 @irdl_op_definition
 class LeOp(CompareOp):
     name = "graph.le"
-    compute = staticmethod(np.less_equal)
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.less_equal(a, b)
 
 
 @irdl_op_definition
 class GtOp(CompareOp):
     name = "graph.gt"
-    compute = staticmethod(np.greater)
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.greater(a, b)
 
 
 @irdl_op_definition
 class GeOp(CompareOp):
     name = "graph.ge"
-    compute = staticmethod(np.greater_equal)
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.greater_equal(a, b)
 
 
 @irdl_op_definition
@@ -371,11 +407,11 @@ class WhereOp(GraphOp):
     )
 
     @staticmethod
-    def infer(c: TensorType, x: TensorType, y: TensorType) -> TensorType:
+    def infer(c: Attribute, x: Attribute, y: Attribute) -> TensorType:
         op = WhereOp.name
-        _check_tensor(c, op, "cond")
-        _check_tensor(x, op, "x")
-        _check_tensor(y, op, "y")
+        c = _check_tensor(c, op, "cond")
+        x = _check_tensor(x, op, "x")
+        y = _check_tensor(y, op, "y")
         et = _same_element(op, x, y)
         return TensorType(et, broadcast_shapes(op, c.get_shape(), x.get_shape(), y.get_shape()))
 
@@ -386,9 +422,12 @@ class WhereOp(GraphOp):
     def make(cls, c: SSAValue, x: SSAValue, y: SSAValue, *, loc: str | None = None) -> WhereOp:
         c, x, y = _value(c), _value(x), _value(y)
         t = cls.infer(c.type, x.type, y.type)
-        return set_loc(cls.create(operands=[c, x, y], result_types=[t]), loc)
+        op = cls.create(operands=[c, x, y], result_types=[t])
+        set_loc(op, loc)
+        return op
 
-    def reference(self, c: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        c, x, y = args
         return np.where(np.asarray(c) != 0, x, y).astype(np.float32)
 
 
@@ -425,14 +464,15 @@ class LogSoftmaxOp(GraphOp):
             raise ShapeError(f"{cls.name}: the input must have rank >= 1")
         dim = _norm_dim(cls.name, int(dim), rank)
         op = cls.create(operands=[x], result_types=[t], properties={"dim": _int(dim)})
-        return set_loc(op, loc)
+        set_loc(op, loc)
+        return op
 
     @property
     def axis(self) -> int:
         return self.dim.value.data
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x = np.asarray(args[0], dtype=np.float64)
         m = np.max(x, axis=self.axis, keepdims=True)
         with np.errstate(all="ignore"):
             s = x - m
@@ -466,13 +506,16 @@ class SdpaOp(GraphOp):
 
     @staticmethod
     def infer(
-        q: TensorType, k: TensorType, v: TensorType, mask: TensorType | None
+        q: Attribute, k: Attribute, v: Attribute, mask: Attribute | None
     ) -> TensorType:
         op = SdpaOp.name
-        for what, t in (("q", q), ("k", k), ("v", v)):
-            _check_tensor(t, op, what)
+        checked: list[TensorType] = []
+        for what, a in (("q", q), ("k", k), ("v", v)):
+            t = _check_tensor(a, op, what)
             if t.get_num_dims() < 2:
                 raise ShapeError(f"{op}: {what} must have rank >= 2, got {_fmt(t)}")
+            checked.append(t)
+        q, k, v = checked
         et = _same_element(op, q, k, v)
         qs, ks, vs = (list(t.get_shape()) for t in (q, k, v))
         if qs[-1] != ks[-1]:
@@ -482,7 +525,7 @@ class SdpaOp(GraphOp):
         batch = broadcast_shapes(op, qs[:-2], ks[:-2], vs[:-2])
         L, S = qs[-2], ks[-2]
         if mask is not None:
-            _check_tensor(mask, op, "mask")
+            mask = _check_tensor(mask, op, "mask")
             _same_element(op, q, mask)
             full = broadcast_shapes(op, (*batch, L, S), mask.get_shape())
             if list(full) != [*batch, L, S]:
@@ -511,19 +554,21 @@ class SdpaOp(GraphOp):
         m = _value(mask) if mask is not None else None
         t = cls.infer(q.type, k.type, v.type, m.type if m is not None else None)
         if scale is None:
-            scale = 1.0 / math.sqrt(q.type.get_shape()[-1])
+            scale = 1.0 / math.sqrt(_check_tensor(q.type, cls.name, "q").get_shape()[-1])
         op = cls.build(
             operands=[q, k, v, [m] if m is not None else []],
             result_types=[t],
             properties={"scale": FloatAttr(float(scale), f64), "causal": IntegerAttr(int(bool(causal)), i1)},
         )
-        return set_loc(op, loc)
+        set_loc(op, loc)
+        return op
 
     @property
     def is_causal(self) -> bool:
         return bool(self.causal.value.data)
 
-    def reference(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        q, k, v, *mask = args  # the mask when the op has one
         q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
         s = np.matmul(q64, np.swapaxes(k64, -1, -2)) * self.scale.value.data
         if mask:
@@ -540,7 +585,7 @@ class SdpaOp(GraphOp):
 
 COMPARE_OPS: tuple[type[CompareOp], ...] = (EqOp, NeOp, LtOp, LeOp, GtOp, GeOp)
 
-INDEX_OPS: tuple = (
+INDEX_OPS: tuple[type[GraphOp], ...] = (
     GatherRowsOp, SliceOp, ConcatOp, AbsOp, LogOp, ErfOp, PowOp, MinimumOp, *COMPARE_OPS,
     WhereOp, LogSoftmaxOp, SdpaOp,
 )

@@ -8,22 +8,31 @@ the way eager PyTorch rounds bf16 / f16 after every op.
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 from xdsl.dialects import func
-from xdsl.ir import SSAValue
+from xdsl.ir import Block, SSAValue
 
 from tilecc.errors import InputMismatchError
 from tilecc.ir.graph import GraphOp, GraphProgram, WeightOp, element_dtype, shape_of, source_loc
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.simulator.isa import DType
 from tilecc.simulator.numerics import round_to as _round_to
 
 
-def round_to(x: np.ndarray, dtype) -> np.ndarray:
+def round_to(x: np.ndarray, dtype: DType) -> np.ndarray:
     """`numerics.round_to` that keeps the shape of rank-0 arrays."""
     x = np.asarray(x, dtype=np.float32)
     return np.asarray(_round_to(x, dtype), dtype=np.float32).reshape(x.shape)
+
+
+def _as_array(x: object) -> np.ndarray:
+    """`x` as a numpy array; a torch tensor (anything with ``detach``) is read as float32."""
+    if hasattr(x, "detach"):
+        tensor: Any = x  # a torch tensor; torch is not imported here
+        return np.asarray(tensor.detach().float().numpy())
+    return np.asarray(x)
 
 
 @overload
@@ -55,7 +64,7 @@ def run_graph(
         )
     env: dict[SSAValue, np.ndarray] = {}
     for i, (arg, x) in enumerate(zip(args, inputs)):
-        x = np.asarray(x.detach().float().numpy() if hasattr(x, "detach") else x)
+        x = _as_array(x)
         expected = shape_of(arg)
         if tuple(x.shape) != expected:
             name = program.input_names[i] if i < len(program.input_names) else f"#{i}"
@@ -72,7 +81,7 @@ def run_graph(
     return outputs
 
 
-def _run_block(program: GraphProgram, block, env: dict[SSAValue, np.ndarray]) -> list[np.ndarray] | None:
+def _run_block(program: GraphProgram, block: Block, env: dict[SSAValue, np.ndarray]) -> list[np.ndarray] | None:
     """Evaluate the ops of `block` into `env`; the values its terminator returns
     (`func.return` or `graph.yield`), None without one."""
     for op in block.ops:

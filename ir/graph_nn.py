@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Self
 
 import numpy as np
 from xdsl.dialects.builtin import (
@@ -39,12 +39,13 @@ from xdsl.dialects.builtin import (
     DenseArrayBase,
     FloatAttr,
     IntegerAttr,
+    IntegerType,
     StringAttr,
     TensorType,
     f64,
     i64,
 )
-from xdsl.ir import SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
     irdl_op_definition,
     operand_def,
@@ -63,24 +64,26 @@ from tilecc.ir.graph_base import (
     set_loc,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 WEIGHT_LAYOUTS = ("oihw", "gihwo")
+Ints = Sequence[int] | int  # one value per spatial dim, or one for both
 
 
-def _ints(attr) -> tuple[int, ...]:
+def _ints(attr: DenseArrayBase[IntegerType]) -> tuple[int, ...]:
     return tuple(int(v) for v in attr.get_values())
 
 
-def _pair(op: str, what: str, v: Sequence[int] | int, minimum: int) -> tuple[int, int]:
-    if isinstance(v, int):
-        v = (v, v)
-    v = tuple(int(x) for x in v)
-    if len(v) == 1:
-        v = (v[0], v[0])
-    if len(v) != 2:
-        raise ShapeError(f"{op}: {what} must have 2 values, got {list(v)}")
-    if any(x < minimum for x in v):
-        raise ShapeError(f"{op}: {what} must be >= {minimum}, got {list(v)}")
-    return v  # type: ignore[return-value]
+def _pair(op: str, what: str, v: Ints, minimum: int) -> tuple[int, int]:
+    vals = (v, v) if isinstance(v, int) else tuple(int(x) for x in v)
+    if len(vals) == 1:
+        vals = (vals[0], vals[0])
+    if len(vals) != 2:
+        raise ShapeError(f"{op}: {what} must have 2 values, got {list(vals)}")
+    if any(x < minimum for x in vals):
+        raise ShapeError(f"{op}: {what} must be >= {minimum}, got {list(vals)}")
+    return vals[0], vals[1]
 
 
 def _arr(v: Sequence[int]) -> DenseArrayBase:
@@ -92,17 +95,18 @@ def _nchw(op: str, t: TensorType, what: str = "input") -> tuple[int, int, int, i
     shape = tuple(t.get_shape())
     if len(shape) != 4:
         raise ShapeError(f"{op}: {what} must be 4-D (N, C, H, W), got {_fmt(t)}")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
-def _torch():
+def _torch():  # torch is imported on first use (the references run on torch's CPU kernels)
     import torch
 
     return torch
 
 
-def _t64(x: np.ndarray):
-    return _torch().from_numpy(np.ascontiguousarray(x, dtype=np.float64))
+def _t64(x: np.ndarray) -> torch.Tensor:
+    arr = np.ascontiguousarray(x, dtype=np.float64)
+    return _torch().from_numpy(arr)  # pyright: ignore[reportUnknownMemberType]  # torch's stub leaves from_numpy's parameter untyped
 
 
 # ---------------------------------------------------------------------------
@@ -151,9 +155,9 @@ class Conv2dOp(GraphOp):
 
     @staticmethod
     def infer(
-        x: TensorType,
-        w: TensorType,
-        b: TensorType | None,
+        x: Attribute,
+        w: Attribute,
+        b: Attribute | None,
         stride: Sequence[int],
         padding: Sequence[int],
         dilation: Sequence[int],
@@ -161,9 +165,11 @@ class Conv2dOp(GraphOp):
         layout: str,
     ) -> TensorType:
         op = Conv2dOp.name
+        x = _check_tensor(x, op, "input")
         n, c, h, wd = _nchw(op, x)
-        _check_tensor(w, op, "weight")
-        types = [x, w] + ([_check_tensor(b, op, "bias")] if b is not None else [])
+        w = _check_tensor(w, op, "weight")
+        b = _check_tensor(b, op, "bias") if b is not None else None
+        types = [x, w] + ([b] if b is not None else [])
         et = _same_element(op, *types)
         sh, sw = _pair(op, "stride", stride, 1)
         ph, pw = _pair(op, "padding", padding, 0)
@@ -204,7 +210,9 @@ class Conv2dOp(GraphOp):
     @property
     def params(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], int, str]:
         return (
-            _ints(self.stride), _ints(self.padding), _ints(self.dilation),  # type: ignore[return-value]
+            _pair(self.name, "stride", _ints(self.stride), 1),
+            _pair(self.name, "padding", _ints(self.padding), 0),
+            _pair(self.name, "dilation", _ints(self.dilation), 1),
             self.groups.value.data, self.layout.data,
         )
 
@@ -216,12 +224,12 @@ class Conv2dOp(GraphOp):
     @classmethod
     def make(
         cls,
-        x: SSAValue,
-        w: SSAValue,
-        b: SSAValue | None = None,
-        stride: Sequence[int] | int = 1,
-        padding: Sequence[int] | int = 0,
-        dilation: Sequence[int] | int = 1,
+        x: SSAValue | Operation,
+        w: SSAValue | Operation,
+        b: SSAValue | Operation | None = None,
+        stride: Ints = 1,
+        padding: Ints = 0,
+        dilation: Ints = 1,
         groups: int = 1,
         layout: str = "oihw",
         *,
@@ -240,9 +248,12 @@ class Conv2dOp(GraphOp):
                 "groups": IntegerAttr(int(groups), i64), "layout": StringAttr(layout),
             },
         )
-        return set_loc(new, loc)
+        set_loc(new, loc)
+        return new
 
-    def reference(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, w, *rest = args  # input, weight and the bias when the op has one
+        b = rest[0] if rest else None
         torch = _torch()
         s, p, d, g, lay = self.params
         w = weight_oihw(np.asarray(w), lay, g)
@@ -266,7 +277,8 @@ def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) ->
     return out
 
 
-def _pool_shape(op: str, x: TensorType, k, s, p, d, ceil_mode: bool) -> TensorType:
+def _pool_shape(op: str, x: Attribute, k: Ints, s: Ints, p: Ints, d: Ints, ceil_mode: bool) -> TensorType:
+    x = _check_tensor(x, op, "input")
     n, c, h, w = _nchw(op, x)
     kh, kw = _pair(op, "kernel", k, 1)
     sh, sw = _pair(op, "stride", s, 1)
@@ -303,9 +315,12 @@ class MaxPool2dOp(GraphOp):
     )
 
     @property
-    def params(self):
+    def params(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int], bool]:
         return (
-            _ints(self.kernel), _ints(self.stride), _ints(self.padding), _ints(self.dilation),
+            _pair(self.name, "kernel", _ints(self.kernel), 1),
+            _pair(self.name, "stride", _ints(self.stride), 1),
+            _pair(self.name, "padding", _ints(self.padding), 0),
+            _pair(self.name, "dilation", _ints(self.dilation), 1),
             bool(self.ceil_mode.value.data),
         )
 
@@ -313,7 +328,10 @@ class MaxPool2dOp(GraphOp):
         return _pool_shape(self.name, self.input.type, *self.params)
 
     @classmethod
-    def make(cls, x, kernel, stride=None, padding=0, dilation=1, ceil_mode=False, *, loc=None):
+    def make(
+        cls, x: SSAValue | Operation, kernel: Ints, stride: Ints | None = None, padding: Ints = 0,
+        dilation: Ints = 1, ceil_mode: bool = False, *, loc: str | None = None,
+    ) -> MaxPool2dOp:
         x = _value(x)
         k = _pair(cls.name, "kernel", kernel, 1)
         s = _pair(cls.name, "stride", stride if stride else k, 1)
@@ -326,16 +344,19 @@ class MaxPool2dOp(GraphOp):
                 "ceil_mode": BoolAttr.from_bool(bool(ceil_mode)),
             },
         )
-        return set_loc(op, loc)
+        set_loc(op, loc)
+        return op
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        (x,) = args
         k, s, p, d, ceil = self.params
         y = _torch().nn.functional.max_pool2d(_t64(x), k, s, p, d, ceil_mode=ceil)
         return y.numpy().astype(np.float32)
 
 
 def avg_pool_divisors(
-    h: int, w: int, oh: int, ow: int, k, s, p, count_include_pad: bool, divisor: int
+    h: int, w: int, oh: int, ow: int, k: Sequence[int], s: Sequence[int], p: Sequence[int],
+    count_include_pad: bool, divisor: int,
 ) -> np.ndarray:
     """[oh, ow] divisor of each output of avg_pool2d (torch's CPU kernel)."""
     out = np.empty((oh, ow), dtype=np.float64)
@@ -375,9 +396,11 @@ class AvgPool2dOp(GraphOp):
     )
 
     @property
-    def params(self):
+    def params(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], bool, bool, int]:
         return (
-            _ints(self.kernel), _ints(self.stride), _ints(self.padding),
+            _pair(self.name, "kernel", _ints(self.kernel), 1),
+            _pair(self.name, "stride", _ints(self.stride), 1),
+            _pair(self.name, "padding", _ints(self.padding), 0),
             bool(self.ceil_mode.value.data), bool(self.count_include_pad.value.data),
             self.divisor.value.data,
         )
@@ -390,9 +413,10 @@ class AvgPool2dOp(GraphOp):
 
     @classmethod
     def make(
-        cls, x, kernel, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-        divisor_override: int | None = None, *, loc=None,
-    ):
+        cls, x: SSAValue | Operation, kernel: Ints, stride: Ints | None = None, padding: Ints = 0,
+        ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None,
+        *, loc: str | None = None,
+    ) -> AvgPool2dOp:
         x = _value(x)
         k = _pair(cls.name, "kernel", kernel, 1)
         s = _pair(cls.name, "stride", stride if stride else k, 1)
@@ -410,9 +434,11 @@ class AvgPool2dOp(GraphOp):
                 "divisor": IntegerAttr(div, i64),
             },
         )
-        return set_loc(op, loc)
+        set_loc(op, loc)
+        return op
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        (x,) = args
         k, s, p, ceil, cip, div = self.params
         y = _torch().nn.functional.avg_pool2d(
             _t64(x), k, s, p, ceil_mode=ceil, count_include_pad=cip, divisor_override=div or None
@@ -437,8 +463,9 @@ class AdaptiveAvgPool2dOp(GraphOp):
     assembly_format = "$input `size` $size attr-dict `:` type($input) `->` type($result)"
 
     @staticmethod
-    def infer(x: TensorType, size: Sequence[int]) -> TensorType:
+    def infer(x: Attribute, size: Sequence[int]) -> TensorType:
         op = AdaptiveAvgPool2dOp.name
+        x = _check_tensor(x, op, "input")
         n, c, _, _ = _nchw(op, x)
         oh, ow = _pair(op, "output size", size, 1)
         return TensorType(x.get_element_type(), [n, c, oh, ow])
@@ -447,14 +474,20 @@ class AdaptiveAvgPool2dOp(GraphOp):
         return self.infer(self.input.type, _ints(self.size))
 
     @classmethod
-    def make(cls, x, size, *, loc=None):
+    def make(
+        cls, x: SSAValue | Operation, size: Sequence[int] | int, *, loc: str | None = None
+    ) -> AdaptiveAvgPool2dOp:
         x = _value(x)
-        size = _pair(cls.name, "output size", size, 1)
-        t = cls.infer(x.type, size)
-        return set_loc(cls.create(operands=[x], result_types=[t], properties={"size": _arr(size)}), loc)
+        pair = _pair(cls.name, "output size", size, 1)
+        t = cls.infer(x.type, pair)
+        op = cls.create(operands=[x], result_types=[t], properties={"size": _arr(pair)})
+        set_loc(op, loc)
+        return op
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
-        y = _torch().nn.functional.adaptive_avg_pool2d(_t64(x), _ints(self.size))
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        (x,) = args
+        size = _pair(self.name, "output size", _ints(self.size), 1)
+        y = _torch().nn.functional.adaptive_avg_pool2d(_t64(x), size)
         return y.numpy().astype(np.float32)
 
 
@@ -495,8 +528,9 @@ class UpsampleNearest2dOp(GraphOp):
     assembly_format = "$input `scales` $scales attr-dict `:` type($input) `->` type($result)"
 
     @staticmethod
-    def infer(x: TensorType, size: Sequence[int], scales: Sequence[float]) -> TensorType:
+    def infer(x: Attribute, size: Sequence[int], scales: Sequence[float]) -> TensorType:
         op = UpsampleNearest2dOp.name
+        x = _check_tensor(x, op, "input")
         n, c, _, _ = _nchw(op, x)
         oh, ow = _pair(op, "output size", size, 1)
         if len(scales) != 2 or any(not (s >= 0) for s in scales):
@@ -505,29 +539,37 @@ class UpsampleNearest2dOp(GraphOp):
 
     @property
     def scale_values(self) -> tuple[float, float]:
-        return tuple(float(v) for v in self.scales.get_values())  # type: ignore[return-value]
+        vals = tuple(float(v) for v in self.scales.get_values())
+        if len(vals) != 2:
+            raise ShapeError(f"{self.name}: scales must be 2 values >= 0 (0: none), got {list(vals)}")
+        return vals
 
     def infer_result_type(self) -> TensorType:
-        _check_tensor(self.result.type, self.name, "result")
-        return self.infer(self.input.type, self.result.type.get_shape()[2:], self.scale_values)
+        res = _check_tensor(self.result.type, self.name, "result")
+        return self.infer(self.input.type, res.get_shape()[2:], self.scale_values)
 
     @classmethod
-    def make(cls, x, size, scales=(0.0, 0.0), *, loc=None):
+    def make(
+        cls, x: SSAValue | Operation, size: Sequence[int], scales: Sequence[float | None] = (0.0, 0.0),
+        *, loc: str | None = None,
+    ) -> UpsampleNearest2dOp:
         x = _value(x)
         sc = [float(s or 0.0) for s in scales]
         t = cls.infer(x.type, size, sc)
         op = cls.create(
             operands=[x], result_types=[t], properties={"scales": DenseArrayBase.from_list(f64, sc)}
         )
-        return set_loc(op, loc)
+        set_loc(op, loc)
+        return op
 
     def index_maps(self) -> tuple[np.ndarray, np.ndarray]:
-        _, _, h, w = self.input.type.get_shape()
+        _, _, h, w = _check_tensor(self.input.type, self.name, "input").get_shape()
         _, _, oh, ow = self.result.type.get_shape()
         sh, sw = self.scale_values
         return nearest_index(oh, h, sh), nearest_index(ow, w, sw)
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        (x,) = args
         rows, cols = self.index_maps()
         return np.ascontiguousarray(x[:, :, rows][:, :, :, cols])
 
@@ -550,9 +592,9 @@ class PadOp(GraphOp):
     )
 
     @staticmethod
-    def infer(x: TensorType, low: Sequence[int], high: Sequence[int]) -> TensorType:
+    def infer(x: Attribute, low: Sequence[int], high: Sequence[int]) -> TensorType:
         op = PadOp.name
-        _check_tensor(x, op, "input")
+        x = _check_tensor(x, op, "input")
         shape = list(x.get_shape())
         if len(low) != len(shape) or len(high) != len(shape):
             raise ShapeError(
@@ -569,19 +611,25 @@ class PadOp(GraphOp):
         return self.infer(self.input.type, _ints(self.low), _ints(self.high))
 
     @classmethod
-    def make(cls, x, low, high, value: float = 0.0, *, loc=None):
+    def make(
+        cls, x: SSAValue | Operation, low: Sequence[int], high: Sequence[int], value: float = 0.0,
+        *, loc: str | None = None,
+    ) -> PadOp:
         x = _value(x)
         t = cls.infer(x.type, low, high)
         op = cls.create(
             operands=[x], result_types=[t],
             properties={"low": _arr(low), "high": _arr(high), "value": FloatAttr(float(value), f64)},
         )
-        return set_loc(op, loc)
+        set_loc(op, loc)
+        return op
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        (x,) = args
         low, high = _ints(self.low), _ints(self.high)
         out = np.full(tuple(self.result.type.get_shape()), np.float32(self.value.value.data), np.float32)
-        src, dst = [], []
+        src: list[slice] = []
+        dst: list[slice] = []
         for size, lo, hi in zip(x.shape, low, high):
             s0, s1 = max(0, -lo), size - max(0, -hi)
             src.append(slice(s0, max(s0, s1)))
@@ -609,8 +657,8 @@ class ReduceOp(GraphOp):
     FN: ClassVar[str] = ""
 
     @classmethod
-    def infer(cls, x: TensorType, dims: Sequence[int], keepdim: bool) -> TensorType:
-        _check_tensor(x, cls.name, "input")
+    def infer(cls, x: Attribute, dims: Sequence[int], keepdim: bool) -> TensorType:
+        x = _check_tensor(x, cls.name, "input")
         shape = list(x.get_shape())
         if list(dims) != sorted(set(dims)) or any(not 0 <= d < len(shape) for d in dims):
             raise ShapeError(
@@ -631,13 +679,14 @@ class ReduceOp(GraphOp):
         return self.infer(self.input.type, self.axes, bool(self.keepdim.value.data))
 
     @classmethod
-    def make(cls, x, dims: Sequence[int] | None, keepdim: bool = False, *, loc=None):
+    def make(
+        cls, x: SSAValue | Operation, dims: Sequence[int] | None, keepdim: bool = False, *, loc: str | None = None
+    ) -> Self:
         x = _value(x)
-        _check_tensor(x.type, cls.name, "input")
-        rank = x.type.get_num_dims()
+        rank = _check_tensor(x.type, cls.name, "input").get_num_dims()
         if dims is None or (len(dims) == 0 and cls.ALL_WHEN_EMPTY):
             dims = range(rank)
-        norm = []
+        norm: list[int] = []
         for d in dims:
             d = int(d)
             if not -max(rank, 1) <= d < max(rank, 1):
@@ -649,11 +698,13 @@ class ReduceOp(GraphOp):
             operands=[x], result_types=[t],
             properties={"dims": _arr(norm), "keepdim": BoolAttr.from_bool(bool(keepdim))},
         )
-        return set_loc(op, loc)
+        set_loc(op, loc)
+        return op
 
     ALL_WHEN_EMPTY: ClassVar[bool] = True  # torch: sum(dim=[]) reduces every dim
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        (x,) = args
         x64 = np.asarray(x, dtype=np.float64)
         axes = self.axes
         keep = bool(self.keepdim.value.data)
@@ -672,7 +723,7 @@ class SumOp(ReduceOp):
     FN: ClassVar[str] = "sum"
 
     @staticmethod
-    def compute(x, axes, keep):
+    def compute(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
         return np.sum(x, axis=axes, keepdims=keep)
 
 
@@ -682,11 +733,10 @@ class MeanOp(ReduceOp):
     FN: ClassVar[str] = "mean"
 
     @staticmethod
-    def compute(x, axes, keep):
+    def compute(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
         n = math.prod(x.shape[a] for a in axes)
-        return np.sum(x, axis=axes, keepdims=keep) / n if n else np.full(
-            np.sum(x, axis=axes, keepdims=keep).shape, np.nan
-        )
+        total: np.ndarray = np.sum(x, axis=axes, keepdims=keep)
+        return total / n if n else np.full(total.shape, np.nan, dtype=np.float64)
 
 
 @irdl_op_definition
@@ -695,7 +745,7 @@ class AmaxOp(ReduceOp):
     FN: ClassVar[str] = "max"
 
     @staticmethod
-    def compute(x, axes, keep):
+    def compute(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
         return np.max(x, axis=axes, keepdims=keep) if axes else x
 
 
@@ -705,14 +755,14 @@ class AminOp(ReduceOp):
     FN: ClassVar[str] = "min"
 
     @staticmethod
-    def compute(x, axes, keep):
+    def compute(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
         return np.min(x, axis=axes, keepdims=keep) if axes else x
 
 
 REDUCE_OPS: tuple[type[ReduceOp], ...] = (SumOp, MeanOp, AmaxOp, AminOp)
 
 
-NN_OPS: tuple = (
+NN_OPS: tuple[type[GraphOp], ...] = (
     Conv2dOp, MaxPool2dOp, AvgPool2dOp, AdaptiveAvgPool2dOp, UpsampleNearest2dOp, PadOp,
     *REDUCE_OPS,
 )

@@ -28,7 +28,6 @@ vectorised numpy, never one IR op per dynamic instruction.
 from __future__ import annotations
 
 import functools
-
 import re
 from typing import ClassVar
 
@@ -144,7 +143,7 @@ class InstructionOp(IRDLOperation):
         }
 
     def wait_list(self) -> list[tuple[int, Expr]]:
-        out = []
+        out: list[tuple[int, Expr]] = []
         for w in self.waits.data:
             m = _WAIT.match(w.data)
             assert m, w.data
@@ -152,7 +151,7 @@ class InstructionOp(IRDLOperation):
         return out
 
     def verify_(self) -> None:
-        names = set(RECORD.names)
+        names = set(RECORD.names or ())  # RECORD is a structured dtype: its names are never None
         values = self.field_values()
         for k, v in values.items():
             if k not in names or k in ("opcode", "engine", "wait_sem", "wait_val", "signal_sem"):
@@ -186,14 +185,14 @@ def _field_attr(v: FieldValue) -> Attribute:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _attr(kind: type, v) -> Attribute:
+def _attr(kind: type, v: int | float | str) -> Attribute:
     """Attributes are immutable: equal field values share one (building an xDSL
     attribute costs tens of microseconds; a kernel repeats few distinct values)."""
-    if kind is int:
+    if kind is int and isinstance(v, int):
         return IntegerAttr(v, i64)
-    if kind is float:
+    if kind is float and isinstance(v, float):
         return FloatAttr(v, 32)
-    return StringAttr(v)
+    return StringAttr(str(v))
 
 
 _SIZES = ("rows", "cols")

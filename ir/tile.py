@@ -25,7 +25,7 @@ Example (one tile of a copy kernel)::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from xdsl.dialects.builtin import (
     BoolAttr,
@@ -42,7 +42,7 @@ from xdsl.dialects.builtin import (
     i1,
     i64,
 )
-from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, ParametrizedAttribute, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
@@ -86,6 +86,9 @@ REDUCE_FNS = ("sum", "max", "min")
 
 KERNEL_ATTR = "tile.kernel"
 
+# an operand as the builders take it: a value, or the single-result op that defines it
+Value = SSAValue | Operation
+
 
 @irdl_attr_definition
 class MemSpaceAttr(ParametrizedAttribute):
@@ -114,16 +117,30 @@ def space_of(t: Attribute) -> str:
     return HBM
 
 
+def _as_memref(t: Attribute) -> MemRefType[Attribute] | None:
+    """`t` as a memref type; None when it is not one."""
+    # every memref's element type is an Attribute; isinstance alone leaves it unknown
+    return cast(MemRefType[Attribute], t) if isinstance(t, MemRefType) else None
+
+
+def _memref(t: Attribute) -> MemRefType[Attribute]:
+    """`t`, which the op's operand and result constraints make a memref type."""
+    m = _as_memref(t)
+    assert m is not None, t
+    return m
+
+
 def _expect_space(op: IRDLOperation, what: str, value: SSAValue, spaces: tuple[str, ...]) -> None:
-    if not isinstance(value.type, MemRefType):
+    t = _as_memref(value.type)
+    if t is None:
         raise VerifyException(f"{op.name}: {what} must be a memref, got {value.type}")
-    space = space_of(value.type)
+    space = space_of(t)
     if space not in spaces:
         raise VerifyException(
-            f"{op.name}: {what} must live in {' or '.join(spaces)}, got {space} ({value.type})"
+            f"{op.name}: {what} must live in {' or '.join(spaces)}, got {space} ({t})"
         )
-    if space != HBM and value.type.get_num_dims() != 2:
-        raise VerifyException(f"{op.name}: on-chip {what} must be 2-D, got {value.type}")
+    if space != HBM and t.get_num_dims() != 2:
+        raise VerifyException(f"{op.name}: on-chip {what} must be 2-D, got {t}")
 
 
 def _fn_prop(op: IRDLOperation, allowed: tuple[str, ...]) -> None:
@@ -212,12 +229,11 @@ class ViewOp(IRDLOperation):
     result = result_def(MemRefType)
     assembly_format = "$source attr-dict `:` type($source) `to` type($result)"
 
-    def __init__(self, source: SSAValue, type: MemRefType):
+    def __init__(self, source: Value, type: MemRefType):
         super().__init__(operands=[source], result_types=[type])
 
     def verify_(self) -> None:
-        src, dst = self.source.type, self.result.type
-        assert isinstance(src, MemRefType) and isinstance(dst, MemRefType)
+        src, dst = _memref(self.source.type), _memref(self.result.type)
         if src.element_type != dst.element_type:
             raise VerifyException(f"tile.view: {src} and {dst} differ in element type")
         if isinstance(dst.layout, NoneAttr) and isinstance(src.layout, NoneAttr):
@@ -242,13 +258,15 @@ def layout_of(t: MemRefType) -> tuple[tuple[int, ...], int]:
     if isinstance(t.layout, StridedLayoutAttr):
         strides = t.layout.get_strides()
         offset = t.layout.get_offset()
-        assert all(isinstance(s, int) for s in strides) and isinstance(offset, int)
-        return tuple(int(s) for s in strides), int(offset)  # type: ignore[arg-type]
+        ints = tuple(s for s in strides if isinstance(s, int))
+        assert len(ints) == len(strides) and isinstance(offset, int)
+        return tuple(int(s) for s in ints), int(offset)
     return row_major(t.get_shape()), 0
 
 
 def row_major(shape: Sequence[int]) -> tuple[int, ...]:
-    out, acc = [], 1
+    out: list[int] = []
+    acc = 1
     for d in reversed(shape):
         out.append(acc)
         acc *= d
@@ -289,18 +307,17 @@ def _steps(row_step: int, col_step: int) -> dict[str, Attribute]:
     return props
 
 
-class _DimsMixin:
-    """row_dim / col_dim: the HBM dimensions a tile's rows and columns walk (-1: broadcast);
-    optional row_step / col_step (default 1): elements of that dimension per tile row /
-    column, e.g. ``col_step = 2`` reads every other element."""
+class _DimsOp(IRDLOperation):
+    """Base of the DMA ops. row_dim / col_dim: the HBM dimensions a tile's rows and columns
+    walk (-1: broadcast); optional row_step / col_step (default 1): elements of that
+    dimension per tile row / column, e.g. ``col_step = 2`` reads every other element."""
 
     def step(self, key: str) -> int:
-        v = self.properties.get(key)  # type: ignore[attr-defined]
+        v = self.properties.get(key)
         return v.value.data if isinstance(v, IntegerAttr) else 1
 
     def _verify_dims(self, op: IRDLOperation, hbm: SSAValue, indices: Sequence[SSAValue]) -> None:
-        assert isinstance(hbm.type, MemRefType)
-        rank = hbm.type.get_num_dims()
+        rank = _memref(hbm.type).get_num_dims()
         if len(indices) != rank:
             raise VerifyException(f"{op.name}: {len(indices)} indices for a rank-{rank} tensor")
         for key in ("row_dim", "col_dim"):
@@ -332,17 +349,15 @@ class SubviewOp(IRDLOperation):
         "$source `[` $row `,` $col `]` attr-dict `:` type($source) `to` type($result)"
     )
 
-    def __init__(self, source: SSAValue, row: SSAValue, col: SSAValue, shape: Sequence[int]):
-        t = source.type
-        assert isinstance(t, MemRefType)
+    def __init__(self, source: SSAValue, row: Value, col: Value, shape: Sequence[int]):
+        t = _memref(source.type)
         rt = MemRefType(t.element_type, list(shape), NoneAttr(), t.memory_space)
         super().__init__(operands=[source, row, col], result_types=[rt])
 
     def verify_(self) -> None:
         _expect_space(self, "source", self.source, (SRAM, ACC))
         _expect_space(self, "result", self.result, (SRAM, ACC))
-        src, res = self.source.type, self.result.type
-        assert isinstance(src, MemRefType) and isinstance(res, MemRefType)
+        src, res = _memref(self.source.type), _memref(self.result.type)
         if src.element_type != res.element_type or space_of(src) != space_of(res):
             raise VerifyException(f"tile.subview: {src} and {res} differ in element type or space")
         (sr, sc), (rr, rc) = src.get_shape(), res.get_shape()
@@ -365,7 +380,7 @@ def _const_index(v: SSAValue) -> int | None:
 
 
 @irdl_op_definition
-class LoadOp(IRDLOperation, _DimsMixin):
+class LoadOp(_DimsOp):
     """DMA an HBM tile into an on-chip buffer.
 
     Element (r, c) of the tile comes from `src[indices + r * e(row_dim) + c * e(col_dim)]`.
@@ -390,10 +405,10 @@ class LoadOp(IRDLOperation, _DimsMixin):
     )
 
     def __init__(
-        self, src, indices, dst, rows, cols, row_dim: int, col_dim: int,
-        row_step: int = 1, col_step: int = 1, queue: int | None = None,
+        self, src: Value, indices: Sequence[Value], dst: Value, rows: Value, cols: Value,
+        row_dim: int, col_dim: int, row_step: int = 1, col_step: int = 1, queue: int | None = None,
     ):
-        props = {
+        props: dict[str, Attribute] = {
             "row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64),
             **_steps(row_step, col_step),
         }
@@ -408,7 +423,7 @@ class LoadOp(IRDLOperation, _DimsMixin):
 
 
 @irdl_op_definition
-class StoreOp(IRDLOperation, _DimsMixin):
+class StoreOp(_DimsOp):
     """DMA the leading rows x cols of an on-chip buffer to an HBM tile."""
 
     name = "tile.store"
@@ -430,10 +445,10 @@ class StoreOp(IRDLOperation, _DimsMixin):
     )
 
     def __init__(
-        self, src, dst, indices, rows, cols, row_dim: int, col_dim: int,
-        row_step: int = 1, col_step: int = 1, queue: int | None = None,
+        self, src: Value, dst: Value, indices: Sequence[Value], rows: Value, cols: Value,
+        row_dim: int, col_dim: int, row_step: int = 1, col_step: int = 1, queue: int | None = None,
     ):
-        props = {
+        props: dict[str, Attribute] = {
             "row_dim": IntegerAttr(row_dim, i64), "col_dim": IntegerAttr(col_dim, i64),
             **_steps(row_step, col_step),
         }
@@ -476,23 +491,21 @@ class GatherOp(IRDLOperation):
         "`:` type($table) `,` type($index) `,` type($dst)"
     )
 
-    def __init__(self, table, col, index, dst, rows, cols):
+    def __init__(self, table: Value, col: Value, index: Value, dst: Value, rows: Value, cols: Value):
         super().__init__(operands=[table, col, index, dst, rows, cols])
 
     def verify_(self) -> None:
         _expect_space(self, "table", self.table, (HBM,))
         _expect_space(self, "index", self.index, (SRAM, ACC))
         _expect_space(self, "destination", self.dst, (SRAM, ACC))
-        t = self.table.type
-        assert isinstance(t, MemRefType)
+        t = _memref(self.table.type)
         if t.get_num_dims() != 2:
             raise VerifyException(f"tile.gather: the table must be 2-D, got {t}")
-        it = self.index.type
-        assert isinstance(it, MemRefType)
-        if not (isinstance(it.element_type, IntegerType) and it.element_type.width.data == 32):
+        it = _memref(self.index.type)
+        et = it.element_type
+        if not (isinstance(et, IntegerType) and et.bitwidth == 32):
             raise VerifyException(f"tile.gather: indices must be i32, got {it}")
-        dt = self.dst.type
-        assert isinstance(dt, MemRefType)
+        dt = _memref(self.dst.type)
         if dt.element_type != t.element_type:
             raise VerifyException(f"tile.gather: table {t} and destination {dt} element types differ")
 
@@ -517,16 +530,18 @@ class MatmulOp(IRDLOperation):
         "$accumulate `)` attr-dict `:` type($lhsT) `,` type($rhs) `,` type($acc)"
     )
 
-    def __init__(self, lhsT, rhs, acc, m, k, n, accumulate):
+    def __init__(
+        self, lhsT: Value, rhs: Value, acc: Value, m: Value, k: Value, n: Value, accumulate: Value
+    ):
         super().__init__(operands=[lhsT, rhs, acc, m, k, n, accumulate])
 
     def verify_(self) -> None:
         _expect_space(self, "lhsT", self.lhsT, (SRAM,))
         _expect_space(self, "rhs", self.rhs, (SRAM,))
         _expect_space(self, "acc", self.acc, (ACC,))
-        assert isinstance(self.acc.type, MemRefType)
-        if not isinstance(self.acc.type.element_type, Float32Type):
-            raise VerifyException(f"tile.matmul: accumulator must be f32, got {self.acc.type}")
+        acc = _memref(self.acc.type)
+        if not isinstance(acc.element_type, Float32Type):
+            raise VerifyException(f"tile.matmul: accumulator must be f32, got {acc}")
         if self.accumulate.type != i1:
             raise VerifyException("tile.matmul: accumulate must be i1")
 
@@ -554,7 +569,7 @@ class UnaryOp(_VectorOp):
         "`:` type($input) `,` type($output)"
     )
 
-    def __init__(self, fn: str, input, output, rows, cols):
+    def __init__(self, fn: str, input: Value, output: Value, rows: Value, cols: Value):
         super().__init__(operands=[input, output, rows, cols], properties={"fn": StringAttr(fn)})
 
     def verify_(self) -> None:
@@ -584,7 +599,10 @@ class BinaryOp(_VectorOp):
 
     MODES: ClassVar[tuple[str, ...]] = ("tile", "column")
 
-    def __init__(self, fn: str, lhs, rhs, output, rows, cols, rhs_mode: str = "tile", swap: bool = False):
+    def __init__(
+        self, fn: str, lhs: Value, rhs: Value, output: Value, rows: Value, cols: Value,
+        rhs_mode: str = "tile", swap: bool = False,
+    ):
         props: dict[str, Attribute] = {"fn": StringAttr(fn), "rhs_mode": StringAttr(rhs_mode)}
         if swap:
             props["swap"] = UnitAttr()
@@ -615,7 +633,9 @@ class ScalarOp(_VectorOp):
         "`:` type($input) `,` type($output)"
     )
 
-    def __init__(self, fn: str, input, imm: float, output, rows, cols, swap: bool = False):
+    def __init__(
+        self, fn: str, input: Value, imm: float, output: Value, rows: Value, cols: Value, swap: bool = False
+    ):
         props: dict[str, Attribute] = {"fn": StringAttr(fn), "imm": FloatAttr(imm, Float32Type())}
         if swap:
             props["swap"] = UnitAttr()
@@ -642,7 +662,7 @@ class ReduceOp(_VectorOp):
         "`:` type($input) `,` type($output)"
     )
 
-    def __init__(self, fn: str, input, output, rows, cols):
+    def __init__(self, fn: str, input: Value, output: Value, rows: Value, cols: Value):
         super().__init__(operands=[input, output, rows, cols], properties={"fn": StringAttr(fn)})
 
     def verify_(self) -> None:
