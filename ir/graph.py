@@ -71,11 +71,11 @@ from tilecc.ir.graph_base import (  # noqa: F401 (re-exported: g.GraphOp, g.elem
     LOC_ATTR,
     UNKNOWN_LOC,
     GraphOp,
-    _check_tensor,
+    check_tensor,
     _element_type,
-    _fmt,
-    _same_element,
-    _value,
+    fmt_type,
+    same_element,
+    as_value,
     broadcast_shapes,
     element_dtype,
     set_loc,
@@ -100,7 +100,7 @@ from tilecc.ir.graph_elementwise import (  # noqa: F401 (re-exported: g.AddOp, .
     SubOp,
     TanhOp,
     UnaryElementwiseOp,
-    _erf,
+    erf64,
     gelu_reference,
 )
 from tilecc.ir.graph_fusion import FUSION_OPS
@@ -128,7 +128,7 @@ class WeightOp(GraphOp):
 
     @classmethod
     def make(cls, name: str, type: TensorType, *, loc: str | None = None) -> WeightOp:
-        _check_tensor(type, cls.name, "result")
+        check_tensor(type, cls.name, "result")
         op = cls.create(result_types=[type], properties={"name": StringAttr(name)})
         return set_loc(op, loc)
 
@@ -232,9 +232,9 @@ class MatmulOp(GraphOp):
 
     @staticmethod
     def infer(lhs: TensorType, rhs: TensorType) -> TensorType:
-        _check_tensor(lhs, MatmulOp.name, "lhs")
-        _check_tensor(rhs, MatmulOp.name, "rhs")
-        et = _same_element(MatmulOp.name, lhs, rhs)
+        check_tensor(lhs, MatmulOp.name, "lhs")
+        check_tensor(rhs, MatmulOp.name, "rhs")
+        et = same_element(MatmulOp.name, lhs, rhs)
         return TensorType(et, matmul_shape(MatmulOp.name, lhs.get_shape(), rhs.get_shape()))
 
     def infer_result_type(self) -> TensorType:
@@ -242,7 +242,7 @@ class MatmulOp(GraphOp):
 
     @classmethod
     def make(cls, lhs: SSAValue, rhs: SSAValue, *, loc: str | None = None) -> MatmulOp:
-        lhs, rhs = _value(lhs), _value(rhs)
+        lhs, rhs = as_value(lhs), as_value(rhs)
         t = cls.infer(lhs.type, rhs.type)
         return set_loc(cls.create(operands=[lhs, rhs], result_types=[t]), loc)
 
@@ -270,18 +270,18 @@ class SoftmaxOp(GraphOp):
     assembly_format = "$input `dim` $dim attr-dict `:` type($result)"
 
     def infer_result_type(self) -> TensorType:
-        t = _check_tensor(self.input.type, self.name, "input")
+        t = check_tensor(self.input.type, self.name, "input")
         d = self.dim.value.data
         if not 0 <= d < max(t.get_num_dims(), 1):
             raise ShapeError(
-                f"graph.softmax: dim {d} out of range for {_fmt(t)} (must be in [0, {max(t.get_num_dims(), 1)}))"
+                f"graph.softmax: dim {d} out of range for {fmt_type(t)} (must be in [0, {max(t.get_num_dims(), 1)}))"
             )
         return t
 
     @classmethod
     def make(cls, x: SSAValue, dim: int, *, loc: str | None = None) -> SoftmaxOp:
-        x = _value(x)
-        t = _check_tensor(x.type, cls.name, "input")
+        x = as_value(x)
+        t = check_tensor(x.type, cls.name, "input")
         rank = t.get_num_dims()
         if not -max(rank, 1) <= dim < max(rank, 1):
             raise ShapeError(f"graph.softmax: dim {dim} out of range for shape {list(t.get_shape())}")
@@ -327,10 +327,10 @@ class LayerNormOp(GraphOp):
         x: TensorType, w: TensorType, b: TensorType, normalized_ndim: int, eps: float
     ) -> TensorType:
         op = LayerNormOp.name
-        _check_tensor(x, op, "input")
-        _check_tensor(w, op, "weight")
-        _check_tensor(b, op, "bias")
-        _same_element(op, x, w, b)
+        check_tensor(x, op, "input")
+        check_tensor(w, op, "weight")
+        check_tensor(b, op, "bias")
+        same_element(op, x, w, b)
         shape = tuple(x.get_shape())
         if not 1 <= normalized_ndim <= len(shape):
             raise ShapeError(
@@ -364,7 +364,7 @@ class LayerNormOp(GraphOp):
         *,
         loc: str | None = None,
     ) -> LayerNormOp:
-        x, weight, bias = _value(x), _value(weight), _value(bias)
+        x, weight, bias = as_value(x), as_value(weight), as_value(bias)
         t = cls.infer(x.type, weight.type, bias.type, int(normalized_ndim), float(eps))
         op = cls.create(
             operands=[x, weight, bias],
@@ -404,7 +404,7 @@ class PermuteOp(GraphOp):
 
     @staticmethod
     def infer(x: TensorType, perm: Sequence[int]) -> TensorType:
-        _check_tensor(x, PermuteOp.name, "input")
+        check_tensor(x, PermuteOp.name, "input")
         shape = x.get_shape()
         if sorted(perm) != list(range(len(shape))):
             raise ShapeError(
@@ -421,8 +421,8 @@ class PermuteOp(GraphOp):
 
     @classmethod
     def make(cls, x: SSAValue, perm: Sequence[int], *, loc: str | None = None) -> PermuteOp:
-        x = _value(x)
-        _check_tensor(x.type, cls.name, "input")
+        x = as_value(x)
+        check_tensor(x.type, cls.name, "input")
         rank = x.type.get_num_dims()
         norm = [int(p) + rank if int(p) < 0 else int(p) for p in perm]
         t = cls.infer(x.type, norm)
@@ -447,7 +447,7 @@ class ReshapeOp(GraphOp):
 
     @staticmethod
     def infer(x: TensorType, shape: Sequence[int]) -> TensorType:
-        _check_tensor(x, ReshapeOp.name, "input")
+        check_tensor(x, ReshapeOp.name, "input")
         src = list(x.get_shape())
         shape = [int(d) for d in shape]
         n = math.prod(src)
@@ -470,7 +470,7 @@ class ReshapeOp(GraphOp):
 
     @classmethod
     def make(cls, x: SSAValue, shape: Sequence[int], *, loc: str | None = None) -> ReshapeOp:
-        x = _value(x)
+        x = as_value(x)
         t = cls.infer(x.type, shape)
         return set_loc(cls.create(operands=[x], result_types=[t]), loc)
 
@@ -490,7 +490,7 @@ class ExpandOp(GraphOp):
 
     @staticmethod
     def infer(x: TensorType, shape: Sequence[int]) -> TensorType:
-        _check_tensor(x, ExpandOp.name, "input")
+        check_tensor(x, ExpandOp.name, "input")
         src = list(x.get_shape())
         shape = [int(d) for d in shape]
         if len(shape) < len(src):
@@ -512,7 +512,7 @@ class ExpandOp(GraphOp):
 
     @classmethod
     def make(cls, x: SSAValue, shape: Sequence[int], *, loc: str | None = None) -> ExpandOp:
-        x = _value(x)
+        x = as_value(x)
         t = cls.infer(x.type, shape)
         return set_loc(cls.create(operands=[x], result_types=[t]), loc)
 
@@ -532,8 +532,8 @@ class CastOp(GraphOp):
 
     @staticmethod
     def infer(x: TensorType, et: Attribute) -> TensorType:
-        _check_tensor(x, CastOp.name, "input")
-        return _check_tensor(TensorType(et, x.get_shape()), CastOp.name, "result")
+        check_tensor(x, CastOp.name, "input")
+        return check_tensor(TensorType(et, x.get_shape()), CastOp.name, "result")
 
     def infer_result_type(self) -> TensorType:
         return self.infer(self.input.type, self.result.type.get_element_type())
@@ -542,7 +542,7 @@ class CastOp(GraphOp):
     def make(
         cls, x: SSAValue, element_type: DType | Attribute, *, loc: str | None = None
     ) -> CastOp:
-        x = _value(x)
+        x = as_value(x)
         try:
             et = _element_type(element_type)
         except ValueError as e:

@@ -108,7 +108,7 @@ def set_loc(op: Operation, loc: str | None) -> Operation:
     return op
 
 
-def _fmt(t: Attribute) -> str:
+def fmt_type(t: Attribute) -> str:
     if isinstance(t, TensorType):
         try:
             dt = DTYPE_NAMES[element_dtype(t)]
@@ -118,7 +118,7 @@ def _fmt(t: Attribute) -> str:
     return str(t)
 
 
-def _check_tensor(t: Attribute, op: str, what: str) -> TensorType:
+def check_tensor(t: Attribute, op: str, what: str) -> TensorType:
     """Raise ShapeError unless `t` is a static tensor of f32 / bf16 / f16 / i32."""
     if not isinstance(t, TensorType):
         raise ShapeError(f"{op}: {what} must be a tensor, got {t}")
@@ -132,11 +132,11 @@ def _check_tensor(t: Attribute, op: str, what: str) -> TensorType:
     return t
 
 
-def _same_element(op: str, *types: TensorType) -> Attribute:
+def same_element(op: str, *types: TensorType) -> Attribute:
     et = types[0].get_element_type()
     if any(t.get_element_type() != et for t in types[1:]):
         raise ShapeError(
-            f"{op}: operand element types differ: {', '.join(_fmt(t) for t in types)}"
+            f"{op}: operand element types differ: {', '.join(fmt_type(t) for t in types)}"
         )
     return et
 
@@ -156,7 +156,7 @@ def broadcast_shapes(op: str, *shapes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _value(x: SSAValue | Operation) -> SSAValue:
+def as_value(x: SSAValue | Operation) -> SSAValue:
     return SSAValue.get(x)
 
 
@@ -175,17 +175,17 @@ class GraphOp(IRDLOperation):
     def verify_(self) -> None:
         try:
             for i, o in enumerate(self.operands):
-                _check_tensor(o.type, self.name, f"operand #{i}")
-            _check_tensor(self.results[0].type, self.name, "result")
+                check_tensor(o.type, self.name, f"operand #{i}")
+            check_tensor(self.results[0].type, self.name, "result")
             inferred = self.infer_result_type()
         except ShapeError as e:
             raise VerifyException(str(e)) from None
         res = self.results[0].type
         if res != inferred:
             raise VerifyException(
-                f"{self.name}: result type {_fmt(res)} does not match the inferred "
-                f"type {_fmt(inferred)} (operands: "
-                f"{', '.join(_fmt(o.type) for o in self.operands) or 'none'})"
+                f"{self.name}: result type {fmt_type(res)} does not match the inferred "
+                f"type {fmt_type(inferred)} (operands: "
+                f"{', '.join(fmt_type(o.type) for o in self.operands) or 'none'})"
             )
 
     def reference(self, *args: np.ndarray) -> np.ndarray:

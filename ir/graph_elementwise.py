@@ -30,7 +30,7 @@ from xdsl.irdl import (
 )
 
 from tilecc.errors import ShapeError
-from tilecc.ir.graph_base import GraphOp, _check_tensor, _same_element, _value, broadcast_shapes, set_loc
+from tilecc.ir.graph_base import GraphOp, check_tensor, same_element, as_value, broadcast_shapes, set_loc
 
 # ---------------------------------------------------------------------------
 # Binary elementwise
@@ -50,9 +50,9 @@ class BinaryElementwiseOp(GraphOp):
 
     @classmethod
     def infer(cls, lhs: TensorType, rhs: TensorType) -> TensorType:
-        _check_tensor(lhs, cls.name, "lhs")
-        _check_tensor(rhs, cls.name, "rhs")
-        et = _same_element(cls.name, lhs, rhs)
+        check_tensor(lhs, cls.name, "lhs")
+        check_tensor(rhs, cls.name, "rhs")
+        et = same_element(cls.name, lhs, rhs)
         return TensorType(et, broadcast_shapes(cls.name, lhs.get_shape(), rhs.get_shape()))
 
     def infer_result_type(self) -> TensorType:
@@ -60,7 +60,7 @@ class BinaryElementwiseOp(GraphOp):
 
     @classmethod
     def make(cls, lhs: SSAValue, rhs: SSAValue, *, loc: str | None = None):
-        lhs, rhs = _value(lhs), _value(rhs)
+        lhs, rhs = as_value(lhs), as_value(rhs)
         t = cls.infer(lhs.type, rhs.type)
         return set_loc(cls.create(operands=[lhs, rhs], result_types=[t]), loc)
 
@@ -125,14 +125,14 @@ class UnaryElementwiseOp(GraphOp):
 
     @classmethod
     def infer(cls, x: TensorType) -> TensorType:
-        return _check_tensor(x, cls.name, "input")
+        return check_tensor(x, cls.name, "input")
 
     def infer_result_type(self) -> TensorType:
         return self.infer(self.input.type)
 
     @classmethod
     def make(cls, x: SSAValue, *, loc: str | None = None):
-        x = _value(x)
+        x = as_value(x)
         t = cls.infer(x.type)
         return set_loc(cls.create(operands=[x], result_types=[t]), loc)
 
@@ -208,7 +208,7 @@ class SiluOp(UnaryElementwiseOp):
         return (x.astype(np.float64) * _sigmoid(x).astype(np.float64)).astype(np.float32)
 
 
-def _erf(x64: np.ndarray) -> np.ndarray:
+def erf64(x64: np.ndarray) -> np.ndarray:
     """erf in float64 (numpy has none; torch's is vectorised and accurate)."""
     import torch
 
@@ -221,7 +221,7 @@ def gelu_reference(x: np.ndarray, approximate: str = "none") -> np.ndarray:
         inner = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)
         y = 0.5 * x64 * (1.0 + np.tanh(inner))
     else:
-        y = 0.5 * x64 * (1.0 + _erf(x64 / math.sqrt(2.0)))
+        y = 0.5 * x64 * (1.0 + erf64(x64 / math.sqrt(2.0)))
     return y.astype(np.float32)
 
 
@@ -244,14 +244,14 @@ class GeluOp(GraphOp):
             raise ShapeError(
                 f"graph.gelu: approximate must be 'none' or 'tanh', got {self.approximate.data!r}"
             )
-        return _check_tensor(self.input.type, self.name, "input")
+        return check_tensor(self.input.type, self.name, "input")
 
     @classmethod
     def make(cls, x: SSAValue, approximate: str = "none", *, loc: str | None = None) -> GeluOp:
-        x = _value(x)
+        x = as_value(x)
         if approximate not in cls.APPROXIMATIONS:
             raise ShapeError(f"graph.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-        t = _check_tensor(x.type, cls.name, "input")
+        t = check_tensor(x.type, cls.name, "input")
         op = cls.create(
             operands=[x], result_types=[t], properties={"approximate": StringAttr(approximate)}
         )

@@ -57,15 +57,15 @@ from xdsl.irdl import (
 from tilecc.errors import ShapeError
 from tilecc.ir.graph_base import (
     GraphOp,
-    _check_tensor,
-    _fmt,
-    _same_element,
-    _value,
+    check_tensor,
+    fmt_type,
+    same_element,
+    as_value,
     broadcast_shapes,
     element_dtype,
     set_loc,
 )
-from tilecc.ir.graph_elementwise import BinaryElementwiseOp, UnaryElementwiseOp, _erf
+from tilecc.ir.graph_elementwise import BinaryElementwiseOp, UnaryElementwiseOp, erf64
 from tilecc.simulator.isa import DType
 
 
@@ -101,12 +101,12 @@ class GatherRowsOp(GraphOp):
     @staticmethod
     def infer(table: Attribute, indices: Attribute) -> TensorType:
         op = GatherRowsOp.name
-        table = _check_tensor(table, op, "table")
-        indices = _check_tensor(indices, op, "indices")
+        table = check_tensor(table, op, "table")
+        indices = check_tensor(indices, op, "indices")
         if table.get_num_dims() < 1:
-            raise ShapeError(f"{op}: the table must have rank >= 1, got {_fmt(table)}")
+            raise ShapeError(f"{op}: the table must have rank >= 1, got {fmt_type(table)}")
         if element_dtype(indices) != DType.I32:
-            raise ShapeError(f"{op}: indices must be i32, got {_fmt(indices)}")
+            raise ShapeError(f"{op}: indices must be i32, got {fmt_type(indices)}")
         shape = (*indices.get_shape(), *table.get_shape()[1:])
         return TensorType(table.get_element_type(), shape)
 
@@ -115,7 +115,7 @@ class GatherRowsOp(GraphOp):
 
     @classmethod
     def make(cls, table: SSAValue, indices: SSAValue, *, loc: str | None = None) -> GatherRowsOp:
-        table, indices = _value(table), _value(indices)
+        table, indices = as_value(table), as_value(indices)
         t = cls.infer(table.type, indices.type)
         op = cls.create(operands=[table, indices], result_types=[t])
         set_loc(op, loc)
@@ -164,16 +164,16 @@ class SliceOp(GraphOp):
     @staticmethod
     def infer(x: Attribute, dim: int, start: int, end: int, step: int) -> TensorType:
         op = SliceOp.name
-        x = _check_tensor(x, op, "input")
+        x = check_tensor(x, op, "input")
         shape = list(x.get_shape())
         if not 0 <= dim < len(shape):
-            raise ShapeError(f"{op}: dim {dim} out of range for {_fmt(x)}")
+            raise ShapeError(f"{op}: dim {dim} out of range for {fmt_type(x)}")
         if step < 1:
             raise ShapeError(f"{op}: step must be >= 1, got {step}")
         if not 0 <= start <= end <= shape[dim]:
             raise ShapeError(
                 f"{op}: bounds [{start}, {end}) must satisfy 0 <= start <= end <= {shape[dim]} "
-                f"(dim {dim} of {_fmt(x)})"
+                f"(dim {dim} of {fmt_type(x)})"
             )
         shape[dim] = slice_length(shape[dim], start, end, step)
         return TensorType(x.get_element_type(), shape)
@@ -196,8 +196,8 @@ class SliceOp(GraphOp):
         loc: str | None = None,
     ) -> SliceOp:
         """Python slice semantics: negative bounds count from the end, out-of-range clamp."""
-        x = _value(x)
-        t = _check_tensor(x.type, cls.name, "input")
+        x = as_value(x)
+        t = check_tensor(x.type, cls.name, "input")
         rank = t.get_num_dims()
         dim = _norm_dim(cls.name, int(dim), rank)
         if step < 1:
@@ -235,17 +235,17 @@ class ConcatOp(GraphOp):
         op = ConcatOp.name
         if not types:
             raise ShapeError(f"{op}: needs at least one input")
-        tensors = [_check_tensor(t, op, f"input #{i}") for i, t in enumerate(types)]
-        _same_element(op, *tensors)
+        tensors = [check_tensor(t, op, f"input #{i}") for i, t in enumerate(types)]
+        same_element(op, *tensors)
         first = list(tensors[0].get_shape())
         if not 0 <= dim < len(first):
-            raise ShapeError(f"{op}: dim {dim} out of range for {_fmt(tensors[0])}")
+            raise ShapeError(f"{op}: dim {dim} out of range for {fmt_type(tensors[0])}")
         total = 0
         for t in tensors:
             s = list(t.get_shape())
             if len(s) != len(first) or any(a != b for j, (a, b) in enumerate(zip(s, first)) if j != dim):
                 raise ShapeError(
-                    f"{op}: shapes {', '.join(_fmt(t) for t in types)} differ outside dim {dim}"
+                    f"{op}: shapes {', '.join(fmt_type(t) for t in types)} differ outside dim {dim}"
                 )
             total += s[dim]
         first[dim] = total
@@ -256,10 +256,10 @@ class ConcatOp(GraphOp):
 
     @classmethod
     def make(cls, inputs: Sequence[SSAValue], dim: int, *, loc: str | None = None) -> ConcatOp:
-        vals = [_value(v) for v in inputs]
+        vals = [as_value(v) for v in inputs]
         if not vals:
             raise ShapeError(f"{cls.name}: needs at least one input")
-        rank = _check_tensor(vals[0].type, cls.name, "input #0").get_num_dims()
+        rank = check_tensor(vals[0].type, cls.name, "input #0").get_num_dims()
         dim = _norm_dim(cls.name, int(dim), rank)
         t = cls.infer([v.type for v in vals], dim)
         op = cls.create(operands=vals, result_types=[t], properties={"dim": _int(dim)})
@@ -299,7 +299,7 @@ class ErfOp(UnaryElementwiseOp):
 
     @staticmethod
     def compute(x: np.ndarray) -> np.ndarray:
-        return _erf(x.astype(np.float64)).astype(np.float32)
+        return erf64(x.astype(np.float64)).astype(np.float32)
 
 
 def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -409,10 +409,10 @@ class WhereOp(GraphOp):
     @staticmethod
     def infer(c: Attribute, x: Attribute, y: Attribute) -> TensorType:
         op = WhereOp.name
-        c = _check_tensor(c, op, "cond")
-        x = _check_tensor(x, op, "x")
-        y = _check_tensor(y, op, "y")
-        et = _same_element(op, x, y)
+        c = check_tensor(c, op, "cond")
+        x = check_tensor(x, op, "x")
+        y = check_tensor(y, op, "y")
+        et = same_element(op, x, y)
         return TensorType(et, broadcast_shapes(op, c.get_shape(), x.get_shape(), y.get_shape()))
 
     def infer_result_type(self) -> TensorType:
@@ -420,7 +420,7 @@ class WhereOp(GraphOp):
 
     @classmethod
     def make(cls, c: SSAValue, x: SSAValue, y: SSAValue, *, loc: str | None = None) -> WhereOp:
-        c, x, y = _value(c), _value(x), _value(y)
+        c, x, y = as_value(c), as_value(x), as_value(y)
         t = cls.infer(c.type, x.type, y.type)
         op = cls.create(operands=[c, x, y], result_types=[t])
         set_loc(op, loc)
@@ -449,16 +449,16 @@ class LogSoftmaxOp(GraphOp):
     assembly_format = "$input `dim` $dim attr-dict `:` type($result)"
 
     def infer_result_type(self) -> TensorType:
-        t = _check_tensor(self.input.type, self.name, "input")
+        t = check_tensor(self.input.type, self.name, "input")
         d = self.dim.value.data
         if not 0 <= d < t.get_num_dims():
-            raise ShapeError(f"{self.name}: dim {d} out of range for {_fmt(t)}")
+            raise ShapeError(f"{self.name}: dim {d} out of range for {fmt_type(t)}")
         return t
 
     @classmethod
     def make(cls, x: SSAValue, dim: int, *, loc: str | None = None) -> LogSoftmaxOp:
-        x = _value(x)
-        t = _check_tensor(x.type, cls.name, "input")
+        x = as_value(x)
+        t = check_tensor(x.type, cls.name, "input")
         rank = t.get_num_dims()
         if rank == 0:
             raise ShapeError(f"{cls.name}: the input must have rank >= 1")
@@ -511,26 +511,26 @@ class SdpaOp(GraphOp):
         op = SdpaOp.name
         checked: list[TensorType] = []
         for what, a in (("q", q), ("k", k), ("v", v)):
-            t = _check_tensor(a, op, what)
+            t = check_tensor(a, op, what)
             if t.get_num_dims() < 2:
-                raise ShapeError(f"{op}: {what} must have rank >= 2, got {_fmt(t)}")
+                raise ShapeError(f"{op}: {what} must have rank >= 2, got {fmt_type(t)}")
             checked.append(t)
         q, k, v = checked
-        et = _same_element(op, q, k, v)
+        et = same_element(op, q, k, v)
         qs, ks, vs = (list(t.get_shape()) for t in (q, k, v))
         if qs[-1] != ks[-1]:
-            raise ShapeError(f"{op}: q and k head sizes differ: {_fmt(q)}, {_fmt(k)}")
+            raise ShapeError(f"{op}: q and k head sizes differ: {fmt_type(q)}, {fmt_type(k)}")
         if ks[-2] != vs[-2]:
-            raise ShapeError(f"{op}: k and v sequence lengths differ: {_fmt(k)}, {_fmt(v)}")
+            raise ShapeError(f"{op}: k and v sequence lengths differ: {fmt_type(k)}, {fmt_type(v)}")
         batch = broadcast_shapes(op, qs[:-2], ks[:-2], vs[:-2])
         L, S = qs[-2], ks[-2]
         if mask is not None:
-            mask = _check_tensor(mask, op, "mask")
-            _same_element(op, q, mask)
+            mask = check_tensor(mask, op, "mask")
+            same_element(op, q, mask)
             full = broadcast_shapes(op, (*batch, L, S), mask.get_shape())
             if list(full) != [*batch, L, S]:
                 raise ShapeError(
-                    f"{op}: mask {_fmt(mask)} does not broadcast to the scores {[*batch, L, S]}"
+                    f"{op}: mask {fmt_type(mask)} does not broadcast to the scores {[*batch, L, S]}"
                 )
         return TensorType(et, [*batch, L, vs[-1]])
 
@@ -550,11 +550,11 @@ class SdpaOp(GraphOp):
         causal: bool = False,
         loc: str | None = None,
     ) -> SdpaOp:
-        q, k, v = _value(q), _value(k), _value(v)
-        m = _value(mask) if mask is not None else None
+        q, k, v = as_value(q), as_value(k), as_value(v)
+        m = as_value(mask) if mask is not None else None
         t = cls.infer(q.type, k.type, v.type, m.type if m is not None else None)
         if scale is None:
-            scale = 1.0 / math.sqrt(_check_tensor(q.type, cls.name, "q").get_shape()[-1])
+            scale = 1.0 / math.sqrt(check_tensor(q.type, cls.name, "q").get_shape()[-1])
         op = cls.build(
             operands=[q, k, v, [m] if m is not None else []],
             result_types=[t],

@@ -57,10 +57,10 @@ from xdsl.irdl import (
 from tilecc.errors import ShapeError
 from tilecc.ir.graph_base import (
     GraphOp,
-    _check_tensor,
-    _fmt,
-    _same_element,
-    _value,
+    check_tensor,
+    fmt_type,
+    same_element,
+    as_value,
     set_loc,
 )
 
@@ -91,10 +91,10 @@ def _arr(v: Sequence[int]) -> DenseArrayBase:
 
 
 def _nchw(op: str, t: TensorType, what: str = "input") -> tuple[int, int, int, int]:
-    _check_tensor(t, op, what)
+    check_tensor(t, op, what)
     shape = tuple(t.get_shape())
     if len(shape) != 4:
-        raise ShapeError(f"{op}: {what} must be 4-D (N, C, H, W), got {_fmt(t)}")
+        raise ShapeError(f"{op}: {what} must be 4-D (N, C, H, W), got {fmt_type(t)}")
     return shape
 
 
@@ -165,12 +165,12 @@ class Conv2dOp(GraphOp):
         layout: str,
     ) -> TensorType:
         op = Conv2dOp.name
-        x = _check_tensor(x, op, "input")
+        x = check_tensor(x, op, "input")
         n, c, h, wd = _nchw(op, x)
-        w = _check_tensor(w, op, "weight")
-        b = _check_tensor(b, op, "bias") if b is not None else None
+        w = check_tensor(w, op, "weight")
+        b = check_tensor(b, op, "bias") if b is not None else None
         types = [x, w] + ([b] if b is not None else [])
-        et = _same_element(op, *types)
+        et = same_element(op, *types)
         sh, sw = _pair(op, "stride", stride, 1)
         ph, pw = _pair(op, "padding", padding, 0)
         dh, dw = _pair(op, "dilation", dilation, 1)
@@ -179,25 +179,25 @@ class Conv2dOp(GraphOp):
         ws = tuple(w.get_shape())
         if layout == "oihw":
             if len(ws) != 4:
-                raise ShapeError(f"{op}: an oihw weight must be 4-D, got {_fmt(w)}")
+                raise ShapeError(f"{op}: an oihw weight must be 4-D, got {fmt_type(w)}")
             co, cig, kh, kw = ws
             if co % groups:
                 raise ShapeError(f"{op}: groups {groups} must divide the {co} output channels")
         elif layout == "gihwo":
             if len(ws) != 5:
-                raise ShapeError(f"{op}: a gihwo weight must be 5-D, got {_fmt(w)}")
+                raise ShapeError(f"{op}: a gihwo weight must be 5-D, got {fmt_type(w)}")
             g, cig, kh, kw, cog = ws
             if g != groups:
-                raise ShapeError(f"{op}: weight {_fmt(w)} has {g} groups, the op {groups}")
+                raise ShapeError(f"{op}: weight {fmt_type(w)} has {g} groups, the op {groups}")
             co = g * cog
         else:
             raise ShapeError(f"{op}: layout must be one of {', '.join(WEIGHT_LAYOUTS)}, got {layout!r}")
         if cig * groups != c:
             raise ShapeError(
-                f"{op}: weight {_fmt(w)} expects {cig * groups} input channels, input {_fmt(x)} has {c}"
+                f"{op}: weight {fmt_type(w)} expects {cig * groups} input channels, input {fmt_type(x)} has {c}"
             )
         if b is not None and tuple(b.get_shape()) != (co,):
-            raise ShapeError(f"{op}: bias must have shape [{co}], got {_fmt(b)}")
+            raise ShapeError(f"{op}: bias must have shape [{co}], got {fmt_type(b)}")
         oh = conv_out_size(h, kh, sh, ph, dh)
         ow = conv_out_size(wd, kw, sw, pw, dw)
         if oh < 1 or ow < 1 or kh < 1 or kw < 1:
@@ -235,8 +235,8 @@ class Conv2dOp(GraphOp):
         *,
         loc: str | None = None,
     ) -> Conv2dOp:
-        x, w = _value(x), _value(w)
-        b = _value(b) if b is not None else None
+        x, w = as_value(x), as_value(w)
+        b = as_value(b) if b is not None else None
         op = cls.name
         s, p, d = _pair(op, "stride", stride, 1), _pair(op, "padding", padding, 0), _pair(op, "dilation", dilation, 1)
         t = cls.infer(x.type, w.type, b.type if b else None, s, p, d, int(groups), layout)
@@ -278,7 +278,7 @@ def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) ->
 
 
 def _pool_shape(op: str, x: Attribute, k: Ints, s: Ints, p: Ints, d: Ints, ceil_mode: bool) -> TensorType:
-    x = _check_tensor(x, op, "input")
+    x = check_tensor(x, op, "input")
     n, c, h, w = _nchw(op, x)
     kh, kw = _pair(op, "kernel", k, 1)
     sh, sw = _pair(op, "stride", s, 1)
@@ -332,7 +332,7 @@ class MaxPool2dOp(GraphOp):
         cls, x: SSAValue | Operation, kernel: Ints, stride: Ints | None = None, padding: Ints = 0,
         dilation: Ints = 1, ceil_mode: bool = False, *, loc: str | None = None,
     ) -> MaxPool2dOp:
-        x = _value(x)
+        x = as_value(x)
         k = _pair(cls.name, "kernel", kernel, 1)
         s = _pair(cls.name, "stride", stride if stride else k, 1)
         p, d = _pair(cls.name, "padding", padding, 0), _pair(cls.name, "dilation", dilation, 1)
@@ -417,7 +417,7 @@ class AvgPool2dOp(GraphOp):
         ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None,
         *, loc: str | None = None,
     ) -> AvgPool2dOp:
-        x = _value(x)
+        x = as_value(x)
         k = _pair(cls.name, "kernel", kernel, 1)
         s = _pair(cls.name, "stride", stride if stride else k, 1)
         p = _pair(cls.name, "padding", padding, 0)
@@ -465,7 +465,7 @@ class AdaptiveAvgPool2dOp(GraphOp):
     @staticmethod
     def infer(x: Attribute, size: Sequence[int]) -> TensorType:
         op = AdaptiveAvgPool2dOp.name
-        x = _check_tensor(x, op, "input")
+        x = check_tensor(x, op, "input")
         n, c, _, _ = _nchw(op, x)
         oh, ow = _pair(op, "output size", size, 1)
         return TensorType(x.get_element_type(), [n, c, oh, ow])
@@ -477,7 +477,7 @@ class AdaptiveAvgPool2dOp(GraphOp):
     def make(
         cls, x: SSAValue | Operation, size: Sequence[int] | int, *, loc: str | None = None
     ) -> AdaptiveAvgPool2dOp:
-        x = _value(x)
+        x = as_value(x)
         pair = _pair(cls.name, "output size", size, 1)
         t = cls.infer(x.type, pair)
         op = cls.create(operands=[x], result_types=[t], properties={"size": _arr(pair)})
@@ -530,7 +530,7 @@ class UpsampleNearest2dOp(GraphOp):
     @staticmethod
     def infer(x: Attribute, size: Sequence[int], scales: Sequence[float]) -> TensorType:
         op = UpsampleNearest2dOp.name
-        x = _check_tensor(x, op, "input")
+        x = check_tensor(x, op, "input")
         n, c, _, _ = _nchw(op, x)
         oh, ow = _pair(op, "output size", size, 1)
         if len(scales) != 2 or any(not (s >= 0) for s in scales):
@@ -545,7 +545,7 @@ class UpsampleNearest2dOp(GraphOp):
         return vals
 
     def infer_result_type(self) -> TensorType:
-        res = _check_tensor(self.result.type, self.name, "result")
+        res = check_tensor(self.result.type, self.name, "result")
         return self.infer(self.input.type, res.get_shape()[2:], self.scale_values)
 
     @classmethod
@@ -553,7 +553,7 @@ class UpsampleNearest2dOp(GraphOp):
         cls, x: SSAValue | Operation, size: Sequence[int], scales: Sequence[float | None] = (0.0, 0.0),
         *, loc: str | None = None,
     ) -> UpsampleNearest2dOp:
-        x = _value(x)
+        x = as_value(x)
         sc = [float(s or 0.0) for s in scales]
         t = cls.infer(x.type, size, sc)
         op = cls.create(
@@ -563,7 +563,7 @@ class UpsampleNearest2dOp(GraphOp):
         return op
 
     def index_maps(self) -> tuple[np.ndarray, np.ndarray]:
-        _, _, h, w = _check_tensor(self.input.type, self.name, "input").get_shape()
+        _, _, h, w = check_tensor(self.input.type, self.name, "input").get_shape()
         _, _, oh, ow = self.result.type.get_shape()
         sh, sw = self.scale_values
         return nearest_index(oh, h, sh), nearest_index(ow, w, sw)
@@ -594,7 +594,7 @@ class PadOp(GraphOp):
     @staticmethod
     def infer(x: Attribute, low: Sequence[int], high: Sequence[int]) -> TensorType:
         op = PadOp.name
-        x = _check_tensor(x, op, "input")
+        x = check_tensor(x, op, "input")
         shape = list(x.get_shape())
         if len(low) != len(shape) or len(high) != len(shape):
             raise ShapeError(
@@ -615,7 +615,7 @@ class PadOp(GraphOp):
         cls, x: SSAValue | Operation, low: Sequence[int], high: Sequence[int], value: float = 0.0,
         *, loc: str | None = None,
     ) -> PadOp:
-        x = _value(x)
+        x = as_value(x)
         t = cls.infer(x.type, low, high)
         op = cls.create(
             operands=[x], result_types=[t],
@@ -658,7 +658,7 @@ class ReduceOp(GraphOp):
 
     @classmethod
     def infer(cls, x: Attribute, dims: Sequence[int], keepdim: bool) -> TensorType:
-        x = _check_tensor(x, cls.name, "input")
+        x = check_tensor(x, cls.name, "input")
         shape = list(x.get_shape())
         if list(dims) != sorted(set(dims)) or any(not 0 <= d < len(shape) for d in dims):
             raise ShapeError(
@@ -682,8 +682,8 @@ class ReduceOp(GraphOp):
     def make(
         cls, x: SSAValue | Operation, dims: Sequence[int] | None, keepdim: bool = False, *, loc: str | None = None
     ) -> Self:
-        x = _value(x)
-        rank = _check_tensor(x.type, cls.name, "input").get_num_dims()
+        x = as_value(x)
+        rank = check_tensor(x.type, cls.name, "input").get_num_dims()
         if dims is None or (len(dims) == 0 and cls.ALL_WHEN_EMPTY):
             dims = range(rank)
         norm: list[int] = []
