@@ -133,12 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     name = f"transformer_block x{copies} ({args.target}, {n:,} instr)"
     r, sec, sim = _rate(long, cfg)
     rows.append((name, "timing-only, record=True", f"{r:,.0f} instr/s ({sec:.3f} s, {sim.cycles:,.0f} cycles)"))
-    from tilecc.simulator import machine
+    from tilecc.simulator import decode, scheduler
 
-    prog_long = machine._Program(long, cfg)
+    prog_long = decode.DecodedProgram(long, cfg)
     for label, general in (("scheduler only: dataflow", False), ("scheduler only: event heap", True)):
         t = time.process_time()
-        machine._schedule(prog_long, general=general)
+        scheduler.schedule(prog_long, general=general)
         sec = time.process_time() - t
         rows.append((name, label, f"{n / sec:,.0f} instr/s ({sec:.3f} s)"))
     del prog_long

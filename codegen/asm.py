@@ -13,8 +13,9 @@ cleared, as ``isa.empty_stream`` leaves them, and the parser restores them so)::
     vec.reduce_max sram[p0 +0x0]:f32 -> sram[p0 +0x900]:f32 16x64
     dma.gather q0 hbm[0x1000 rs=768 bound=1000]:f32, index sram[p0 +0x0]:i32 -> sram[p0 +0x40]:f32 16x768
 
-The grammar is ``asm.lark`` (LALR). `print_asm` followed by `parse_asm` restores every
-record bit for bit (imm values are written in the shortest decimal form that reads back
+The lines are those of `simulator.listing` (which the simulator's messages and traces
+use too); `print_asm` validates the stream first. The grammar is ``asm.lark`` (LALR).
+`print_asm` followed by `parse_asm` restores every record bit for bit (imm values are written in the shortest decimal form that reads back
 to the same float32, else as a hex float, and NaNs with a payload as ``nan(0xBITS)``).
 Errors raise `AsmSyntaxError`: a first line ``line L:C: <what is wrong>``, then the
 source line and a caret under the column.
@@ -23,7 +24,6 @@ source line and a caret under the column.
 from __future__ import annotations
 
 import functools
-import math
 import re
 from importlib import resources
 
@@ -35,36 +35,34 @@ from tilecc.codegen.binary import validate_stream
 from tilecc.errors import AsmSyntaxError
 from tilecc.simulator.isa import (
     DTYPE_BY_NAME,
-    DTYPE_NAMES,
     MAX_WAITS,
     OPCODE_ENGINE,
     RECORD,
-    BinaryFn,
     Flag,
     Mem,
     Opcode,
-    ReduceFn,
-    UnaryFn,
+)
+from tilecc.simulator.listing import (
+    BINARY_NAMES,
+    MEM_NAMES,
+    REDUCE_NAMES,
+    UNARY_NAMES,
+    imm_bits,
+    instruction_lines,
 )
 
 __all__ = ["format_instruction", "parse_asm", "print_asm"]
 
 # ----------------------------------------------------------------------------- names
 
-_MEM_NAMES = {int(m): m.name.lower() for m in Mem}  # hbm, sram, acc
-_MEM_BY_NAME = {v: k for k, v in _MEM_NAMES.items()}
-_DT_NAMES = {int(d): n for d, n in DTYPE_NAMES.items()}
+_MEM_BY_NAME = {v: k for k, v in MEM_NAMES.items()}
 _DT_BY_NAME = {n: int(d) for n, d in DTYPE_BY_NAME.items()}
-
-_UNARY_NAMES = {int(f): f.name.lower() for f in UnaryFn}
-_BINARY_NAMES = {int(f): f.name.lower() for f in BinaryFn}
-_REDUCE_NAMES = {int(f): "reduce_" + f.name.lower() for f in ReduceFn}
 # vector function name (after "vec.") -> (opcode, func)
 _VEC_FUNCS: dict[str, tuple[int, int]] = {}
 for _op, _names in (
-    (Opcode.VEC_UNARY, _UNARY_NAMES),
-    (Opcode.VEC_BINARY, _BINARY_NAMES),
-    (Opcode.VEC_REDUCE, _REDUCE_NAMES),
+    (Opcode.VEC_UNARY, UNARY_NAMES),
+    (Opcode.VEC_BINARY, BINARY_NAMES),
+    (Opcode.VEC_REDUCE, REDUCE_NAMES),
 ):
     for _f, _n in _names.items():
         assert _n not in _VEC_FUNCS, f"vector function name {_n} is ambiguous"
@@ -74,144 +72,8 @@ _U8, _U16, _U32, _U64 = 0xFF, 0xFFFF, 0xFFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF
 _I16_MAX = 0x7FFF
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
-_F32_OVERFLOW = 3.4028235677973366e38  # (2 - 2**-24) * 2**127
-_QNAN = 0x7FC00000
-_NEG_QNAN = 0xFFC00000
 
 # ----------------------------------------------------------------------------- printing
-
-
-def _imm_bits(text: str) -> int:
-    """The float32 bits of an imm literal (as the grammar's FLOAT accepts it).
-
-    Raises ValueError with a reason for values that are not float32."""
-    s = text
-    sign = ""
-    if s[:1] in "+-":
-        sign, s = s[0], s[1:]
-    if s.startswith("nan"):
-        if s == "nan":
-            return _NEG_QNAN if sign == "-" else _QNAN
-        if sign:
-            raise ValueError("a nan(0xBITS) literal carries its sign in BITS")
-        bits = int(s[4:-1], 16)
-        if bits > _U32 or (bits & 0x7F800000) != 0x7F800000 or not (bits & 0x7FFFFF):
-            raise ValueError(f"0x{bits:x} is not the bit pattern of a float32 NaN")
-        return bits
-    value = float.fromhex(sign + s) if s.startswith("0x") else float(sign + s)
-    # values from half an ulp above the largest float32 on would round to infinity
-    if not math.isinf(value) and abs(value) >= _F32_OVERFLOW:
-        raise ValueError(f"{text} is out of the float32 range")
-    f32 = np.float32(value)
-    if s.startswith("0x") and float(f32) != value:
-        raise ValueError(f"{text} is not exactly a float32 value")
-    return int(f32.view(np.uint32))
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _fmt_imm(bits: int) -> str:
-    x = np.uint32(bits).view(np.float32)
-    if np.isnan(x):
-        return "nan" if bits == _QNAN else f"nan(0x{bits:08x})"
-    s = str(x)  # numpy's shortest round-trip float32 repr: 0.5, 1e-45, -inf, ...
-    try:
-        if _imm_bits(s) == bits:
-            return s
-    except ValueError:
-        pass
-    return float(x).hex()  # exact
-
-
-def _chip(mem: int, part: int, addr: int, dt: int) -> str:
-    return f"{_MEM_NAMES[mem]}[p{part} +0x{addr:x}]:{_DT_NAMES[dt]}"
-
-
-def _hbm(addr: int, rs: int, cs: int, dt: int) -> str:
-    return f"hbm[0x{addr:x} rs={rs} cs={cs}]:{_DT_NAMES[dt]}"
-
-
-def _table(addr: int, rs: int, bound: int, dt: int) -> str:
-    return f"hbm[0x{addr:x} rs={rs} bound={bound}]:{_DT_NAMES[dt]}"
-
-
-def _sync(sems: list[int], vals: list[int], signal: int) -> str:
-    last = -1
-    for i, s in enumerate(sems):
-        if s >= 0:
-            last = i
-    out = ""
-    if last >= 0:
-        slots = [
-            f"s{sems[i]}>={vals[i]}" if sems[i] >= 0 else "-" for i in range(last + 1)
-        ]
-        out = " wait(" + ", ".join(slots) + ")"
-    if signal >= 0:
-        out += f" signal(s{signal})"
-    return out
-
-
-_COLUMNS = (
-    "opcode", "queue", "func", "flags", "a_dtype", "b_dtype", "o_dtype", "a_mem", "b_mem",
-    "o_mem", "a_part", "b_part", "o_part", "signal_sem", "wait_sem", "wait_val", "rows",
-    "cols", "k", "a_addr", "b_addr", "o_addr", "hbm_rs", "hbm_cs",
-)  # fmt: skip
-
-
-def _lines(stream: np.ndarray):
-    cols = [stream[name].tolist() for name in _COLUMNS]
-    imm_bits = stream["imm"].view(np.uint32).tolist()
-    load, store, matmul = int(Opcode.DMA_LOAD), int(Opcode.DMA_STORE), int(Opcode.MATMUL)
-    unary, binary, reduce = int(Opcode.VEC_UNARY), int(Opcode.VEC_BINARY), int(Opcode.VEC_REDUCE)
-    gather = int(Opcode.DMA_GATHER)
-    f_acc, f_col = int(Flag.ACCUMULATE), int(Flag.B_COLUMN)
-    f_imm, f_swap = int(Flag.B_IMM), int(Flag.SWAP)
-    for (
-        op, queue, func, flags, adt, bdt, odt, amem, bmem, omem, apart, bpart, opart,
-        signal, wsem, wval, rows, ncols, k, aaddr, baddr, oaddr, rs, cs,
-    ), imm in zip(zip(*cols), imm_bits):  # fmt: skip
-        if op == load:
-            yield (
-                f"dma.load q{queue} {_hbm(aaddr, rs, cs, adt)} -> {_chip(omem, opart, oaddr, odt)}"
-                f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
-            )
-        elif op == store:
-            yield (
-                f"dma.store q{queue} {_chip(amem, apart, aaddr, adt)} -> {_hbm(oaddr, rs, cs, odt)}"
-                f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
-            )
-        elif op == gather:
-            yield (
-                f"dma.gather q{queue} {_table(aaddr, rs, k, adt)}, index "
-                f"{_chip(bmem, bpart, baddr, bdt)} -> {_chip(omem, opart, oaddr, odt)}"
-                f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
-            )
-        elif op == matmul:
-            acc = " accumulate" if flags & f_acc else ""
-            yield (
-                f"matmul {_chip(amem, apart, aaddr, adt)}, {_chip(bmem, bpart, baddr, bdt)}"
-                f" -> {_chip(omem, opart, oaddr, odt)} m={rows} k={k} n={ncols}{acc}"
-                f"{_sync(wsem, wval, signal)}"
-            )
-        elif op == unary or op == reduce:
-            name = _UNARY_NAMES[func] if op == unary else _REDUCE_NAMES[func]
-            yield (
-                f"vec.{name} {_chip(amem, apart, aaddr, adt)} -> {_chip(omem, opart, oaddr, odt)}"
-                f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
-            )
-        elif op == binary:
-            if flags & f_imm:
-                b = "imm " + _fmt_imm(imm)
-            else:
-                b = _chip(bmem, bpart, baddr, bdt)
-                if flags & f_col:
-                    b = "col " + b
-            swap = ".swap" if flags & f_swap else ""
-            yield (
-                f"vec.{_BINARY_NAMES[func]}{swap} {_chip(amem, apart, aaddr, adt)}, {b}"
-                f" -> {_chip(omem, opart, oaddr, odt)} {rows}x{ncols}{_sync(wsem, wval, signal)}"
-            )
-        else:  # barrier
-            yield "barrier"
 
 
 def print_asm(stream: np.ndarray) -> str:
@@ -222,7 +84,7 @@ def print_asm(stream: np.ndarray) -> str:
     validate_stream(stream, strict=True)
     if stream.size == 0:
         return ""
-    return "\n".join(_lines(stream)) + "\n"
+    return "\n".join(instruction_lines(stream)) + "\n"
 
 
 def format_instruction(record: np.void | np.ndarray) -> str:
@@ -348,7 +210,7 @@ class _Builder(lark.Transformer):
     def imm_b(self, c):
         tok = c[1]
         try:
-            return ("imm", _imm_bits(str(tok)))
+            return ("imm", imm_bits(str(tok)))
         except ValueError as e:
             raise _SemanticError(f"bad imm value: {e}", tok) from None
 
@@ -420,7 +282,7 @@ class _Builder(lark.Transformer):
         if hbm.mem != Mem.HBM:
             side = "source" if load else "destination"
             raise _SemanticError(
-                f"the {side} of {op_tok} is in hbm, not {_MEM_NAMES[hbm.mem]}", hbm.tok
+                f"the {side} of {op_tok} is in hbm, not {MEM_NAMES[hbm.mem]}", hbm.tok
             )
         if chip.mem == Mem.HBM:
             side = "destination" if load else "source"
@@ -487,9 +349,9 @@ class _Builder(lark.Transformer):
         name, mods = parts[0], parts[1:]
         if name not in _VEC_FUNCS:
             raise _SemanticError(
-                f"unknown vector function '{name}' (unary: {', '.join(_UNARY_NAMES.values())}; "
-                f"binary: {', '.join(_BINARY_NAMES.values())}; "
-                f"reduce: {', '.join(_REDUCE_NAMES.values())})",
+                f"unknown vector function '{name}' (unary: {', '.join(UNARY_NAMES.values())}; "
+                f"binary: {', '.join(BINARY_NAMES.values())}; "
+                f"reduce: {', '.join(REDUCE_NAMES.values())})",
                 op_tok,
             )
         opcode, func = _VEC_FUNCS[name]

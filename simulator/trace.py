@@ -70,6 +70,7 @@ from tilecc.simulator.isa import (
     Mem,
     Opcode,
 )
+from tilecc.simulator.listing import instruction_lines
 
 __all__ = ["DEFAULT_MAX_EVENTS", "chrome_trace", "write_trace"]
 
@@ -125,23 +126,17 @@ _ITEMSIZE = _itemsize_lut()
 
 
 def _asm_lines(sub: np.ndarray) -> list[str]:
-    """The assembly line of each record of `sub` (`codegen.asm`, one print for all)."""
-    from tilecc.codegen import asm  # lazily: the asm module loads the lark grammar
-
+    """The assembly line of each record of `sub` (`simulator.listing`, one pass for all)."""
     if sub.size == 0:
         return []
     try:
-        return asm.print_asm(sub).split("\n")[:-1]
-    except Exception:  # a non-canonical (hand-made) stream: print without validating
-        pass
-    try:
-        return list(asm._lines(sub))
-    except Exception:
+        return list(instruction_lines(sub))
+    except Exception:  # a record with no assembly form (hand-made stream): one by one
         pass
     out = []
     for i in range(sub.size):
         try:
-            out.append(next(asm._lines(sub[i : i + 1])))
+            out.append(next(instruction_lines(sub[i : i + 1])))
         except Exception:
             out.append(f"<opcode {int(sub['opcode'][i])}: no assembly form>")
     return out

@@ -25,6 +25,7 @@ from tilecc.errors import (
     UninitializedReadError,
 )
 from tilecc.simulator import isa, numerics, sanitizers
+from tilecc.simulator import races as race_detector
 from tilecc.simulator.config import load_config
 from tilecc.simulator.isa import ITEMSIZE, DType, Flag, Mem, Opcode, UnaryFn
 from tilecc.simulator.machine import simulate
@@ -603,7 +604,7 @@ def _random_program(rng: np.random.Generator) -> np.ndarray:
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_random_programs_agree_with_the_oracles(chunk, monkeypatch):
     if chunk is not None:  # the race detector's chunks of kernels, tiny
-        monkeypatch.setattr(sanitizers, "_CHUNK_FOOTPRINTS", chunk)
+        monkeypatch.setattr(race_detector, "_CHUNK_FOOTPRINTS", chunk)
     rng = np.random.default_rng(7)
     seen = collections.Counter()
     for _ in range(400):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tilecc.errors import ConfigError, DeadlockError, MemoryAccessError, SimulatorError
 from tilecc.runtime.report import make_report, roofline, stream_work
-from tilecc.simulator import energy, isa, machine
+from tilecc.simulator import decode, energy, isa, machine, scheduler
 from tilecc.simulator.config import PRESET_DIR, HardwareConfig, from_dict, load_config
 from tilecc.simulator.gemm import gemm
 from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, Opcode, ReduceFn, UnaryFn
@@ -524,8 +524,8 @@ def test_cycles_never_beat_the_roofline(mode, stream):
 def test_dataflow_scheduler_equals_the_event_simulation(mode, stream):
     """The heap-free dataflow schedule gives the general event simulation's times and
     totals bit for bit."""
-    prog = machine._Program(stream, with_matrix(TINY, mode=mode))
-    fast, slow = machine._schedule(prog), machine._schedule(prog, general=True)
+    prog = decode.DecodedProgram(stream, with_matrix(TINY, mode=mode))
+    fast, slow = scheduler.schedule(prog), scheduler.schedule(prog, general=True)
     assert np.array_equal(fast.start, slow.start) and np.array_equal(fast.end, slow.end)
     assert fast.busy == slow.busy and fast.semaphore_stall == slow.semaphore_stall
     assert fast.hbm_stall == slow.hbm_stall and fast.hbm_busy == slow.hbm_busy

@@ -12,7 +12,7 @@ one that can start first on its engine goes next (within a `slack`, the one with
 highest priority: its longest path to the block's end, the busiest engine's ops
 weighted up).
 
-Start times are estimated with the simulator's own timing model (`simulator.machine`),
+Start times are estimated with the simulator's own timing rules (`simulator.timing`),
 so that a straight-line kernel's estimate is its simulated time:
 
 - each op takes its engine for its *occupancy* and has its result after its *latency*:
@@ -42,6 +42,7 @@ from xdsl.ir import Block, Operation, SSAValue
 
 from tilecc.ir import tile
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.timing import TimingRules
 
 BOTTLENECK_WEIGHT = 3.0  # default extra weight of the busiest engine's ops in the priority
 ITEM = {"f32": 4, "bf16": 2, "f16": 2}
@@ -77,6 +78,7 @@ def _const(v: SSAValue) -> int:
 class _Cost:
     def __init__(self, cfg: HardwareConfig):
         self.cfg = cfg
+        self.rules = TimingRules(cfg)
 
     def engine(self, op: Operation) -> str | None:
         if isinstance(op, (tile.LoadOp, tile.StoreOp)):
@@ -89,47 +91,38 @@ class _Cost:
 
     def op_cost(self, op: Operation) -> float:
         """Cycles per group of `lanes` elements (`[vector.op_cost]`, as the simulator)."""
-        table = self.cfg.vector.op_cost
         if isinstance(op, tile.UnaryOp):
-            return table.unary.get(op.fn.data, 1)
+            return self.rules.vector_op_cost("unary", op.fn.data, 1)
         if isinstance(op, tile.ReduceOp):
-            return table.reduce.get(op.fn.data, 1)
+            return self.rules.vector_op_cost("reduce", op.fn.data, 1)
         if isinstance(op, (tile.BinaryOp, tile.ScalarOp)):
-            return table.binary.get(op.fn.data, 1)
+            return self.rules.vector_op_cost("binary", op.fn.data, 1)
         return 1
 
     def dma_fixed(self, op: Operation) -> float:
-        cfg = self.cfg
-        return cfg.dma.latency_cycles + cfg.hbm.latency_cycles + _const(op.rows) * cfg.dma.per_descriptor_cycles
+        return self.rules.dma_fixed(_const(op.rows))  # contiguous rows: one descriptor each
 
     def timing(self, op: Operation) -> tuple[float, float]:
         """(occupancy, latency) of `op` in cycles, the simulator's closed forms: how long
         its engine (queue) is taken, and how long until its result is ready. A pipelined
         matmul frees the array for the next one after streaming (its preload overlaps the
         previous matmul), while its result drains through the array."""
-        cfg = self.cfg
+        rules = self.rules
         if isinstance(op, (tile.LoadOp, tile.StoreOp)):
             rows, cols = _const(op.rows), _const(op.cols)
             onchip = op.dst if isinstance(op, tile.LoadOp) else op.src
             isz = ITEM.get(str(getattr(onchip.type, "element_type", "f32")), 4)
-            chunk = cols * isz  # contiguous rows (the DSL's loads and stores)
-            eff = min(1.0, chunk / cfg.dma.efficient_chunk_bytes)
-            t = self.dma_fixed(op) + rows * cols * isz / (cfg.hbm.bytes_per_cycle * eff)
+            # contiguous rows (the DSL's loads and stores)
+            t = self.dma_fixed(op) + rules.dma_transfer(rows, cols, isz)
             return t, t
         if isinstance(op, tile.MatmulOp):
-            mx = cfg.matrix
-            passes = mx.fp32_slowdown if any("f32" == str(v.type.element_type) for v in (op.lhsT, op.rhs)) else 1
-            stream = max(_const(op.m), 1) * passes
-            preload = float(mx.rows) if mx.dataflow in ("ws", "is") else 0.0
-            drain = float(mx.rows + mx.cols - 2)
-            if mx.mode == "compatible":
-                return preload + stream + drain, preload + stream + drain
-            return max(stream, mx.min_interval_cycles, preload), preload + stream + drain
+            fp32 = any("f32" == str(v.type.element_type) for v in (op.lhsT, op.rhs))
+            m, k, n = (max(_const(x), 1) for x in (op.m, op.k, op.n))
+            stream = rules.matmul_stream(m, k, n, fp32)
+            return rules.matmul_interval(stream), rules.matmul_latency(stream)
         if self.engine(op) == "vec":
-            v = cfg.vector
-            n = _const(op.rows) * _const(op.cols)
             two = isinstance(op, tile.BinaryOp) and op.rhs_mode.data == "tile"
-            t = v.latency_cycles + v.access_cycles + -(-n // v.lanes) * self.op_cost(op) * (2 if two else 1)
+            t = rules.vector_time(_const(op.rows), _const(op.cols), self.op_cost(op), 2 if two else 1)
             return t, t
         return 0.0, 0.0
 

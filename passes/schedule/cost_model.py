@@ -1,7 +1,7 @@
 """Analytical cost model of the -O2 matmul kernel: cycles of a schedule, from the config.
 
 `estimate(problem, schedule, cfg)` follows the kernel's structure (`passes/graph_to_tile/matmul.py`)
-with the simulator's closed forms (`docs/architecture.md`, "The simulator"):
+with the simulator's closed forms (`simulator.timing`):
 
 - matrix: a pipelined engine accepts the next matmul when the previous one starts
   streaming and preloads in the background, so back-to-back matmuls issue every
@@ -43,7 +43,6 @@ accurate for configurations near HBM saturation with short transfers.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -58,6 +57,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     plan_blocks,
 )
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.timing import TimingRules
 
 
 CONTENTION_P = 4.0  # chunk time = (compute^p + transfers^p)^(1/p): see breakdown()
@@ -77,46 +77,32 @@ class Breakdown:
     stalls: float  # A loads slower than the steps hiding them, single-B-set waits
 
 
-class Timing:
-    """The simulator's closed forms for one config (see the module docstring)."""
-
-    def __init__(self, cfg: HardwareConfig):
-        self.cfg = cfg
-        mx = cfg.matrix
-        self.preload = float(mx.rows) if mx.dataflow in ("ws", "is") else 0.0
-        self.drain = float(mx.rows + mx.cols - 2)
-        self.bw = cfg.hbm.bytes_per_cycle
-        self.fixed0 = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
-
-    def stream(self, m: int, k: int, n: int, fp32: bool) -> float:
-        # the streamed dimension of the dataflow (simulator.machine.matmul_mapping)
-        t = {"ws": m, "os": k}.get(self.cfg.matrix.dataflow, n)
-        return float(t * (self.cfg.matrix.fp32_slowdown if fp32 else 1))
+class Timing(TimingRules):
+    """The simulator's closed forms (`simulator.timing`) plus the kernel's composite
+    figures: several vector instructions, an evacuation, a prologue."""
 
     def mm_interval(self, m: int, k: int, n: int, fp32: bool) -> float:
-        s = self.stream(m, k, n, fp32)
-        if self.cfg.matrix.mode == "compatible":
-            return self.preload + s + self.drain
-        return max(self.preload, max(s, self.cfg.matrix.min_interval_cycles))
+        """Issue interval of back-to-back [m x k] @ [k x n] matmuls."""
+        return self.matmul_interval(self.matmul_stream(m, k, n, fp32))
 
     def mm_latency(self, m: int, k: int, n: int, fp32: bool) -> float:
-        return self.preload + self.stream(m, k, n, fp32) + self.drain
+        """Start to result of one [m x k] @ [k x n] matmul."""
+        return self.matmul_latency(self.matmul_stream(m, k, n, fp32))
 
+    # the names passes/graph_to_tile/attention.py calls (until it calls dma_fixed and
+    # dma_transfer of `TimingRules` itself)
     def fixed(self, rows: int) -> float:
-        return self.fixed0 + rows * self.cfg.dma.per_descriptor_cycles
+        return self.dma_fixed(rows)
 
     def xfer(self, rows: int, cols: int, itemsize: int) -> float:
-        eff = min(1.0, cols * itemsize / self.cfg.dma.efficient_chunk_bytes)
-        return rows * cols * itemsize / (self.bw * eff)
+        return self.dma_transfer(rows, cols, itemsize)
 
     def copy(self, rows: int, cols: int) -> float:
-        v = self.cfg.vector
-        return v.latency_cycles + v.access_cycles + math.ceil(rows * cols / v.lanes) * v.op_cost.unary["copy"]
+        return self.vector_time(rows, cols, self.cfg.vector.op_cost.unary["copy"])
 
     def vector(self, rows: int, cols: int, cost: float, ops: int) -> float:
         """`ops` vector instructions over rows x cols costing `cost` per element in all."""
-        v = self.cfg.vector
-        return ops * (v.latency_cycles + v.access_cycles) + math.ceil(rows * cols / v.lanes) * cost
+        return ops * self.vector_overhead + self.vector_groups(rows, cols) * cost
 
     def evac(self, p: MatmulProblem, rows: int, cols: int) -> float:
         """One evacuation (the copy, or a fused epilogue)."""
@@ -162,9 +148,9 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     plans = plan_blocks(p, s, nch)
     qb = s.qb
     nbq = len(qb)
-    fB = tm.fixed(TK)
-    a_x = tm.xfer(TM, p.K, p.ia)
-    a_fixed = tm.fixed(TM)
+    fB = tm.dma_fixed(TK)
+    a_x = tm.dma_transfer(TM, p.K, p.ia)
+    a_fixed = tm.dma_fixed(TM)
 
     def mm_k(m: int, n: int) -> float:  # one TN-column block of an m-tile over all of K
         return sum(c * tm.mm_interval(m, k, n, fp32) for k, c in ksizes)
@@ -182,7 +168,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     def b_queues(width: int) -> tuple[list[float], list[float]]:
         if width not in b_cache:
             n, x = [0.0] * Q, [0.0] * Q
-            full_x, last_x = tm.xfer(TK, width, p.ib), tm.xfer(klast, width, p.ib) if klast else 0.0
+            full_x, last_x = tm.dma_transfer(TK, width, p.ib), tm.dma_transfer(klast, width, p.ib) if klast else 0.0
             for bp in range(s.b_sets):
                 for g, (kt0, cnt) in enumerate(grp):
                     q = qb[(bp * KG + g) % nbq]
@@ -198,8 +184,8 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         fixed = [n[q] * fB for q in range(Q)]
         x = list(xb)
         for ms in msz:
-            fixed[store_q] += tm.fixed(ms)
-            x[store_q] += tm.xfer(ms, width, p.io)
+            fixed[store_q] += tm.dma_fixed(ms)
+            x[store_q] += tm.dma_transfer(ms, width, p.io)
         qa = s.qa[0]
         fixed[qa] += n_a * a_fixed
         x[qa] += n_a * a_x
@@ -295,14 +281,14 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     # prologue: the first m-tile's A rows (sharing HBM with the first B loads), its
     # transposes, the latency and copy of the last one
     first_ms = blks[0][0]
-    start = tm.fixed(first_ms) + tm.xfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq) + tr_item \
+    start = tm.dma_fixed(first_ms) + tm.dma_transfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq) + tr_item \
         + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM) + tm.prep(p)
     # ... and the first matmul needs the whole first B group (its tiles load one after
     # the other on one queue)
-    start = max(start, grp[0][1] * (fB + tm.xfer(TK, widths[0], p.ib)))
+    start = max(start, grp[0][1] * (fB + tm.dma_transfer(TK, widths[0], p.ib)))
     last_ms = blks[-1][-1]
-    end = tm.mm_latency(last_ms, TK, TN, fp32) + tm.evac(p, last_ms, widths[-1]) + tm.fixed(last_ms) \
-        + tm.xfer(last_ms, widths[-1], p.io)
+    end = tm.mm_latency(last_ms, TK, TN, fp32) + tm.evac(p, last_ms, widths[-1]) + tm.dma_fixed(last_ms) \
+        + tm.dma_transfer(last_ms, widths[-1], p.io)
     # the pipeline, chunk after chunk: loads of chunk i start when the previous loads
     # are done and the B set is free (two sets: chunk i-2 computed; one set: the
     # previous chunk's last step reached); compute ends after the previous chunk's and
@@ -345,8 +331,8 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     prep_lat = tr_item + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
     start_next = prep_lat
     if s.qa[0] == store_q:
-        start_next += tm.fixed(first_ms) + tm.xfer(first_ms, p.K, p.ia) + tm.fixed(last_ms) \
-            + tm.xfer(last_ms, widths[-1], p.io)
+        start_next += tm.dma_fixed(first_ms) + tm.dma_transfer(first_ms, p.K, p.ia) + tm.dma_fixed(last_ms) \
+            + tm.dma_transfer(last_ms, widths[-1], p.io)
     st = one_batch([0.0, 0.0, 0.0, 0.0], start)
     st = repeat(p.batches - 1, 3, lambda t: one_batch(t, start_next), st)
     total = st[3] + end

@@ -1,0 +1,193 @@
+"""Footprints: the memory each instruction of a stream reads and writes, for the sanitisers.
+
+On-chip operands (`DecodedProgram.on_chip_operands`) are rectangles ``[part, part +
+rows) x [addr, addr + cols * itemsize)`` (matmul lhsT K x M, rhs K x N, output M x N; a
+REDUCE output, a B_COLUMN operand and a gather's index column are rows x 1; a matmul
+with ACCUMULATE also reads its output). HBM operands have a bounding byte range
+(`hbm_bounding`) and, exactly, a set of contiguous byte intervals (`hbm_intervals`). A
+DMA_GATHER's rows depend on its index data, so it counts as reading its whole table (k
+rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from tilecc.simulator.decode import DecodedProgram
+from tilecc.simulator.isa import ITEMSIZE, DType, Flag, Mem, Opcode
+
+__all__ = [
+    "SLOTS",
+    "Footprints",
+    "hbm_bounding",
+    "hbm_intervals",
+    "on_chip_footprints",
+    "range_text",
+    "where_text",
+]
+
+SLOTS = ("a", "b", "o")
+_ITEMSIZE = np.zeros(256, dtype=np.int64)
+for _d in DType:
+    _ITEMSIZE[int(_d)] = ITEMSIZE[_d]
+_MEM_NAME = {int(Mem.HBM): "HBM", int(Mem.SRAM): "SRAM", int(Mem.ACC): "ACC"}
+
+
+def range_text(lo: int, hi: int) -> str:
+    """'[0x40, 0x80)'."""
+    return f"[{lo:#x}, {hi:#x})"
+
+
+def where_text(mem: int, p0: int, p1: int, b0: int, b1: int) -> str:
+    """'SRAM partitions [0, 16) bytes [0x40, 0x80)' (HBM: its byte range)."""
+    if mem == Mem.HBM:
+        return f"HBM bytes {range_text(b0, b1)}"
+    return f"{_MEM_NAME[mem]} partitions [{p0}, {p1}) bytes {range_text(b0, b1)}"
+
+
+@dataclass
+class Footprints:
+    """One row per operand access: instruction, slot (0 a, 1 b, 2 o), memory, the
+    rectangle [p0, p1) x [b0, b1) (HBM: partition 0, an exact byte interval, several
+    rows per operand), and whether it writes."""
+
+    instr: np.ndarray
+    slot: np.ndarray
+    mem: np.ndarray
+    p0: np.ndarray
+    p1: np.ndarray
+    b0: np.ndarray
+    b1: np.ndarray
+    write: np.ndarray
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("instr", "slot", "mem", "p0", "p1", "b0", "b1", "write")
+
+    @staticmethod
+    def concat(parts: list[Footprints]) -> Footprints:
+        return Footprints(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in Footprints.FIELDS)
+        )
+
+    def take(self, idx: np.ndarray) -> Footprints:
+        return Footprints(*(getattr(self, f)[idx] for f in Footprints.FIELDS))
+
+    def __len__(self) -> int:
+        return len(self.instr)
+
+
+def on_chip_footprints(prog: DecodedProgram) -> Footprints:
+    """Every on-chip operand access (an accumulating matmul also reads its output)."""
+    s = prog.col
+    parts: list[Footprints] = []
+    acc_read = prog.is_mm & ((prog.flags & Flag.ACCUMULATE) != 0)
+    for slot_i, (slot, mask, nrows, ncols) in enumerate(prog.on_chip_operands()):
+        uses = [(mask, slot == "o")]
+        if slot == "o":
+            uses.append((acc_read, False))
+        for m, write in uses:
+            idx = np.flatnonzero(m)
+            p0 = s[f"{slot}_part"][idx].astype(np.int64)
+            b0 = s[f"{slot}_addr"][idx].astype(np.int64)
+            nbytes = ncols[idx] * _ITEMSIZE[s[f"{slot}_dtype"][idx]]
+            parts.append(
+                Footprints(
+                    instr=idx,
+                    slot=np.full(idx.size, slot_i, dtype=np.int64),
+                    mem=s[f"{slot}_mem"][idx].astype(np.int64),
+                    p0=p0,
+                    p1=p0 + nrows[idx],
+                    b0=b0,
+                    b1=b0 + nbytes,
+                    write=np.full(idx.size, write),
+                )
+            )
+    return Footprints.concat(parts)
+
+
+def _hbm_shape(prog: DecodedProgram, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(rows, cols, row stride, column stride) in elements of the HBM operands of
+    instructions `idx`. A DMA_GATHER may read any row of its table, so its footprint is
+    the whole table (k rows of `cols` contiguous elements)."""
+    s = prog.col
+    gather = prog.is_gather[idx]
+    rows = np.where(gather, prog.k[idx], prog.rows[idx])
+    cs = np.where(gather, 1, s["hbm_cs"][idx])
+    return rows, prog.cols[idx], s["hbm_rs"][idx], cs
+
+
+def _hbm_operands(prog: DecodedProgram) -> list[tuple[str, np.ndarray]]:
+    return [*prog.hbm_operands(), ("a", prog.is_gather)]
+
+
+def hbm_bounding(prog: DecodedProgram) -> Footprints:
+    """HBM operands with their bounding byte ranges (exact when contiguous)."""
+    s = prog.col
+    parts = []
+    for slot, mask in _hbm_operands(prog):
+        idx = np.flatnonzero(mask)
+        isz = _ITEMSIZE[s[f"{slot}_dtype"][idx]]
+        addr = s[f"{slot}_addr"][idx].astype(np.int64)
+        rows, cols, rs, cs = _hbm_shape(prog, idx)
+        tr = (rows - 1) * rs * isz
+        tc = (cols - 1) * cs * isz
+        lo = addr + np.minimum(tr, 0) + np.minimum(tc, 0)
+        hi = addr + np.maximum(tr, 0) + np.maximum(tc, 0) + isz
+        parts.append(
+            Footprints(
+                instr=idx,
+                slot=np.full(idx.size, SLOTS.index(slot), dtype=np.int64),
+                mem=np.full(idx.size, int(Mem.HBM), dtype=np.int64),
+                p0=np.zeros(idx.size, dtype=np.int64),
+                p1=np.ones(idx.size, dtype=np.int64),
+                b0=lo,
+                b1=hi,
+                write=np.full(idx.size, slot == "o"),
+            )
+        )
+    return Footprints.concat(parts)
+
+
+def hbm_intervals(prog: DecodedProgram, i: int) -> list[tuple[int, int]]:
+    """The exact bytes of instruction i's HBM operand as merged [lo, hi) intervals."""
+    s = prog.col
+    slot = "o" if prog.op[i] == Opcode.DMA_STORE else "a"
+    isz = ITEMSIZE[DType(int(s[f"{slot}_dtype"][i]))]
+    addr = int(s[f"{slot}_addr"][i])
+    rows, cols, rs, cs = (int(x[0]) for x in _hbm_shape(prog, np.array([i])))
+    if rows == 1 or rs == 0:
+        rows, rs = 1, 0
+    if cols == 1 or cs == 0:
+        cols, cs = 1, 0
+    if rows > 1 and cs == 1 and rs == cols or rows == 1 and abs(cs) == 1:
+        lo = addr + min(0, (cols - 1) * cs) * isz
+        return [(lo, lo + rows * cols * isz)]  # one contiguous block
+    if cols > 1 and abs(cs) == 1 or cols == 1:
+        # rows of contiguous runs
+        width = cols * isz
+        first = addr + min(0, (cols - 1) * cs) * isz
+        starts = first + np.arange(rows, dtype=np.int64) * (rs * isz)
+        ends = starts + width
+    elif abs(rs) == 1:
+        width = rows * isz
+        first = addr + min(0, (rows - 1) * rs) * isz
+        starts = first + np.arange(cols, dtype=np.int64) * (cs * isz)
+        ends = starts + width
+    else:
+        r = np.arange(rows, dtype=np.int64)[:, None] * rs
+        c = np.arange(cols, dtype=np.int64)[None, :] * cs
+        starts = (addr + (r + c) * isz).ravel()
+        ends = starts + isz
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    out: list[tuple[int, int]] = []
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+

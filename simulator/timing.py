@@ -1,0 +1,193 @@
+"""The timing rules of the NPU: the closed forms every duration comes from, read from the config.
+
+One set of formulas, shared by the simulator (`simulator.scheduler` charges each
+instruction with them, vectorised over the stream) and by every estimator that predicts
+the simulated time (the matmul cost model, the attention list scheduler, the tile-DSL
+scheduler, the elementwise kernel model). Each rule is a method of `TimingRules` (or a
+function of the config) that takes Python numbers or numpy arrays alike and evaluates
+its float expression in one fixed order, so an estimate and the machine agree bit for
+bit. Every constant is a config key. In cycles:
+
+- **DMA** of ``rows x cols`` elements of ``itemsize`` bytes: a fixed part
+  ``(dma.latency_cycles + hbm.latency_cycles) + descriptors * dma.per_descriptor_cycles``
+  (`dma_fixed`), then the transfer ``rows * cols * itemsize / (hbm.bytes_per_cycle *
+  min(1, chunk / dma.efficient_chunk_bytes))`` (`dma_transfer`). A contiguous access
+  moves one chunk of ``cols * itemsize`` bytes per row (one descriptor per row); a
+  strided one moves one element per descriptor (``rows * cols`` of them). The
+  simulator shares HBM among concurrent transfers (processor sharing); the transfer
+  time here is a transfer's time alone.
+- **MATMUL** ``[M x K] @ [K x N]``: `matmul_mapping` lays (Sr, Sc) on the array and
+  streams T (WS (K, N, M), OS (M, N, K), IS (K, M, N)); streaming takes ``S = T * p``
+  (``p = matrix.fp32_slowdown`` with an fp32 operand, else 1: `matmul_stream`), the
+  stationary operand's preload ``L = R`` (WS, IS; OS: 0), fill and drain ``D = R + C -
+  2``. The result is ready ``L + S + D`` after the start (`matmul_latency`). Compatible
+  mode holds the engine that long; pipelined mode holds the array for ``S' = max(S,
+  matrix.min_interval_cycles)`` of streaming (`matmul_streaming`) and overlaps the next
+  preload, so back-to-back matmuls issue every ``max(L, S')`` (`matmul_interval`).
+- **VECTOR** over ``rows x cols`` elements: ``(vector.latency_cycles +
+  vector.access_cycles) + ceil(rows * cols / lanes) * cost * inputs`` (`vector_time`),
+  ``cost`` from ``[vector.op_cost.<unary|binary|reduce>]`` by function name
+  (`vector_op_cost`; per instruction of a stream: `vector_cost_factors`), ``inputs``
+  2 for a binary op with a tile second operand, else 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.isa import BinaryFn, Flag, Opcode, ReduceFn, UnaryFn
+
+__all__ = ["TimingRules", "matmul_mapping", "vector_cost_factors"]
+
+# a number or a numpy array of them: every rule takes either
+Num = Any
+
+
+def _is_array(*xs: Num) -> bool:
+    return any(isinstance(x, np.ndarray) for x in xs)
+
+
+def _where(cond: Num, a: Num, b: Num) -> Num:
+    return np.where(cond, a, b) if _is_array(cond) else (a if cond else b)
+
+
+def _minimum(a: Num, b: Num) -> Num:
+    return np.minimum(a, b) if _is_array(a, b) else min(a, b)
+
+
+def _maximum(a: Num, b: Num) -> Num:
+    return np.maximum(a, b) if _is_array(a, b) else max(a, b)
+
+
+def _ceil(x: Num) -> Num:
+    return np.ceil(x) if _is_array(x) else math.ceil(x)
+
+
+def _float(x: Num) -> Num:
+    return x.astype(np.float64) if _is_array(x) else float(x)
+
+
+def matmul_mapping(config: HardwareConfig, m: Num, k: Num, n: Num) -> tuple[Num, Num, Num]:
+    """(Sr, Sc, T) of a matmul ``[M x K] @ [K x N]`` under the configured dataflow: the
+    operand dimensions laid on the array's rows and columns, and the one streamed in time
+    (SCALE-Sim's mapping: WS (K, N, M), OS (M, N, K), IS (K, M, N))."""
+    flow = config.matrix.dataflow
+    if flow == "ws":
+        return k, n, m
+    if flow == "os":
+        return m, n, k
+    return k, m, n
+
+
+def vector_cost_factors(
+    config: HardwareConfig, opcode: np.ndarray, func: np.ndarray, flags: np.ndarray
+) -> np.ndarray:
+    """``cost * n_inputs`` of each instruction (0 for non-vector ones): cycles per group of
+    `lanes` elements, from ``[vector.op_cost]``; a binary op with a tile second operand
+    reads two inputs, one with a column or immediate operand reads one."""
+    table = config.vector.op_cost
+    factor = np.zeros(len(opcode), dtype=np.float64)
+    for op, enum, costs in (
+        (Opcode.VEC_UNARY, UnaryFn, table.unary),
+        (Opcode.VEC_BINARY, BinaryFn, table.binary),
+        (Opcode.VEC_REDUCE, ReduceFn, table.reduce),
+    ):
+        lut = np.zeros(256, dtype=np.float64)
+        for f in enum:
+            lut[int(f)] = costs[f.name.lower()]
+        sel = opcode == op
+        factor[sel] = lut[func[sel]]
+    two = (opcode == Opcode.VEC_BINARY) & ((flags & (Flag.B_IMM | Flag.B_COLUMN)) == 0)
+    factor[two] *= 2
+    return factor
+
+
+class TimingRules:
+    """The closed forms of one config (see the module docstring); every method takes
+    Python numbers or numpy arrays.
+
+    `preload` (L) and `drain` (D) are the matrix engine's constant parts; `dma_fixed0`
+    the fixed DMA cost before descriptors; `bw` the HBM peak bandwidth.
+    """
+
+    def __init__(self, cfg: HardwareConfig):
+        self.cfg = cfg
+        mx = cfg.matrix
+        self.preload = float(mx.rows) if mx.dataflow in ("ws", "is") else 0.0
+        self.drain = float(mx.rows + mx.cols - 2)
+        self.bw = cfg.hbm.bytes_per_cycle
+        self.dma_fixed0 = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
+        self.vector_overhead = cfg.vector.latency_cycles + cfg.vector.access_cycles
+        self.pipelined = mx.mode == "pipelined"
+
+    # -- DMA ----------------------------------------------------------------------------
+
+    def dma_descriptors(self, rows: Num, cols: Num, contiguous: Num = True) -> Num:
+        """Descriptors of a DMA: one per row when rows are contiguous, else one per element."""
+        return _where(contiguous, rows, rows * cols)
+
+    def dma_fixed(self, descriptors: Num) -> Num:
+        """The fixed part of a DMA: DMA and HBM latency, plus its descriptors."""
+        return self.dma_fixed0 + descriptors * self.cfg.dma.per_descriptor_cycles
+
+    def dma_efficiency(self, chunk_bytes: Num) -> Num:
+        """The fraction of the HBM peak a transfer of `chunk_bytes` contiguous chunks reaches."""
+        return _minimum(1.0, chunk_bytes / self.cfg.dma.efficient_chunk_bytes)
+
+    def dma_transfer(self, rows: Num, cols: Num, itemsize: Num, contiguous: Num = True) -> Num:
+        """A transfer's time alone on HBM, at the short-chunk-derated bandwidth."""
+        chunk = _where(contiguous, cols * itemsize, itemsize)
+        return rows * cols * itemsize / (self.bw * self.dma_efficiency(chunk))
+
+    def dma_time(self, rows: Num, cols: Num, itemsize: Num, contiguous: Num = True) -> Num:
+        """A DMA's whole time alone: fixed part plus transfer."""
+        fixed = self.dma_fixed(self.dma_descriptors(rows, cols, contiguous))
+        return fixed + self.dma_transfer(rows, cols, itemsize, contiguous)
+
+    # -- matrix -------------------------------------------------------------------------
+
+    def matmul_stream(self, m: Num, k: Num, n: Num, fp32: Num) -> Num:
+        """S: cycles streaming the dataflow's T dimension (slower with an fp32 operand)."""
+        _, _, t = matmul_mapping(self.cfg, m, k, n)
+        passes = _where(fp32, self.cfg.matrix.fp32_slowdown, 1)
+        return _float(t * passes)
+
+    def matmul_streaming(self, stream: Num) -> Num:
+        """S': cycles a pipelined matmul holds the array streaming (the shortest interval
+        between two matmuls' streaming starts)."""
+        return _maximum(stream, self.cfg.matrix.min_interval_cycles)
+
+    def matmul_interval(self, stream: Num) -> Num:
+        """Issue interval of back-to-back matmuls: ``max(L, S')`` pipelined, ``L + S + D``
+        compatible."""
+        if not self.pipelined:
+            return self.preload + stream + self.drain
+        return _maximum(self.preload, self.matmul_streaming(stream))
+
+    def matmul_latency(self, stream: Num) -> Num:
+        """Cycles from a matmul's start to its result, alone: ``L + S + D``."""
+        return self.preload + stream + self.drain
+
+    def matmul_result_after_streaming(self, stream: Num) -> Num:
+        """Cycles from a pipelined matmul's streaming start to its result: ``S + D``."""
+        return stream + self.drain
+
+    # -- vector -------------------------------------------------------------------------
+
+    def vector_op_cost(self, kind: str, fn: str, default: float | None = None) -> float:
+        """``[vector.op_cost.<kind>]`` of function `fn` (kind: unary, binary, reduce);
+        `default` for a function the table lacks (else KeyError)."""
+        table = getattr(self.cfg.vector.op_cost, kind)
+        return table[fn] if default is None else table.get(fn, default)
+
+    def vector_groups(self, rows: Num, cols: Num) -> Num:
+        """Groups of `lanes` elements a vector instruction over rows x cols processes."""
+        return _ceil(rows * cols / self.cfg.vector.lanes)
+
+    def vector_time(self, rows: Num, cols: Num, cost: Num, inputs: Num = 1) -> Num:
+        """One vector instruction over rows x cols, `cost` cycles per group and input."""
+        return self.vector_overhead + self.vector_groups(rows, cols) * cost * inputs
