@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import re
 from importlib import resources
+from typing import Any
 
 import lark
 import numpy as np
@@ -133,7 +134,10 @@ def _num(tok: lark.Token, hi: int, what: str, lo: int = 0, skip: int = 0) -> int
 class _Operand:
     __slots__ = ("mem", "part", "addr", "rs", "cs", "dtype", "tok", "bound")
 
-    def __init__(self, mem, part, addr, rs, cs, dtype, tok, bound=None):
+    def __init__(
+        self, mem: int, part: int, addr: int, rs: int, cs: int, dtype: int, tok: lark.Token | str,
+        bound: int | None = None,
+    ):
         self.mem, self.part, self.addr, self.rs, self.cs = mem, part, addr, rs, cs
         self.dtype, self.tok, self.bound = dtype, tok, bound
 
@@ -150,12 +154,12 @@ class _Builder(lark.Transformer):
         super().__init__(visit_tokens=False)
 
     # -- operands
-    def chip_place(self, c):
+    def chip_place(self, c: list[Any]):
         part_tok, addr_tok = c
         part = _num(part_tok, _U16, "start partition", skip=1)
         return ("chip", part, _num(addr_tok, _U64, "address"), part_tok)
 
-    def hbm_place(self, c):
+    def hbm_place(self, c: list[Any]):
         addr_tok, rs_tok, cs_tok = c
         return (
             "hbm",
@@ -165,7 +169,7 @@ class _Builder(lark.Transformer):
             addr_tok,
         )
 
-    def table_place(self, c):
+    def table_place(self, c: list[Any]):
         addr_tok, rs_tok, bound_tok = c
         return (
             "table",
@@ -176,7 +180,7 @@ class _Builder(lark.Transformer):
             addr_tok,
         )
 
-    def operand(self, c):
+    def operand(self, c: list[Any]):
         mem_tok, place, dt_tok = c
         mem = _MEM_BY_NAME.get(str(mem_tok))
         if mem is None:
@@ -201,13 +205,13 @@ class _Builder(lark.Transformer):
         bound = place[4] if place[0] == "table" else None
         return _Operand(mem, 0, place[1], place[2], place[3], dtype, mem_tok, bound)
 
-    def tile_b(self, c):
+    def tile_b(self, c: list[Any]):
         return ("tile", c[0])
 
-    def col_b(self, c):
+    def col_b(self, c: list[Any]):
         return ("col", c[1])
 
-    def imm_b(self, c):
+    def imm_b(self, c: list[Any]):
         tok = c[1]
         try:
             return ("imm", imm_bits(str(tok)))
@@ -215,15 +219,15 @@ class _Builder(lark.Transformer):
             raise _SemanticError(f"bad imm value: {e}", tok) from None
 
     # -- synchronisation
-    def wait_on(self, c):
+    def wait_on(self, c: list[Any]):
         sem_tok, val_tok = c
         sem = _num(sem_tok, _I16_MAX, "semaphore", skip=1)
         return (sem, _num(val_tok, _U32, "wait value"))
 
-    def wait_none(self, c):
+    def wait_none(self, c: list[Any]):
         return (-1, 0)
 
-    def wait(self, c):
+    def wait(self, c: list[Any]):
         slots = c[1:]
         if len(slots) > MAX_WAITS:
             raise _SemanticError(
@@ -232,19 +236,19 @@ class _Builder(lark.Transformer):
         slots = slots + [(-1, 0)] * (MAX_WAITS - len(slots))
         return ("wait", tuple(s for s, _ in slots), tuple(v for _, v in slots))
 
-    def signal(self, c):
+    def signal(self, c: list[Any]):
         tok = c[0]
         return ("signal", _num(tok, _I16_MAX, "semaphore", skip=1))
 
-    def sync(self, c):
+    def sync(self, c: list[Any]):
         return c
 
-    def accumulate(self, c):
+    def accumulate(self, c: list[Any]):
         return bool(c)
 
     # -- instructions
     @staticmethod
-    def _record(opcode: int, sync, imm: int = 0) -> list:
+    def _record(opcode: int, sync: Any, imm: int = 0) -> list:
         """A record as a list of RECORD's fields, plus the imm bits as a last element."""
         r = [*_TEMPLATE, imm]
         r[_I["opcode"]] = opcode
@@ -272,10 +276,10 @@ class _Builder(lark.Transformer):
                 raise _SemanticError(f"{name} {value} out of range (0..{_U32})", tok)
             r[_I[name]] = value
 
-    def barrier(self, c):
+    def barrier(self, c: list[Any]):
         return self._record(int(Opcode.BARRIER), ())
 
-    def dma(self, c):
+    def dma(self, c: list[Any]):
         op_tok, q_tok, src, dst, shape, sync = c
         load = op_tok == "dma.load"
         hbm, chip = (src, dst) if load else (dst, src)
@@ -304,7 +308,7 @@ class _Builder(lark.Transformer):
         self._shape(r, shape)
         return r
 
-    def gather(self, c):
+    def gather(self, c: list[Any]):
         _, q_tok, table, index, o, shape, sync = c
         if table.mem != Mem.HBM or table.bound is None:
             raise _SemanticError(
@@ -324,7 +328,7 @@ class _Builder(lark.Transformer):
         self._shape(r, shape)
         return r
 
-    def matmul(self, c):
+    def matmul(self, c: list[Any]):
         _, a, b, o, m, k, n, acc, sync = c
         for opnd, what in ((a, "the lhsT operand"), (b, "the rhs operand"), (o, "the output")):
             _need_chip(opnd, what)
@@ -338,7 +342,7 @@ class _Builder(lark.Transformer):
         r[_I["flags"]] = int(Flag.ACCUMULATE) if acc else 0
         return r
 
-    def vector(self, c):
+    def vector(self, c: list[Any]):
         op_tok = c[0]
         if len(c) == 6:
             _, a, b, o, shape, sync = c
@@ -393,7 +397,7 @@ class _Builder(lark.Transformer):
         self._shape(r, shape)
         return r
 
-    def start(self, c):
+    def start(self, c: list[Any]):
         return c
 
 

@@ -23,6 +23,7 @@ the semaphores it waits on (awaited and reachable values).
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -291,7 +292,10 @@ def _wait_sources(
     return out
 
 
-def _mark_redundant(k0, k1, base, wait_sources, eng, ordv, clocks, hits) -> None:
+def _mark_redundant(
+    k0: int, k1: int, base: list[int], wait_sources: Callable[[int], list[int]], eng: list[int],
+    ordv: list[int], clocks: list[list[int]], hits: list[int],
+) -> None:
     """Record the waits [k0, k1) of one instruction whose edges are implied by program
     order and its other waits (transitively)."""
     srcs = [wait_sources(k) for k in range(k0, k1)]
@@ -307,7 +311,9 @@ def _mark_redundant(k0, k1, base, wait_sources, eng, ordv, clocks, hits) -> None
 
 
 def _deadlock_problem(
-    prog, records, kernel, stuck, pending, ptr, w_sem, w_val, sem_count
+    prog: DecodedProgram, records: np.ndarray, kernel: int, stuck: list[int],
+    pending: list[collections.deque[int]], ptr: list[int], w_sem: list[int], w_val: list[int],
+    sem_count: list[int],
 ) -> Problem:
     lines = []
     heads = []

@@ -47,28 +47,29 @@ __all__ = ["TimingRules", "matmul_mapping", "vector_cost_factors"]
 Num = Any
 
 
-def _is_array(*xs: Num) -> bool:
-    return any(isinstance(x, np.ndarray) for x in xs)
-
-
 def _where(cond: Num, a: Num, b: Num) -> Num:
-    return np.where(cond, a, b) if _is_array(cond) else (a if cond else b)
+    # a scalar condition picks a whole operand, number or array
+    return np.where(cond, a, b) if isinstance(cond, np.ndarray) else (a if cond else b)
 
 
 def _minimum(a: Num, b: Num) -> Num:
-    return np.minimum(a, b) if _is_array(a, b) else min(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.minimum(a, b)
+    return min(a, b)
 
 
 def _maximum(a: Num, b: Num) -> Num:
-    return np.maximum(a, b) if _is_array(a, b) else max(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return max(a, b)
 
 
 def _ceil(x: Num) -> Num:
-    return np.ceil(x) if _is_array(x) else math.ceil(x)
+    return np.ceil(x) if isinstance(x, np.ndarray) else math.ceil(x)
 
 
 def _float(x: Num) -> Num:
-    return x.astype(np.float64) if _is_array(x) else float(x)
+    return x.astype(np.float64) if isinstance(x, np.ndarray) else float(x)
 
 
 def matmul_mapping(config: HardwareConfig, m: Num, k: Num, n: Num) -> tuple[Num, Num, Num]:
@@ -123,6 +124,12 @@ class TimingRules:
         self.dma_fixed0 = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
         self.vector_overhead = cfg.vector.latency_cycles + cfg.vector.access_cycles
         self.pipelined = mx.mode == "pipelined"
+        # the config values the rules read, looked up once (estimators call them often)
+        self._per_descriptor = cfg.dma.per_descriptor_cycles
+        self._efficient_chunk = cfg.dma.efficient_chunk_bytes
+        self._fp32_slowdown = mx.fp32_slowdown
+        self._min_interval = mx.min_interval_cycles
+        self._lanes = cfg.vector.lanes
 
     # -- DMA ----------------------------------------------------------------------------
 
@@ -132,11 +139,11 @@ class TimingRules:
 
     def dma_fixed(self, descriptors: Num) -> Num:
         """The fixed part of a DMA: DMA and HBM latency, plus its descriptors."""
-        return self.dma_fixed0 + descriptors * self.cfg.dma.per_descriptor_cycles
+        return self.dma_fixed0 + descriptors * self._per_descriptor
 
     def dma_efficiency(self, chunk_bytes: Num) -> Num:
         """The fraction of the HBM peak a transfer of `chunk_bytes` contiguous chunks reaches."""
-        return _minimum(1.0, chunk_bytes / self.cfg.dma.efficient_chunk_bytes)
+        return _minimum(1.0, chunk_bytes / self._efficient_chunk)
 
     def dma_transfer(self, rows: Num, cols: Num, itemsize: Num, contiguous: Num = True) -> Num:
         """A transfer's time alone on HBM, at the short-chunk-derated bandwidth."""
@@ -153,13 +160,13 @@ class TimingRules:
     def matmul_stream(self, m: Num, k: Num, n: Num, fp32: Num) -> Num:
         """S: cycles streaming the dataflow's T dimension (slower with an fp32 operand)."""
         _, _, t = matmul_mapping(self.cfg, m, k, n)
-        passes = _where(fp32, self.cfg.matrix.fp32_slowdown, 1)
+        passes = _where(fp32, self._fp32_slowdown, 1)
         return _float(t * passes)
 
     def matmul_streaming(self, stream: Num) -> Num:
         """S': cycles a pipelined matmul holds the array streaming (the shortest interval
         between two matmuls' streaming starts)."""
-        return _maximum(stream, self.cfg.matrix.min_interval_cycles)
+        return _maximum(stream, self._min_interval)
 
     def matmul_interval(self, stream: Num) -> Num:
         """Issue interval of back-to-back matmuls: ``max(L, S')`` pipelined, ``L + S + D``
@@ -186,7 +193,7 @@ class TimingRules:
 
     def vector_groups(self, rows: Num, cols: Num) -> Num:
         """Groups of `lanes` elements a vector instruction over rows x cols processes."""
-        return _ceil(rows * cols / self.cfg.vector.lanes)
+        return _ceil(rows * cols / self._lanes)
 
     def vector_time(self, rows: Num, cols: Num, cost: Num, inputs: Num = 1) -> Num:
         """One vector instruction over rows x cols, `cost` cycles per group and input."""

@@ -43,10 +43,12 @@ accurate for configurations near HBM saturation with short transfers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from tilecc.passes.schedule.matmul_schedule import (
+    BlockPlan,
     MatmulProblem,
     MatmulSchedule,
     blocks,
@@ -219,7 +221,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     # matrix, vector, bytes)
     c_cache: dict = {}
 
-    def chunk_figures(bi: int, plan, c: int):
+    def chunk_figures(bi: int, plan: BlockPlan, c: int) -> tuple:
         first = bi == 0 and c == 0
         items = plan.chunk_items[c] if c < len(plan.chunk_items) else ()
         key = (id(plan), c if c < len(plan.chunk_items) or (c == 0 and plan.prologue) else -1, widths[c], first,
@@ -295,7 +297,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     # after the chunk's own loads plus what is left of it
     # (runs of equal chunks or blocks reach a steady increment within a few of them:
     # the rest of a long run is extrapolated)
-    def advance(x, st):
+    def advance(x: tuple, st: list[float]) -> list[float]:
         d, m, exposed, last = x[0], x[1], x[2], x[3]
         d_end, m2, m1, m_end = st
         free = m2 if s.b_sets == 2 else m1 - last
@@ -303,7 +305,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         m_new = max(m_end + m, d_end + exposed)
         return [d_end, m1, m_new, m_new]
 
-    def repeat(n: int, limit: int, body, st):
+    def repeat(n: int, limit: int, body: Callable[[list[float]], list[float]], st: list[float]) -> list[float]:
         k = min(n, limit)
         prev = st
         for _ in range(k):
@@ -312,12 +314,12 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
             st = [a + (n - k) * (a - b) for a, b in zip(st, prev)]
         return st
 
-    def one_block(ch_runs, st):
+    def one_block(ch_runs: list, st: list[float]) -> list[float]:
         for x, n in ch_runs:
             st = repeat(n, 6, lambda t, x=x: advance(x, t), st)
         return st
 
-    def one_batch(st, exposed_start):
+    def one_batch(st: list[float], exposed_start: float) -> list[float]:
         st = list(st)
         st[3] += exposed_start
         st[2] = st[3]
