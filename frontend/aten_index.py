@@ -611,8 +611,7 @@ class _Handlers:
 
 
 def masked_value(dt: DType) -> float:
-    """The additive mask value of a dropped key: the dtype's most negative finite value
-    (printed IR keeps finite constants exactly; -inf constants do not read back)."""
-    from tilecc.simulator.numerics import DTYPE_TO_TORCH
+    """The additive mask value of a dropped key (`tilecc.ir.dtypes.masked_value`)."""
+    from tilecc.ir.dtypes import masked_value as lowest
 
-    return float(torch.finfo(DTYPE_TO_TORCH[dt]).min)
+    return lowest(dt)

@@ -1,4 +1,4 @@
-"""Element types: the size of one element, the one place it is decided.
+"""Element types: the size of one element and the mask value, each decided in one place.
 
     element_size(f32) -> 4    element_size(bf16) -> 2    element_size(i32) -> 4
     element_size(i8) -> 1     element_size(i1) -> 1
@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 from xdsl.dialects.builtin import Float32Type, Float64Type, IntegerType
 from xdsl.ir import Attribute
+
+from tilecc.simulator.isa import DType
 
 
 def element_size(elem: Attribute) -> int:
@@ -19,3 +22,19 @@ def element_size(elem: Attribute) -> int:
     if isinstance(elem, IntegerType):
         return max(1, elem.width.data // 8)
     return 2
+
+
+# the most negative finite value of each float element type (torch.finfo(dtype).min)
+_LOWEST: dict[DType, float] = {
+    DType.F32: float(np.finfo(np.float32).min),
+    DType.BF16: -3.3895313892515355e38,
+    DType.F16: float(np.finfo(np.float16).min),
+}
+
+
+def masked_value(dt: DType) -> float:
+    """The additive mask value of a dropped key: the dtype's most negative finite value
+    (printed IR keeps finite constants exactly; -inf constants do not read back)."""
+    if dt not in _LOWEST:
+        raise ValueError(f"masked_value: {dt.name} is not a float element type")
+    return _LOWEST[dt]

@@ -9,6 +9,7 @@ from xdsl.passes import ModulePass
 
 from tilecc.passes.graph.canonicalize import CanonicalizeGraphPass, canonicalize
 from tilecc.passes.graph.fuse import FuseGraphPass, fuse
+from tilecc.passes.graph_to_tile.context import DslKernelSource
 from tilecc.passes.graph_to_tile.conversion import LowerGraphToTilePass, lower_graph_to_tile
 from tilecc.passes.npu.insert_sync import InsertSyncPass, insert_sync
 from tilecc.passes.tile.plan_hbm import PlanHbmPass, plan_hbm
@@ -30,7 +31,7 @@ Stage = tuple[str, Callable[[ModuleOp], None]]
 
 def default_pipeline(
     cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None,
-    session: CompileSession | None = None,
+    session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None,
 ) -> list[Stage]:
     """(pass name, function) in order; `hbm-layout` is read between plan-hbm and lowering.
 
@@ -50,7 +51,7 @@ def default_pipeline(
         ]
 
     return graph + [
-        ("lower-graph-to-tile", lambda m: lower_graph_to_tile(m, cfg, opt_level, matmul_policy, session)),
+        ("lower-graph-to-tile", lambda m: lower_graph_to_tile(m, cfg, opt_level, matmul_policy, session, dsl_kernels)),
         ("plan-sram", lambda m: plan_sram(m, cfg)),
         ("plan-hbm", lambda m: plan_hbm(m, cfg)),
         ("lower-tile-to-npu", lambda m: lower_tile_to_npu(m, cfg)),

@@ -13,6 +13,7 @@ from xdsl.dialects.builtin import MemRefType, ModuleOp
 
 from tilecc.codegen.expand import expand_module
 from tilecc.errors import CompileError
+from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes import remarks
@@ -101,7 +102,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             break_pass.plant(module)
         if after_pass is not None:
             after_pass("fold-norm-affine", module)
-    for name, run in default_pipeline(cfg, opt_level, matmul_policy, CompileSession()):
+    for name, run in default_pipeline(cfg, opt_level, matmul_policy, CompileSession(), DslKernels()):
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":

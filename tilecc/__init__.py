@@ -13,7 +13,7 @@ from typing import Any
 from tilecc.errors import TileccError
 
 __all__ = ["compile", "load", "CompiledModel", "TileccError", "kernel", "explain"]
-__version__ = "0.1.0"
+from tilecc.version import __version__
 
 
 def __getattr__(name: str) -> Any:

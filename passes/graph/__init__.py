@@ -1,0 +1,1 @@
+"""Rewrites within the graph level: canonicalize-graph, fold-norm-affine, fuse-graph."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from xdsl.dialects import func, scf
@@ -44,6 +44,16 @@ from tilecc.simulator.config import HardwareConfig
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
+class DslKernelSource(Protocol):
+    """What `graph.dsl_call` needs of the tile-DSL front end (frontend/dsl/graph_call.py)."""
+
+    def params(self, op: Operation) -> list[tuple[str, str, Attribute]]: ...
+
+    def build(
+        self, op: Operation, shapes: Sequence[tuple[int, ...]], cfg: HardwareConfig
+    ) -> tuple[func.FuncOp, list[tuple[np.ndarray, Attribute]]]: ...
+
+
 # problem -> schedule of an -O2 matmul kernel (autotuning, a forced schedule); its second
 # argument is the graph program whose cycles judge a candidate (None: the matmul alone)
 MatmulPolicy = Callable[..., Any]
@@ -66,6 +76,8 @@ class LoweringContext:
     layout_requests: dict[SSAValue, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     absorbed: dict[SSAValue, SSAValue] = field(default_factory=dict)
     lowering: Operation | None = None  # the graph op being lowered (for remarks and locations)
+    # the tile-DSL front end for graph.dsl_call (handed in by the driver; None: not available)
+    dsl_kernels: DslKernelSource | None = None
 
     @property
     def P(self) -> int:

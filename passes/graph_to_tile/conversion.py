@@ -47,7 +47,7 @@ from xdsl.passes import ModulePass
 from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.passes import remarks
-from tilecc.passes.graph_to_tile.context import LoweringContext
+from tilecc.passes.graph_to_tile.context import DslKernelSource, LoweringContext
 from tilecc.passes.graph_to_tile.registry import lowerings
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.session import CompileSession
@@ -56,10 +56,11 @@ from tilecc.simulator.config import HardwareConfig, load_config
 
 def lower_graph_to_tile(
     module: ModuleOp, cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable[..., Any] | None = None,
-    session: CompileSession | None = None,
+    session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None,
 ) -> LoweringContext:
     """Replace `module`'s graph function @forward by tile kernels and their @main."""
-    lw = LoweringContext(cfg, opt_level, matmul_policy, session if session is not None else CompileSession())
+    lw = LoweringContext(cfg, opt_level, matmul_policy, session if session is not None else CompileSession(),
+                         dsl_kernels=dsl_kernels)
     convert(lw, module)
     return lw
 

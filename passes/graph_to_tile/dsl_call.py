@@ -7,48 +7,52 @@ fresh tensor per result and the kernel's constants::
     -->
     func.func @k3_gemm_gelu(%a: memref<64x32xbf16>, ...) attributes {tile.kernel} {...}
     func.call @k3_gemm_gelu(%a_hbm, %b_hbm, %y_hbm) : (...) -> ()
+
+The front end reaches the lowering as `LoweringContext.dsl_kernels` (the driver hands
+it `frontend/dsl/graph_call.DslKernels()`): passes never import a front end.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, MemRefType, StringAttr, TensorType
+from xdsl.ir import Operation
 
 from tilecc.errors import CompileError
 from tilecc.ir.graph_dsl import DslCallOp
+from tilecc.passes.graph_to_tile.context import LoweringContext
 
 
-def lower_dsl_call(gt: Any, op: DslCallOp, loc: str) -> None:
-    from tilecc.frontend.dsl.lower import DTYPES, KernelLowering
-    from tilecc.frontend.dsl.parser import parse
-
+def lower_dsl_call(lw: LoweringContext, op: Operation, loc: str) -> None:
+    if not isinstance(op, DslCallOp):
+        raise CompileError(f"lower_dsl_call at {loc}: {op.name} is not a graph.dsl_call")
     name = op.kernel.data
-    kernel = next(k for k in parse(op.source.data, op.file.data) if k.name == name)
+    if lw.dsl_kernels is None:
+        raise CompileError(
+            f"{name} at {loc}: graph.dsl_call needs the tile-DSL front end; compile through "
+            "tilecc.compile / compile_graph (a lone lower-graph-to-tile pass has none)"
+        )
     args = []
-    for v, p in zip(op.operands, kernel.params, strict=True):
-        hbm = gt.dense(gt.materialise(v))
-        want = MemRefType(DTYPES[p.type.dtype], list(hbm.type.get_shape()))
+    for v, (pname, dtype, elem) in zip(op.operands, lw.dsl_kernels.params(op), strict=True):
+        hbm = lw.dense(lw.materialise(v))
+        want = MemRefType(elem, list(hbm.type.get_shape()))
         if hbm.type.element_type != want.element_type:
-            raise CompileError(f"{name} at {loc}: '{p.name}' is {p.type.dtype}, the call passes {hbm.type.element_type}")
+            raise CompileError(f"{name} at {loc}: '{pname}' is {dtype}, the call passes {hbm.type.element_type}")
         if hbm.type != want:  # a dense view with a layout attribute: copy to a plain tensor
-            hbm = gt.view(hbm, list(hbm.type.get_shape()))
+            hbm = lw.view(hbm, list(hbm.type.get_shape()))
         args.append(hbm)
     shapes = [tuple(a.type.get_shape()) for a in args]
-    kl = KernelLowering(kernel, shapes, gt.cfg)
-    kfunc = kl.run()
-    kfunc.sym_name = StringAttr(gt.kernel_name(name))
-    outs = [gt.hbm(list(r.type.get_shape()), r.type.element_type) for r in op.results]
+    kfunc, kconsts = lw.dsl_kernels.build(op, shapes, lw.cfg)
+    kfunc.sym_name = StringAttr(lw.kernel_name(name))
+    outs = [lw.hbm(list(r.type.get_shape()), r.type.element_type) for r in op.results]
     consts = []
-    for data, dtype in kl.consts:
-        elem = DTYPES[dtype]
+    for data, elem in kconsts:
         attr = DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(data.shape)), data.reshape(-1).tolist())
-        consts.append(gt.hbm(list(data.shape), elem, value=attr))
-    gt.kernels.append(kfunc)
-    gt.emit(func.CallOp(kfunc.sym_name.data, args + outs + consts, []))
+        consts.append(lw.hbm(list(data.shape), elem, value=attr))
+    lw.kernels.append(kfunc)
+    lw.emit(func.CallOp(kfunc.sym_name.data, args + outs + consts, []))
     for r, o in zip(op.results, outs):
-        gt.values[r] = o
+        lw.values[r] = o
 
 
 LOWERINGS = {DslCallOp: lower_dsl_call}

@@ -43,12 +43,7 @@ from tilecc.ir import graph_index as gi
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.conversion import lower_op
-
-
-def masked_value(dt) -> float:
-    from tilecc.frontend.aten_index import masked_value as mv
-
-    return mv(dt)
+from tilecc.ir.dtypes import masked_value
 
 
 def _shape(t: Any) -> tuple[int, ...]:

@@ -1,0 +1,1 @@
+"""Rewrites within the npu level: npu-insert-sync."""

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tilecc import __version__
+from tilecc.version import __version__
 from tilecc.fsutil import atomic_write
 from tilecc.errors import TileccError
 from tilecc.simulator.config import HardwareConfig

@@ -1,0 +1,1 @@
+"""Rewrites within the tile level: plan-sram and plan-hbm (memory planning)."""
