@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import run_and_compare
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import tilecc
-from helpers import run_and_compare
 from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.passes.graph_to_tile import attention as la
 from tilecc.passes.registry import default_pipeline

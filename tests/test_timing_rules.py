@@ -42,12 +42,12 @@ from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.schedule import schedule_kernel
 from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.passes.graph_to_tile import attention as la
-from tilecc.passes.schedule.matmul_tuning import kernel_alone
-from tilecc.runtime.compiler import measure_program
-from tilecc.passes.schedule import cost_model
 from tilecc.passes.registry import default_pipeline
+from tilecc.passes.schedule import cost_model
 from tilecc.passes.schedule.matmul_schedule import MatmulProblem
+from tilecc.passes.schedule.matmul_tuning import kernel_alone
 from tilecc.passes.session import CompileSession
+from tilecc.runtime.compiler import measure_program
 from tilecc.simulator import isa
 from tilecc.simulator.config import HardwareConfig, load_config
 from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, Opcode, ReduceFn, UnaryFn

@@ -118,7 +118,7 @@ def _needed(part: list[Operation], later: list[Operation], y: YieldOp) -> list[S
 def _space(ops: list[Operation]) -> tuple[int, ...]:
     """The iteration space of a group's ops: its row-wise op's, else its first
     computing op's (reshapes in a group keep the element count)."""
-    rows = [o for o in ops if isinstance(o, (g.LayerNormOp, g.SoftmaxOp, gi.LogSoftmaxOp))]
+    rows: list[Operation] = [o for o in ops if isinstance(o, (g.LayerNormOp, g.SoftmaxOp, gi.LogSoftmaxOp))]
     ops = rows or [o for o in ops if not isinstance(o, (g.ReshapeOp, g.ConstantOp))] or ops
     return squeezed2(shape_of(ops[0].results[0].type))
 
@@ -168,7 +168,7 @@ def build_dag(ek: ElementwiseKernel, lw: LoweringContext, ops: list[Operation], 
             ref[res] = add_graph_op(ek, o, [use(v, at) for v in o.operands])
         elif isinstance(o, g.LayerNormOp):
             x, w, b = o.operands
-            eps = o.properties["eps"].value.data
+            eps = o.eps.value.data
             ref[res] = ek.rowwise("layer_norm", [use(x, at), use(w, at), use(b, at)], elem_of(res.type), eps)
         elif isinstance(o, g.SoftmaxOp):
             ref[res] = ek.rowwise("softmax", [use(o.operands[0], at)], elem_of(res.type))

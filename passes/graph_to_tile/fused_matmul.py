@@ -99,7 +99,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
     if epi_values:
         ek = ElementwiseKernel(lw, "epilogue", loc, space)
         acc = ek.given_leaf(elem_of(res.type))
-        ref = {res: acc}
+        ref: dict[SSAValue, int] = {res: acc}
         _build(ek, lw, epi_ops, ref)
         for v in epi_values:
             out = ref[v]
@@ -151,7 +151,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
     ea, eb, eo = elem_of(a.type), elem_of(b.type), elem_of(res.type)
     TM = problem.TM
     if pro is not None:  # the kernel's "A" argument: any [M, K] tensor; load_a_rows is ours
-        A_val = pro.ek.values[pro.per_tile[0]].value if pro.per_tile else None  # type: ignore[union-attr]
+        A_val = pro.ek.leaf_of(pro.per_tile[0]).value if pro.per_tile else None
         if A_val is None:
             return False
         A = Operand(A_val, [0, 1])
@@ -170,7 +170,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
     for part, outs in ((epi, epi_outs), (pro, pro_outs)):
         if part is None:
             continue
-        extra += [part.ek.values[i].value for i in part.hoisted + part.per_tile]  # type: ignore[union-attr]
+        extra += [part.ek.leaf_of(i).value for i in part.hoisted + part.per_tile]
         extra += outs
     kb = KernelBuilder(lw.kernel_name("fused_matmul"), [v.type for v in args + extra], loc)
     kernel = FusedMatmulKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,

@@ -90,6 +90,7 @@ def lower_attention(lw: LoweringContext, op: Operation, loc: str) -> None:
     decomposition of `index.lower_sdpa`."""
     from tilecc.passes.graph_to_tile.index import lower_sdpa
 
+    assert isinstance(op, gi.SdpaOp)
     if not (lw.opt_level >= 2 and lower_attention_kernel(lw, op, loc)):
         lower_sdpa(lw, op, loc)
 

@@ -39,7 +39,7 @@ from xdsl.dialects.builtin import Float32Type, f32
 from xdsl.ir import Attribute, SSAValue
 
 from tilecc.ir import tile
-from tilecc.ir.dtypes import element_size
+from tilecc.ir.dtypes import element_size, masked_value
 from tilecc.passes.graph_to_tile.attention.plan import N2, NO, NQ, SCHEDULE_TRIES, AttentionPlan, body_budget
 from tilecc.passes.graph_to_tile.attention.program import BatchIndex, HeadProgram, Ring
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp, ScheduleInit, schedule
@@ -89,8 +89,6 @@ class AttentionKernel(HeadProgram):
         self.tm = AttentionTiming(self.cfg)
         self.dry = tensors is None
         T, fq, fk = p.T, p.qseq.f, p.kseq.f
-        from tilecc.passes.graph_to_tile.index import masked_value
-
         self.lowest = masked_value(dt)  # the dtype's most negative finite value
         self.qblocks = range(p.qseq.blocks) if qblocks is None else qblocks
         qtiles = [bq * fq + tq for bq in self.qblocks for tq in range(fq)]
@@ -167,7 +165,7 @@ class AttentionKernel(HeadProgram):
         vec = self._constants()
         self._alloc_buffers()
         vec = self._ones_folds(vec)
-        self.init["vec"] = vec
+        self.init.vec = vec
         self._win.clear()
         # loops: outer batch dims, then the last batch dim in bodies of U heads
         self.estimate = 0.0
@@ -196,7 +194,7 @@ class AttentionKernel(HeadProgram):
             self._const_load(self.a_masks, self.masks, T * len(p.masks))
         self.ones = self.alloc([T, T], SRAM, "ones")  # max(I, 1) on the vector engine
         kb.add(tile.ScalarOp("max", self.ident, 1.0, self.ones, c(T), c(T)))
-        ready = self.init["ready"]
+        ready = self.init.ready
         vec = ready["ident"] + self.tm.vec("binary", "max", T, T)
         ready["ones"] = vec
         self._pre_copy(self.ident, self.ones, T, T)
@@ -205,17 +203,18 @@ class AttentionKernel(HeadProgram):
     def _const_load(self, arg: SSAValue, buf: SSAValue, cols: int) -> None:
         """A constant's load in the prologue, on the next queue round robin."""
         c, T = self.kb.const, self.p.T
-        qfree, ready = self.init["qfree"], self.init["ready"]
+        qfree, ready = self.init.qfree, self.init.ready
+        assert qfree is not None
         q = self.qmap[self.name(self.dma_target(buf))]
         self.kb.add(tile.LoadOp(arg, [c(0), c(0)], buf, c(T), c(cols), 0, 1, queue=q))
         fixed, transfer = self.tm.dma(T, cols, self.isz)
         qfree[q] += fixed + transfer
         ready[self.name(buf)] = qfree[q]
-        self.init["pre"].append((SchedOp("load", lambda _q: None, (), (self.name(buf),), (), fixed, transfer, q), q))
+        self.init.pre.append((SchedOp("load", lambda _q: None, (), (self.name(buf),), (), fixed, transfer, q), q))
 
     def _pre_copy(self, src: SSAValue, dst: SSAValue, rows: int, cols: int) -> None:
         """A vector copy of the prologue, for the replay of the first body."""
-        self.init["pre"].append((SchedOp("vec", lambda _q: None, (self.name(src),), (self.name(dst),), (),
+        self.init.pre.append((SchedOp("vec", lambda _q: None, (self.name(src),), (self.name(dst),), (),
                                          self.tm.vec("unary", "copy", rows, cols)), None))
 
     def _alloc_buffers(self) -> None:
@@ -275,7 +274,7 @@ class AttentionKernel(HeadProgram):
         p, kb, T = self.p, self.kb, self.p.T
         fk, nd = p.kseq.f, len(p.chunks)
         c = kb.const
-        ready = self.init["ready"]
+        ready = self.init.ready
         if p.fold_row is not None:
             r, w = p.fold_row, fk * T
             for s in range(p.sets):
@@ -351,7 +350,7 @@ class AttentionKernel(HeadProgram):
         # a dry run compares tilings: the unperturbed priorities suffice for that
         order, span = schedule(ops, self.tm, self.queues, self.init, 0 if self.dry else SCHEDULE_TRIES)
         for o, q in order:
-            if o.kind == "load":
+            if o.kind == "load" and q is not None:
                 self.qmap.setdefault(o.writes[0], q)
         self.init = ScheduleInit(qmap=self.qmap)  # later bodies follow a loop or another body
         if not p.batch:

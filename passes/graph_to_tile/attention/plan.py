@@ -176,7 +176,7 @@ def causal_pairs(qseq: Seq, kseq: Seq, causal: bool) -> tuple[Pairs, list[np.nda
             if khi <= qlo:
                 row.append((k, None))
                 continue
-            vis = kseq.index(bk, tk, c) <= qseq.index(bq, tq, r)
+            vis = np.asarray(kseq.index(bk, tk, c) <= qseq.index(bq, tq, r))
             key = vis.tobytes()
             if key not in seen:
                 seen[key] = len(masks)
@@ -270,7 +270,7 @@ def plan_attention(cfg: HardwareConfig, q_shape: Shape, k_shape: Shape, v_shape:
                 for na1, ntr, n2 in ACC_SETS:
                     p = AttentionPlan(T, L, S, D, Dv, batch, qseq, kseq, chunks, fold_row, vchunks,
                                       rowsum_fused, causal, has_mask, pairs, masks, G, W1, sets, 1, na1, ntr, n2,
-                                      grp=tuple(grp), gsets=gsets)
+                                      grp=(grp[0], grp[1], grp[2], grp[3]), gsets=gsets)
                     if na1 > 2:
                         p.tmode = transposed_ok(elem, causal or has_mask)
                         if not p.tmode:

@@ -282,6 +282,7 @@ class HeadProgram:
             acc = self.acc_tr[ring["tr"] % p.ntr]
             ring["tr"] += 1
             if gk > 1:  # the group's block: head j's columns
+                assert self.kgrp is not None
                 kn, col0 = self.kgrp[gs][bk], j * p.D
                 if j == 0:
                     self._load(ops, self.a_k, lambda bk=bk: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk,
@@ -295,7 +296,7 @@ class HeadProgram:
                 for ci, (d0, dc) in enumerate(p.chunks):
                     self._mm(ops, kn, (0, col0 + tk * p.D + d0), self.ident, (0, 0), acc,
                              (0, (ci * fk + tk) * T), dc, rk, rk, False, pr)
-            for ci, (d0, dc) in enumerate(p.chunks):
+            for ci, (_d0, dc) in enumerate(p.chunks):
                 if rk == T:  # the block's tiles side by side: one copy per chunk
                     self._vec(ops, "unary", "copy", acc, (0, ci * fk * T), self.kt[s][bk], (0, ci * fk * T),
                               dc, fk * T, pr)
@@ -305,12 +306,15 @@ class HeadProgram:
                         self._vec(ops, "unary", "copy", acc, (0, col), self.kt[s][bk], (0, col), dc, rk, pr)
             if gv > 1:
                 if j == 0:
+                    assert self.vgrp is not None
                     self._load(ops, self.a_v, lambda bk=bk: [*vidx(), kc(bk * T), kc(0)], self.vgrp[gs][bk],
                                (0, 0), rk, gv * p.Dv, vrank - 2, vrank - 1, pr)
             elif p.v_paired:
+                assert self.vaug is not None
                 self._load(ops, self.a_v, lambda bk=bk: [*vidx(), kc(bk * T), kc(0)], self.vaug[s][bk], (0, 0),
                            rk, fk * p.Dv, vrank - 2, vrank - 1, pr)
             else:
+                assert self.vaug is not None
                 for tk in range(fk):
                     row0 = fk * bk * T + tk
                     self._load(ops, self.a_v, lambda row0=row0: [*vidx(), kc(row0), kc(0)],
@@ -397,6 +401,7 @@ class HeadProgram:
         j, gs, bi = self._j, self._gs, bq - self.qblocks.start
         qrank = len(shape_of(self.a_q.type))
         if gq > 1:  # the group's block: head j's columns
+            assert self.qgrp is not None
             qn, qcol = self.qgrp[gs][bi], j * p.D
             if j == 0:
                 self._load(ops, self.a_q, lambda: [*qidx(), kc(bq * T), kc(0)], qn, (0, 0), rq, gq * p.D,
@@ -407,6 +412,7 @@ class HeadProgram:
                        qrank - 2, qrank - 1, (u, bq * fq, 0))
         ring["q"] += 1
         if go > 1:
+            assert self.ogrp is not None
             ob, ocol = self.ogrp[gs][bi], j * p.Dv
         else:
             ob, ocol = self.obuf[ring["o"] % 2], 0
@@ -451,7 +457,7 @@ class HeadProgram:
         accq = self.acc_q[ring["q"] % 2]
         for ci, (d0, dc) in enumerate(p.chunks):
             self._mm(ops, qn, (0, col + d0), self.ident, (0, 0), accq, (0, ci * T), dc, qs, qs, False, pr)
-        for ci, (d0, dc) in enumerate(p.chunks):
+        for ci, (_d0, dc) in enumerate(p.chunks):
             self._vec(ops, "scalar", "mul", accq, (0, ci * T), qt, (0, ci * T), dc, qs, pr, imm=self.scale)
 
     def _mask_rows(self, ops: list[SchedOp], pr: Prio, bidx: BatchIndex, bq: int, tq: int, qs: int,
@@ -491,10 +497,11 @@ class HeadProgram:
             for k, mid in ch:
                 ks = p.ks(k)
                 ktb, kcol = self._kt(s, k)
-                for ci, (d0, dc) in enumerate(p.chunks):
+                for ci, (_d0, dc) in enumerate(p.chunks):
                     self._mm(ops, qt, (0, ci * T), ktb, (0, ci * fk * T + kcol), acc, (0, off), qs, dc, ks, ci > 0,
                              pr)
                 if mid is not None:
+                    assert self.masks is not None
                     self._mm(ops, self.ident, (0, 0), self.masks, (0, mid * T), acc, (0, off), qs, qs, ks, True, pr)
                 if mrow is not None:
                     self._mm(ops, self.ident, (0, 0), mrow, (0, k * T), acc, (0, off), qs, qs, ks, True, pr)
@@ -558,13 +565,14 @@ class HeadProgram:
                     self._mm(ops, sm, (0, col), self.ident, (0, 0), acc, slot, ks, qs, qs, False, pr)
                     continue
                 ktb, kcol = self._kt(s, k)
-                for ci, (d0, dc) in enumerate(p.chunks):
+                for ci, (_d0, dc) in enumerate(p.chunks):
                     kk = dc + (1 if p.fold_row is not None and ci == nd - 1 else 0)
                     self._mm(ops, ktb, (0, ci * fk * T + kcol), qt, (0, ci * T), acc, slot, ks, kk, qs, ci > 0, pr)
                 if p.fold_row is None:
                     assert self.negm is not None
                     self._mm(ops, self.ones, (0, 0), self.negm[r], (0, 0), acc, slot, ks, 1, qs, True, pr)
                 if mid is not None:
+                    assert self.masks is not None
                     self._mm(ops, self.masks, (0, mid * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)
                 if mrow is not None:
                     self._mm(ops, mrow, (0, k * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)

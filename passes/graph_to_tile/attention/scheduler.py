@@ -33,7 +33,6 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
 
 import numpy as np
 
@@ -61,14 +60,16 @@ class SchedOp:
 Order = list[tuple[SchedOp, int | None]]  # instructions in issue order, each load's DMA queue
 
 
-class ScheduleInit(TypedDict, total=False):
-    """The engines' state after the kernel's prologue, for the schedule of its first body."""
+@dataclass
+class ScheduleInit:
+    """The engines' state before a body: after the kernel's prologue for the first one
+    (later bodies follow a loop or another body: only the buffers' queues carry over)."""
 
-    qfree: list[float]  # when each DMA queue is free
-    ready: dict[str, float]  # buffer -> when the prologue's last access to it ends
-    qmap: dict[str, int]  # buffer -> the DMA queue its loads use
-    pre: Order  # the prologue's instructions (for the replay)
-    vec: float  # when the vector engine is free
+    qfree: list[float] | None = None  # when each DMA queue is free (None: at 0)
+    ready: dict[str, float] = field(default_factory=dict)  # buffer -> when the prologue's last access ends
+    qmap: dict[str, int] = field(default_factory=dict)  # buffer -> the DMA queue its loads use
+    pre: Order = field(default_factory=list)  # the prologue's instructions (for the replay)
+    vec: float = 0.0  # when the vector engine is free
 
 
 class AttentionTiming(TimingRules):
@@ -130,7 +131,7 @@ def schedule(ops: list[SchedOp], tm: AttentionTiming, queues: int, init: Schedul
     perturbations of them), the one with the earliest estimated end.
     `init`: the engines' state after the kernel's prologue (``qfree``, ``vec``, and
     ``ready``: buffer -> when the prologue's last access to it ends)."""
-    init = init or ScheduleInit()
+    init = init if init is not None else ScheduleInit()
     for i, (o, deps) in enumerate(zip(ops, buffer_deps(ops))):
         o.idx = i
         o.deps = deps
@@ -144,7 +145,7 @@ def schedule(ops: list[SchedOp], tm: AttentionTiming, queues: int, init: Schedul
     lat_w = [tm.latency(o) for o in ops]
     occ_w = [tm.occupancy(o) for o in ops]
 
-    def levels(scale: Sequence[float] | None = None) -> list[float]:
+    def levels(scale: Sequence[float] | np.ndarray | None = None) -> list[float]:
         """Longest path from each instruction to the end of the body: an edge to another
         engine costs the producer's latency, one on its own (in-order) queue only its
         occupancy of the engine."""
@@ -164,14 +165,15 @@ def schedule(ops: list[SchedOp], tm: AttentionTiming, queues: int, init: Schedul
     rng = np.random.default_rng(0)
     for _ in range(tries):
         variants.append(levels(rng.uniform(0.97, 1.03, n)))
-    best = None
+    best: tuple[Order, float, list[float], list[float], list[float]] | None = None
     spans = []
-    for v, level in enumerate(variants):
+    for level in variants:
         order, _, start, end = list_schedule(ops, succ, level, tm, queues, init)
         span = replay(order, tm, queues, init)
         spans.append(round(span))
         if best is None or span < best[1]:
             best = (order, span, level, start, end)
+    assert best is not None
     # loads in the order their data is needed: the planned start of their first
     # consumer in the best schedule so far (repeated while it helps)
     for _ in range(3):
@@ -199,17 +201,17 @@ def schedule(ops: list[SchedOp], tm: AttentionTiming, queues: int, init: Schedul
 
 def replay(order: Order, tm: AttentionTiming, queues: int, init: ScheduleInit) -> float:
     """The end of a schedule, timed the way the simulator times it: each engine runs
-    its instructions in program order (`init["pre"]`, the kernel prologue, then
+    its instructions in program order (`init.pre`, the kernel prologue, then
     `order`), an instruction waits for the earlier ones of other engines it shares a
     buffer with, pipelined matmuls overlap, DMA transfers share HBM (processor sharing)."""
-    seq_all = [(o, o.queue if o.kind in ("load", "store") and q is None else q) for o, q in init.get("pre", [])]
+    seq_all = [(o, o.queue if o.kind in ("load", "store") and q is None else q) for o, q in init.pre]
     seq_all += list(order)
     n = len(seq_all)
     eng_of = [0] * n
     seqs: list[list[int]] = [[] for _ in range(queues + 2)]
     deps: list[list[int]] = []
     for k, ((o, q), d) in enumerate(zip(seq_all, buffer_deps([o for o, _ in seq_all]))):
-        e = q if o.kind == "load" else engine_of(o, queues)
+        e = q if o.kind == "load" and q is not None else engine_of(o, queues)
         eng_of[k] = e
         seqs[e].append(k)
         deps.append(sorted(x for x in d if eng_of[x] != e))
@@ -301,10 +303,10 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
     buffer's loads all use one DMA queue: the first free when its first load issues."""
     n = len(ops)
     left = [len(o.deps) for o in ops]
-    pro = init.get("ready", {})
+    pro = init.ready
     dep_ready = [max([pro.get(b, 0.0) for b in o.reads + o.writes], default=0.0) for o in ops]
     MAT, VEC = queues, queues + 1
-    qmap: dict[str, int] = dict(init.get("qmap", {}))
+    qmap: dict[str, int] = dict(init.qmap)
     eng = [engine_of(o, queues) for o in ops]
     ready: list[list[int]] = [[] for _ in range(queues + 2)]
     anyq: list[int] = []  # ready loads of buffers without a queue yet
@@ -322,7 +324,7 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
     for i in range(n):
         if left[i] == 0:
             enqueue(i)
-    free = list(init.get("qfree", [0.0] * queues)) + [0.0, init.get("vec", 0.0)]
+    free = list(init.qfree if init.qfree is not None else [0.0] * queues) + [0.0, init.vec]
     stream_free = span = 0.0
     start = [0.0] * n
     end = [0.0] * n

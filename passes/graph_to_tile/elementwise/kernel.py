@@ -175,6 +175,12 @@ class ElementwiseKernel:
                          [None] * pad + [m if m is None else m + pad for m in o.imap])
         return self.leaf_hbm(o.value, o.imap)
 
+    def leaf_of(self, i: int) -> Leaf:
+        """Value `i`, a leaf."""
+        leaf = self.values[i]
+        assert isinstance(leaf, Leaf), f"value {i} of {self.what} is not a leaf"
+        return leaf
+
     def constant(self, ref: int) -> float | None:
         """The value of `ref` when it folded to a compile-time constant."""
         v = self.values[ref]
@@ -274,6 +280,7 @@ class ElementwiseKernel:
         lw = self.lw
         oshape = list(shape_of(o.value.type))
         strides, offset = lw.layout(o.value)
+        imap: IndexMap
         if all(m is None or m == d for d, m in enumerate(o.imap)):
             kept_dims = list(keep)
             imap = [None if o.imap[d] is None else i for i, d in enumerate(keep)]
@@ -367,7 +374,7 @@ class ElementwiseKernel:
         a `TileProgram` for each tile's loads, vector ops and stores."""
         lw = self.lw
         rank = len(kshape)
-        leaf_args = [self.values[i].value for i in leaves]  # type: ignore[union-attr]
+        leaf_args = [self.leaf_of(i).value for i in leaves]
         out_views = [o.value for o in out_ops]
         kb = KernelBuilder(lw.kernel_name(self.what), [v.type for v in [*leaf_args, *out_views]], self.loc)
         TR, TC = plan.tiles[-2], plan.tiles[-1]
