@@ -88,38 +88,16 @@ class AttentionKernel(HeadProgram):
         self.fp32 = isinstance(elem, Float32Type)
         self.tm = AttentionTiming(self.cfg)
         self.dry = tensors is None
-        T, fq, fk = p.T, p.qseq.f, p.kseq.f
+        fq, fk = p.qseq.f, p.kseq.f
         self.lowest = masked_value(dt)  # the dtype's most negative finite value
         self.qblocks = range(p.qseq.blocks) if qblocks is None else qblocks
         qtiles = [bq * fq + tq for bq in self.qblocks for tq in range(fq)]
         self.kblocks = sorted({k // fk for qi in qtiles for k, _ in p.pairs[qi]})
-        # heads per body: the largest divisor of the head count whose pairs fit a body
-        # (an even one when it is not much smaller: the K^T / V sets alternate by head)
-        heads = p.batch[-1] if p.batch else 1
-        per_head = max(1, sum(len(p.pairs[qi]) for qi in qtiles))
-        # (whole head groups: a multiple of the group size)
-        hg = p.heads
-        budget = body_budget(self.cfg)
-        fits = [d for d in range(hg, heads + 1, hg) if heads % d == 0 and d * per_head <= budget] or [hg]
-        even = [d for d in fits if d % 2 == 0]
-        self.U = max(even) if even and max(even) * 2 >= max(fits) else max(fits)
-
+        self.U = self._heads_per_body(qtiles)
         self.hbm_args: list[SSAValue] | None = None
         if tensors is not None:
-            q, k, v, mask, out = tensors
-            gq, gk, gv, go = p.grp
-            hbm = [grouped_view(lw, paired_view(lw, q, fq), gq), grouped_view(lw, paired_view(lw, k, fk), gk),
-                   grouped_view(lw, paired_view(lw, v, fk) if p.v_paired else v, gv)]
-            if mask is not None:
-                hbm.append(mask)
-            hbm.append(grouped_view(lw, paired_view(lw, out, fq), go))
-            hbm.append(lw.hbm([T, T], elem, value=dense_attr(np.eye(T, dtype=np.float32), elem, (T, T))))
-            if p.masks:
-                # finite: the constant's printed form reads back
-                pats = np.concatenate([np.where(m, 0.0, self.lowest) for m in p.masks], axis=1).astype(np.float32)
-                hbm.append(lw.hbm([T, T * len(p.masks)], elem, value=dense_attr(pats, elem, pats.shape)))
-            self.hbm_args = hbm
-            types = [a.type for a in hbm]
+            self.hbm_args = self._arguments(tensors)
+            types = [a.type for a in self.hbm_args]
         assert types is not None, "AttentionKernel: give the tensors or their types"
         self.kb = KernelBuilder(lw.kernel_name("attention"), types, loc)
         args = list(self.kb.args)
@@ -144,6 +122,37 @@ class AttentionKernel(HeadProgram):
         self.estimate = 0.0
         self.init: ScheduleInit = ScheduleInit()
 
+
+    def _heads_per_body(self, qtiles: list[int]) -> int:
+        """The largest divisor of the head count whose pairs fit a body (an even one when
+        it is not much smaller: the K^T / V sets alternate by head), in whole head groups."""
+        p = self.p
+        heads = p.batch[-1] if p.batch else 1
+        per_head = max(1, sum(len(p.pairs[qi]) for qi in qtiles))
+        hg = p.heads
+        budget = body_budget(self.cfg)
+        fits = [d for d in range(hg, heads + 1, hg) if heads % d == 0 and d * per_head <= budget] or [hg]
+        even = [d for d in fits if d % 2 == 0]
+        return max(even) if even and max(even) * 2 >= max(fits) else max(fits)
+
+    def _arguments(self, tensors: AttentionTensors) -> list[SSAValue]:
+        """The kernel's HBM arguments: q, k, v (paired / head-grouped views), the mask,
+        the output, the identity and the causal mask patterns (constants)."""
+        lw, p, elem, T = self.lw, self.p, self.elem, self.p.T
+        fq, fk = p.qseq.f, p.kseq.f
+        q, k, v, mask, out = tensors
+        gq, gk, gv, go = p.grp
+        hbm = [grouped_view(lw, paired_view(lw, q, fq), gq), grouped_view(lw, paired_view(lw, k, fk), gk),
+               grouped_view(lw, paired_view(lw, v, fk) if p.v_paired else v, gv)]
+        if mask is not None:
+            hbm.append(mask)
+        hbm.append(grouped_view(lw, paired_view(lw, out, fq), go))
+        hbm.append(lw.hbm([T, T], elem, value=dense_attr(np.eye(T, dtype=np.float32), elem, (T, T))))
+        if p.masks:
+            # finite: the constant's printed form reads back
+            pats = np.concatenate([np.where(m, 0.0, self.lowest) for m in p.masks], axis=1).astype(np.float32)
+            hbm.append(lw.hbm([T, T * len(p.masks)], elem, value=dense_attr(pats, elem, pats.shape)))
+        return hbm
 
     # -- buffers -----------------------------------------------------------------------
     def alloc(self, shape: Sequence[int], space: str, name: str, elem: Attribute | None = None) -> SSAValue:
