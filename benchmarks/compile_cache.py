@@ -31,7 +31,7 @@ import mlp  # noqa: E402
 import transformer_block  # noqa: E402
 
 import tilecc  # noqa: E402
-from tilecc.cli import compare  # noqa: E402
+from tilecc.runtime.compare import compare  # noqa: E402
 from tilecc.runtime.cache import CompileCache  # noqa: E402
 
 def deep_mlp():

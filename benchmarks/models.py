@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 warnings.filterwarnings("ignore")
 
 import tilecc  # noqa: E402
-from tilecc.cli import compare, load_factory  # noqa: E402
+from tilecc.cli import load_factory  # noqa: E402
+from tilecc.runtime.compare import compare  # noqa: E402
 
 MODELS = [
     "mlp.py:mlp_odd",

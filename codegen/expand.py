@@ -15,7 +15,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tilecc.ir import npu
 from tilecc.ir.affine import Affine, Expr
-from tilecc.passes.npu.insert_sync import collect
+from tilecc.ir.npu_walk import collect
 from tilecc.simulator.isa import MAX_WAITS, OPCODE_ENGINE, Engine, Opcode, empty_stream
 
 
@@ -31,7 +31,7 @@ def expand_kernel(kernel: npu.KernelOp) -> np.ndarray:
 
 def expand_kernel_with_origin(kernel: npu.KernelOp) -> tuple[np.ndarray, np.ndarray, list]:
     """The kernel's records, the index of the static instruction each came from, and
-    those instructions (`insert_sync.collect`): the explorer's asm leads each record
+    those instructions (`ir/npu_walk.py`): the explorer's asm leads each record
     back to its instruction op and so to the op's source location."""
     insts = collect(kernel)
     if not insts:

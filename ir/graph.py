@@ -22,6 +22,12 @@ Sample::
     %1 = graph.permute %0 [1, 0] : tensor<53x37xf32> -> tensor<37x53xf32>
     %2 = graph.matmul %arg0, %1 : tensor<5x37xf32>, tensor<37x53xf32> -> tensor<5x53xf32>
     %3 = graph.gelu %2 approximate "none" : tensor<5x53xf32>
+
+This file holds the sources (weight, constant), matmul, softmax and layer norm, the
+views and the cast, the dialect and `GraphProgram`; the op families are in files of
+their own and re-exported here (``g.AddOp``): `graph_base` (element types, helpers,
+the `GraphOp` base), `graph_elementwise`, `graph_nn`, `graph_index` and
+`graph_fusion` (fused regions).
 """
 
 from __future__ import annotations
@@ -36,12 +42,9 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     I64,
     AnyAttr,
-    BFloat16Type,
     BytesAttr,
     DenseArrayBase,
     DenseIntOrFPElementsAttr,
-    Float16Type,
-    Float32Type,
     Float64Type,
     FloatAttr,
     IntegerAttr,
@@ -49,12 +52,10 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
     f64,
-    i32,
     i64,
 )
-from xdsl.ir import Attribute, Dialect, Operation, SSAValue
+from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
-    IRDLOperation,
     ParamAttrConstraint,
     VarConstraint,
     base,
@@ -63,170 +64,51 @@ from xdsl.irdl import (
     prop_def,
     result_def,
 )
-from xdsl.utils.exceptions import VerifyException
 
 from tilecc.errors import ShapeError
-from tilecc.simulator.isa import DTYPE_NAMES, DType
+from tilecc.ir.graph_base import (  # noqa: F401 (re-exported: g.GraphOp, g.element_dtype, ...)
+    _NP_STORAGE,
+    LOC_ATTR,
+    UNKNOWN_LOC,
+    GraphOp,
+    _check_tensor,
+    _element_type,
+    _fmt,
+    _same_element,
+    _value,
+    broadcast_shapes,
+    element_dtype,
+    set_loc,
+    shape_of,
+    source_loc,
+    tensor_type,
+)
+from tilecc.ir.graph_elementwise import (  # noqa: F401 (re-exported: g.AddOp, ...)
+    AddOp,
+    BinaryElementwiseOp,
+    DivOp,
+    ExpOp,
+    GeluOp,
+    MaximumOp,
+    MulOp,
+    NegOp,
+    ReluOp,
+    RsqrtOp,
+    SigmoidOp,
+    SiluOp,
+    SqrtOp,
+    SubOp,
+    TanhOp,
+    UnaryElementwiseOp,
+    _erf,
+    gelu_reference,
+)
+from tilecc.ir.graph_fusion import FUSION_OPS
+from tilecc.ir.graph_index import INDEX_OPS
+from tilecc.ir.graph_nn import NN_OPS
+from tilecc.simulator.isa import DType
 
-LOC_ATTR = "tilecc.loc"
-UNKNOWN_LOC = "<unknown>"
-
-# ---------------------------------------------------------------------------
-# Types and helpers
-# ---------------------------------------------------------------------------
-
-_ELEMENT_DTYPES: dict[type[Attribute], DType] = {
-    Float32Type: DType.F32,
-    BFloat16Type: DType.BF16,
-    Float16Type: DType.F16,
-}
-_DTYPE_ELEMENTS: dict[DType, Attribute] = {
-    DType.F32: Float32Type(),
-    DType.BF16: BFloat16Type(),
-    DType.F16: Float16Type(),
-    DType.I32: i32,
-}
-# numpy storage of each element type (bf16 as raw uint16 bits)
-_NP_STORAGE = {DType.F32: np.float32, DType.F16: np.float16, DType.BF16: np.uint16, DType.I32: np.int32}
-
-
-def _is_supported(et: Attribute) -> bool:
-    return type(et) in _ELEMENT_DTYPES or et == i32
-
-
-def element_dtype(t: Attribute) -> DType:
-    """The `DType` of a tensor type's element type (or of an element type itself)."""
-    et = t.get_element_type() if isinstance(t, TensorType) else t
-    if et == i32:
-        return DType.I32
-    try:
-        return _ELEMENT_DTYPES[type(et)]
-    except KeyError:
-        raise ValueError(f"unsupported element type {et} (tilecc: f32, bf16, f16, i32)") from None
-
-
-def element_type(dtype: DType | Attribute) -> Attribute:
-    """The xdsl element type of a `DType` (an xdsl float type is returned unchanged)."""
-    if isinstance(dtype, Attribute):
-        element_dtype(dtype)  # validates
-        return dtype
-    try:
-        return _DTYPE_ELEMENTS[DType(dtype)]
-    except KeyError:
-        raise ValueError(f"unsupported element type {dtype!r} (tilecc: f32, bf16, f16, i32)") from None
-
-
-_element_type = element_type
-
-
-def tensor_type(shape: Sequence[int], dtype: DType | Attribute) -> TensorType:
-    """``tensor<shape x dtype>`` from a shape and a `DType` (or an xdsl element type)."""
-    return TensorType(element_type(dtype), [int(d) for d in shape])
-
-
-def shape_of(v: SSAValue | TensorType) -> tuple[int, ...]:
-    t = v.type if isinstance(v, SSAValue) else v
-    assert isinstance(t, TensorType), t
-    return tuple(t.get_shape())
-
-
-def source_loc(op: Operation) -> str:
-    """The op's ``"tilecc.loc"`` (``"file.py:LINE"``), or ``"<unknown>"``."""
-    a = op.attributes.get(LOC_ATTR)
-    if isinstance(a, StringAttr):
-        return a.data
-    return UNKNOWN_LOC
-
-
-def set_loc(op: Operation, loc: str | None) -> Operation:
-    """Attach ``"tilecc.loc"`` to `op` (no-op when `loc` is None); returns `op`."""
-    if loc is not None:
-        op.attributes[LOC_ATTR] = StringAttr(loc)
-    return op
-
-
-def _fmt(t: Attribute) -> str:
-    if isinstance(t, TensorType):
-        try:
-            dt = DTYPE_NAMES[element_dtype(t)]
-        except ValueError:
-            dt = str(t.get_element_type())
-        return f"tensor<{'x'.join(str(d) for d in t.get_shape())}{'x' if t.get_shape() else ''}{dt}>"
-    return str(t)
-
-
-def _check_tensor(t: Attribute, op: str, what: str) -> TensorType:
-    """Raise ShapeError unless `t` is a static tensor of f32 / bf16 / f16 / i32."""
-    if not isinstance(t, TensorType):
-        raise ShapeError(f"{op}: {what} must be a tensor, got {t}")
-    shape = t.get_shape()
-    if any(d < 0 for d in shape):
-        raise ShapeError(f"{op}: {what} must have a static shape, got {t}")
-    if not _is_supported(t.get_element_type()):
-        raise ShapeError(
-            f"{op}: {what} element type must be f32, bf16, f16 or i32, got {t.get_element_type()}"
-        )
-    return t
-
-
-def _same_element(op: str, *types: TensorType) -> Attribute:
-    et = types[0].get_element_type()
-    if any(t.get_element_type() != et for t in types[1:]):
-        raise ShapeError(
-            f"{op}: operand element types differ: {', '.join(_fmt(t) for t in types)}"
-        )
-    return et
-
-
-def broadcast_shapes(op: str, *shapes: Sequence[int]) -> tuple[int, ...]:
-    """numpy / torch broadcasting; ShapeError naming `op` and the shapes on mismatch."""
-    rank = max((len(s) for s in shapes), default=0)
-    out = []
-    for i in range(rank):
-        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
-        dims.discard(1)
-        if len(dims) > 1:
-            raise ShapeError(
-                f"{op}: shapes {', '.join(str(list(s)) for s in shapes)} do not broadcast"
-            )
-        out.append(dims.pop() if dims else 1)
-    return tuple(out)
-
-
-def _value(x: SSAValue | Operation) -> SSAValue:
-    return SSAValue.get(x)
-
-
-# ---------------------------------------------------------------------------
-# Base class
-# ---------------------------------------------------------------------------
-
-
-class GraphOp(IRDLOperation):
-    """Common behaviour: verification through type inference, `reference`."""
-
-    def infer_result_type(self) -> TensorType:
-        """The result type implied by operands and properties (raises ShapeError)."""
-        raise NotImplementedError
-
-    def verify_(self) -> None:
-        try:
-            for i, o in enumerate(self.operands):
-                _check_tensor(o.type, self.name, f"operand #{i}")
-            _check_tensor(self.results[0].type, self.name, "result")
-            inferred = self.infer_result_type()
-        except ShapeError as e:
-            raise VerifyException(str(e)) from None
-        res = self.results[0].type
-        if res != inferred:
-            raise VerifyException(
-                f"{self.name}: result type {_fmt(res)} does not match the inferred "
-                f"type {_fmt(inferred)} (operands: "
-                f"{', '.join(_fmt(o.type) for o in self.operands) or 'none'})"
-            )
-
-    def reference(self, *args: np.ndarray) -> np.ndarray:
-        raise NotImplementedError(self.name)
+element_type = _element_type  # re-exported (g.element_type); `make` methods take an `element_type`
 
 
 # ---------------------------------------------------------------------------
@@ -368,234 +250,6 @@ class MatmulOp(GraphOp):
         # accumulate in float64: a tighter reference than any fp32 summation order
         return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
 
-
-# ---------------------------------------------------------------------------
-# Binary elementwise
-# ---------------------------------------------------------------------------
-
-
-class BinaryElementwiseOp(GraphOp):
-    """``lhs op rhs`` with numpy / torch broadcasting; equal element types."""
-
-    lhs = operand_def(TensorType)
-    rhs = operand_def(TensorType)
-    result = result_def(TensorType)
-
-    assembly_format = (
-        "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
-    )
-
-    @classmethod
-    def infer(cls, lhs: TensorType, rhs: TensorType) -> TensorType:
-        _check_tensor(lhs, cls.name, "lhs")
-        _check_tensor(rhs, cls.name, "rhs")
-        et = _same_element(cls.name, lhs, rhs)
-        return TensorType(et, broadcast_shapes(cls.name, lhs.get_shape(), rhs.get_shape()))
-
-    def infer_result_type(self) -> TensorType:
-        return self.infer(self.lhs.type, self.rhs.type)
-
-    @classmethod
-    def make(cls, lhs: SSAValue, rhs: SSAValue, *, loc: str | None = None):
-        lhs, rhs = _value(lhs), _value(rhs)
-        t = cls.infer(lhs.type, rhs.type)
-        return set_loc(cls.create(operands=[lhs, rhs], result_types=[t]), loc)
-
-    @staticmethod
-    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        a = np.asarray(a, dtype=np.float32)
-        b = np.asarray(b, dtype=np.float32)
-        with np.errstate(all="ignore"):
-            return np.asarray(self.compute(a, b), dtype=np.float32)
-
-
-@irdl_op_definition
-class AddOp(BinaryElementwiseOp):
-    name = "graph.add"
-    compute = staticmethod(np.add)
-
-
-@irdl_op_definition
-class SubOp(BinaryElementwiseOp):
-    name = "graph.sub"
-    compute = staticmethod(np.subtract)
-
-
-@irdl_op_definition
-class MulOp(BinaryElementwiseOp):
-    name = "graph.mul"
-    compute = staticmethod(np.multiply)
-
-
-@irdl_op_definition
-class DivOp(BinaryElementwiseOp):
-    name = "graph.div"
-    compute = staticmethod(np.divide)
-
-
-def _torch_maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.maximum(a, b)  # NaN-propagating, like torch.maximum
-
-
-@irdl_op_definition
-class MaximumOp(BinaryElementwiseOp):
-    name = "graph.maximum"
-    compute = staticmethod(_torch_maximum)
-
-
-# ---------------------------------------------------------------------------
-# Unary elementwise
-# ---------------------------------------------------------------------------
-
-
-class UnaryElementwiseOp(GraphOp):
-    """``f(input)``, result of the same type."""
-
-    T: ClassVar = VarConstraint("T", base(TensorType))
-    input = operand_def(T)
-    result = result_def(T)
-
-    assembly_format = "$input attr-dict `:` type($result)"
-
-    @classmethod
-    def infer(cls, x: TensorType) -> TensorType:
-        return _check_tensor(x, cls.name, "input")
-
-    def infer_result_type(self) -> TensorType:
-        return self.infer(self.input.type)
-
-    @classmethod
-    def make(cls, x: SSAValue, *, loc: str | None = None):
-        x = _value(x)
-        t = cls.infer(x.type)
-        return set_loc(cls.create(operands=[x], result_types=[t]), loc)
-
-    @staticmethod
-    def compute(x: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def reference(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
-        with np.errstate(all="ignore"):
-            return np.asarray(self.compute(x), dtype=np.float32)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    return (1.0 / (1.0 + np.exp(-x64))).astype(np.float32)
-
-
-@irdl_op_definition
-class ReluOp(UnaryElementwiseOp):
-    name = "graph.relu"
-
-    @staticmethod
-    def compute(x: np.ndarray) -> np.ndarray:
-        return np.where(x > 0, x, np.where(np.isnan(x), x, np.float32(0)))
-
-
-@irdl_op_definition
-class ExpOp(UnaryElementwiseOp):
-    name = "graph.exp"
-    compute = staticmethod(np.exp)
-
-
-@irdl_op_definition
-class TanhOp(UnaryElementwiseOp):
-    name = "graph.tanh"
-    compute = staticmethod(np.tanh)
-
-
-@irdl_op_definition
-class SigmoidOp(UnaryElementwiseOp):
-    name = "graph.sigmoid"
-    compute = staticmethod(_sigmoid)
-
-
-@irdl_op_definition
-class NegOp(UnaryElementwiseOp):
-    name = "graph.neg"
-    compute = staticmethod(np.negative)
-
-
-@irdl_op_definition
-class RsqrtOp(UnaryElementwiseOp):
-    name = "graph.rsqrt"
-
-    @staticmethod
-    def compute(x: np.ndarray) -> np.ndarray:
-        return (1.0 / np.sqrt(x.astype(np.float64))).astype(np.float32)
-
-
-@irdl_op_definition
-class SqrtOp(UnaryElementwiseOp):
-    name = "graph.sqrt"
-    compute = staticmethod(np.sqrt)
-
-
-@irdl_op_definition
-class SiluOp(UnaryElementwiseOp):
-    name = "graph.silu"
-
-    @staticmethod
-    def compute(x: np.ndarray) -> np.ndarray:
-        return (x.astype(np.float64) * _sigmoid(x).astype(np.float64)).astype(np.float32)
-
-
-def _erf(x64: np.ndarray) -> np.ndarray:
-    """erf in float64 (numpy has none; torch's is vectorised and accurate)."""
-    import torch
-
-    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x64, dtype=np.float64))).numpy()
-
-
-def gelu_reference(x: np.ndarray, approximate: str = "none") -> np.ndarray:
-    x64 = np.asarray(x, dtype=np.float64)
-    if approximate == "tanh":
-        inner = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)
-        y = 0.5 * x64 * (1.0 + np.tanh(inner))
-    else:
-        y = 0.5 * x64 * (1.0 + _erf(x64 / math.sqrt(2.0)))
-    return y.astype(np.float32)
-
-
-@irdl_op_definition
-class GeluOp(GraphOp):
-    """GELU; ``approximate`` is ``"none"`` (erf) or ``"tanh"``."""
-
-    name = "graph.gelu"
-    T: ClassVar = VarConstraint("T", base(TensorType))
-    input = operand_def(T)
-    approximate = prop_def(StringAttr)
-    result = result_def(T)
-
-    assembly_format = "$input `approximate` $approximate attr-dict `:` type($result)"
-
-    APPROXIMATIONS: ClassVar = ("none", "tanh")
-
-    def infer_result_type(self) -> TensorType:
-        if self.approximate.data not in self.APPROXIMATIONS:
-            raise ShapeError(
-                f"graph.gelu: approximate must be 'none' or 'tanh', got {self.approximate.data!r}"
-            )
-        return _check_tensor(self.input.type, self.name, "input")
-
-    @classmethod
-    def make(cls, x: SSAValue, approximate: str = "none", *, loc: str | None = None) -> GeluOp:
-        x = _value(x)
-        if approximate not in cls.APPROXIMATIONS:
-            raise ShapeError(f"graph.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-        t = _check_tensor(x.type, cls.name, "input")
-        op = cls.create(
-            operands=[x], result_types=[t], properties={"approximate": StringAttr(approximate)}
-        )
-        return set_loc(op, loc)
-
-    def reference(self, x: np.ndarray) -> np.ndarray:
-        return gelu_reference(x, self.approximate.data)
 
 
 # ---------------------------------------------------------------------------
@@ -913,11 +567,7 @@ ALL_OPS: tuple[type[GraphOp], ...] = (
     LayerNormOp, PermuteOp, ReshapeOp, ExpandOp, CastOp,
 )
 
-# Op families in their own files (they import the base classes above).
-from tilecc.ir.graph_fusion import FUSION_OPS  # noqa: E402
-from tilecc.ir.graph_index import INDEX_OPS  # noqa: E402
-from tilecc.ir.graph_nn import NN_OPS  # noqa: E402
-
+# op families in their own files (graph_nn, graph_index; fusion regions: graph_fusion)
 ALL_OPS = (*ALL_OPS, *NN_OPS, *INDEX_OPS)
 Graph = Dialect("graph", [*ALL_OPS, *FUSION_OPS], [])
 

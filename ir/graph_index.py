@@ -55,12 +55,9 @@ from xdsl.irdl import (
 )
 
 from tilecc.errors import ShapeError
-from tilecc.ir.graph import (
-    BinaryElementwiseOp,
+from tilecc.ir.graph_base import (
     GraphOp,
-    UnaryElementwiseOp,
     _check_tensor,
-    _erf,
     _fmt,
     _same_element,
     _value,
@@ -68,6 +65,7 @@ from tilecc.ir.graph import (
     element_dtype,
     set_loc,
 )
+from tilecc.ir.graph_elementwise import BinaryElementwiseOp, UnaryElementwiseOp, _erf
 from tilecc.simulator.isa import DType
 
 

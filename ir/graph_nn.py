@@ -54,7 +54,7 @@ from xdsl.irdl import (
 )
 
 from tilecc.errors import ShapeError
-from tilecc.ir.graph import (
+from tilecc.ir.graph_base import (
     GraphOp,
     _check_tensor,
     _fmt,

@@ -55,7 +55,7 @@ def default_pipeline(
         ("plan-sram", lambda m: plan_sram(m, cfg)),
         ("plan-hbm", lambda m: plan_hbm(m, cfg)),
         ("lower-tile-to-npu", lambda m: lower_tile_to_npu(m, cfg)),
-        ("npu-insert-sync", lambda m: insert_sync(m, cfg)),
+        ("npu-insert-sync", lambda m: insert_sync(m, cfg, session)),
     ]
 
 

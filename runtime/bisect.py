@@ -76,7 +76,7 @@ class BisectResult:
 
 
 def _tol(dtype: torch.dtype, expected: torch.Tensor) -> tuple[float, float]:
-    from tilecc.cli import tolerance
+    from tilecc.runtime.compare import tolerance
 
     return tolerance(dtype, float(expected.float().abs().max()) if expected.numel() else 1.0)
 

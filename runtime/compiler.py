@@ -106,7 +106,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":
-            layout = _read_layout(module, gp)
+            layout = read_layout(module, gp)
         if before_pass is not None:
             before_pass(name, module)
         ts = time.perf_counter()
@@ -118,8 +118,37 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         if after_pass is not None:
             after_pass(name, module)
     assert layout is not None
+    program = package_program(module, layout, cfg)
+    if stats is not None:
+        stats.total_seconds = time.perf_counter() - t0
+    return program
+
+
+TILE_STAGES = ("plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync")
+
+
+def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
+                        after_pass: StageCallback | None = None) -> Program:
+    """The pipeline's tail on a tile-dialect module (what lower-graph-to-tile or the tile
+    DSL produces), in place: the `TILE_STAGES` of the default pipeline, then the Program.
+    `gp` names the inputs and outputs (and holds the weights)."""
+    layout: _Layout | None = None
+    for name, run in default_pipeline(cfg, 0):
+        if name not in TILE_STAGES:
+            continue
+        if name == "lower-tile-to-npu":
+            layout = read_layout(module, gp)
+        run(module)
+        if after_pass is not None:
+            after_pass(name, module)
+    assert layout is not None
+    return package_program(module, layout, cfg)
+
+
+def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig) -> Program:
+    """The synchronised npu module expanded to its stream, with the HBM layout: the Program."""
     stream, kernels = expand_module(module)
-    program = Program(
+    return Program(
         stream=stream,
         kernels=kernels,
         inputs=layout.inputs,
@@ -131,9 +160,6 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         work=work_figures(stream, layout, cfg),
         meta={"hbm": layout.hbm_plan},
     )
-    if stats is not None:
-        stats.total_seconds = time.perf_counter() - t0
-    return program
 
 
 @dataclass
@@ -159,7 +185,8 @@ def _at(names: list[str], i: int) -> str:
     return names[i] if i < len(names) else ""
 
 
-def _read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
+def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
+    """Where the program's inputs, outputs and weights lie in HBM (read before lower-tile-to-npu)."""
     main = next(f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == "main")
     bound = hbm_bindings(main)
     inputs: dict[int, TensorSpec] = {}

@@ -281,7 +281,7 @@ def make_inputs(desc: dict) -> tuple[torch.Tensor, ...]:
 def check(desc: dict, opt_levels: tuple[int, ...] = (0, 2)) -> None:
     """Compile `desc` at each level, simulate with the sanitisers on, compare with eager."""
     import tilecc
-    from tilecc.cli import tolerance
+    from tilecc.runtime.compare import tolerance
 
     model = FuzzModule(desc).eval()
     inputs = make_inputs(desc)

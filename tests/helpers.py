@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import tilecc
-from tilecc.cli import tolerance
+from tilecc.runtime.compare import tolerance
 
 
 def run_and_compare(model: torch.nn.Module, inputs: tuple, target: str = "tiny"):

@@ -17,8 +17,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import tilecc
-from tilecc.cli import tolerance
 from tilecc.errors import TileccError
+from tilecc.runtime.compare import tolerance
 
 # OpInfo name -> variant names claimed ("" is the default variant)
 CLAIMED: dict[str, tuple[str, ...]] = {

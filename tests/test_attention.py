@@ -3,7 +3,7 @@
 Every run goes through `helpers.run_and_compare`: compiled with `tilecc.compile`, run on
 the simulator with the sanitisers on (races between engine queues, reads of on-chip
 memory never written, out-of-bounds accesses), compared with eager
-`F.scaled_dot_product_attention` at `tilecc.cli.tolerance`. So the semaphores the sync
+`F.scaled_dot_product_attention` at `tilecc.runtime.compare.tolerance`. So the semaphores the sync
 pass derives from the reordered kernel body are checked on every shape.
 """
 

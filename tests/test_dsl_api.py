@@ -351,7 +351,7 @@ def test_kernels_keep_the_fastest_schedule_variant(monkeypatch):
     """A kernel is list-scheduled with each variant of `schedule_variants` (slacks and
     priority weights, and the order as written), compiled and simulated; the program
     kept is the fastest."""
-    from tilecc.frontend.dsl import api
+    from tilecc.runtime import kernel as api
     from tilecc.simulator.machine import simulate
 
     q = torch.randn(1, 128, 16).bfloat16()

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilecc
-from tilecc.frontend.dsl import api
 from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.schedule import schedule_kernel
+from tilecc.runtime import kernel as api
 from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import load_config
 from tilecc.simulator.machine import simulate

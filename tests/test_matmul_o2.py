@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import tilecc
 from helpers import run_and_compare
-from tilecc.cli import tolerance
+from tilecc.runtime.compare import tolerance
 from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.passes.schedule import cost_model
 from tilecc.passes.graph_to_tile import matmul as lower_matmul

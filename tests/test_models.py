@@ -2,7 +2,7 @@
 random-weight configs, see examples/gpt2.py and examples/bert.py) compiled, run on the
 simulator and compared with eager.
 
-Tolerance: `tilecc.cli.tolerance` (what `tilecc run` uses): fp32 rtol 1e-4, atol 1e-5 x
+Tolerance: `tilecc.runtime.compare.tolerance` (what `tilecc run` uses): fp32 rtol 1e-4, atol 1e-5 x
 the largest |output| (observed max abs error ~1.5e-6 on hidden states of magnitude ~4-5:
 fp32 matmuls sum in another order than torch's kernels); bf16 rtol 2e-2, atol 2e-2 x
 the largest |output| (observed <= 0.03, one bf16 ulp of values around 4-8).

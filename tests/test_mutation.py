@@ -28,8 +28,8 @@ import pytest
 import torch
 
 import tilecc
-from tilecc.cli import compare
 from tilecc.errors import SimulatorError
+from tilecc.runtime.compare import compare
 from tilecc.runtime.executor import run_program
 from tilecc.runtime.program import Program
 from tilecc.simulator.isa import Flag, Opcode

@@ -3,7 +3,7 @@ activations. Graph-level (syntax round trips, verifier, shape inference, numpy
 semantics against torch) and end to end (torch.export -> simulator vs eager, fp32 and
 bf16, odd sizes), then ResNet-18 from torchvision.
 
-Tolerances are `tilecc.cli.tolerance` (via `helpers.run_and_compare`): fp32 rtol 1e-4,
+Tolerances are `tilecc.runtime.compare.tolerance` (via `helpers.run_and_compare`): fp32 rtol 1e-4,
 atol 1e-5 x the largest |output|; bf16 rtol 2e-2, atol 2e-2 x the largest |output|.
 ResNet-18 (fp32, ~20 layers, accumulation order different from torch's kernels)
 stays within the fp32 tolerance: observed max abs error ~1e-6 on outputs of magnitude

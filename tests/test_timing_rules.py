@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 
 import tilecc
-from tilecc.frontend.dsl import api
 from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.schedule import schedule_kernel
 from tilecc.frontend.torch_export import export_model, import_exported_program
@@ -47,6 +46,7 @@ from tilecc.passes.schedule import cost_model
 from tilecc.passes.schedule.matmul_schedule import MatmulProblem
 from tilecc.passes.schedule.matmul_tuning import kernel_alone
 from tilecc.passes.session import CompileSession
+from tilecc.runtime import kernel as api
 from tilecc.runtime.compiler import measure_program
 from tilecc.simulator import isa
 from tilecc.simulator.config import HardwareConfig, load_config

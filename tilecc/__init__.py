@@ -21,8 +21,8 @@ def __getattr__(name: str) -> Any:
         from tilecc import api
 
         return getattr(api, name)
-    if name == "kernel":  # the tile DSL (frontend/dsl)
-        from tilecc.frontend.dsl.api import kernel
+    if name == "kernel":  # the tile DSL (frontend/dsl; compiled by runtime/kernel.py)
+        from tilecc.runtime.kernel import kernel
 
         return kernel
     if name == "explain":

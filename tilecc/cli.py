@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tilecc.errors import ModelLoadError, TileccError
+from tilecc.runtime.compare import compare
 
 
 def load_factory(spec: str) -> tuple[Any, tuple]:
@@ -55,35 +56,6 @@ def load_factory(spec: str) -> tuple[Any, tuple]:
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)
     return model, tuple(inputs)
-
-
-def tolerance(dtype, scale: float = 1.0) -> tuple[float, float]:
-    """(rtol, atol) used to compare with eager for an output dtype.
-
-    `scale` is the largest magnitude of the expected output: in bf16 a small result
-    computed from large cancelling values carries the rounding step of those values.
-    """
-    import torch
-
-    scale = max(1.0, scale)
-    if dtype == torch.bfloat16:
-        return 2e-2, 2e-2 * scale
-    if dtype == torch.float16:
-        return 2e-3, 2e-3 * scale
-    return 1e-4, 1e-5 * scale
-
-
-def compare(outputs: list, expected: list) -> tuple[bool, float]:
-    import torch
-
-    ok, worst = True, 0.0
-    for y, r in zip(outputs, expected, strict=True):
-        r = r.detach()
-        rtol, atol = tolerance(r.dtype, float(r.float().abs().max()) if r.numel() else 1.0)
-        diff = (y.float() - r.float()).abs()
-        worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
-        ok &= bool(torch.allclose(y.float(), r.float(), rtol=rtol, atol=atol))
-    return ok, worst
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -154,7 +126,6 @@ def cmd_gemm(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    import numpy as np
     import torch
 
     from tilecc.runtime.executor import run_program
@@ -285,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     cov.add_argument("source", help="FILE.py:FACTORY")
     cov.add_argument("--json", action="store_true")
     cov.set_defaults(fn=cmd_coverage)
-    from tilecc.frontend.dsl.cli import add_parser as add_kernel_parser  # the tile DSL
+    from tilecc.kernel_cli import add_parser as add_kernel_parser  # the tile DSL
 
     add_kernel_parser(sub)
     ex = sub.add_parser("explain", help="how torch.compile(backend='tilecc') splits a model: NPU "

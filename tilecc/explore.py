@@ -168,9 +168,6 @@ def load_ir(path: str, seed: int = 0) -> Source:
     return Source(path, text, gp, tuple(inputs), reference, {"parse": time.perf_counter() - t0}, path)
 
 
-_DSL_OPS = [0]  # custom ops registered for explored DSL kernels (names must be unique)
-
-
 def load_tile_dsl(spec: str) -> Source:
     """A tile-DSL file with its input shapes, ``FILE.tdsl:64x32,32x48,48``: the kernel
     becomes a torch custom op (`Kernel.as_torch_op`) called by a one-op model, so the
@@ -179,10 +176,10 @@ def load_tile_dsl(spec: str) -> Source:
     the same random inputs."""
     import torch
 
-    from tilecc.frontend.dsl.api import TORCH_DTYPE
-    from tilecc.frontend.dsl.api import kernel as dsl_kernel
-    from tilecc.frontend.dsl.cli import _shapes
+    from tilecc.frontend.dsl.torch_op import TORCH_DTYPE
     from tilecc.frontend.torch_export import export_model, import_exported_program
+    from tilecc.kernel_cli import _shapes
+    from tilecc.runtime.kernel import kernel as dsl_kernel
 
     path, _, shapes_text = spec.partition(":")
     text = _read(path)
@@ -198,8 +195,7 @@ def load_tile_dsl(spec: str) -> Source:
     gen = torch.Generator().manual_seed(0)
     inputs = tuple(torch.randn(sh, generator=gen).to(TORCH_DTYPE[p.type.dtype])
                    for sh, p in zip(shapes, k.ast.params))
-    _DSL_OPS[0] += 1
-    op = k.as_torch_op(f"tilecc_explore::{k.name}_{_DSL_OPS[0]}")
+    op = k.as_torch_op(_fresh_op_name("tilecc_explore", k.name))
 
     class Call(torch.nn.Module):
         def forward(self, *xs):
@@ -216,6 +212,18 @@ def load_tile_dsl(spec: str) -> Source:
         return list(out) if isinstance(out, tuple) else [out]
 
     return Source(spec, text, gp, inputs, reference, {"torch.export": t1 - t0, "import": t2 - t1}, path)
+
+
+def _fresh_op_name(namespace: str, name: str) -> str:
+    """``namespace::name_<n>`` with the first n not yet registered with torch (torch's
+    operator registry is per process: every explored kernel needs a name of its own)."""
+    import torch
+
+    ns = getattr(torch.ops, namespace)
+    n = 1
+    while hasattr(ns, f"{name}_{n}"):
+        n += 1
+    return f"{namespace}::{name}_{n}"
 
 
 # suffix -> loader; FILE.py:FACTORY is recognised by its colon
@@ -305,7 +313,7 @@ def explore(
 def _simulate(ex: Exploration) -> None:
     import json
 
-    from tilecc.cli import compare
+    from tilecc.runtime.compare import compare
     from tilecc.runtime.executor import run_program
 
     with tempfile.TemporaryDirectory() as d:

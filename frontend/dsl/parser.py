@@ -13,7 +13,7 @@ import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.indenter import Indenter
 
-from tilecc.errors import DslSyntaxError
+from tilecc.errors import DslSyntaxError, TileccError
 from tilecc.frontend.dsl import ast as A
 
 
@@ -86,13 +86,25 @@ def parse(source: str, filename: str = "<string>") -> list[A.Kernel]:
         raise _syntax(filename, source, line, col, f"unexpected end of file, expected {_words(set(e.expected))}") from None
     except UnexpectedInput as e:  # pragma: no cover - the three above are all lark raises
         raise _syntax(filename, source, e.line, e.column, str(e).splitlines()[0]) from None
-    except lark.exceptions.LarkError as e:  # the indenter: a dedent to an unknown level
+    except lark.exceptions.LarkError:  # the indenter: a dedent to an unknown level
         line, col = _bad_dedent(text)
         raise _syntax(filename, source, line, col, "unindent does not match any outer indentation level") from None
     kernels = [_Build(filename).kernel(k) for k in tree.children]
     for k in kernels:
         k.source, k.filename = source, filename
     return kernels
+
+
+def load_kernels(source: str, filename: str = "<string>", name: str | None = None) -> list[A.Kernel]:
+    """The kernels of `source`; only the one called `name` when given (an error naming
+    the kernels found when there is none)."""
+    kernels = parse(source, filename)
+    if name is None:
+        return kernels
+    found = [k for k in kernels if k.name == name]
+    if not found:
+        raise TileccError(f"{filename}: no kernel named '{name}' (found: {', '.join(k.name for k in kernels)})")
+    return found
 
 
 def _end(text: str) -> tuple[int, int]:

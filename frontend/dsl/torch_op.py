@@ -14,15 +14,25 @@ torch's own global operator registry that it mirrors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from tilecc.errors import TileccError
 from tilecc.frontend.dsl import ast as A
 
-if TYPE_CHECKING:
-    from tilecc.frontend.dsl.api import Kernel
+TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32}
+
+
+class Kernel(Protocol):
+    """What an op needs of a kernel (`tilecc.Kernel`, `runtime/kernel.py`): its syntax
+    tree, its name, and a call that runs it."""
+
+    ast: A.Kernel
+    name: str
+
+    def __call__(self, *arrays: Any, target: str = "tiny") -> Any: ...
+
 
 REGISTRY: dict[Any, Kernel] = {}
 
@@ -53,8 +63,6 @@ def _size(d: Any, sizes: dict[str, Any]) -> Any:
 
 def register(kernel: Kernel, qualname: str, target: str = "tiny"):
     """Register `kernel` as the torch custom op `qualname` ("namespace::name")."""
-    from tilecc.frontend.dsl.api import TORCH_DTYPE
-
     if "::" not in qualname:
         raise TileccError(f"custom op name '{qualname}' must be 'namespace::name'")
     params = kernel.ast.params

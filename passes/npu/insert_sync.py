@@ -59,54 +59,20 @@ from xdsl.passes import ModulePass
 from tilecc.errors import CompileError
 from tilecc.ir import npu
 from tilecc.ir.affine import Affine
+from tilecc.ir.npu_walk import Inst, collect
+from tilecc.passes.session import CompileSession
 from tilecc.simulator.config import HardwareConfig, load_config
-from tilecc.simulator.isa import MAX_WAITS, OPCODE_ENGINE, Engine
+from tilecc.simulator.isa import MAX_WAITS
 
 
-@dataclass
-class _Inst:
-    op: npu.InstructionOp
-    path: tuple[int, ...]  # position in the body at each nesting level
-    trips: tuple[int, ...]  # trip counts of the enclosing loops, outermost first
-    queue: str
-    reads: frozenset[str]
-    writes: frozenset[str]
-    load_rows: tuple[int, int] | None = None  # constant partitions a DMA load writes
-
-
-def queue_of(op: npu.InstructionOp) -> str:
-    if OPCODE_ENGINE[op.OPCODE] == Engine.DMA:  # loads, stores, gathers
-        return f"dma{op.field_values()['queue']}"
-    if isinstance(op, npu.MatmulOp):
-        return "matrix"
-    return "vector"
-
-
-def collect(kernel: npu.KernelOp) -> list[_Inst]:
-    out: list[_Inst] = []
-
-    def walk(block, path: tuple[int, ...], trips: tuple[int, ...]) -> None:
-        for pos, op in enumerate(block.ops):
-            if isinstance(op, npu.LoopOp):
-                walk(op.body.block, (*path, pos), (*trips, op.trip.value.data))
-            elif isinstance(op, npu.InstructionOp):
-                reads = frozenset(r.data for r in op.reads.data)
-                writes = frozenset(w.data for w in op.writes.data)
-                out.append(_Inst(op, (*path, pos), trips, queue_of(op), reads, writes,
-                                 _load_rows(op, reads, writes)))
-
-    walk(kernel.body.block, (), ())
-    return out
-
-
-def _common(p: _Inst, c: _Inst) -> int:
+def _common(p: Inst, c: Inst) -> int:
     s = 0
     while s < min(len(p.path), len(c.path)) - 1 and p.path[s] == c.path[s]:
         s += 1
     return s
 
 
-def count_before(p: _Inst, c: _Inst) -> tuple[Affine, tuple[int, bool, int]]:
+def count_before(p: Inst, c: Inst) -> tuple[Affine, tuple[int, bool, int]]:
     """Executions of p that precede c's current execution; and an ordering key."""
     s = _common(p, c)
     lin = Affine()
@@ -123,22 +89,11 @@ def count_before(p: _Inst, c: _Inst) -> tuple[Affine, tuple[int, bool, int]]:
     return count, (s, before, p.path[s])
 
 
-def conflicts(p: _Inst, c: _Inst) -> bool:
+def conflicts(p: Inst, c: Inst) -> bool:
     return bool(p.writes & (c.reads | c.writes) or p.reads & c.writes) and not _disjoint_loads(p, c)
 
 
-def _load_rows(op: npu.InstructionOp, reads, writes) -> tuple[int, int] | None:
-    """The constant partition range a DMA load writes (its one buffer), if static."""
-    if not isinstance(op, npu.DmaLoadOp) or reads or len(writes) != 1:
-        return None
-    f = op.field_values()
-    part, rows = f.get("o_part", 0), f.get("rows")
-    if not isinstance(part, int) or not isinstance(rows, int):
-        return None
-    return part, part + rows
-
-
-def _disjoint_loads(p: _Inst, c: _Inst) -> bool:
+def _disjoint_loads(p: Inst, c: Inst) -> bool:
     """Two DMA loads into one buffer, into disjoint partitions (rows of a contraction
     tile filled by several DMAs): they do not depend on each other."""
     a, b = p.load_rows, c.load_rows
@@ -189,7 +144,7 @@ class _Order:
     question is decided exactly on the program with every trip count clamped to 2.
     """
 
-    def __init__(self, insts: list[_Inst], kernel: npu.KernelOp):
+    def __init__(self, insts: list[Inst], kernel: npu.KernelOp):
         index = {id(x.op): i for i, x in enumerate(insts)}
         self.positions: list[list[int]] = [[] for _ in insts]
         self.queue_pred: list[set[int]] = [set() for _ in insts]
@@ -252,7 +207,7 @@ class _Knowledge:
 
     DEPTH = 4
 
-    def __init__(self, insts: list[_Inst], order: _Order, waits: dict[int, set[int]]):
+    def __init__(self, insts: list[Inst], order: _Order, waits: dict[int, set[int]]):
         self.insts, self.order, self.waits = insts, order, waits
         self._memo: dict[tuple[int, int, int], bool] = {}
 
@@ -285,7 +240,7 @@ class _Knowledge:
         self._memo.clear()
 
 
-def _reduce(insts: list[_Inst], kernel: npu.KernelOp, chosen: dict[int, list[tuple[int, Affine]]]) -> None:
+def _reduce(insts: list[Inst], kernel: npu.KernelOp, chosen: dict[int, list[tuple[int, Affine]]]) -> None:
     """Drop the waits implied by the others (transitively), then chain the dependence
     through another instruction where an instruction still needs more than `MAX_WAITS`.
 
@@ -332,7 +287,7 @@ def _reduce(insts: list[_Inst], kernel: npu.KernelOp, chosen: dict[int, list[tup
             chosen[ci] = [(pi, counts[(ci, pi)]) for pi in sorted(waits[ci])]
 
 
-def _chain_one(insts: list[_Inst], kn: _Knowledge, counts: dict, ci: int) -> bool:
+def _chain_one(insts: list[Inst], kn: _Knowledge, counts: dict, ci: int) -> bool:
     waits = kn.waits
     hosts_q = sorted(kn.order.queue_pred[ci] - {ci}, reverse=True)
     for pi in sorted(waits[ci]):  # the earliest producer first: the likeliest to be done
@@ -355,17 +310,21 @@ def _chain_one(insts: list[_Inst], kn: _Knowledge, counts: dict, ci: int) -> boo
     return False
 
 
-# kernel structure -> (semaphores used, per-instruction (waits, signal)); the result is a
-# function of the instructions' positions, trip counts, queues and buffers alone, so the
-# structurally identical kernels of a model's repeated layers are synchronised once
-_MEMO: dict[tuple, tuple[int, list[tuple[ArrayAttr, IntegerAttr | None]]]] = {}
-_MEMO_LIMIT = 512
+# the session's memo: kernel structure -> (semaphores used, per-instruction (waits,
+# signal)); the result is a function of the instructions' positions, trip counts, queues
+# and buffers alone, so the structurally identical kernels of a model's repeated layers
+# are synchronised once
+MEMO = "insert-sync"
+MEMO_SIZE = 512
 
 
-def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
+def sync_kernel(kernel: npu.KernelOp, max_semaphores: int, session: CompileSession | None = None) -> int:
+    """Give `kernel`'s instructions their waits and signals; the semaphores used.
+    Kernels already synchronised in `session` (same structure) reuse its result."""
+    memo = (session or CompileSession()).cache(MEMO, MEMO_SIZE)
     insts = collect(kernel)
     sig = (max_semaphores, tuple((x.path, x.trips, x.queue, x.reads, x.writes, x.load_rows) for x in insts))
-    hit = _MEMO.get(sig)
+    hit = memo.get(sig)
     if hit is not None:
         for inst, (waits, signal) in zip(insts, hit[1]):
             inst.op.properties["waits"] = waits
@@ -375,13 +334,11 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int) -> int:
                 del inst.op.properties["signal"]
         return hit[0]
     used = _sync_kernel(kernel, insts, max_semaphores)
-    if len(_MEMO) >= _MEMO_LIMIT:
-        _MEMO.clear()
-    _MEMO[sig] = (used, [(x.op.properties["waits"], x.op.properties.get("signal")) for x in insts])
+    memo.put(sig, (used, [(x.op.properties["waits"], x.op.properties.get("signal")) for x in insts]))
     return used
 
 
-def _sync_kernel(kernel: npu.KernelOp, insts: list[_Inst], max_semaphores: int) -> int:
+def _sync_kernel(kernel: npu.KernelOp, insts: list[Inst], max_semaphores: int) -> int:
     readers: dict[str, list[int]] = {}
     writers: dict[str, list[int]] = {}
     for i, inst in enumerate(insts):
@@ -429,7 +386,7 @@ def _sync_kernel(kernel: npu.KernelOp, insts: list[_Inst], max_semaphores: int) 
     return len(sems)
 
 
-def _sync_by_queue(kernel: npu.KernelOp, insts: list[_Inst], waits: dict, max_semaphores: int) -> int:
+def _sync_by_queue(kernel: npu.KernelOp, insts: list[Inst], waits: dict, max_semaphores: int) -> int:
     """One semaphore per engine queue, for kernels with more producers than semaphores
     (long unrolled bodies): every instruction of an awaited queue signals the queue's
     semaphore, and a consumer waits until every execution of that queue that precedes
@@ -444,7 +401,7 @@ def _sync_by_queue(kernel: npu.KernelOp, insts: list[_Inst], waits: dict, max_se
             f"{kernel.sym_name.data}: needs {len(queues)} semaphores, the target has {max_semaphores}"
         )
     sem = {q: i for i, q in enumerate(queues)}
-    members: dict[str, list[_Inst]] = {q: [x for x in insts if x.queue == q] for q in queues}
+    members: dict[str, list[Inst]] = {q: [x for x in insts if x.queue == q] for q in queues}
     for ci, c in enumerate(insts):
         w = []
         for q in sorted(needed.get(ci, ())):
@@ -469,7 +426,10 @@ class InsertSyncPass(ModulePass):
         insert_sync(op, load_config(self.target))
 
 
-def insert_sync(module: ModuleOp, cfg: HardwareConfig) -> None:
+def insert_sync(module: ModuleOp, cfg: HardwareConfig, session: CompileSession | None = None) -> None:
+    """Synchronise every kernel of `module`; `session` (a fresh one when None) memoises
+    the kernels of one structure."""
+    session = session or CompileSession()
     for k in module.ops:
         if isinstance(k, npu.KernelOp):
-            sync_kernel(k, cfg.semaphores)
+            sync_kernel(k, cfg.semaphores, session)

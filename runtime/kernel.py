@@ -5,10 +5,13 @@
     print(k.report)                       # cycles, roofline bound, utilisation, ...
     print(k.ir("tile"), k.ir("npu"), k.asm())
 
-The kernel compiles once per (input shapes and dtypes, target): `lower.build_module`
-gives the tile-dialect module, and the compiler's own pipeline from plan-sram on
-(plan-sram, plan-hbm, lower-tile-to-npu, npu-insert-sync) makes the Program the
-simulator runs, exactly as for a compiled model.
+The front end (`frontend/dsl`) parses the kernel and lowers it to the tile dialect; this
+module is the kernel's compile driver. The kernel compiles once per (input shapes and
+dtypes, target): `lower.build_module` gives the tile-dialect module, list-scheduled a few
+ways (`schedule_variants`), and the compiler's own pipeline tail
+(`runtime.compiler.compile_tile_module`: plan-sram, plan-hbm, lower-tile-to-npu,
+npu-insert-sync) makes each variant's Program, exactly as for a compiled model; the
+fastest on the simulator is kept.
 """
 
 from __future__ import annotations
@@ -20,24 +23,22 @@ from typing import Any
 
 import numpy as np
 import torch
+from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
-from tilecc.codegen.expand import expand_module
 from tilecc.errors import InputMismatchError, TileccError
 from tilecc.frontend.dsl import ast as A
 from tilecc.frontend.dsl.lower import build_module
+from tilecc.frontend.dsl.parser import load_kernels
 from tilecc.frontend.dsl.schedule import BOTTLENECK_WEIGHT
-from tilecc.frontend.dsl.parser import parse
+from tilecc.frontend.dsl.torch_op import TORCH_DTYPE
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.registry import default_pipeline
-from tilecc.runtime.compiler import _read_layout, work_figures
+from tilecc.runtime.compiler import TILE_STAGES, compile_tile_module
 from tilecc.runtime.executor import run_program
 from tilecc.runtime.program import Program
 from tilecc.runtime.report import Report
 from tilecc.simulator.config import HardwareConfig, load_config
-
-TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32}
-TILE_STAGES = ("plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync")
 
 
 @dataclass
@@ -60,6 +61,7 @@ SEARCH_MIN_OPS = 300  # ops in the largest block from which every slack is tried
 
 
 def schedule_variants(largest: int) -> list[tuple[float, float] | None]:
+    """The list-scheduling variants tried for a kernel whose largest block has `largest` ops."""
     if largest < SEARCH_MIN_OPS:
         return list(SCHEDULE_VARIANTS_SHORT)
     return [(s, BOTTLENECK_WEIGHT) for s in SCHEDULE_SLACKS] + [(0.0, 1.0), None]
@@ -67,6 +69,7 @@ def schedule_variants(largest: int) -> list[tuple[float, float] | None]:
 
 def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: HardwareConfig,
                    target: str = "", keep_ir: bool = True) -> Compiled:
+    """`kernel` at `shapes` for `cfg`: the fastest of its schedule variants."""
     from tilecc.frontend.dsl.schedule import largest_block, schedule_kernel
     from tilecc.simulator.machine import simulate
 
@@ -89,8 +92,8 @@ def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: Hardwar
     return best[1]
 
 
-def _kernel_func(module: ModuleOp, name: str):
-    return next(op for op in module.body.block.ops if op.sym_name.data == name)
+def _kernel_func(module: ModuleOp, name: str) -> func.FuncOp:
+    return next(op for op in module.body.block.ops if isinstance(op, func.FuncOp) and op.sym_name.data == name)
 
 
 def _finish(kernel: A.Kernel, module: ModuleOp, cfg: HardwareConfig, keep_ir: bool) -> Compiled:
@@ -99,22 +102,11 @@ def _finish(kernel: A.Kernel, module: ModuleOp, cfg: HardwareConfig, keep_ir: bo
     front = module.clone()
     gp = GraphProgram(ModuleOp([]), input_names=[p.name for p in kernel.params],
                       output_names=[p.name for p in kernel.results])
-    layout = None
-    for name, run in default_pipeline(cfg, 0):
-        if name not in TILE_STAGES:
-            continue
-        if name == "lower-tile-to-npu":
-            layout = _read_layout(module, gp)
-        run(module)
-        if keep_ir:
-            stages[name] = str(module)
-    assert layout is not None
-    stream, kernels = expand_module(module)
-    program = Program(
-        stream=stream, kernels=kernels, inputs=layout.inputs, outputs=layout.outputs,
-        weights=layout.weights, weight_data=layout.weight_data, hbm_size=layout.hbm_size,
-        config=cfg, work=work_figures(stream, layout, cfg), meta={"hbm": layout.hbm_plan},
-    )
+
+    def keep(name: str, m: ModuleOp) -> None:
+        stages[name] = str(m)
+
+    program = compile_tile_module(module, gp, cfg, keep if keep_ir else None)
     return Compiled(program, stages, front, 0.0)
 
 
@@ -123,13 +115,7 @@ class Kernel:
     target) and run it on the simulator."""
 
     def __init__(self, source: str, filename: str = "<string>", name: str | None = None):
-        kernels = parse(source, filename)
-        if name is not None:
-            found = [k for k in kernels if k.name == name]
-            if not found:
-                raise TileccError(f"{filename}: no kernel named '{name}' (found: {', '.join(k.name for k in kernels)})")
-            kernels = found
-        self.ast = kernels[0]
+        self.ast = load_kernels(source, filename, name)[0]
         self.name = self.ast.name
         self.sanitize = False
         self.keep_ir = True  # print the IR after every stage (for k.ir()); off for big kernels
@@ -212,10 +198,11 @@ class Kernel:
 
     def _last(self) -> Compiled:
         if self.compiled is None:
-            raise TileccError(f"kernel {self.name} has not been compiled yet: call it or k.compile(*arrays, target=...)")
+            raise TileccError(f"kernel {self.name} has not been compiled yet: "
+                              "call it or k.compile(*arrays, target=...)")
         return self.compiled
 
-    def as_torch_op(self, qualname: str, target: str = "tiny"):
+    def as_torch_op(self, qualname: str, target: str = "tiny") -> Any:
         from tilecc.frontend.dsl.torch_op import register
 
         return register(self, qualname, target)
@@ -231,7 +218,8 @@ def _np_dtype(a: Any, name: str) -> torch.dtype:
     if arr.dtype not in table:
         if arr.dtype == np.float64:
             return torch.float64
-        raise InputMismatchError(f"'{name}': numpy dtype {arr.dtype} is not supported (f32, f16, i32; bf16 via float32)")
+        raise InputMismatchError(f"'{name}': numpy dtype {arr.dtype} is not supported "
+                                 "(f32, f16, i32; bf16 via float32)")
     return table[arr.dtype]
 
 
@@ -255,4 +243,4 @@ def kernel(path_or_source: str | Path, name: str | None = None) -> Kernel:
     return Kernel(text, "<string>", name)
 
 
-__all__ = ["kernel", "Kernel", "compile_kernel", "Compiled"]
+__all__ = ["kernel", "Kernel", "compile_kernel", "Compiled", "TORCH_DTYPE"]

@@ -10,7 +10,7 @@ import json
 from tilecc.errors import InputMismatchError
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     k = sub.add_parser("kernel", help="compile and run a tile-DSL kernel on random inputs")
     k.add_argument("file", help="a .tdsl file")
     k.add_argument("--shapes", required=True,
@@ -38,7 +38,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     import torch
 
     import tilecc
-    from tilecc.frontend.dsl.api import TORCH_DTYPE
+    from tilecc.frontend.dsl.torch_op import TORCH_DTYPE
 
     k = tilecc.kernel(args.file, name=args.name)
     shapes = _shapes(args.shapes)
