@@ -4,7 +4,7 @@ For each kernel of examples/kernels/ at a benchmark size: compile (DSL front end
 the compiler's plan-sram .. npu-insert-sync), simulate timing-only, and print cycles, the
 roofline bound and the resource that sets it, the ratio and the compile time. The
 causal flash-attention row is also compiled the compiler's way (torch sdpa through
-`tilecc.compile`, passes/graph_to_tile/attention.py) for comparison. Numerics of the same
+`tilecc.compile`, passes/graph_to_tile/attention/) for comparison. Numerics of the same
 kernels are checked against numpy in tests/test_dsl_kernels.py.
 
     .venv/bin/python benchmarks/dsl_kernels.py [--only flash] [--target cloud] [--functional]

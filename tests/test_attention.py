@@ -1,4 +1,4 @@
-"""The -O2 attention kernel (passes/graph_to_tile/attention.py) against torch eager sdpa.
+"""The -O2 attention kernel (passes/graph_to_tile/attention/) against torch eager sdpa.
 
 Every run goes through `helpers.run_and_compare`: compiled with `tilecc.compile`, run on
 the simulator with the sanitisers on (races between engine queues, reads of on-chip
@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import run_and_compare
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import tilecc
-from helpers import run_and_compare
+from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.passes.graph_to_tile import attention as la
+from tilecc.passes.registry import default_pipeline
+from tilecc.passes.session import CompileSession
 from tilecc.simulator.config import load_config
 
 
@@ -113,6 +116,18 @@ def _attention_kernels(cm) -> list[str]:
     return [n for n in _kernel_names(cm) if "attention" in n]
 
 
+def _lowering_session(model, inputs, target: str) -> CompileSession:
+    """The compile session of `model` lowered to tile kernels (the pipeline `tilecc.compile`
+    runs, up to lower-graph-to-tile): its caches hold the attention kernels' estimates."""
+    module = import_exported_program(export_model(model, inputs)).module.clone()
+    session = CompileSession()
+    for name, run in default_pipeline(load_config(target), 2, None, session):
+        run(module)
+        if name == "lower-graph-to-tile":
+            break
+    return session
+
+
 def test_heads_in_a_loop_of_bodies():
     """8 heads of 10-12 key-tile pairs on tiny (256 semaphores): bodies of 4 heads
     (the K^T / V sets alternate within a body), a loop of 2 iterations."""
@@ -129,7 +144,8 @@ def test_long_causal_sequence_splits_into_kernels():
     q, k, v = _qkv((1,), 1, 256, 256, 16, 16, torch.bfloat16)
     cm = run_and_compare(_Sdpa(True), (q, k, v), "tiny")
     names = _attention_kernels(cm)
-    assert len(names) >= 2 and all(n in la.ESTIMATES for n in names)
+    session = _lowering_session(_Sdpa(True), (q, k, v), "tiny")
+    assert len(names) >= 2 and all(la.kernel_estimate(session, n) is not None for n in names)
 
 
 def test_q_broadcast_over_batch():
@@ -245,16 +261,16 @@ def test_head_grouping_needs_heads_side_by_side():
     """Heads h and h + 1 of a row are neighbours in GPT-2's views (head stride = width),
     not in a dense ``[b, h, n, d]`` tensor (head stride n * d), unless n == 1."""
     out = (1, 12, 512, 64)
-    assert la._heads_adjacent(out, (512 * 2304, 64, 2304, 1), out)
-    assert not la._heads_adjacent(out, (12 * 512 * 64, 512 * 64, 64, 1), out)
-    assert la._heads_adjacent((1, 12, 1, 64), (768, 64, 64, 1), (1, 12, 1, 64))
-    assert not la._heads_adjacent((1, 1, 512, 64), (512 * 64, 64, 64, 1), out)  # one head, broadcast
-    assert not la._heads_adjacent(out, (512 * 4608, 128, 4608, 2), out)  # element-strided rows
+    assert la.heads_adjacent(out, (512 * 2304, 64, 2304, 1), out)
+    assert not la.heads_adjacent(out, (12 * 512 * 64, 512 * 64, 64, 1), out)
+    assert la.heads_adjacent((1, 12, 1, 64), (768, 64, 64, 1), (1, 12, 1, 64))
+    assert not la.heads_adjacent((1, 1, 512, 64), (512 * 64, 64, 64, 1), out)  # one head, broadcast
+    assert not la.heads_adjacent(out, (512 * 4608, 128, 4608, 2), out)  # element-strided rows
     cfg, bf16 = load_config("cloud"), torch_to_elem(torch.bfloat16)
-    assert la._group_sizes(cfg, out, 64, 64, 2, (True,) * 4) == [4, 6, 12]  # 128-byte rows: 4 reach 512 B
-    plan = la._plan(cfg, out, out, out, out, True, False, bf16, 1, False, (False, False), (4, 4, 1, 4))
+    assert la.group_sizes(cfg, out, 64, 64, 2, (True,) * 4) == [4, 6, 12]  # 128-byte rows: 4 reach 512 B
+    plan = la.plan_attention(cfg, out, out, out, out, True, False, bf16, 1, False, (False, False), (4, 4, 1, 4))
     assert plan.heads == 4 and plan.rowsum_fused and plan.gsets == 2
-    plan = la._plan(cfg, out, out, out, out, True, False, bf16, 1, True, (False, False), (4, 4, 4, 4))
+    plan = la.plan_attention(cfg, out, out, out, out, True, False, bf16, 1, True, (False, False), (4, 4, 4, 4))
     assert not plan.rowsum_fused  # a grouped V has no room for a ones column per head
 
 
@@ -316,13 +332,14 @@ def test_schedule_estimate_is_the_simulated_time():
     cm = tilecc.compile(_Sdpa(True), (q, k, v), target="tiny")
     (name,) = _kernel_names(cm)
     cm(q, k, v)
-    assert la.ESTIMATES[name] == pytest.approx(cm.report.cycles, rel=1e-9)
+    estimate = la.kernel_estimate(_lowering_session(_Sdpa(True), (q, k, v), "tiny"), name)
+    assert estimate == pytest.approx(cm.report.cycles, rel=1e-9)
 
 
 def test_falls_back_to_the_decomposition_when_buffers_do_not_fit():
     """D = 1024 on tiny: Q^T's transposes alone need more accumulator than the 4 KiB per
     partition; the decomposition still compiles (and matches)."""
-    assert la._plan(load_config("tiny"), (1, 8, 1024), (1, 8, 1024), (1, 8, 1024), (1, 8, 1024), False, False,
+    assert la.plan_attention(load_config("tiny"), (1, 8, 1024), (1, 8, 1024), (1, 8, 1024), (1, 8, 1024), False, False,
                     torch_to_elem(torch.float32)) is None
     q, k, v = _qkv((), 1, 8, 8, 1024, 1024, torch.float32)
     cm = run_and_compare(_Sdpa(), (q, k, v), "tiny")
@@ -336,12 +353,12 @@ def test_rows_pair_only_in_contiguous_tensors():
 
     cfg, bf16 = load_config("tiny"), torch_to_elem(torch.bfloat16)
     shapes = [(1, 64, 8)] * 4
-    assert la._plan(cfg, *shapes, False, False, bf16, 2).qseq.f == 2
-    plan = la._plan(cfg, *shapes, False, False, bf16, 2, pair_ok=(False, False))
+    assert la.plan_attention(cfg, *shapes, False, False, bf16, 2).qseq.f == 2
+    plan = la.plan_attention(cfg, *shapes, False, False, bf16, 2, pair_ok=(False, False))
     assert plan.qseq.f == plan.kseq.f == 1
     plain = Block(arg_types=[MemRefType(f32, [64, 8])]).args[0]
     strided = Block(arg_types=[MemRefType(f32, [64, 8], StridedLayoutAttr([32, 1], 0))]).args[0]
-    assert la._contiguous(plain) and not la._contiguous(strided)
+    assert la.contiguous(plain) and not la.contiguous(strided)
 
 
 def torch_to_elem(dtype):
@@ -355,8 +372,8 @@ def test_causal_tiles_reproduce_tril(L, S, f):
     """The per-tile classification (skipped, full, or one of the mask patterns) put back
     together is exactly torch's top-left aligned ``tril(ones(L, S))``."""
     T = 16
-    qseq, kseq = la._Seq(L, f if L % f == 0 else 1, T), la._Seq(S, f if S % f == 0 else 1, T)
-    pairs, masks = la._pairs(qseq, kseq, causal=True)
+    qseq, kseq = la.Seq(L, f if L % f == 0 else 1, T), la.Seq(S, f if S % f == 0 else 1, T)
+    pairs, masks = la.causal_pairs(qseq, kseq, causal=True)
     seen = np.zeros((L, S), dtype=int)
     vis = np.zeros((L, S), dtype=bool)
     ktiles = kseq.tiles()

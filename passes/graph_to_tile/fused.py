@@ -1,7 +1,7 @@
 """Lowering of `graph.fused` groups (from fuse-graph) to single kernels.
 
 - ``elementwise`` and ``rowwise`` groups become one `ElementwiseKernel`
-  (passes/graph_to_tile/elementwise.py): the region's ops are the DAG's nodes, its block
+  (passes/graph_to_tile/elementwise/): the region's ops are the DAG's nodes, its block
   arguments the leaves (loaded once per tile), its yielded values the outputs; a
   row-wise op makes tiles hold whole rows.
 - ``matmul`` groups lower as one kernel (passes/graph_to_tile/fused_matmul.py: the epilogue on
@@ -12,19 +12,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
-from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, add_graph_op
-from tilecc.passes.vector_fns import elementwise_fn
 from tilecc.passes.graph_to_tile.conversion import lower_op
+from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, add_graph_op
+from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
+from tilecc.passes.vector_fns import elementwise_fn
 
-
-def _shape(v: SSAValue) -> tuple[int, ...]:
-    return tuple(int(d) for d in v.type.get_shape())  # type: ignore[attr-defined]
+if TYPE_CHECKING:
+    from tilecc.passes.graph_to_tile.context import LoweringContext
 
 
 def squeezed2(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -33,7 +35,8 @@ def squeezed2(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (1,) * (2 - len(s)) + s if len(s) < 2 else s
 
 
-def lower_fused(lw, op: FusedOp, loc: str) -> None:
+def lower_fused(lw: LoweringContext, op: FusedOp, loc: str) -> None:
+    """A `graph.fused` group as its kernels (module docstring)."""
     kind = op.kind.data
     _bind(lw, op)
     if kind in ("elementwise", "rowwise"):
@@ -48,7 +51,7 @@ def lower_fused(lw, op: FusedOp, loc: str) -> None:
     _results(lw, op)
 
 
-def _bind(lw, op: FusedOp) -> None:
+def _bind(lw: LoweringContext, op: FusedOp) -> None:
     """Block arguments stand for the group's inputs; scalar constants are immediates;
     a layout offered to a result goes to the value yielded for it."""
     y = op.block.last_op
@@ -66,7 +69,8 @@ def _bind(lw, op: FusedOp) -> None:
             lower_op(lw, inner)
 
 
-def _results(lw, op: FusedOp) -> None:
+def _results(lw: LoweringContext, op: FusedOp) -> None:
+    """The group's results are the values yielded for them (and their layouts)."""
     y = op.block.last_op
     assert isinstance(y, YieldOp)
     for res, v in zip(op.results, y.values, strict=True):
@@ -79,14 +83,14 @@ def _results(lw, op: FusedOp) -> None:
         lw.layout_requests.pop(v, None)
 
 
-def lower_unfused(lw, op: FusedOp) -> None:
+def lower_unfused(lw: LoweringContext, op: FusedOp) -> None:
     """The region's ops one by one (each its own kernel)."""
     for inner in op.block.ops:
         if not isinstance(inner, (YieldOp, g.ConstantOp)):
             lower_op(lw, inner)
 
 
-def lower_matmul_group(lw, op: FusedOp, loc: str) -> None:
+def lower_matmul_group(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     """A matmul with its prologue (the ops before it: a layer norm producing A) and
     epilogue (the ops after it)."""
     from tilecc.passes.graph_to_tile.fused_matmul import lower_fused_matmul
@@ -102,7 +106,7 @@ def lower_matmul_group(lw, op: FusedOp, loc: str) -> None:
         lower_subdag(lw, pro, _needed(pro, [mm, *epi], y), loc, _ops_name(pro), _space(pro))
     lower_op(lw, mm)
     if epi:
-        lower_subdag(lw, epi, _needed(epi, [], y), loc, _ops_name(epi), squeezed2(_shape(mm.results[0])))
+        lower_subdag(lw, epi, _needed(epi, [], y), loc, _ops_name(epi), squeezed2(shape_of(mm.results[0].type)))
 
 
 def _needed(part: list[Operation], later: list[Operation], y: YieldOp) -> list[SSAValue]:
@@ -114,13 +118,13 @@ def _needed(part: list[Operation], later: list[Operation], y: YieldOp) -> list[S
 def _space(ops: list[Operation]) -> tuple[int, ...]:
     """The iteration space of a group's ops: its row-wise op's, else its first
     computing op's (reshapes in a group keep the element count)."""
-    rows = [o for o in ops if isinstance(o, (g.LayerNormOp, g.SoftmaxOp, gi.LogSoftmaxOp))]
+    rows: list[Operation] = [o for o in ops if isinstance(o, (g.LayerNormOp, g.SoftmaxOp, gi.LogSoftmaxOp))]
     ops = rows or [o for o in ops if not isinstance(o, (g.ReshapeOp, g.ConstantOp))] or ops
-    return squeezed2(_shape(ops[0].results[0]))
+    return squeezed2(shape_of(ops[0].results[0].type))
 
 
 def lower_subdag(
-    lw, ops: list[Operation], outputs: list[SSAValue], loc: str, name: str, space: tuple[int, ...]
+    lw: LoweringContext, ops: list[Operation], outputs: list[SSAValue], loc: str, name: str, space: tuple[int, ...]
 ) -> None:
     """Elementwise / row-wise `ops` as one kernel computing `outputs` over `space`
     (their other operands are lowered values: HBM tensors or immediates)."""
@@ -130,12 +134,13 @@ def lower_subdag(
     args = {v: v for o in ops for v in o.operands if v not in inside}
     build_dag(ek, lw, ops, args, ref)
     for v in outputs:
-        ek.output(ref[v], v.type.element_type, value=v)  # type: ignore[attr-defined]
+        ek.output(ref[v], elem_of(v.type), value=v)
     for v, out in zip(outputs, ek.build(), strict=True):
-        lw.values[v] = lw.view(out, _shape(v))
+        lw.values[v] = lw.view(out, shape_of(v.type))
 
 
-def build_dag(ek: ElementwiseKernel, lw, ops, args: dict[SSAValue, SSAValue], ref: dict[SSAValue, int]) -> None:
+def build_dag(ek: ElementwiseKernel, lw: LoweringContext, ops: list[Operation], args: dict[SSAValue, SSAValue],
+              ref: dict[SSAValue, int]) -> None:
     """Nodes of `ek` for the elementwise / row-wise graph ops `ops`; `args` maps block
     arguments to the (lowered) graph values they stand for, `ref` collects the node of
     every value computed."""
@@ -151,29 +156,30 @@ def build_dag(ek: ElementwiseKernel, lw, ops, args: dict[SSAValue, SSAValue], re
         if isinstance(o, YieldOp):
             return
         res = o.results[0]
-        at = _shape(res)
+        at = shape_of(res.type)
         if isinstance(o, g.ConstantOp):
             data = o.values()
             if data.size != 1:
                 raise CompileError(f"fused kernel {ek.what}: a tensor constant inside the group")
             ref[res] = ek.imm(float(data.reshape(-1)[0]))
         elif isinstance(o, g.ReshapeOp):
-            ref[res] = use(o.operands[0], _shape(o.operands[0]))
+            ref[res] = use(o.operands[0], shape_of(o.operands[0].type))
         elif elementwise_fn(o) is not None:
             ref[res] = add_graph_op(ek, o, [use(v, at) for v in o.operands])
         elif isinstance(o, g.LayerNormOp):
             x, w, b = o.operands
-            eps = o.properties["eps"].value.data
-            ref[res] = ek.rowwise("layer_norm", [use(x, at), use(w, at), use(b, at)], res.type.element_type, eps)
+            eps = o.eps.value.data
+            ref[res] = ek.rowwise("layer_norm", [use(x, at), use(w, at), use(b, at)], elem_of(res.type), eps)
         elif isinstance(o, g.SoftmaxOp):
-            ref[res] = ek.rowwise("softmax", [use(o.operands[0], at)], res.type.element_type)
+            ref[res] = ek.rowwise("softmax", [use(o.operands[0], at)], elem_of(res.type))
         elif isinstance(o, gi.LogSoftmaxOp):
-            ref[res] = ek.rowwise("log_softmax", [use(o.operands[0], at)], res.type.element_type)
+            ref[res] = ek.rowwise("log_softmax", [use(o.operands[0], at)], elem_of(res.type))
         else:
             raise CompileError(f"fused kernel {ek.what}: {o.name} cannot be part of an elementwise group")
 
 
 def _kernel_name(op: FusedOp) -> str:
+    """The kernel name of a group: its ops' (`_ops_name`)."""
     return _ops_name(list(op.block.ops))
 
 

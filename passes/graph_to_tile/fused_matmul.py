@@ -2,7 +2,7 @@
 applied to every accumulator tile as it is evacuated, and its A rows produced on chip.
 
 `FusedMatmulKernel` is a `BlockedMatmulKernel` (passes/graph_to_tile/matmul.py) whose two
-extension points run `TileProgram`s (passes/graph_to_tile/elementwise.py) of the group's DAGs:
+extension points run `TileProgram`s (passes/graph_to_tile/elementwise/) of the group's DAGs:
 
 - `evacuate(acc, parity, m0, n0, ms, ns)`: the epilogue DAG reads the accumulator tile
   directly (its first op replaces the copy: ``out = acc + bias`` costs one vector
@@ -29,20 +29,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import tile
+from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, Leaf, TileProgram, leaf_elem, vector_steps
+from tilecc.passes.graph_to_tile.elementwise.dag import ALIGN
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, Leaf, TileProgram, vector_steps
 from tilecc.passes.graph_to_tile.matmul import BlockedMatmulKernel, choose_schedule, problem_of
+from tilecc.passes.graph_to_tile.shapes import Operand, dense_attr, elem_of, shape_of
+from tilecc.passes.schedule.matmul_schedule import MatmulProblem, MatmulSchedule
+from tilecc.simulator.config import HardwareConfig
 
-
-def _shape(v: SSAValue) -> tuple[int, ...]:
-    return tuple(int(d) for d in v.type.get_shape())  # type: ignore[attr-defined]
+if TYPE_CHECKING:
+    from tilecc.passes.graph_to_tile.context import LoweringContext
 
 
 @dataclass
@@ -56,6 +61,7 @@ class _Part:
     per_tile: list[int] = field(default_factory=list)  # leaves loaded per tile, per set
 
     def split_leaves(self, hoist: bool) -> None:
+        """Leaves loaded once (`hoist`: those that do not vary along the rows) or per tile."""
         for i, v in enumerate(self.ek.values):
             if not isinstance(v, Leaf) or v.given is not None:
                 continue
@@ -65,11 +71,13 @@ class _Part:
                 self.per_tile.append(i)
 
     def cost(self) -> tuple[float, int]:
+        """(vector cost per element of the tile-sized steps, vector instructions)."""
         steps = vector_steps(self.ek.values, self.ek.lw.cfg)
         return sum(f for f, col in steps if not col), len(steps)
 
 
-def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
+def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: str) -> bool:
+    """`group` (its matmul `mm`) as one kernel; False (nothing emitted) where it does not fuse."""
     got = problem_of(lw, mm)
     if got is None:
         return False
@@ -90,8 +98,8 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
     epi_values = [v for v in yielded if v.owner in epi_ops or v is res]
     if epi_values:
         ek = ElementwiseKernel(lw, "epilogue", loc, space)
-        acc = ek.given_leaf(res.type.element_type)
-        ref = {res: acc}
+        acc = ek.given_leaf(elem_of(res.type))
+        ref: dict[SSAValue, int] = {res: acc}
         _build(ek, lw, epi_ops, ref)
         for v in epi_values:
             out = ref[v]
@@ -99,9 +107,9 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
                 # the raw product is yielded (beside epilogue values, or after a
                 # prologue): an explicit copy converts the fp32 accumulator tile (a DMA
                 # cannot convert); it is the copy an evacuation makes anyway
-                out = ek.unary("copy", acc, v.type.element_type)  # type: ignore[attr-defined]
-            ek.output(out, v.type.element_type, value=v)  # type: ignore[attr-defined]
-        ek._classify()
+                out = ek.unary("copy", acc, elem_of(v.type))
+            ek.output(out, elem_of(v.type), value=v)
+        ek.classify()
         epi = _Part(ek, acc, epi_values)
         epi.split_leaves(hoist=True)
 
@@ -116,13 +124,13 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
         _build(ek, lw, pro_ops, ref)
         pro_values = [v for v in yielded if v.owner in pro_ops]
         for v in pro_values:
-            ek.output(ref[v], v.type.element_type, value=v)  # type: ignore[attr-defined]
-        ek._classify()
+            ek.output(ref[v], elem_of(v.type), value=v)
+        ek.classify()
         pro = _Part(ek, ref[a_val], pro_values)
         pro.split_leaves(hoist=True)
 
     # the schedule, for the fused kernel
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     if epi is not None:
         cost, n_ops = epi.cost()
         per_col = _sram_per_col(epi)
@@ -140,15 +148,13 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
     if sched is None:
         return False
 
-    from tilecc.passes.graph_to_tile.shapes import dense_attr, elem_of
-
     ea, eb, eo = elem_of(a.type), elem_of(b.type), elem_of(res.type)
     TM = problem.TM
     if pro is not None:  # the kernel's "A" argument: any [M, K] tensor; load_a_rows is ours
-        A_val = pro.ek.values[pro.per_tile[0]].value if pro.per_tile else None  # type: ignore[union-attr]
+        A_val = pro.ek.leaf_of(pro.per_tile[0]).value if pro.per_tile else None
         if A_val is None:
             return False
-        A = _Aligned(A_val, [0, 1])
+        A = Operand(A_val, [0, 1])
     else:
         A = lw.aligned_batch(a, out_shape[:-2], (M, K))
     B = lw.aligned_batch(b, out_shape[:-2], (K, N))
@@ -164,7 +170,7 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
     for part, outs in ((epi, epi_outs), (pro, pro_outs)):
         if part is None:
             continue
-        extra += [part.ek.values[i].value for i in part.hoisted + part.per_tile]  # type: ignore[union-attr]
+        extra += [part.ek.leaf_of(i).value for i in part.hoisted + part.per_tile]
         extra += outs
     kb = KernelBuilder(lw.kernel_name("fused_matmul"), [v.type for v in args + extra], loc)
     kernel = FusedMatmulKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,
@@ -177,7 +183,7 @@ def lower_fused_matmul(lw, group: FusedOp, mm: Operation, loc: str) -> bool:
         if part is None:
             continue
         for v, o in zip(part.values, outs, strict=True):
-            lw.values[v] = lw.view(o, _shape(v))
+            lw.values[v] = lw.view(o, shape_of(v.type))
     return True
 
 
@@ -202,13 +208,8 @@ def group_alone(group: FusedOp) -> g.GraphProgram:
                           [f"out{i}" for i in range(len(group.results))])
 
 
-@dataclass
-class _Aligned:
-    value: SSAValue
-    imap: list
-
-
-def _build(ek: ElementwiseKernel, lw, ops: list[Operation], ref: dict[SSAValue, int]) -> None:
+def _build(ek: ElementwiseKernel, lw: LoweringContext, ops: list[Operation], ref: dict[SSAValue, int]) -> None:
+    """The nodes of `ops` in `ek` (`ref`: graph value -> node, given and collected)."""
     from tilecc.passes.graph_to_tile.fused import build_dag
 
     inside = {r for o in ops for r in o.results} | set(ref)
@@ -216,19 +217,17 @@ def _build(ek: ElementwiseKernel, lw, ops: list[Operation], ref: dict[SSAValue, 
     build_dag(ek, lw, ops, args, ref)
 
 
-def _outputs(lw, part: _Part, space: tuple[int, ...]) -> list[SSAValue]:
+def _outputs(lw: LoweringContext, part: _Part, space: tuple[int, ...]) -> list[SSAValue]:
     """HBM tensors of a part's outputs (at the part's space; layouts consumers ask for)."""
-    return [part.ek._out_buffer(v, elem, space) for (_, elem), v in zip(part.ek.outputs, part.values)]
+    return [part.ek.out_buffer(v, elem, space) for (_, elem), v in zip(part.ek.outputs, part.values)]
 
 
 def _hoist_bytes(ek: ElementwiseKernel, i: int, width: int) -> int:
-    from tilecc.passes.graph_to_tile.elementwise import leaf_elem
-    from tilecc.passes.tile.plan_sram import element_size
-
+    """Bytes per partition of leaf `i` loaded once, `width` columns wide."""
     leaf = ek.values[i]
     assert isinstance(leaf, Leaf)
     cols = 1 if leaf.cls == "column" else width
-    return -(-cols * element_size(leaf_elem(leaf)) // 64) * 64
+    return -(-cols * element_size(leaf_elem(leaf)) // ALIGN) * ALIGN
 
 
 def _sram_per_col(part: _Part) -> int:
@@ -236,15 +235,15 @@ def _sram_per_col(part: _Part) -> int:
     sets, temps), rounded up."""
     one = TileProgram.sram_bytes(part.ek, 64, 2, {i: 2 for i in part.per_tile}, [part.root],
                                  frozenset({part.root}))
-    return -(-one // 64) + 1
+    return -(-one // ALIGN) + 1
 
 
 class FusedMatmulKernel(BlockedMatmulKernel):
     """The matmul kernel with the group's epilogue in `evacuate` and its prologue in
     `load_a_rows` (module docstring)."""
 
-    def __init__(self, kb: KernelBuilder, p, s, cfg, *, epi: _Part | None, pro: _Part | None,
-                 out_shape: tuple[int, ...], **kw):
+    def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, *,
+                 epi: _Part | None, pro: _Part | None, out_shape: tuple[int, ...], **kw: Any) -> None:
         super().__init__(kb, p, s, cfg, **kw)
         self.epi, self.pro = epi, pro
         self.out_shape = out_shape
@@ -262,7 +261,9 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         self.pro_tp = self._program(pro, p.K, p.K, pro_args, 2) if pro is not None else None
         self.epi_tp = self._program(epi, self.TNL, p.N, epi_args, 2) if epi is not None else None
 
-    def _program(self, part: _Part, TC: int, width: int, args: list[SSAValue], D: int):
+    def _program(self, part: _Part, TC: int, width: int, args: list[SSAValue], D: int) -> TileProgram:
+        """A part's TileProgram on this kernel's tiles; its hoisted leaves loaded now
+        (`args`: the kernel arguments left, the part's taken from the front)."""
         kb, TM = self.kb, self.p.TM
         n_hoist = len(part.hoisted)
         leaf_args = args[: n_hoist + len(part.per_tile)]
@@ -279,32 +280,32 @@ class FusedMatmulKernel(BlockedMatmulKernel):
             leaf = part.ek.values[i]
             assert isinstance(leaf, Leaf)
             cols = 1 if leaf.cls == "column" else width
-            from tilecc.passes.graph_to_tile.elementwise import leaf_elem
-
             buf = kb.alloc([TM, cols], leaf_elem(leaf), tile.SRAM, f"hoist{i}")
-            ind = [self.c(0)] * len(_shape_m(arg))
+            ind = [self.c(0)] * len(shape_of(arg.type))
             col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
             kb.add(tile.LoadOp(arg, ind, buf, self.c(TM), self.c(cols), -1, col_dim, queue=self.hoist_q))
             part_bufs[i] = buf
-        tp.hoist_bufs = part_bufs  # type: ignore[attr-defined]
+        tp.hoist_bufs = part_bufs
         return tp
 
-    def _given(self, tp, part: _Part, col0: SSAValue, width: int) -> dict[int, SSAValue]:
+    def _given(self, tp: TileProgram, part: _Part, col0: SSAValue, width: int) -> dict[int, SSAValue]:
         """Column windows at `col0` of the full-width operands (a static offset gets a
         window that ends at the buffer's end)."""
         given: dict[int, SSAValue] = {}
         for i, buf in tp.hoist_bufs.items():
             leaf = part.ek.values[i]
+            assert isinstance(leaf, Leaf)
             if leaf.cls == "column":
                 given[i] = buf
                 continue
-            total = _shape_m(buf)[1]
+            total = shape_of(buf.type)[1]
             off = tile._const_index(col0)
             w = min(width, total) if off is None else min(width, total - off)
             given[i] = self.kb.add(tile.SubviewOp(buf, self.c(0), col0, [self.p.TM, w])).results[0]
         return given
 
     def _idx(self, m0: SSAValue, n0: SSAValue) -> list[SSAValue]:
+        """The output index of the tile at (m0, n0): the batch loops' indices, then m0, n0."""
         batch = [self.ivs[d] for d in range(self.rank - 2) if self.out_shape[d] != 1]
         return [*batch, m0, n0]
 
@@ -338,10 +339,6 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         given[part.root] = dst
         tp.compute(r, c, s, given)
         tp.store(idx, r, c, s, queue=self.store_q, given=given)
-
-
-def _shape_m(v: SSAValue) -> tuple[int, ...]:
-    return tuple(v.type.get_shape())  # type: ignore[attr-defined]
 
 
 __all__ = ["lower_fused_matmul", "FusedMatmulKernel"]

@@ -1,0 +1,598 @@
+"""The program of one head in an attention kernel body: K / V preparation and q-tiles.
+
+`HeadProgram` writes a head's instructions as `SchedOp`s in program order (the list
+scheduler reorders them): the K blocks' transposes into K^T and the V loads
+(`_prep_kv`), then per q-block its load and per q-tile the two passes (`_q_tile`)::
+
+    for each q-tile:  mm Q^T, mul scale | [mask rows] | pass 1: mm S, max -> m
+                      | [transposed mode: sub m] | -m row | pass 2: mm S^T - m, exp -> P^T,
+                      mm P^T V_aug -> O_aug | O = O_aug[:, :Dv] / O_aug[:, Dv]
+                      -> tile.matmul / tile.unary "exp" / tile.binary "div" ... "column"
+
+Layout (*transposed scores*), per (batch, head):
+
+- K load blocks in their natural layout (``[keys x D]``) and are transposed on the
+  matrix engine (a matmul with an identity) into resident ``K^T`` buffers (D on
+  partitions, one buffer per load block so later blocks do not hold up earlier
+  q-tiles); V loads naturally into resident ``V_aug`` buffers. K^T / V_aug are
+  double-buffered across heads (and loaded once per body when k and v broadcast over
+  heads).
+- Per q-tile: Q is transposed the same way; the accumulator copy multiplies by `scale`
+  (fp32, one rounding) into ``Q^T``.
+- Pass 1 (queries on partitions): ``S = Q K^T`` for up to 4 key tiles side by side in
+  the accumulator (one matmul per key tile and D chunk), one vector max-reduce per such
+  chunk, the partial maxes reduced to the row max ``m`` (a column).
+- Pass 2 (keys on partitions), *normal mode*: ``m`` is transposed into a row (a matmul
+  with M = 1 against the identity, landing at the accumulator partition of the fold
+  row) and copied, negated, into row D of ``Q^T`` (``Q^T_aug``) or, when D is a multiple
+  of T, a separate ``-m`` row. ``S^T - m = K^T_aug^T @ Q^T_aug``: the ones row of
+  ``K^T_aug`` times the ``-m`` row folds the max subtraction into the matmul (when D is a
+  multiple of T the fold is one more matmul, K = 1). *Transposed mode* instead keeps
+  pass 1's ``S`` in the accumulator, subtracts ``m`` on the vector engine (a column
+  operand, into SRAM in the model dtype) and transposes that on the matrix engine: one
+  matmul (and one mask matmul) fewer per key tile, one vector element-op per score
+  more. Each q-tile picks how many of its last pass-1 chunks run in transposed mode
+  from a cost model of both engines (bf16 / fp32; fp16 with masks would overflow
+  ``S - m`` of masked scores to -inf).
+- Either way up to 4 key tiles of ``S^T - m`` sit side by side in the accumulator and
+  one vector ``exp`` writes ``P^T`` to SRAM in the model dtype: already the lhsT of
+  ``O_aug[q x Dv+1] += P^T^T @ V_aug``, accumulated over the key tiles. Column Dv of
+  ``O_aug`` is the softmax denominator: a ones column of ``V_aug`` where Dv + 1 fits the
+  array columns, else one more matmul per key tile (N = 1).
+- ``O = O_aug[:, :Dv] / O_aug[:, Dv]`` (a column divide, or reciprocal and multiply),
+  and a store.
+
+Per 128 x 128 key tile on ``cloud`` at D = 128 that is 5 matmuls (pass 1, pass 2,
+fold, PV, row sum) and 3 vector element-ops per score (exp costs 2, max 1) in normal
+mode, 4 matmuls and 4 element-ops in transposed mode; the flash-attention-2 layout
+(S with queries on partitions, P transposed on the matrix engine, online rescale) needs
+3-4 matmuls but 6 element-ops per score (max, subtract, exp, sum, copy of the
+transposed P), and the vector engine is the scarce one.
+
+Masks: `is_causal` (torch's top-left aligned ``tril(ones(L, S))``) skips key tiles
+above the diagonal entirely; a tile the diagonal crosses adds a constant pattern
+(``0`` / the dtype's most negative finite value) through one more matmul in each pass
+(``acc += I^T @ Mask`` in pass 1, ``acc += Mask^T @ I`` in pass 2, so both read the
+pattern in its natural q-major layout; transposed mode needs only the first). The
+patterns come from the tiles' row indices (`plan.causal_pairs`), deduplicated. An
+additive `mask` (any broadcast over batch, heads, rows or columns; bool masks arrive
+additive) loads one
+``[T x S]`` row block per q-tile, clamped to the dtype's lowest finite value (a float
+mask may hold -inf, and the identity's zeros times -inf are NaN; a vector max, one
+element-op per score; a row masking every key then averages V where torch gives NaN),
+and is added the same way on every key tile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import IntegerAttr, i1
+from xdsl.ir import SSAValue
+
+from tilecc.ir import tile
+from tilecc.ir.dtypes import element_size
+from tilecc.passes.graph_to_tile.attention.plan import MAX_HELD, NO, NQ, AttentionPlan
+from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
+from tilecc.simulator.config import HardwareConfig
+
+Pos = tuple[int, int]  # (row, column) of a window in a buffer
+Prio = tuple[int, ...]  # (head, q-tile, phase): the program order the scheduler starts from
+Ring = dict[str, int]  # the next buffer of each rotating set
+KeyTile = tuple[int, int | None]  # (key tile, causal pattern or None)
+# per batch dim: its index (a loop variable), or for the last one (base, head in the body,
+# group base) of a body of heads; None in a dry run
+BatchIndex = list[SSAValue | tuple[SSAValue, int, SSAValue | None] | None]
+IndexFn = Callable[[], list[SSAValue]]
+Buffers = list[SSAValue]
+
+
+class HeadProgram:
+    """The instruction vocabulary of a body (`_mm`, `_vec`, `_load`, `_store`, each
+    appending one `SchedOp`) and a head's program in it. `kernel.AttentionKernel`
+    provides the state declared here (the plan, the builder, the buffers)."""
+
+    p: AttentionPlan
+    kb: KernelBuilder
+    cfg: HardwareConfig
+    tm: AttentionTiming
+    fp32: bool  # the model dtype is fp32 (matmuls stream slower)
+    isz: int  # bytes per element of the model dtype
+    scale: float
+    lowest: float  # the dtype's most negative finite value
+    queues: int
+    qblocks: range
+    kblocks: list[int]
+    names: dict[SSAValue, str]  # buffer -> its name (the scheduler's dependences)
+    _win: dict[tuple[int, SSAValue, int, int, tuple[int, ...]], SSAValue]
+    _true: SSAValue | None
+    _false: SSAValue | None
+    # the body being written: the head's place in its group, the group's buffer set,
+    # whether this is the body's last q-block / q-tile
+    _j: int
+    _gs: int
+    _last_block: bool
+    _last_tile: bool
+    # kernel arguments
+    a_q: SSAValue
+    a_k: SSAValue
+    a_v: SSAValue
+    a_mask: SSAValue | None
+    a_out: SSAValue
+    # buffers (`AttentionKernel._constants`, `_alloc_buffers`)
+    ident: SSAValue
+    masks: SSAValue | None
+    ones: SSAValue
+    gsets: int
+    kgrp: list[Buffers] | None
+    vgrp: list[Buffers] | None
+    qgrp: list[Buffers] | None
+    ogrp: list[Buffers] | None
+    nk_ring: int
+    knat: Buffers
+    kt: list[Buffers]
+    vaug: list[Buffers] | None
+    nq_ring: int
+    qnat: Buffers
+    qt: Buffers
+    negm: Buffers | None
+    mpart: Buffers
+    mcol: Buffers
+    mrow: Buffers | None
+    pt: Buffers
+    obuf: Buffers
+    sm: Buffers
+    acc_tr: Buffers
+    acc_q: Buffers
+    acc1: Buffers
+    acc_m: SSAValue
+    acc2: Buffers
+    acco: Buffers
+
+    # -- windows and flags -----------------------------------------------------------
+    def name(self, v: SSAValue) -> str:
+        return self.names[v]
+
+
+    def win(self, buf: SSAValue, row: int, col: int, shape: Sequence[int]) -> SSAValue:
+        """The window ``buf[row:, col:]`` of `shape` (one subview per block and window)."""
+        if row == 0 and col == 0 and list(shape) == list(shape_of(buf.type)):
+            return buf
+        key = (id(self.kb.block), buf, row, col, tuple(shape))
+        v = self._win.get(key)
+        if v is None:
+            c = self.kb.const
+            v = self.kb.add(tile.SubviewOp(buf, c(row), c(col), list(shape))).results[0]
+            self._win[key] = v
+        return v
+
+    def flag(self, value: bool) -> SSAValue:
+        if self._true is None or self._false is None:
+            self._true = self.kb._add_entry(arith.ConstantOp(IntegerAttr(1, i1)))
+            self._false = self.kb._add_entry(arith.ConstantOp(IntegerAttr(0, i1)))
+        return self._true if value else self._false
+
+
+    # -- building blocks: each appends one SchedOp ---------------------------------------------
+    def _mm(self, ops: list[SchedOp], lhsT: SSAValue, lpos: Pos, rhs: SSAValue, rpos: Pos, acc: SSAValue,
+            apos: Pos, m: int, k: int, n: int, accumulate: bool, prio: Prio) -> None:
+        """acc[apos: m x n] (+)= lhsT[lpos: k x m]^T @ rhs[rpos: k x n]; pos = (row, col)."""
+        fp32 = self.fp32 or element_size(elem_of(lhsT.type)) == 4
+
+        def emit(_q: int | None) -> None:
+            c = self.kb.const
+            self.kb.add(tile.MatmulOp(self.win(lhsT, *lpos, [k, m]), self.win(rhs, *rpos, [k, n]),
+                                      self.win(acc, *apos, [m, n]), c(m), c(k), c(n), self.flag(accumulate)))
+
+        ops.append(SchedOp("mm", emit, (self.name(lhsT), self.name(rhs), self.name(acc)), (self.name(acc),), prio,
+                       self.tm.mm(m, k, n, fp32)))
+
+    def _vec(self, ops: list[SchedOp], kind: str, fn: str, src: SSAValue, spos: Pos, dst: SSAValue, dpos: Pos,
+             rows: int, cols: int, prio: Prio, imm: float | None = None,
+             col: tuple[SSAValue, Pos] | None = None) -> None:
+        """One vector instruction: `kind` unary, scalar (immediate `imm`), reduce (into a
+        column) or column (a binary op with the column operand `col`)."""
+
+        def emit(_q: int | None) -> None:
+            c = self.kb.const
+            a = self.win(src, *spos, [rows, cols])
+            o = self.win(dst, *dpos, [rows, 1 if kind == "reduce" else cols])
+            if kind == "unary":
+                self.kb.add(tile.UnaryOp(fn, a, o, c(rows), c(cols)))
+            elif kind == "scalar":
+                assert imm is not None
+                self.kb.add(tile.ScalarOp(fn, a, imm, o, c(rows), c(cols)))
+            elif kind == "reduce":
+                self.kb.add(tile.ReduceOp(fn, a, o, c(rows), c(cols)))
+            else:  # binary with a column operand
+                assert col is not None
+                cb, cpos = col
+                self.kb.add(tile.BinaryOp(fn, a, self.win(cb, *cpos, [rows, 1]), o, c(rows), c(cols), "column"))
+
+        reads = [self.name(src)] + ([self.name(col[0])] if col is not None else [])
+        cost_kind = {"unary": "unary", "scalar": "binary", "reduce": "reduce", "column": "binary"}[kind]
+        ops.append(SchedOp("vec", emit, tuple(reads), (self.name(dst),), prio, self.tm.vec(cost_kind, fn, rows, cols)))
+
+    def _load(self, ops: list[SchedOp], arg: SSAValue, idx_fn: IndexFn, dst: SSAValue, dpos: Pos, rows: int,
+              cols: int, row_dim: int, col_dim: int, prio: Prio, row_step: int = 1) -> None:
+        """A DMA of rows x cols of kernel argument `arg` (at `idx_fn()`) into `dst`."""
+
+        def emit(q: int | None) -> None:
+            self.kb.add(tile.LoadOp(arg, idx_fn(), self.win(dst, *dpos, [rows, cols]), self.kb.const(rows),
+                                    self.kb.const(cols), row_dim, col_dim, row_step=row_step, queue=q))
+
+        fixed, transfer = self.tm.dma(rows, cols, self.isz, col_dim >= 0)
+        ops.append(SchedOp("load", emit, (), (self.name(dst),), prio, fixed, transfer))
+
+    def _store(self, ops: list[SchedOp], src: SSAValue, arg: SSAValue, idx_fn: IndexFn, rows: int, cols: int,
+               prio: Prio) -> None:
+        """A DMA of rows x cols of `src` into kernel argument `arg` (on the last queue)."""
+        rank = len(shape_of(arg.type))
+
+        def emit(_q: int | None) -> None:
+            self.kb.add(tile.StoreOp(src, arg, idx_fn(), self.kb.const(rows), self.kb.const(cols), rank - 2, rank - 1))
+
+        fixed, transfer = self.tm.dma(rows, cols, self.isz)
+        ops.append(SchedOp("store", emit, (self.name(src),), (), prio, fixed, transfer, self.queues - 1))
+
+    def _index(self, bidx: BatchIndex, arg: SSAValue, group: int = 1) -> IndexFn:
+        """The leading (batch) indices of kernel argument `arg` for batch index `bidx`
+        (operand dims aligned right; a size-1 dim broadcasts). `group`: heads per index
+        of the argument's last batch dim (a head-grouped view)."""
+        p, kb = self.p, self.kb
+        shape = shape_of(arg.type)
+        nb, nbo = len(p.batch), len(shape) - 2
+
+        def idx() -> list[SSAValue]:
+            out: list[SSAValue] = []
+            for e in range(nbo):
+                d = e + nb - nbo
+                if shape[e] == 1 and p.batch[d] != 1:
+                    out.append(kb.const(0))
+                    continue
+                x = bidx[d]
+                if isinstance(x, tuple):
+                    base, u, gbase = x
+                    if group > 1:
+                        assert gbase is not None
+                        base, u = gbase, u // group
+                    x = kb.addi(base, kb.const(u)) if u else base
+                assert x is not None, "attention: a dry run has no batch indices"
+                out.append(x)
+            return out
+
+        return idx
+
+    # -- a head's program -------------------------------------------------------------
+    def _prep_kv(self, ops: list[SchedOp], u: int, bidx: BatchIndex, s: int, ring: Ring) -> None:
+        """K blocks: load, transpose every tile and chunk, copy into K^T; V blocks / tiles."""
+        p, T, kc = self.p, self.p.T, self.kb.const
+        fk = p.kseq.f
+        _, gk, gv, _ = p.grp
+        j, gs = self._j, self._gs
+        kidx, vidx = self._index(bidx, self.a_k, gk), self._index(bidx, self.a_v, gv)
+        krank, vrank = len(shape_of(self.a_k.type)), len(shape_of(self.a_v.type))
+        for bk in self.kblocks:
+            rk = p.kseq.rows(bk)
+            pr = (u, -1, bk)
+            acc = self.acc_tr[ring["tr"] % p.ntr]
+            ring["tr"] += 1
+            if gk > 1:  # the group's block: head j's columns
+                assert self.kgrp is not None
+                kn, col0 = self.kgrp[gs][bk], j * p.D
+                if j == 0:
+                    self._load(ops, self.a_k, lambda bk=bk: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk,
+                               gk * p.D, krank - 2, krank - 1, pr)
+            else:
+                kn, col0 = self.knat[ring["k"] % self.nk_ring], 0
+                ring["k"] += 1
+                self._load(ops, self.a_k, lambda bk=bk: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk, fk * p.D,
+                           krank - 2, krank - 1, pr)
+            for tk in range(fk):
+                for ci, (d0, dc) in enumerate(p.chunks):
+                    self._mm(ops, kn, (0, col0 + tk * p.D + d0), self.ident, (0, 0), acc,
+                             (0, (ci * fk + tk) * T), dc, rk, rk, False, pr)
+            for ci, (_d0, dc) in enumerate(p.chunks):
+                if rk == T:  # the block's tiles side by side: one copy per chunk
+                    self._vec(ops, "unary", "copy", acc, (0, ci * fk * T), self.kt[s][bk], (0, ci * fk * T),
+                              dc, fk * T, pr)
+                else:
+                    for tk in range(fk):
+                        col = (ci * fk + tk) * T
+                        self._vec(ops, "unary", "copy", acc, (0, col), self.kt[s][bk], (0, col), dc, rk, pr)
+            if gv > 1:
+                if j == 0:
+                    assert self.vgrp is not None
+                    self._load(ops, self.a_v, lambda bk=bk: [*vidx(), kc(bk * T), kc(0)], self.vgrp[gs][bk],
+                               (0, 0), rk, gv * p.Dv, vrank - 2, vrank - 1, pr)
+            elif p.v_paired:
+                assert self.vaug is not None
+                self._load(ops, self.a_v, lambda bk=bk: [*vidx(), kc(bk * T), kc(0)], self.vaug[s][bk], (0, 0),
+                           rk, fk * p.Dv, vrank - 2, vrank - 1, pr)
+            else:
+                assert self.vaug is not None
+                for tk in range(fk):
+                    row0 = fk * bk * T + tk
+                    self._load(ops, self.a_v, lambda row0=row0: [*vidx(), kc(row0), kc(0)],
+                               self.vaug[s][bk * fk + tk], (0, 0), rk, p.Dv, vrank - 2, vrank - 1, pr,
+                               row_step=fk)
+
+    def _kt(self, s: int, k: int) -> tuple[SSAValue, int]:
+        """(K^T buffer, column of chunk 0) of key tile k; chunk ci is ci * f * T further."""
+        fk = self.p.kseq.f
+        return self.kt[s][k // fk], (k % fk) * self.p.T
+
+    def _v(self, s: int, k: int) -> tuple[SSAValue, int]:
+        """(V_aug buffer, column of its first value) of key tile k (of the current head)."""
+        p = self.p
+        if p.grp[2] > 1:
+            assert self.vgrp is not None
+            return self.vgrp[self._gs][k], self._j * p.Dv
+        assert self.vaug is not None
+        if p.v_paired:
+            return self.vaug[s][k // p.kseq.f], (k % p.kseq.f) * p.Dv
+        return self.vaug[s][k], 0
+
+    def _transposed_chunks(self, chunks1: list[list[KeyTile]], qs: int, last: bool = False) -> int:
+        """How many of the q-tile's last pass-1 chunks run in transposed mode (at most
+        MAX_HELD and na1 - 1: one accumulator stays free for the next q-tile's pass 1):
+        the count that best balances the q-tile's matrix and vector cycles.
+
+        Per key tile, normal mode: pass 1, pass 2 (+ the fold matmul when D is a multiple
+        of T), 2 mask matmuls if masked, PV (+ row sum); max-reduce and exp on the vector
+        engine. Transposed mode: pass 1, one transpose, 1 mask matmul, PV; plus the
+        subtract. Normal mode also needs the -m row (one matmul, one copy)."""
+        p, tm, cfg = self.p, self.tm, self.cfg
+        if not p.tmode:
+            return 0
+        costs = cfg.vector.op_cost
+        nd, pv = len(p.chunks), len(p.vchunks) + (0 if p.rowsum_fused else 1)
+        mmc = max(tm.preload, tm.matmul_streaming(tm.mm(p.T, p.T, p.T, self.fp32)))
+        over = tm.vector_overhead
+        fold = 0 if p.fold_row is not None else 1
+
+        def cost(n_t: int) -> tuple[float, float]:
+            mm = vec = 0.0
+            tiles = [km for ch in chunks1 for km in ch]
+            t_set = {km[0] for ch in chunks1[len(chunks1) - n_t:] for km in ch} if n_t else set()
+            for k, mid in tiles:
+                el = tm.vector_groups(p.ks(k), qs)
+                masked = (mid is not None) + p.has_mask
+                vec += el * (costs.reduce["max"] + costs.unary["exp"]) + over / p.G + over / p.W1
+                if k in t_set:
+                    mm += mmc * (nd + 1 + pv + masked)
+                    vec += el * costs.binary["sub"] + over / p.W1
+                else:
+                    mm += mmc * (2 * nd + fold + pv + 2 * masked)
+            if len(t_set) < len(tiles):
+                mm += mmc
+                vec += over
+            return mm, vec
+
+        best = (math.inf, 0)
+        # the body's last q-tile has no successor to keep an accumulator free for
+        limit = p.na1 if last else min(MAX_HELD, p.na1 - 1)
+        for n_t in range(min(len(chunks1), limit) + 1):
+            mm, vec = cost(n_t)
+            best = min(best, (max(mm, vec) + 1e-3 * n_t, n_t))
+        return best[1]
+
+    def _groups(self, keys: list[KeyTile]) -> list[list[KeyTile]]:
+        """Consecutive key tiles of equal size, at most G per group (one exp each)."""
+        groups: list[list[KeyTile]] = []
+        for km in keys:
+            if groups and len(groups[-1]) < self.p.G and self.p.ks(groups[-1][-1][0]) == self.p.ks(km[0]):
+                groups[-1].append(km)
+            else:
+                groups.append([km])
+        return groups
+
+    def _q_block(self, ops: list[SchedOp], u: int, bidx: BatchIndex, s: int, bq: int, qidx: IndexFn,
+                 ring: Ring) -> None:
+        """A q-block's load, its q-tiles, and the store of its output block."""
+        p, T, kc = self.p, self.p.T, self.kb.const
+        fq = p.qseq.f
+        rq = p.qseq.rows(bq)
+        gq, _, _, go = p.grp
+        j, gs, bi = self._j, self._gs, bq - self.qblocks.start
+        qrank = len(shape_of(self.a_q.type))
+        if gq > 1:  # the group's block: head j's columns
+            assert self.qgrp is not None
+            qn, qcol = self.qgrp[gs][bi], j * p.D
+            if j == 0:
+                self._load(ops, self.a_q, lambda: [*qidx(), kc(bq * T), kc(0)], qn, (0, 0), rq, gq * p.D,
+                           qrank - 2, qrank - 1, (u, bq * fq, 0))
+        else:
+            qn, qcol = self.qnat[ring["q"] % self.nq_ring], 0
+            self._load(ops, self.a_q, lambda: [*qidx(), kc(bq * T), kc(0)], qn, (0, 0), rq, fq * p.D,
+                       qrank - 2, qrank - 1, (u, bq * fq, 0))
+        ring["q"] += 1
+        if go > 1:
+            assert self.ogrp is not None
+            ob, ocol = self.ogrp[gs][bi], j * p.Dv
+        else:
+            ob, ocol = self.obuf[ring["o"] % 2], 0
+            ring["o"] += 1
+        for tq in range(fq):
+            self._last_tile = self._last_block and tq == fq - 1
+            self._q_tile(ops, u, bidx, s, bq, tq, qn, qcol, ob, ocol, ring)
+        oidx = self._index(bidx, self.a_out, go)
+        if go == 1 or j == go - 1:  # a grouped output block: once the group's last head wrote it
+            self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
+                        (u, bq * fq, 9))
+
+    def _q_tile(self, ops: list[SchedOp], u: int, bidx: BatchIndex, s: int, bq: int, tq: int, qn: SSAValue,
+                qcol: int, ob: SSAValue, ocol: int, ring: Ring) -> None:
+        """One q-tile: Q^T, the mask rows, pass 1 (the row max), the transposed-mode
+        subtracts, the -m row, pass 2 (P^T and O_aug) and the normalised output."""
+        p = self.p
+        qi = bq * p.qseq.f + tq  # q-tile index
+        qs = p.qseq.rows(bq)
+        r = ring["qt"] % NQ
+        ring["qt"] += 1
+        acco = self.acco[(ring["qt"] - 1) % NO]
+        self._q_transpose(ops, (u, qi, 1), qn, qcol + tq * p.D, self.qt[r], qs, ring)
+        mrow = self._mask_rows(ops, (u, qi, 1), bidx, bq, tq, qs, r) if p.has_mask else None
+        keys = p.pairs[qi]
+        # pass 1: row max of S = Q K^T; the last chunks stay in the accumulator when they
+        # are computed in transposed mode
+        chunks1 = [keys[x:x + p.W1] for x in range(0, len(keys), p.W1)]
+        n_t = self._transposed_chunks(chunks1, qs, last=self._last_tile)
+        held = self._pass1(ops, (u, qi, 2), s, chunks1, n_t, qs, r, mrow, ring)
+        tmode = self._subtract_max(ops, (u, qi, 3), held, qs, r, ring)
+        normal = [(k, mid) for k, mid in keys if k not in tmode]
+        if normal:
+            self._neg_max_row(ops, (u, qi, 3), qs, r)
+        self._pass2(ops, (u, qi, 4), s, held, normal, tmode, qs, r, mrow, acco, ring)
+        self._normalise(ops, (u, qi, 5), acco, ob, ocol + tq * p.Dv, qs)
+
+    def _q_transpose(self, ops: list[SchedOp], pr: Prio, qn: SSAValue, col: int, qt: SSAValue, qs: int,
+                     ring: Ring) -> None:
+        """Q^T: transpose (identity matmul), scale on the accumulator copy (fp32, one rounding)."""
+        p, T = self.p, self.p.T
+        accq = self.acc_q[ring["q"] % 2]
+        for ci, (d0, dc) in enumerate(p.chunks):
+            self._mm(ops, qn, (0, col + d0), self.ident, (0, 0), accq, (0, ci * T), dc, qs, qs, False, pr)
+        for ci, (_d0, dc) in enumerate(p.chunks):
+            self._vec(ops, "scalar", "mul", accq, (0, ci * T), qt, (0, ci * T), dc, qs, pr, imm=self.scale)
+
+    def _mask_rows(self, ops: list[SchedOp], pr: Prio, bidx: BatchIndex, bq: int, tq: int, qs: int,
+                   r: int) -> SSAValue:
+        """The additive mask's row block of the q-tile, clamped to the lowest finite value."""
+        p, T, kc = self.p, self.p.T, self.kb.const
+        assert self.a_mask is not None and self.mrow is not None
+        fq = p.qseq.f
+        mrow = self.mrow[r]
+        msh = shape_of(self.a_mask.type)
+        midx = self._index(bidx, self.a_mask)
+        mrank = len(msh)
+        row_dim = mrank - 2 if msh[-2] != 1 or p.L == 1 else -1
+        col_dim = mrank - 1 if msh[-1] != 1 or p.S == 1 else -1
+        row0 = fq * bq * T + tq if row_dim >= 0 else 0
+        self._load(ops, self.a_mask, lambda: [*midx(), kc(row0), kc(0)], mrow, (0, 0), qs, p.S,
+                   row_dim, col_dim, pr, row_step=fq if row_dim >= 0 else 1)
+        # -inf (a float mask may hold it) becomes the lowest finite value: the mask is
+        # added by a matmul with an identity, whose zeros times -inf would be NaN
+        self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), qs, p.S, pr, imm=self.lowest)
+        return mrow
+
+    def _pass1(self, ops: list[SchedOp], pr: Prio, s: int, chunks1: list[list[KeyTile]], n_t: int, qs: int,
+               r: int, mrow: SSAValue | None, ring: Ring) -> list[tuple[list[KeyTile], SSAValue]]:
+        """``S = Q K^T`` chunk by chunk, max-reduced into the row max ``m``; the last `n_t`
+        chunks (transposed mode) are returned with the accumulators that hold them."""
+        p, T = self.p, self.p.T
+        fk = p.kseq.f
+        qt, mcol, mpart = self.qt[r], self.mcol[r], self.mpart[r]
+        held: list[tuple[list[KeyTile], SSAValue]] = []
+        for w, ch in enumerate(chunks1):
+            acc = self.acc1[ring["s1"] % p.na1]
+            ring["s1"] += 1
+            if w >= len(chunks1) - n_t:
+                held.append((ch, acc))
+            off = 0
+            for k, mid in ch:
+                ks = p.ks(k)
+                ktb, kcol = self._kt(s, k)
+                for ci, (_d0, dc) in enumerate(p.chunks):
+                    self._mm(ops, qt, (0, ci * T), ktb, (0, ci * fk * T + kcol), acc, (0, off), qs, dc, ks, ci > 0,
+                             pr)
+                if mid is not None:
+                    assert self.masks is not None
+                    self._mm(ops, self.ident, (0, 0), self.masks, (0, mid * T), acc, (0, off), qs, qs, ks, True, pr)
+                if mrow is not None:
+                    self._mm(ops, self.ident, (0, 0), mrow, (0, k * T), acc, (0, off), qs, qs, ks, True, pr)
+                off += ks
+            if len(chunks1) == 1:
+                self._vec(ops, "reduce", "max", acc, (0, 0), mcol, (0, 0), qs, off, pr)
+            else:
+                self._vec(ops, "reduce", "max", acc, (0, 0), mpart, (0, w), qs, off, pr)
+        if len(chunks1) > 1:
+            self._vec(ops, "reduce", "max", mpart, (0, 0), mcol, (0, 0), qs, len(chunks1), pr)
+        return held
+
+    def _subtract_max(self, ops: list[SchedOp], pr: Prio, held: list[tuple[list[KeyTile], SSAValue]], qs: int,
+                      r: int, ring: Ring) -> dict[int, tuple[SSAValue, int]]:
+        """Transposed mode: ``S - m`` (a column operand) into SRAM, in the model dtype;
+        key tile -> (its S - m buffer, column)."""
+        p = self.p
+        tmode: dict[int, tuple[SSAValue, int]] = {}
+        for ch, acc in held:
+            sm = self.sm[ring["sm"] % len(self.sm)]
+            ring["sm"] += 1
+            width = sum(p.ks(k) for k, _ in ch)
+            self._vec(ops, "column", "sub", acc, (0, 0), sm, (0, 0), qs, width, pr, col=(self.mcol[r], (0, 0)))
+            off = 0
+            for k, _ in ch:
+                tmode[k] = (sm, off)
+                off += p.ks(k)
+        return tmode
+
+    def _neg_max_row(self, ops: list[SchedOp], pr: Prio, qs: int, r: int) -> None:
+        """-m as a row: transpose (M = 1) at the fold row's partition, negate into Q^T / negm."""
+        p, T = self.p, self.p.T
+        nd = len(p.chunks)
+        fr = p.fold_row if p.fold_row is not None else 0
+        self._mm(ops, self.mcol[r], (0, 0), self.ident, (0, 0), self.acc_m, (fr, 0), 1, qs, qs, False, pr)
+        if p.fold_row is not None:
+            self._vec(ops, "scalar", "mul", self.acc_m, (fr, 0), self.qt[r], (fr, (nd - 1) * T), 1, qs, pr, imm=-1.0)
+        else:
+            assert self.negm is not None
+            self._vec(ops, "scalar", "mul", self.acc_m, (0, 0), self.negm[r], (0, 0), 1, qs, pr, imm=-1.0)
+
+    def _pass2(self, ops: list[SchedOp], pr: Prio, s: int, held: list[tuple[list[KeyTile], SSAValue]],
+               normal: list[KeyTile], tmode: dict[int, tuple[SSAValue, int]], qs: int, r: int,
+               mrow: SSAValue | None, acco: SSAValue, ring: Ring) -> None:
+        """``P^T = exp(S^T - m)``, ``O_aug += P^T^T V_aug``; transposed-mode tiles first
+        (their pass-1 accumulators are then free for the next q-tile)."""
+        p, T = self.p, self.p.T
+        fk, nd = p.kseq.f, len(p.chunks)
+        qt = self.qt[r]
+        first = True
+        for grp in self._groups([km for ch, _ in held for km in ch]) + self._groups(normal):
+            pt = self.pt[ring["pt"] % len(self.pt)]
+            ring["pt"] += 1
+            acc = self.acc2[ring["s2"] % p.n2]
+            ring["s2"] += 1
+            ks = p.ks(grp[0][0])
+            for jj, (k, mid) in enumerate(grp):
+                slot = (0, jj * qs)
+                if k in tmode:
+                    sm, col = tmode[k]
+                    self._mm(ops, sm, (0, col), self.ident, (0, 0), acc, slot, ks, qs, qs, False, pr)
+                    continue
+                ktb, kcol = self._kt(s, k)
+                for ci, (_d0, dc) in enumerate(p.chunks):
+                    kk = dc + (1 if p.fold_row is not None and ci == nd - 1 else 0)
+                    self._mm(ops, ktb, (0, ci * fk * T + kcol), qt, (0, ci * T), acc, slot, ks, kk, qs, ci > 0, pr)
+                if p.fold_row is None:
+                    assert self.negm is not None
+                    self._mm(ops, self.ones, (0, 0), self.negm[r], (0, 0), acc, slot, ks, 1, qs, True, pr)
+                if mid is not None:
+                    assert self.masks is not None
+                    self._mm(ops, self.masks, (0, mid * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)
+                if mrow is not None:
+                    self._mm(ops, mrow, (0, k * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)
+            width = len(grp) * qs
+            self._vec(ops, "unary", "exp", acc, (0, 0), pt, (0, 0), ks, width, pr)
+            for jj, (k, _) in enumerate(grp):
+                va, vcol = self._v(s, k)
+                for e0, ne in p.vchunks:
+                    self._mm(ops, pt, (0, jj * qs), va, (0, vcol + e0), acco, (0, e0), qs, ks, ne, not first, pr)
+                if not p.rowsum_fused:
+                    self._mm(ops, pt, (0, jj * qs), self.ones, (0, 0), acco, (0, p.Dv), qs, ks, 1, not first, pr)
+                first = False
+
+    def _normalise(self, ops: list[SchedOp], pr: Prio, acco: SSAValue, ob: SSAValue, col: int, qs: int) -> None:
+        """``O = O_aug[:, :Dv] / O_aug[:, Dv]`` into the q-block's output tile: a column
+        divide, or a reciprocal of the column and a multiply where that is cheaper."""
+        p, tm = self.p, self.tm
+        if (tm.vec("unary", "reciprocal", qs, 1) + tm.vec("binary", "mul", qs, p.Dv)
+                < tm.vec("binary", "div", qs, p.Dv)):
+            self._vec(ops, "unary", "reciprocal", acco, (0, p.Dv), acco, (0, p.Dv), qs, 1, pr)
+            self._vec(ops, "column", "mul", acco, (0, 0), ob, (0, col), qs, p.Dv, pr, col=(acco, (0, p.Dv)))
+        else:
+            self._vec(ops, "column", "div", acco, (0, 0), ob, (0, col), qs, p.Dv, pr, col=(acco, (0, p.Dv)))
