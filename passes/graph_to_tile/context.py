@@ -29,6 +29,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.nn.state import NnState
 from tilecc.passes.graph_to_tile.shapes import (
     IndexMap,
     Operand,
@@ -66,6 +67,7 @@ class LoweringContext:
     layout_requests: dict[SSAValue, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     absorbed: dict[SSAValue, SSAValue] = field(default_factory=dict)
     lowering: Operation | None = None  # the graph op being lowered (for remarks and locations)
+    nn: NnState = field(default_factory=NnState)  # the CNN family's padded layouts and constants
 
     @property
     def P(self) -> int:
