@@ -156,7 +156,9 @@ def false_i1(kb: KernelBuilder) -> SSAValue:
     return kb.ne_zero(kb.const(0))
 
 
-def consts_2d(lw: LoweringContext, blocks: list[np.ndarray], width: int, height: int, elem: Attribute) -> tuple[SSAValue, int]:
+def consts_2d(
+    lw: LoweringContext, blocks: list[np.ndarray], width: int, height: int, elem: Attribute,
+) -> tuple[SSAValue, int]:
     """One HBM constant [height, len(blocks) * width] holding the blocks side by side
     (each zero-padded to height x width); returns it and its column count."""
     data = np.zeros((height, max(1, len(blocks)) * width), dtype=np.float32)

@@ -91,4 +91,5 @@ def emit_conv_depthwise(lw: LoweringContext, prob: ConvProblem, io: ConvIO) -> N
         return partition_bytes(T * mult, element_size(elem)) + partition_bytes(geo.lp(rb), 4) + ALIGN
 
     io_ = WindowIO(io.src, io.out, elem, out_elem, io.steps, mult, extra, io.pad)
-    window_kernel(lw, loc, "conv2d_dw", geo, io_, WindowOps(tap_op, compact_fn, weights_and_bias, extra_bufs, extra_bytes))
+    ops = WindowOps(tap_op, compact_fn, weights_and_bias, extra_bufs, extra_bytes)
+    window_kernel(lw, loc, "conv2d_dw", geo, io_, ops)

@@ -51,7 +51,9 @@ def phase_image(lw: LoweringContext, x: SSAValue, geo: Geometry, fill_value: flo
     return _phase_image_natural(lw, x, geo, fill_value, loc, what)
 
 
-def _phase_image_natural(lw: LoweringContext, x: SSAValue, geo: Geometry, fill_value: float, loc: str, what: str) -> SSAValue:
+def _phase_image_natural(
+    lw: LoweringContext, x: SSAValue, geo: Geometry, fill_value: float, loc: str, what: str,
+) -> SSAValue:
     """HBM ``[N, C, phases, Hq * Wq]``: the phase images of the padded input `x`."""
     src = lw.materialise(x)
     if geo.direct:

@@ -142,7 +142,8 @@ def plan_output_layout(lw: LoweringContext, final: SSAValue, steps: list[Step], 
 
 
 def realise_output_layout(lw: LoweringContext, plan: OutputLayout | None, final: SSAValue, N: int, C: int,
-                          OH: int, OW: int, elem: Attribute, key: SSAValue | None = None) -> tuple[PadInfo | None, bool]:
+                          OH: int, OW: int, elem: Attribute, key: SSAValue | None = None,
+                          ) -> tuple[PadInfo | None, bool]:
     """The padded output tensor of `plan` (None: natural) and whether the users asked
     for it; the residual adds expected in later epilogues are recorded under `key` (the
     op's result; `final` by default)."""

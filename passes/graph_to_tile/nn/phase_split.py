@@ -12,6 +12,7 @@ contiguous rows:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,6 +35,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     value_elem,
     value_shape,
 )
+from tilecc.simulator.config import HardwareConfig
 from xdsl.dialects.builtin import f32
 from xdsl.ir import SSAValue
 
@@ -72,22 +74,46 @@ def phase_split(
     return _phase_split_channels(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value)
 
 
-def _phase_split_channels(
-    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, phases: list[tuple[int, int]],
-    s: tuple[int, int], pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
-) -> bool:
-    """Channels on partitions: per unit of output rows, a transpose and a selection matmul."""
-    cfg = lw.cfg
-    N, C, H, W = value_shape(x)
-    elem = value_elem(x)
-    isz = element_size(elem)
+Segments = tuple[tuple[int, int, int, int], ...]  # (first input row, rows, first column, columns)
+
+
+@dataclass
+class _ChannelSplit:
+    """The plan of `_phase_split_channels`: units of `g` output rows x a block of
+    columns, their kinds (units with the same contraction layout and selection share
+    one: segments, K, selection, fill), and bands of units that fit SRAM."""
+
+    TC: int  # channels per tile
+    KMAX: int  # contraction rows of a unit
+    NMAX: int  # columns of a selection
+    g: int  # output rows per unit
+    units: list[tuple[int, int]]  # output rows [i0, i1)
+    blocks: list[tuple[int, int]]  # output columns [j0, j1)
+    kind_data: list[tuple[Segments, int, np.ndarray, np.ndarray]]
+    unit_kind: dict[tuple[int, int], int]  # (unit, block) -> kind
+    needs_fill: list[bool]  # per kind: a rank-1 fill accumulate (padding positions)
+    s_blocks: list[np.ndarray]
+    f_blocks: list[np.ndarray]
+    bands: list[tuple[int, int]]  # units [u0, u1)
+    band_xrows: list[tuple[int, int]]  # per band: its first and last input row
+    max_xrows: int
+    max_qrows: int
+
+
+def _plan_channel_split(
+    cfg: HardwareConfig, shape: tuple[int, ...], isz: int, phases: list[tuple[int, int]], s: tuple[int, int],
+    pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
+) -> _ChannelSplit | None:
+    """Units, kinds and bands of a channel split of an input of `shape` ([N, C, H, W],
+    `isz`-byte elements); None where no unit fits the array."""
+    _, C, H, W = shape
     (sh, sw), (pt, pl) = s, pad
     nph = len(phases)
     row_res = sorted({a for a, _ in phases})
     col_res = sorted({b for _, b in phases})
-    KMAX = min(cfg.matrix.rows, lw.P, cfg.accumulator.partitions)
+    KMAX = min(cfg.matrix.rows, cfg.sram.partitions, cfg.accumulator.partitions)
     NMAX = cfg.matrix.cols
-    TC = min(lw.P, C, cfg.accumulator.partitions, cfg.matrix.cols, cfg.matrix.rows)
+    TC = min(cfg.sram.partitions, C, cfg.accumulator.partitions, cfg.matrix.cols, cfg.matrix.rows)
     nrow_i = len(row_res)  # input rows per output row
     cspan = col_res[-1] - col_res[0]
 
@@ -108,7 +134,7 @@ def _phase_split_channels(
                 jl = cand
                 break
         if jl == 0:
-            return False
+            return None
     full = jl == Wq
     blocks = [(j0, min(Wq, j0 + jl)) for j0 in range(0, Wq, jl)]
     units = [(i0, min(Hq, i0 + g)) for i0 in range(0, Hq, g)]
@@ -120,7 +146,7 @@ def _phase_split_channels(
 
     # the layout of one unit's contraction: segments (first input row relative to the
     # unit's base row i0*sh, rows, first column, columns), in order
-    def layout(i0: int, i1: int, j0: int, j1: int) -> tuple[tuple[tuple[int, int, int, int], ...], int]:
+    def layout(i0: int, i1: int, j0: int, j1: int) -> tuple[Segments, int]:
         lo, hi = block_cols(j0, j1)
         hs = sorted({i * sh + a - pt for i in range(i0, i1) for a in row_res if 0 <= i * sh + a - pt < H})
         if lo > hi or not hs:
@@ -135,7 +161,7 @@ def _phase_split_channels(
 
     def matrices(
         i0: int, i1: int, j0: int, j1: int,
-    ) -> tuple[tuple[tuple[int, int, int, int], ...], int, np.ndarray, np.ndarray]:
+    ) -> tuple[Segments, int, np.ndarray, np.ndarray]:
         segs, _ = layout(i0, i1, j0, j1)
         K = sum(n * wc for _, n, _, wc in segs)
         gi, jn = i1 - i0, j1 - j0
@@ -162,8 +188,8 @@ def _phase_split_channels(
         return segs, K, S, F
 
     # unit kinds: the same relative layout and matrices (interior units share one)
-    kinds: dict[tuple, int] = {}
-    kind_data: list[tuple] = []
+    kinds: dict[tuple[Segments, int, int, bytes, bytes], int] = {}
+    kind_data: list[tuple[Segments, int, np.ndarray, np.ndarray]] = []
     unit_kind: dict[tuple[int, int], int] = {}
     for ui, (i0, i1) in enumerate(units):
         for bi, (j0, j1) in enumerate(blocks):
@@ -178,7 +204,7 @@ def _phase_split_channels(
     f_blocks = [kd[3] for kd in kind_data]
 
     # bands of units whose input rows and phase rows fit SRAM
-    budget = sram_budget(lw) - 4 * ALIGN
+    budget = cfg.sram.bytes_per_partition - 4 * ALIGN
     fixed = (
         4 * partition_bytes(TC, isz)  # T, four sets
         + partition_bytes(TC, isz)  # identity
@@ -202,15 +228,34 @@ def _phase_split_channels(
     while UB > 1 and max(band_bytes(u, min(len(units), u + UB)) for u in range(0, len(units), UB)) + fixed > budget:
         UB = cdiv(UB, 2)
     if band_bytes(0, 1) + fixed > budget:
-        return False
+        return None
     bands = [(u, min(len(units), u + UB)) for u in range(0, len(units), UB)]
     max_xrows = max(band_rows(u0, u1)[1] - band_rows(u0, u1)[0] + 1 for u0, u1 in bands)
     max_qrows = max(units[u1 - 1][1] - units[u0][0] for u0, u1 in bands)
+    return _ChannelSplit(TC, KMAX, NMAX, g, units, blocks, kind_data, unit_kind, needs_fill, s_blocks, f_blocks,
+                         bands, [band_rows(u0, u1) for u0, u1 in bands], max_xrows, max_qrows)
 
+
+def _phase_split_channels(
+    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, phases: list[tuple[int, int]],
+    s: tuple[int, int], pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
+) -> bool:
+    """Channels on partitions: per unit of output rows, a transpose and a selection matmul."""
+    N, C, H, W = value_shape(x)
+    elem = value_elem(x)
+    isz = element_size(elem)
+    sh = s[0]
+    plan = _plan_channel_split(lw.cfg, (N, C, H, W), isz, phases, s, pad, Hq, Wq, fill_value)
+    if plan is None:
+        return False
+    TC, KMAX, NMAX, g, units, blocks = plan.TC, plan.KMAX, plan.NMAX, plan.g, plan.units, plan.blocks
+    kind_data, unit_kind, needs_fill = plan.kind_data, plan.unit_kind, plan.needs_fill
+    bands, max_xrows, max_qrows = plan.bands, plan.max_xrows, plan.max_qrows
+    nph = len(phases)
     ident, _ = consts_2d(lw, [np.eye(TC, dtype=np.float32)], TC, TC, elem)
-    sel, scols = consts_2d(lw, s_blocks, NMAX, KMAX, elem)
+    sel, scols = consts_2d(lw, plan.s_blocks, NMAX, KMAX, elem)
     fill_elem = elem
-    fills, fcols = consts_2d(lw, f_blocks, NMAX, 1, fill_elem)
+    fills, fcols = consts_2d(lw, plan.f_blocks, NMAX, 1, fill_elem)
     ones = fill_row(lw, 1.0, fill_elem, TC)
     xv = lw.view(x, (N, C, H * W))
     k = HbmKernel(lw, what, loc, [xv, ident, sel, fills, ones, out])
@@ -289,8 +334,7 @@ def _phase_split_channels(
             while pending:
                 unit_b(c, *pending.pop(0))
 
-        for u0, u1 in bands:
-            xlo, xhi = band_rows(u0, u1)
+        for (u0, u1), (xlo, xhi) in zip(bands, plan.band_xrows):
             qi0 = units[u0][0]
             kb.add(tile.LoadOp(xa, [n, c0, kb.const(xlo * W)], sub(kb, xb, 0, 0, [TC, (xhi - xlo + 1) * W]),
                                c, kb.const((xhi - xlo + 1) * W), 1, 2))
@@ -379,7 +423,8 @@ def _phase_split_rows(
                 cblocks.append(Cm)
     need = (
         C * len(hch) * partition_bytes(W, isz) + C * len(row_res) * len(wch) * partition_bytes(Hq, isz)
-        + C * len(phases) * partition_bytes(Wq, isz) + partition_bytes(len(rblocks) * Hq, isz) + partition_bytes(len(cblocks) * Wq, isz)
+        + C * len(phases) * partition_bytes(Wq, isz) + partition_bytes(len(rblocks) * Hq, isz)
+        + partition_bytes(len(cblocks) * Wq, isz)
     )
     acc_need = C * len(row_res) * len(wch) * Hq * 4 + C * len(phases) * Wq * 4
     if need > sram_budget(lw) - 8 * ALIGN or acc_need > cfg.accumulator.bytes_per_partition:

@@ -163,7 +163,8 @@ def lower_adaptive_avg_pool(lw: LoweringContext, op: nn.AdaptiveAvgPool2dOp, loc
     counts = np.array([[(he - hs) * (we - ws) for ws, we in rw] for hs, he in rh], dtype=np.float32)
     TC = min(lw.P, C)
     S, OS = H * W, OH * OW
-    need = partition_bytes(S, element_size(elem)) + partition_bytes(OW * H, 4) + 2 * partition_bytes(OS, 4) + partition_bytes(OS, element_size(out_elem))
+    need = (partition_bytes(S, element_size(elem)) + partition_bytes(OW * H, 4) + 2 * partition_bytes(OS, 4)
+            + partition_bytes(OS, element_size(out_elem)))
     if need > sram_budget(lw):
         raise TensorTooLargeError(
             f"graph.adaptive_avg_pool2d at {loc}: a {H}x{W} image does not fit one SRAM partition"

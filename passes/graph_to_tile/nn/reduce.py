@@ -104,7 +104,9 @@ def lower_reduce(lw: LoweringContext, op: nn.ReduceOp, loc: str) -> None:
     lw.values[res] = lw.view(cur, value_shape(res))
 
 
-def _reduce_kernel(lw: LoweringContext, loc: str, fn: str, x: SSAValue, out: SSAValue, A: int, B: int, Cc: int, div: int) -> None:
+def _reduce_kernel(
+    lw: LoweringContext, loc: str, fn: str, x: SSAValue, out: SSAValue, A: int, B: int, Cc: int, div: int,
+) -> None:
     """``out[a, c] = fn_b x[a, b, c]`` (`x` viewed [A, B, Cc], `out` [A, Cc]); mean divides by `div`."""
     elem, out_elem = value_elem(x), value_elem(out)
     combine = {"sum": "add", "mean": "add", "max": "max", "min": "min", "copy": "add"}[fn]
