@@ -89,3 +89,23 @@ def pick_band(geo: Geometry, fits: Callable[[int], bool]) -> int:
             break
     return best
 
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """The phase images a padding kernel writes: ``out[n, c, ph, i*Wq + j] = x[n, c, i*sh
+    + a - pt, j*sw + b - pl]`` (`fill_value` outside ``x``) for each phase ``ph = (a, b)``
+    of stride `s` and padding `pad` (one phase (0, 0) and stride 1: a plain pad)."""
+
+    phases: list[tuple[int, int]]
+    s: tuple[int, int]
+    pad: tuple[int, int]
+    Hq: int
+    Wq: int
+    fill_value: float
+
+    @staticmethod
+    def of(geo: Geometry, fill_value: float, crop: tuple[int, int] = (0, 0)) -> PhaseSpec:
+        """The phase images of window `geo` (its padding less `crop`, the ring of an input
+        stored padded)."""
+        return PhaseSpec(geo.phases, geo.s, (geo.p[0] - crop[0], geo.p[1] - crop[1]), geo.Hq, geo.Wq, fill_value)
+

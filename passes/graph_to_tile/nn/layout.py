@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tilecc.passes.graph_to_tile.nn.common import value_elem
-from tilecc.passes.graph_to_tile.nn.geometry import Geometry
+from tilecc.passes.graph_to_tile.nn.geometry import Geometry, PhaseSpec
 from tilecc.passes.graph_to_tile.nn.pad import pad_kernel
 from tilecc.passes.graph_to_tile.nn.state import PadInfo, padded_of, set_padded
 from xdsl.ir import Operation, SSAValue
@@ -44,8 +44,7 @@ def phase_image(lw: LoweringContext, x: SSAValue, geo: Geometry, fill_value: flo
         out = lw.hbm((geo.N, geo.C, geo.nph, geo.Hq * geo.Wq), value_elem(info.hbm))
         pad_kernel(
             lw, f"{what}_pad", loc, lw.view(info.hbm, (geo.N, geo.C, info.Hp, info.Wp)), out,
-            geo.phases, geo.s, (geo.p[0] - info.pt, geo.p[1] - info.pl), geo.Hq, geo.Wq,
-            0.0 if info.nonneg else fill_value,
+            PhaseSpec.of(geo, 0.0 if info.nonneg else fill_value, crop=(info.pt, info.pl)),
         )
         return out
     return _phase_image_natural(lw, x, geo, fill_value, loc, what)
@@ -60,8 +59,7 @@ def _phase_image_natural(
         return lw.view(src, (geo.N, geo.C, 1, geo.H * geo.W))
     out = lw.hbm((geo.N, geo.C, geo.nph, geo.Hq * geo.Wq), value_elem(src))
     pad_kernel(
-        lw, f"{what}_pad", loc, lw.view(src, (geo.N, geo.C, geo.H, geo.W)), out,
-        geo.phases, geo.s, geo.p, geo.Hq, geo.Wq, fill_value,
+        lw, f"{what}_pad", loc, lw.view(src, (geo.N, geo.C, geo.H, geo.W)), out, PhaseSpec.of(geo, fill_value),
     )
     return out
 
@@ -73,8 +71,8 @@ def natural_of_info(lw: LoweringContext, info: PadInfo, loc: str) -> SSAValue:
         out = lw.hbm((info.N, info.C, info.H, info.W), value_elem(info.hbm))
         pad_kernel(
             lw, "unpad", loc, lw.view(info.hbm, (info.N, info.C, info.Hp, info.Wp)),
-            lw.view(out, (info.N, info.C, 1, info.H * info.W)), [(0, 0)], (1, 1), (-info.pt, -info.pl),
-            info.H, info.W, 0.0,
+            lw.view(out, (info.N, info.C, 1, info.H * info.W)),
+            PhaseSpec([(0, 0)], (1, 1), (-info.pt, -info.pl), info.H, info.W, 0.0),
         )
         cache[info.hbm] = out
     return cache[info.hbm]

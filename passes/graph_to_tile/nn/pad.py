@@ -34,6 +34,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     value_elem,
     value_shape,
 )
+from tilecc.passes.graph_to_tile.nn.geometry import PhaseSpec
 from tilecc.passes.graph_to_tile.nn.phase_split import phase_split
 from xdsl.ir import SSAValue
 
@@ -44,8 +45,7 @@ if TYPE_CHECKING:
 
 
 def pad_kernel(
-    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, phases: list[tuple[int, int]],
-    s: tuple[int, int], pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
+    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, spec: PhaseSpec,
 ) -> None:
     """``out[n, c, ph, i*Wq + j] = x[n, c, i*sh + a - pt, j*sw + b - pl]`` (or the fill value)
     for each phase ``(a, b)``; `x` is [N, C, H, W], `out` [N, C, len(phases), Hq*Wq].
@@ -54,8 +54,9 @@ def pad_kernel(
     read element by element (one descriptor and one short chunk per element). At -O2
     the phases are instead picked out on the matrix engine (`_phase_split_*`); -O0
     keeps the strided DMAs."""
+    phases, s, pad, Hq, Wq, fill_value = spec.phases, spec.s, spec.pad, spec.Hq, spec.Wq, spec.fill_value
     if s != (1, 1) and lw.opt_level >= 2:
-        if phase_split(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value):
+        if phase_split(lw, what, loc, x, out, spec):
             return
     N, C, H, W = value_shape(x)
     elem = value_elem(x)
@@ -157,7 +158,7 @@ def lower_pad(lw: LoweringContext, op: nn.PadOp, loc: str) -> None:
     if lead * OH * OW:
         x4 = lw.view(lw.materialise(x), (1, lead, H, W))
         pad_kernel(
-            lw, "pad", loc, x4, lw.view(out, (1, lead, 1, OH * OW)), [(0, 0)], (1, 1), (pt, pl),
-            OH, OW, float(op.value.value.data),
+            lw, "pad", loc, x4, lw.view(out, (1, lead, 1, OH * OW)),
+            PhaseSpec([(0, 0)], (1, 1), (pt, pl), OH, OW, float(op.value.value.data)),
         )
     lw.values[res] = out

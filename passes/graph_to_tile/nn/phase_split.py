@@ -35,6 +35,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     value_elem,
     value_shape,
 )
+from tilecc.passes.graph_to_tile.nn.geometry import PhaseSpec
 from tilecc.simulator.config import HardwareConfig
 from xdsl.dialects.builtin import f32
 from xdsl.ir import SSAValue
@@ -62,16 +63,15 @@ _FEW_CHANNELS = 4
 
 
 def phase_split(
-    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, phases: list[tuple[int, int]],
-    s: tuple[int, int], pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
+    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, spec: PhaseSpec,
 ) -> bool:
     """The phase images built on the matrix engine (`pad_kernel` at -O2); False where no
     unit of the selection fits."""
     C = value_shape(x)[1]
-    if C <= _FEW_CHANNELS and fill_value == 0.0:
-        if _phase_split_rows(lw, what, loc, x, out, phases, s, pad, Hq, Wq):
+    if C <= _FEW_CHANNELS and spec.fill_value == 0.0:
+        if _phase_split_rows(lw, what, loc, x, out, spec):
             return True
-    return _phase_split_channels(lw, what, loc, x, out, phases, s, pad, Hq, Wq, fill_value)
+    return _phase_split_channels(lw, what, loc, x, out, spec)
 
 
 Segments = tuple[tuple[int, int, int, int], ...]  # (first input row, rows, first column, columns)
@@ -101,13 +101,13 @@ class _ChannelSplit:
 
 
 def _plan_channel_split(
-    cfg: HardwareConfig, shape: tuple[int, ...], isz: int, phases: list[tuple[int, int]], s: tuple[int, int],
-    pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
+    cfg: HardwareConfig, shape: tuple[int, ...], isz: int, spec: PhaseSpec,
 ) -> _ChannelSplit | None:
     """Units, kinds and bands of a channel split of an input of `shape` ([N, C, H, W],
     `isz`-byte elements); None where no unit fits the array."""
     _, C, H, W = shape
-    (sh, sw), (pt, pl) = s, pad
+    phases, Hq, Wq, fill_value = spec.phases, spec.Hq, spec.Wq, spec.fill_value
+    (sh, sw), (pt, pl) = spec.s, spec.pad
     nph = len(phases)
     row_res = sorted({a for a, _ in phases})
     col_res = sorted({b for _, b in phases})
@@ -237,15 +237,14 @@ def _plan_channel_split(
 
 
 def _phase_split_channels(
-    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, phases: list[tuple[int, int]],
-    s: tuple[int, int], pad: tuple[int, int], Hq: int, Wq: int, fill_value: float,
+    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, spec: PhaseSpec,
 ) -> bool:
     """Channels on partitions: per unit of output rows, a transpose and a selection matmul."""
     N, C, H, W = value_shape(x)
     elem = value_elem(x)
     isz = element_size(elem)
-    sh = s[0]
-    plan = _plan_channel_split(lw.cfg, (N, C, H, W), isz, phases, s, pad, Hq, Wq, fill_value)
+    phases, sh, Wq = spec.phases, spec.s[0], spec.Wq
+    plan = _plan_channel_split(lw.cfg, (N, C, H, W), isz, spec)
     if plan is None:
         return False
     TC, KMAX, NMAX, g, units, blocks = plan.TC, plan.KMAX, plan.NMAX, plan.g, plan.units, plan.blocks
@@ -378,11 +377,11 @@ def _phase_split_channels(
 
 
 def _phase_split_rows(
-    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, phases: list[tuple[int, int]],
-    s: tuple[int, int], pad: tuple[int, int], Hq: int, Wq: int,
+    lw: LoweringContext, what: str, loc: str, x: SSAValue, out: SSAValue, spec: PhaseSpec,
 ) -> bool:
     """Few channels, zero fill: per channel the image with rows on partitions; the phase
     images come out whole (rows on partitions) and are stored with one DMA each."""
+    phases, s, pad, Hq, Wq = spec.phases, spec.s, spec.pad, spec.Hq, spec.Wq
     cfg = lw.cfg
     N, C, H, W = value_shape(x)
     elem = value_elem(x)
