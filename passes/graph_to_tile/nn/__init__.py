@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import tilecc.ir.graph  # noqa: F401 (first: ir/graph.py imports graph_nn at its end)
 from tilecc.ir import graph_nn as nn
 from tilecc.passes.graph_to_tile.nn.conv import lower_conv2d
 from tilecc.passes.graph_to_tile.nn.pad import lower_pad

@@ -12,7 +12,8 @@ then without; else the -O0 small-image or banded kernel.
     graph.conv2d %x [1, 64, 56, 56], %w [1, 64, 9, 64] (gihwo), s1 p1, bf16 -> relu
       plan_conv(cloud, 2, problem, Wp=58)
         -> ConvPlan(kernel="gemm_o2", padded=True,
-                    schedule=GemmO2Plan(RB=14, steps=[KStep(K=64, ...)], slab_sets=4, unroll=True, ...))
+                    schedule=GemmO2Plan(RB=14, steps=[KStep(K=128, folded), KStep(K=64, folded)],
+                                        slab_sets=4, unroll=True, ...))
 """
 
 from __future__ import annotations

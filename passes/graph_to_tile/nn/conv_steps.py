@@ -7,7 +7,7 @@ slab), or with few input channels several kernel rows stacked (K = rows x ci), o
 stem every tap (K = ci x kh x kw):
 
     contraction_steps(geo(3x3, s1), Ci_g=256, KMAX=128, rb=4)
-        -> [KStep(K=128, slabs=[4 * Wq + 2 * Wq + 2 ...], taps=[(0, 0, 0), (1, 0, 1), ...]), KStep(K=128, ...)]
+        -> [KStep(K=128, slabs=[3 * Wq + OW + 2 * Wq + 2], taps=[(0, 0, 0), (1, 0, 1), ...]), KStep(K=128, ...)]
     contraction_steps(geo(7x7, s2), Ci_g=3, KMAX=128, rb=4)   -> 1 step, K = 7 x 3, folded
 """
 

@@ -3,7 +3,8 @@ of the queues, and how the resident weights are cut into pieces over them.
 
     qm = QueueModel(cfg)                       # cloud: 4 queues
     tile.load %w[...] -> %weights {queue = qm.next(nbytes, chunk)}    -> 0, 1, 2, 3, 0, ...
-    weight_pieces(cfg, nk=2, T=9, tap_bytes=32768) -> [(0, 0, 4), (1, 0, 4), ...]  (tile, first tap, taps)
+    weight_pieces(cfg, nk=2, T=9, tap_bytes=32768) -> [(0, 0, 4), (0, 4, 5), (1, 0, 4), (1, 4, 5)]
+                                                      (tile, first tap, taps)
 """
 
 from __future__ import annotations
