@@ -29,6 +29,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.nn.state import NnState
 from tilecc.passes.graph_to_tile.shapes import (
     IndexMap,
     Operand,
@@ -78,6 +79,7 @@ class LoweringContext:
     lowering: Operation | None = None  # the graph op being lowered (for remarks and locations)
     # the tile-DSL front end for graph.dsl_call (handed in by the driver; None: not available)
     dsl_kernels: DslKernelSource | None = None
+    nn: NnState = field(default_factory=NnState)  # the CNN family's padded layouts and constants
 
     @property
     def P(self) -> int:

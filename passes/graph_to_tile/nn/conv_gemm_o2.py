@@ -1,0 +1,188 @@
+"""The -O2 implicit GEMM convolution for images larger than one accumulator tile.
+
+Every weight of the group stays resident, loaded once in pieces over the DMA queues;
+the output rows go in bands, each with its own slabs, accumulators and epilogue buffers
+out of alternating sets, so one band's loads and matmuls overlap the previous band's
+epilogue and store:
+
+    k4_conv2d(%xq [1, 64, 1, 3364], %w [1, 64, 9, 64], %scale, %shift, %out, ...):
+      tile.load %scale, %shift (rows -> columns by 1x1 matmuls);  tile.load %xq band 0 -> %slab (set 0)
+      tile.load %w[0, 0, t0, 0] -> %weights_piece   (pieces over the queues)
+      band b:  tile.matmul %weights[:, tap], %slab[:, off + q] -> %acc[b % 2][tile]   (every tap)
+               epilogue(%acc) -> tile.store %out[...];  tile.load %xq band b + nsl -> %slab (its set)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tilecc.ir import tile
+from tilecc.passes.graph_to_tile.nn.common import (
+    HbmKernel,
+    false_i1,
+    lin,
+    sub,
+    tiles,
+    true_i1,
+    value_elem,
+)
+from tilecc.passes.graph_to_tile.nn.conv_plan import ConvIO, ConvProblem, GemmO2Plan
+from tilecc.passes.graph_to_tile.nn.epilogue import Epilogue
+from tilecc.passes.graph_to_tile.nn.queues import QueueModel
+from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
+
+if TYPE_CHECKING:
+    from tilecc.passes.graph_to_tile.context import LoweringContext
+
+
+def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, io: ConvIO) -> None:
+    """-O2 implicit GEMM for images larger than one accumulator tile.
+
+    Every weight of the group stays resident (loaded once, in pieces spread over the
+    queues; `weight_pieces`), the output rows go in bands (at least two when the image
+    allows) and each band has its own slab, accumulator and epilogue buffers out of two
+    sets, so one band's loads and matmuls overlap the previous band's epilogue and
+    store. Each output-channel tile of a band has its own accumulator, so its epilogue
+    starts while the next tile's matmuls run. Per-channel operands (bias, batch-norm
+    scale and shift) are loaded once per group (`conv_plan.plan_gemm_o2` decides the bands,
+    the slab sets and the weight pieces)."""
+    cfg = lw.cfg
+    op, loc, src, steps, out, pad = io.op, io.loc, io.src, io.steps, io.out, io.pad
+    geo, G, Ci_g, Co_g = prob.geo, prob.G, prob.Ci_g, prob.Co_g
+    w, b = op.weight, op.bias
+    elem, out_elem = value_elem(op.input), value_elem(op.results[0])
+    isz = prob.isz
+    N, OH, OW, Wq = geo.N, geo.OH, geo.OW, geo.Wq
+    Co = G * Co_g
+    TCo, ntile, RB, ks = plan.TCo, plan.ntile, plan.RB, plan.steps
+    TP = cfg.matrix.cols
+    nb = OH // RB
+    lp = geo.lp(RB)
+    nsl, unroll = plan.slab_sets, plan.unroll
+    epi = Epilogue(lw, steps, out, N, Co, OH, OW, pad=pad, loc=loc, rb=RB)
+    T = len(geo.taps)
+    wv = lw.materialise(w)
+    wview = lw.view(wv, (G, Ci_g, T, Co_g))
+    bview = lw.view(lw.materialise(b), (Co, 1)) if b is not None else None
+    args = [src, wview] + ([bview] if bview is not None else []) + epi.hbm_args()
+    k = HbmKernel(lw, "conv2d", loc, args)
+    kb = k.kb
+    qm = QueueModel(cfg)
+    sa, wa = k.arg(src), k.arg(wview)
+    # weight buffers: per step, one per weight DMA piece (tap range) of that step
+    wpieces: list[list[tuple[int, int, SSAValue]]] = []  # per step: (first tap index, taps, buffer)
+    for st, pieces in zip(ks, plan.pieces):
+        if pieces is not None:  # channel tile: its taps in pieces over the queues
+            wpieces.append([(t0, nt, kb.alloc([st.K, nt * Co_g], elem, tile.SRAM, "weights")) for t0, nt in pieces])
+        else:  # folded kernel rows: one buffer, its row blocks on one queue
+            wpieces.append([(0, len(st.taps), kb.alloc([st.K, len(st.taps) * Co_g], elem, tile.SRAM, "weights"))])
+    slabsets = [[[kb.alloc([st.K, L], elem, tile.SRAM, f"slab{i}") for i, L in enumerate(st.slabs)] for st in ks]
+                for _ in range(nsl if unroll else 2)]
+    accs = [[kb.alloc([TCo, lp], f32, tile.ACC, "acc") for _ in range(ntile)] for _ in range(2)]
+    epi.alloc(kb, TCo, RB * OW, out_elem, col_sets=ntile, sets=2)
+    epi.init(k, qm)
+    bbuf = None
+    if b is not None:
+        bbuf = kb.alloc([TCo, ntile], value_elem(b), tile.SRAM, "bias")
+        epi.extra_columns = [(bview, bbuf)]
+
+    def tap_weight(si: int, ti: int, co0: SSAValue) -> SSAValue:
+        for t0, nt, buf in wpieces[si]:
+            if t0 <= ti < t0 + nt:
+                return sub(kb, buf, 0, lin(kb, (ti - t0) * Co_g, (1, co0)), [ks[si].K, TCo])
+        raise AssertionError("tap without weights")
+
+    with kb.loop(N) as n, kb.loop(G) as gi:
+        ch0 = lin(kb, 0, (Co_g, gi))
+
+        def weight_loads() -> None:
+            """The weights of this group, resident for all bands."""
+            for si, st in enumerate(ks):
+                for t0, nt, buf in wpieces[si]:
+                    if not st.folded:
+                        kk, ci0 = st.wloads[0][1], st.loads[0][0][2]
+                        kb.add(tile.LoadOp(wa, [gi, kb.const(ci0), kb.const(t0), kb.const(0)], buf, kb.const(kk),
+                                           kb.const(nt * Co_g), 1, 3,
+                                           queue=qm.next(kk * nt * Co_g * isz, nt * Co_g * isz)))
+                    else:  # row blocks of one buffer: disjoint partitions, any queues
+                        for r0, kk, tap0, ntp, _ in st.wloads:
+                            kb.add(tile.LoadOp(wa, [gi, kb.const(0), kb.const(tap0), kb.const(0)],
+                                               sub(kb, buf, r0, 0, [kk, ntp * Co_g]), kb.const(kk),
+                                               kb.const(ntp * Co_g), 1, 3,
+                                               queue=qm.next(kk * ntp * Co_g * isz, ntp * Co_g * isz)))
+
+        def band_loads(bidx: SSAValue, sset: int) -> None:
+            p0 = lin(kb, 0, (RB * Wq, bidx))
+            slabs = slabsets[sset]
+            for si, st in enumerate(ks):
+                for li, (L, lds) in enumerate(zip(st.slabs, st.loads)):
+                    for r0, ph_, ci0, kk, off in lds:  # disjoint row blocks: any queues
+                        ci = lin(kb, ci0, (Ci_g, gi))
+                        kb.add(tile.LoadOp(sa, [n, ci, kb.const(ph_), kb.addi(p0, kb.const(off)) if off else p0],
+                                           sub(kb, slabs[si][li], r0, 0, [kk, L]), kb.const(kk), kb.const(L), 1, 3,
+                                           queue=qm.next(kk * L * isz, L * isz)))
+
+        def band(bidx: SSAValue, bset: int, sset: int, first: bool = False, last: bool = False) -> None:
+            slabs = slabsets[sset]
+            for j in range(ntile):
+                co0 = kb.const(j * TCo)
+                m = kb.const(min(TCo, Co_g - j * TCo))
+                acc = accs[bset][j]
+                first = True
+                with tiles(kb, lp, TP) as (_, q0, nq):
+                    for si, st in enumerate(ks):
+                        for ti, (_, sl, off) in enumerate(st.taps):
+                            flag = false_i1(kb) if first else true_i1(kb)
+                            first = False
+                            kb.add(tile.MatmulOp(
+                                tap_weight(si, ti, co0),
+                                sub(kb, slabs[si][sl], 0, lin(kb, off, (1, q0)), [st.K, TP]),
+                                sub(kb, acc, 0, q0, [TCo, TP]),
+                                m, kb.const(st.K), nq, flag,
+                            ))
+                c0 = lin(kb, j * TCo, (Co_g, gi))
+
+                def compact(s_: SSAValue, d_: SSAValue, rows: SSAValue, cols: int, j: int = j) -> None:
+                    if bbuf is not None:
+                        kb.add(tile.BinaryOp("add", s_, sub(kb, bbuf, 0, j, [TCo, 1]), d_, rows, kb.const(cols),
+                                             "column"))
+                    else:
+                        kb.add(tile.UnaryOp("copy", s_, d_, rows, kb.const(cols)))
+
+                oh0 = lin(kb, 0, (RB, bidx))
+                epi.emit(k, acc, m, n, c0, kb.const(0), oh0, RB, Wq, compact, col_set=j, buf_set=(bset + j) % 2,
+                         first=first, last=last)
+
+        # issue order: the per-channel operands (small; turned into columns just before
+        # the first epilogue), the first band's slabs, the weights, the other bands' slabs
+        epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g, defer=True)
+        band_loads(kb.const(0), 0)
+        weight_loads()
+        if unroll:
+            # the first `nsl` bands' loads up front, each later band's when its set frees
+            for bi in range(1, min(nsl, nb)):
+                band_loads(kb.const(bi), bi)
+            for bi in range(nb):
+                band(kb.const(bi), bi % 2, bi % nsl, first=bi == 0, last=bi == nb - 1)
+                if bi + nsl < nb:
+                    band_loads(kb.const(bi + nsl), (bi + nsl) % nsl)
+        else:
+            # the first and last bands once each (their stores cover the padding ring),
+            # the ones between in pairs: (2i + 1, set 1), (2i + 2, set 0)
+            band(kb.const(0), 0, 0, first=True)
+            mid = nb - 2
+            if mid >= 2:
+                with kb.loop(mid // 2) as bi2:
+                    for half in (1, 0):
+                        bidx = lin(kb, 1 + (1 - half), (2, bi2))
+                        band_loads(bidx, half)
+                        band(bidx, half, half)
+            if mid % 2:
+                band_loads(kb.const(nb - 2), (nb - 2) % 2)
+                band(kb.const(nb - 2), (nb - 2) % 2, (nb - 2) % 2)
+            band_loads(kb.const(nb - 1), (nb - 1) % 2)
+            band(kb.const(nb - 1), (nb - 1) % 2, (nb - 1) % 2, last=True)
+    k.launch()
+
+
