@@ -215,6 +215,8 @@ class _Handlers:
             if tx is None:
                 raise self.unsupported("first operand is not a tensor")
             if ty is None:  # a Python scalar: torch's promotion rules with a 0-d value
+                if not isinstance(y, int | float | bool | complex):
+                    raise self.unsupported("second operand is neither a tensor nor a Python number")
                 common = torch.result_type(torch.empty((), dtype=tx), y)
             else:
                 common = torch.promote_types(tx, ty)
@@ -408,7 +410,7 @@ class _Handlers:
         xs = list(g.shape_of(x))
         k = len(idx)
         block = xs[d0 : d0 + k]
-        flat = None
+        flat: SSAValue | None = None
         for j, i in enumerate(idx):
             if g.element_dtype(i.type) != DType.I32:
                 raise self.unsupported("indices must be integer tensors")
@@ -419,6 +421,8 @@ class _Handlers:
             if stride != 1:
                 i = self.emit(g.MulOp.make(i, self.const(stride, DType.I32)))
             flat = i if flat is None else self.emit(g.AddOp.make(flat, i))
+        if flat is None:
+            raise self.unsupported("no index tensor")
         rank = len(xs)
         if d0:
             perm = list(range(d0, d0 + k)) + list(range(d0)) + list(range(d0 + k, rank))
@@ -445,7 +449,7 @@ class _Handlers:
             raise self.unsupported("gather of a 0-d tensor or with an index of another rank")
         dim = int(a["dim"]) % rank
         strides = [int(np.prod(xs[j + 1 :], dtype=np.int64)) for j in range(rank)]
-        flat = None
+        flat: SSAValue | None = None
         for j in range(rank):
             if j == dim:
                 term = idx
@@ -455,6 +459,8 @@ class _Handlers:
             if strides[j] != 1:
                 term = self.emit(g.MulOp.make(term, self.const(strides[j], DType.I32)))
             flat = term if flat is None else self.emit(g.AddOp.make(flat, term))
+        if flat is None:  # rank > 0, checked above
+            raise self.unsupported("gather of a 0-d tensor")
         if g.shape_of(flat) != tuple(ish):
             flat = self.emit(g.ExpandOp.make(flat, ish))
         col = self.emit(g.ReshapeOp.make(x, [int(np.prod(xs, dtype=np.int64)), 1]))
