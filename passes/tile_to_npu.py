@@ -51,7 +51,6 @@ from xdsl.passes import ModulePass
 from tilecc.errors import CompileError
 from tilecc.ir import npu, tile
 from tilecc.ir.affine import Affine, Expr, Min, Ne
-from tilecc.passes.tile.plan_sram import element_size
 from tilecc.simulator.config import HardwareConfig, load_config
 from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, ReduceFn, UnaryFn
 

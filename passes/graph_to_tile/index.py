@@ -34,16 +34,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from xdsl.dialects.builtin import TensorType, f32, i32
+from xdsl.dialects.builtin import TensorType, i32
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import tile
-from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.conversion import lower_op
 from tilecc.ir.dtypes import masked_value
+from tilecc.passes.graph_to_tile.conversion import lower_op
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 
 
 def _shape(t: Any) -> tuple[int, ...]:

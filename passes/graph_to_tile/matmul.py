@@ -58,10 +58,9 @@ uses the -O0 kernel).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.dialects import arith
@@ -75,11 +74,11 @@ from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.schedule.matmul_schedule import (
     BlockPlan,
     Item,
+    MatmulProblem,
+    MatmulSchedule,
     batch_unrolled,
     blocks,
     chunk_widths,
-    MatmulProblem,
-    MatmulSchedule,
     groups,
     plan_blocks,
     prep_sites,
@@ -305,7 +304,8 @@ class BlockedMatmulKernel:
     def site_acc(self) -> list[SSAValue]:
         """A pair of accumulator tiles private to one transposing place of the kernel."""
         p = self.p
-        return [self.kb._add_entry(tile.AllocOp(tile.onchip_type([p.TK, p.TM], f32, tile.ACC), f"acc_t{self.n_sites}_{i}"))
+        return [self.kb._add_entry(tile.AllocOp(tile.onchip_type([p.TK, p.TM], f32, tile.ACC),
+                                                f"acc_t{self.n_sites}_{i}"))
                 for i in range(2)]
 
     def transpose(self, kt: _Aff, kt_par: int, ksz: int, a_buf: SSAValue, u_par: int, ms: int, dst: SSAValue,

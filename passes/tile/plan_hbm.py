@@ -116,7 +116,7 @@ def plan_hbm(op: ModuleOp, cfg: HardwareConfig) -> None:
         size = _aligned(tensor_bytes(alloc.result.type))  # type: ignore[arg-type]
         total += size
         first, last = ranges.get(alloc.result, (-1, -1))
-        busy = sorted((s, e) for s, e, f, l in placed if not (last < f or l < first))
+        busy = sorted((s, e) for s, e, f, lst in placed if not (last < f or lst < first))
         addr = base
         for s, e in busy:
             if addr + size <= s:

@@ -26,8 +26,8 @@ from xdsl.passes import ModulePass
 
 from tilecc.errors import SramOverflowError
 from tilecc.ir import tile
-from tilecc.passes import remarks
 from tilecc.ir.dtypes import element_size
+from tilecc.passes import remarks
 from tilecc.simulator.config import HardwareConfig, load_config
 
 ALIGN = 64
