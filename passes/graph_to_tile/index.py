@@ -213,7 +213,7 @@ def lower_sdpa(lw, op: gi.SdpaOp, loc: str) -> None:
         s = add(g.MatmulOp.make(q, kt))
         scale = op.scale.value.data
         if scale != 1.0:
-            s = add(g.MulOp.make(s, add(g.ConstantOp.make(np.float32(scale), dt))))
+            s = add(g.MulOp.make(s, add(g.ConstantOp.make(np.asarray(scale, dtype=np.float32), dt))))
         if op.mask is not None:
             s = add(g.AddOp.make(s, op.mask))
         if op.is_causal:

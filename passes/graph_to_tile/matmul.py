@@ -67,10 +67,12 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import Float32Type, IntegerAttr, f32, i1
 from xdsl.ir import Operation, SSAValue
 
+from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.shapes import shape_of
 from tilecc.passes.schedule.matmul_schedule import (
     BlockPlan,
     Item,
@@ -202,10 +204,12 @@ class BlockedMatmulKernel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        acc = None
+        acc: SSAValue | None = None
         for v, k in a.terms:
             term = v if k == 1 else self.kb.muli(v, self.c(k))
             acc = term if acc is None else self.kb.addi(acc, term)
+        if acc is None:  # a non-constant index has terms
+            raise CompileError("lower-graph-to-tile: a matmul index without terms")
         if a.const:
             acc = self.kb.addi(acc, self.c(a.const))
         self._cache[key] = acc
@@ -518,7 +522,7 @@ class BlockedMatmulKernel:
 
 
 def tile_shape(v: SSAValue) -> tuple[int, ...]:
-    return tuple(v.type.get_shape())
+    return shape_of(v.type)
 
 
 def _dtype_name(elem) -> str:
