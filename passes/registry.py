@@ -26,7 +26,7 @@ PASSES: dict[str, type[ModulePass]] = {
     )
 }
 
-Stage = tuple[str, Callable[[ModuleOp], None]]
+Stage = tuple[str, Callable[[ModuleOp], object]]  # (pass name, run on a module; its result unused)
 
 
 def default_pipeline(

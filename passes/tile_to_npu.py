@@ -218,7 +218,7 @@ class KernelLowering:
         assert isinstance(b, Buffer)
         return b
 
-    def operand(self, prefix: str, b: Buffer) -> dict[str, int]:
+    def operand(self, prefix: str, b: Buffer) -> dict[str, int | str]:
         return {
             f"{prefix}_mem": int(b.mem),
             f"{prefix}_part": _field(b.part),
@@ -339,7 +339,7 @@ def _gather(kl: KernelLowering, op: tile.GatherOp) -> npu.InstructionOp:
 
 def _matmul(kl: KernelLowering, op: tile.MatmulOp) -> npu.InstructionOp:
     a, b, o = kl.buf(op.lhsT), kl.buf(op.rhs), kl.buf(op.acc)
-    fields = {
+    fields: dict[str, npu.FieldValue] = {
         **kl.operand("a", a),
         **kl.operand("b", b),
         **kl.operand("o", o),

@@ -14,7 +14,8 @@ winners per kernel signature.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, TensorType, f32
@@ -99,7 +100,7 @@ def tuning_policy(
 
         judge: list[GraphProgram] = []
 
-        def timed(d: dict) -> float:
+        def timed(d: Mapping[str, Any]) -> float:
             if not judge:
                 judge.append(program() if program is not None else kernel_alone(problem, cfg))
             return measure_program(judge[0], MatmulSchedule.from_dict(d))
