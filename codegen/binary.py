@@ -117,7 +117,7 @@ def _fail(i: int, what: str) -> None:
 def _first(mask: np.ndarray) -> int | None:
     """Index of the first record where `mask` holds (any() along extra axes), or None."""
     if mask.ndim > 1:
-        mask = mask.any(axis=tuple(range(1, mask.ndim)))
+        mask = np.asarray(mask.any(axis=tuple(range(1, mask.ndim))))
     idx = np.flatnonzero(mask)
     return int(idx[0]) if idx.size else None
 
@@ -197,7 +197,7 @@ def _validate_canonical(stream: np.ndarray) -> None:
     opcode = stream["opcode"]
     flags = stream["flags"]
     # fields an opcode does not use hold their cleared value
-    all_fields = [n for n in RECORD.names if n not in ("opcode", "engine")]
+    all_fields = [n for n in RECORD.names or () if n not in ("opcode", "engine")]  # a structured dtype: names
     for op, used in USED_FIELDS.items():
         sel = opcode == op
         if not sel.any():

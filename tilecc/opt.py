@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args = _stdio_dashes(args)
     try:
-        TileccOptMain("tilecc-opt: " + __doc__.splitlines()[0].split(": ", 1)[1], args).run()
+        TileccOptMain((__doc__ or "tilecc-opt").splitlines()[0], args).run()  # "tilecc-opt: an mlir-opt-style ..."
     except (TileccError, ParseError, DiagnosticException, OSError, ValueError) as e:
         print(f"error: {_input_message(args) or _message(e)}", file=sys.stderr)
         return 2
