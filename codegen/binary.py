@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,7 @@ _ENUM_FIELDS = (
 _DTYPE_FIELDS = ("a_dtype", "b_dtype", "o_dtype")
 
 
-def _table(values, size: int = 256) -> np.ndarray:
+def _table(values: Iterable[int], size: int = 256) -> np.ndarray:
     t = np.zeros(size, dtype=bool)
     t[[int(v) for v in values]] = True
     return t

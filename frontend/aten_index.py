@@ -17,12 +17,13 @@ additive 0 / -inf mask; grouped-query attention repeats the k / v heads).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch.fx import Node
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
@@ -54,7 +55,7 @@ class _Handlers:
     def unsupported(self, reason: str) -> Exception:
         return self._Unsupported(reason)
 
-    def emit(self, op) -> SSAValue:
+    def emit(self, op: Operation) -> SSAValue:
         return self.imp.emit(op)
 
     def torch_dtype(self, a: Any) -> torch.dtype | None:
@@ -170,14 +171,14 @@ class _Handlers:
 
     # -- elementwise ------------------------------------------------------------------
 
-    def unary(self, cls):
+    def unary(self, cls: Any) -> Callable[[Node], SSAValue]:  # cls: a graph op class
         def handle(node: Node) -> SSAValue:
             _, dt = self.out(node)
             return self.emit(cls.make(self.imp.cast_to(self.imp.tensor(node.args[0]), dt)))
 
         return handle
 
-    def binary(self, cls):
+    def binary(self, cls: Any) -> Callable[[Node], SSAValue]:  # cls: a graph op class
         def handle(node: Node) -> SSAValue:
             _, dt = self.out(node)
             return self.emit(cls.make(self.operand(node.args[0], dt), self.operand(node.args[1], dt)))
@@ -208,7 +209,7 @@ class _Handlers:
         _, dt = self.out(node)
         return self.emit(gi.PowOp.make(self.const(a["self"], dt), self.operand(a["exponent"], dt)))
 
-    def compare(self, cls):
+    def compare(self, cls: Any) -> Callable[[Node], SSAValue]:  # cls: a graph op class
         def handle(node: Node) -> SSAValue:
             x, y = node.args[0], node.args[1]
             tx, ty = self.torch_dtype(x), self.torch_dtype(y)
@@ -225,7 +226,7 @@ class _Handlers:
 
         return handle
 
-    def logical(self, cls, bool_only: bool = False):
+    def logical(self, cls: Any, bool_only: bool = False) -> Callable[[Node], SSAValue]:
         def handle(node: Node) -> SSAValue:
             x, y = node.args[0], node.args[1]
             if bool_only and not (self.torch_dtype(x) == torch.bool and self.torch_dtype(y) == torch.bool):

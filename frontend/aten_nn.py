@@ -21,12 +21,13 @@ through the importer `imp` (see `frontend/torch_export.py`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch.fx import Node
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_nn as nn
@@ -93,7 +94,7 @@ class _Handlers:
 
     # -- helpers ----------------------------------------------------------------------
 
-    def emit(self, op) -> SSAValue:
+    def emit(self, op: Operation) -> SSAValue:
         return self.imp.emit(op)
 
     def x_of(self, node: Node, a: Any, dt: DType) -> SSAValue:
@@ -353,7 +354,7 @@ class _Handlers:
 
     # -- reductions -------------------------------------------------------------------
 
-    def reduce(self, cls):
+    def reduce(self, cls: Any) -> Callable[[Node], SSAValue]:  # cls: a graph op class
         def handle(node: Node) -> SSAValue:
             a = self.bind(node)
             shape, dt = self.imp.out_meta(node)

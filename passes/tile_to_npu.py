@@ -31,6 +31,7 @@ Semaphores come from the separate `npu-insert-sync` pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -227,7 +228,8 @@ class KernelLowering:
         }
 
     def hbm_access(
-        self, t: HbmTensor, indices, row_dim: int, col_dim: int, row_step: int = 1, col_step: int = 1
+        self, t: HbmTensor, indices: Sequence[SSAValue], row_dim: int, col_dim: int,
+        row_step: int = 1, col_step: int = 1,
     ) -> dict[str, int | str]:
         strides = t.strides()
         addr = Affine(t.addr)

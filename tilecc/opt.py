@@ -23,6 +23,7 @@ from pathlib import Path
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 from xdsl.parser import Parser
 from xdsl.universe import Universe
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
@@ -92,7 +93,7 @@ def _parse_message(e: ParseError, source: str) -> str:
     return f"{place}: {cause}"
 
 
-def _verify_message(e: VerifyException, text: str, module, source: str) -> str:
+def _verify_message(e: VerifyException, text: str, module: ModuleOp | None, source: str) -> str:
     """``FILE:LINE: cause``: the first op (in walk order) that fails its own checks,
     located in the source by the name of its result or its position among same-named ops."""
     cause = " ".join(str(e).split())
@@ -112,7 +113,7 @@ def _verify_message(e: VerifyException, text: str, module, source: str) -> str:
     return f"{source}: {cause}"
 
 
-def _line_of(text: str, op, ordinal: int) -> int | None:
+def _line_of(text: str, op: Operation, ordinal: int) -> int | None:
     import re
 
     lines = text.splitlines()

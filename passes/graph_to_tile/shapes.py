@@ -34,10 +34,12 @@ from tilecc.ir.dtypes import element_size
 
 __all__ = [
     "IndexMap", "Operand", "collapse", "dense_attr", "dense_values", "elem_of", "element_size", "is_memref",
-    "is_shaped", "matmul_dims", "merges", "padded_strides", "reshape_strides", "shape_of",
+    "is_shaped", "MatmulDims", "matmul_dims", "merges", "padded_strides", "reshape_strides", "shape_of",
 ]
 
 IndexMap = list[int | None]  # output dim -> operand dim (None: broadcast)
+# (result, output shape, a, b, M, K, N) of a graph.matmul
+MatmulDims = tuple[SSAValue, tuple[int, ...], SSAValue, SSAValue, int, int, int]
 
 
 def is_shaped(t: Attribute) -> TypeGuard[TensorType[Attribute] | MemRefType[Attribute]]:
@@ -164,7 +166,7 @@ def dense_values(op: Operation) -> np.ndarray:
     return np.asarray(attr.get_values(), dtype=np.float32)
 
 
-def matmul_dims(op: Operation):
+def matmul_dims(op: Operation) -> MatmulDims | None:
     """(result, output shape, a, b, M, K, N) of a graph.matmul; None for rank-1 operands."""
     res = op.results[0]
     a, b = op.operands

@@ -71,8 +71,11 @@ class MatmulProblem:
     fused_ops: str = ""  # the fused group's ops and shapes (part of the cache signature)
 
     @staticmethod
-    def make(cfg: HardwareConfig, M: int, K: int, N: int, *, batch=(), a_batch=None, b_batch=None,
-             a_dtype="bf16", b_dtype="bf16", o_dtype=None) -> MatmulProblem:
+    def make(
+        cfg: HardwareConfig, M: int, K: int, N: int, *, batch: Sequence[int] = (),
+        a_batch: Sequence[bool] | None = None, b_batch: Sequence[bool] | None = None,
+        a_dtype: str = "bf16", b_dtype: str = "bf16", o_dtype: str | None = None,
+    ) -> MatmulProblem:
         batch = tuple(int(x) for x in batch)
         return MatmulProblem(
             M, K, N, batch,

@@ -14,7 +14,7 @@ winners per kernel signature.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from xdsl.dialects import func
@@ -49,7 +49,7 @@ def kernel_alone(problem: MatmulProblem, cfg: HardwareConfig) -> GraphProgram:
     return g.GraphProgram(ModuleOp([fn]), {}, ["a", "b"], ["out"])
 
 
-def diverse(ranked, first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
+def diverse(ranked: Sequence[tuple[float, MatmulSchedule]], first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
     """The best-ranked schedules that differ from each other (and from `first`) in the
     block, the chunk width, the number of B queues or staggering; then the next best."""
     def shape(s: MatmulSchedule) -> tuple:
@@ -67,7 +67,7 @@ def diverse(ranked, first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
     return out
 
 
-def _valid_schedule(d, problem: MatmulProblem, cfg) -> bool:
+def _valid_schedule(d: Mapping[str, Any], problem: MatmulProblem, cfg: HardwareConfig) -> bool:
     """A cached winner is a schedule that fits (a hand-edited or stale file may hold anything)."""
     try:
         s = MatmulSchedule.from_dict(d)
