@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,7 @@ _ENUM_FIELDS = (
 _DTYPE_FIELDS = ("a_dtype", "b_dtype", "o_dtype")
 
 
-def _table(values, size: int = 256) -> np.ndarray:
+def _table(values: Iterable[int], size: int = 256) -> np.ndarray:
     t = np.zeros(size, dtype=bool)
     t[[int(v) for v in values]] = True
     return t
@@ -117,7 +118,7 @@ def _fail(i: int, what: str) -> None:
 def _first(mask: np.ndarray) -> int | None:
     """Index of the first record where `mask` holds (any() along extra axes), or None."""
     if mask.ndim > 1:
-        mask = mask.any(axis=tuple(range(1, mask.ndim)))
+        mask = np.asarray(mask.any(axis=tuple(range(1, mask.ndim))))
     idx = np.flatnonzero(mask)
     return int(idx[0]) if idx.size else None
 
@@ -197,7 +198,7 @@ def _validate_canonical(stream: np.ndarray) -> None:
     opcode = stream["opcode"]
     flags = stream["flags"]
     # fields an opcode does not use hold their cleared value
-    all_fields = [n for n in RECORD.names if n not in ("opcode", "engine")]
+    all_fields = [n for n in RECORD.names or () if n not in ("opcode", "engine")]  # a structured dtype: names
     for op, used in USED_FIELDS.items():
         sel = opcode == op
         if not sel.any():

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xdsl.dialects import arith, func, scf
-from xdsl.dialects.builtin import IntegerAttr, MemRefType, NoneAttr
+from xdsl.dialects.builtin import IntegerAttr, IntegerType, MemRefType, NoneAttr
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.errors import TileccError
@@ -210,7 +210,7 @@ class _Emitter:
             v = op.value
             if isinstance(v, IntegerAttr):
                 val = v.value.data
-                if v.type.__class__.__name__ == "IntegerType" and getattr(v.type, "width", None).data == 1:
+                if isinstance(v.type, IntegerType) and v.type.width.data == 1:
                     val = bool(val)
             else:
                 raise TritonCodegenError(f"arith.constant {v} is not translated")

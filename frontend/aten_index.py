@@ -17,12 +17,13 @@ additive 0 / -inf mask; grouped-query attention repeats the k / v heads).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch.fx import Node
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
@@ -54,7 +55,7 @@ class _Handlers:
     def unsupported(self, reason: str) -> Exception:
         return self._Unsupported(reason)
 
-    def emit(self, op) -> SSAValue:
+    def emit(self, op: Operation) -> SSAValue:
         return self.imp.emit(op)
 
     def torch_dtype(self, a: Any) -> torch.dtype | None:
@@ -170,14 +171,14 @@ class _Handlers:
 
     # -- elementwise ------------------------------------------------------------------
 
-    def unary(self, cls):
+    def unary(self, cls: Any) -> Callable[[Node], SSAValue]:  # cls: a graph op class
         def handle(node: Node) -> SSAValue:
             _, dt = self.out(node)
             return self.emit(cls.make(self.imp.cast_to(self.imp.tensor(node.args[0]), dt)))
 
         return handle
 
-    def binary(self, cls):
+    def binary(self, cls: Any) -> Callable[[Node], SSAValue]:  # cls: a graph op class
         def handle(node: Node) -> SSAValue:
             _, dt = self.out(node)
             return self.emit(cls.make(self.operand(node.args[0], dt), self.operand(node.args[1], dt)))
@@ -208,13 +209,15 @@ class _Handlers:
         _, dt = self.out(node)
         return self.emit(gi.PowOp.make(self.const(a["self"], dt), self.operand(a["exponent"], dt)))
 
-    def compare(self, cls):
+    def compare(self, cls: Any) -> Callable[[Node], SSAValue]:  # cls: a graph op class
         def handle(node: Node) -> SSAValue:
             x, y = node.args[0], node.args[1]
             tx, ty = self.torch_dtype(x), self.torch_dtype(y)
             if tx is None:
                 raise self.unsupported("first operand is not a tensor")
             if ty is None:  # a Python scalar: torch's promotion rules with a 0-d value
+                if not isinstance(y, int | float | bool | complex):
+                    raise self.unsupported("second operand is neither a tensor nor a Python number")
                 common = torch.result_type(torch.empty((), dtype=tx), y)
             else:
                 common = torch.promote_types(tx, ty)
@@ -223,7 +226,7 @@ class _Handlers:
 
         return handle
 
-    def logical(self, cls, bool_only: bool = False):
+    def logical(self, cls: Any, bool_only: bool = False) -> Callable[[Node], SSAValue]:
         def handle(node: Node) -> SSAValue:
             x, y = node.args[0], node.args[1]
             if bool_only and not (self.torch_dtype(x) == torch.bool and self.torch_dtype(y) == torch.bool):
@@ -408,7 +411,7 @@ class _Handlers:
         xs = list(g.shape_of(x))
         k = len(idx)
         block = xs[d0 : d0 + k]
-        flat = None
+        flat: SSAValue | None = None
         for j, i in enumerate(idx):
             if g.element_dtype(i.type) != DType.I32:
                 raise self.unsupported("indices must be integer tensors")
@@ -419,6 +422,8 @@ class _Handlers:
             if stride != 1:
                 i = self.emit(g.MulOp.make(i, self.const(stride, DType.I32)))
             flat = i if flat is None else self.emit(g.AddOp.make(flat, i))
+        if flat is None:
+            raise self.unsupported("no index tensor")
         rank = len(xs)
         if d0:
             perm = list(range(d0, d0 + k)) + list(range(d0)) + list(range(d0 + k, rank))
@@ -445,7 +450,7 @@ class _Handlers:
             raise self.unsupported("gather of a 0-d tensor or with an index of another rank")
         dim = int(a["dim"]) % rank
         strides = [int(np.prod(xs[j + 1 :], dtype=np.int64)) for j in range(rank)]
-        flat = None
+        flat: SSAValue | None = None
         for j in range(rank):
             if j == dim:
                 term = idx
@@ -455,6 +460,8 @@ class _Handlers:
             if strides[j] != 1:
                 term = self.emit(g.MulOp.make(term, self.const(strides[j], DType.I32)))
             flat = term if flat is None else self.emit(g.AddOp.make(flat, term))
+        if flat is None:  # rank > 0, checked above
+            raise self.unsupported("gather of a 0-d tensor")
         if g.shape_of(flat) != tuple(ish):
             flat = self.emit(g.ExpandOp.make(flat, ish))
         col = self.emit(g.ReshapeOp.make(x, [int(np.prod(xs, dtype=np.int64)), 1]))

@@ -21,12 +21,13 @@ through the importer `imp` (see `frontend/torch_export.py`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch.fx import Node
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_nn as nn
@@ -93,7 +94,7 @@ class _Handlers:
 
     # -- helpers ----------------------------------------------------------------------
 
-    def emit(self, op) -> SSAValue:
+    def emit(self, op: Operation) -> SSAValue:
         return self.imp.emit(op)
 
     def x_of(self, node: Node, a: Any, dt: DType) -> SSAValue:
@@ -172,11 +173,13 @@ class _Handlers:
         C = shape[1]
         cshape = [C] + [1] * (rank - 2)
         eps = float(a["eps"])
-        parts = [self.known(a[k]) if a[k] is not None else None for k in ("weight", "bias", "running_mean", "running_var")]
+        names = ("weight", "bias", "running_mean", "running_var")
+        parts = [self.known(a[k]) if a[k] is not None else None for k in names]
         w, b, mean, var = parts
         if a["running_mean"] is None or a["running_var"] is None:
             raise self.Unsupported("batch norm without running statistics")
-        if all(p is not None or a[k] is None for p, k in zip(parts, ("weight", "bias", "running_mean", "running_var"))):
+        known = all(p is not None or a[k] is None for p, k in zip(parts, names))
+        if known and mean is not None and var is not None:  # known implies both (checked present above)
             # everything known: per-channel scale and shift, computed like torch in fp32
             mean32, var32 = mean.to(torch.float32), var.to(torch.float32)
             invstd = 1.0 / torch.sqrt(var32 + eps)
@@ -197,6 +200,8 @@ class _Handlers:
                 return self.emit(g.ReshapeOp.make(self.x_of(node, a[k], dt), cshape))
 
             wv, bv, mv, vv = vec("weight"), vec("bias"), vec("running_mean"), vec("running_var")
+            if mv is None or vv is None:  # checked present above
+                raise self.Unsupported("batch norm without running statistics")
             scale = self.emit(g.RsqrtOp.make(self.emit(g.AddOp.make(vv, self.const(eps, dt)))))
             if wv is not None:
                 scale = self.emit(g.MulOp.make(scale, wv))
@@ -223,7 +228,7 @@ class _Handlers:
         wop = conv.weight.owner
         if layout != "gihwo" or not isinstance(wop, g.WeightOp) or not conv.weight.has_one_use():
             return None
-        wname = wop.properties["name"].data
+        wname = wop.weight
         w = self.imp.weights.get(wname)
         if w is None:
             return None
@@ -232,7 +237,7 @@ class _Handlers:
             bop = conv.bias.owner
             if not isinstance(bop, g.WeightOp) or not conv.bias.has_one_use():
                 return None
-            bias = self.imp.weights.get(bop.properties["name"].data)
+            bias = self.imp.weights.get(bop.weight)
             if bias is None:
                 return None
         G, cig, kh, kw, cog = w.shape
@@ -250,7 +255,7 @@ class _Handlers:
         conv.erase()
         for v in (wop.results[0], old_bias):
             if v is not None and not v.uses and isinstance(v.owner, g.WeightOp):
-                name = v.owner.properties["name"].data
+                name = v.owner.weight
                 v.owner.detach()
                 v.owner.erase()
                 if name != f"{wname}.bn_folded":
@@ -349,7 +354,7 @@ class _Handlers:
 
     # -- reductions -------------------------------------------------------------------
 
-    def reduce(self, cls):
+    def reduce(self, cls: Any) -> Callable[[Node], SSAValue]:  # cls: a graph op class
         def handle(node: Node) -> SSAValue:
             a = self.bind(node)
             shape, dt = self.imp.out_meta(node)
@@ -368,7 +373,8 @@ class _Handlers:
         x32 = self.imp.cast_to(x, DType.F32)
         shape = g.shape_of(x32)
         dims = a.get("dim")
-        dims = list(range(len(shape))) if dims is None or len(dims) == 0 else [int(d) % max(len(shape), 1) for d in dims]
+        dims = (list(range(len(shape))) if dims is None or len(dims) == 0
+                else [int(d) % max(len(shape), 1) for d in dims])
         keep = bool(a.get("keepdim"))
         if "correction" in a:
             corr = a["correction"] if a["correction"] is not None else 1

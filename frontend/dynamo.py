@@ -81,7 +81,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None
 
 def _graph_compiler(opts: BackendOptions, kind: str) -> Any:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-        from torch._functorch.aot_autograd import make_boxed_func
+        # torch's stub: aot_autograd re-exports make_boxed_func without listing it in __all__
+        from torch._functorch.aot_autograd import make_boxed_func  # pyright: ignore[reportPrivateImportUsage]
 
         from tilecc.runtime.partition import partition_graph
         from tilecc.simulator.config import load_config

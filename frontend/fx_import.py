@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
+from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import Graph, GraphModule, Node
 
@@ -84,7 +85,7 @@ class _FxImporter(_Importer):
         """Layer norm whose mean and rstd outputs are used (a training forward saves them
         for the backward): both computed in fp32 beside the normalised output."""
         y, mean_p, rstd_p = self.h_layer_norm(node)
-        used = {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
+        used = {i for u in node.users if u.target is operator.getitem and u.users and isinstance(i := u.args[1], int)}
         if not used & {1, 2}:
             return (y, mean_p, rstd_p)
         a = _bind(node)
@@ -114,7 +115,8 @@ def import_graph_module(gm: GraphModule | Graph, bindings: dict | None = None) -
     `UnsupportedOpError` listing every node that cannot be imported.
     """
     graph = gm.graph if isinstance(gm, GraphModule) else gm
-    return _FxImporter(FxProgram.of(graph), bindings).run()  # type: ignore[arg-type]
+    # FxProgram has the parts of an ExportedProgram that the importer reads (duck-typed)
+    return _FxImporter(cast(ExportedProgram, FxProgram.of(graph)), bindings).run()
 
 
 def tensor_inputs(graph: Graph) -> list[bool]:

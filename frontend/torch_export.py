@@ -28,14 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import InputKind, InputSpec, OutputKind
 from torch.fx import Node
+from torch.fx.node import map_arg
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr, TensorType
 from xdsl.ir import Block, Operation, Region, SSAValue
 
-from tilecc.frontend.decompositions import decomposition_table  # noqa: F401 (shared table)
 from tilecc.errors import ExportError, ShapeError, TileccError, UnsupportedOpError
+from tilecc.frontend.decompositions import decomposition_table  # noqa: F401 (shared table)
 from tilecc.ir import graph as g
 from tilecc.simulator.isa import DType
 
@@ -155,7 +156,9 @@ def _op_name(target: Any) -> str:
 
 def _bind(node: Node) -> dict[str, Any]:
     """Arguments of an ATen call by schema name, defaults filled in."""
-    schema = node.target._schema  # type: ignore[union-attr]
+    if not isinstance(node.target, torch._ops.OpOverload):
+        raise _Unsupported(f"{_op_name(node.target)} is not an ATen operator")
+    schema = node.target._schema
     out: dict[str, Any] = {}
     for i, a in enumerate(schema.arguments):
         if i < len(node.args) and not a.kwarg_only:
@@ -223,7 +226,7 @@ class _Importer:
         self.output_names: list[str] = []
         self.input_dtypes: list[str] = []  # user-facing torch dtypes ("int64", "float32")
         self.output_dtypes: list[str] = []
-        self.input_types: list[TensorType] = []
+        self.input_types: list[TensorType | None] = []  # None: an input that cannot be imported
         self.loc = "<unknown>"  # location of the node being converted
         # nodes whose value is known at compile time (weights, and ops on them only):
         # folded in eager torch, emitted as graph.weight only where a runtime op uses them
@@ -455,7 +458,7 @@ class _Importer:
 
     def h_permute(self, node: Node) -> SSAValue:
         x = self.tensor(node.args[0])
-        return self.emit(g.PermuteOp.make(x, [int(d) for d in node.args[1]]))
+        return self.emit(g.PermuteOp.make(x, [int(d) for d in _bind(node)["dims"]]))
 
     def h_t(self, node: Node) -> SSAValue:
         x = self.tensor(node.args[0])
@@ -468,7 +471,8 @@ class _Importer:
         rank = len(g.shape_of(x))
         if rank == 0:
             return x
-        d0, d1 = (int(d) % rank for d in node.args[1:3])
+        a = _bind(node)
+        d0, d1 = (int(a[k]) % rank for k in ("dim0", "dim1"))
         if d0 == d1:
             return x
         perm = list(range(rank))
@@ -506,6 +510,8 @@ class _Importer:
         v = self.value(src)
         if not isinstance(v, list | tuple):
             raise _Unsupported("getitem on a non-tuple")
+        if not isinstance(idx, int):
+            raise _Unsupported(f"getitem with a non-integer index {idx!r}")
         item = v[idx]
         if isinstance(item, _Poison) and node.users:
             # e.g. the mean / rstd outputs of native_layer_norm
@@ -516,7 +522,7 @@ class _Importer:
 
     def h_sym_size(self, node: Node) -> int:
         """A symbolic size, concrete in this specialisation."""
-        return g.shape_of(self.tensor(node.args[0]))[int(node.args[1])]
+        return g.shape_of(self.tensor(node.args[0]))[int(_bind(node)["dim"])]
 
     def size_arith(self, fn: Callable[..., Any]) -> Callable[[Node], int]:
         def handle(node: Node) -> int:
@@ -542,7 +548,7 @@ class _Importer:
                 return node_location(u)
         return node.name
 
-    def placeholder(self, node: Node, spec) -> None:
+    def placeholder(self, node: Node, spec: InputSpec) -> None:
         if spec.kind == InputKind.USER_INPUT:
             name = node.name
             self.input_names.append(name)
@@ -562,13 +568,15 @@ class _Importer:
                      "float16, integer and bool tensors)", "<input>")
                 )
                 self.env[node] = _Poison("input")
-                self.input_types.append(None)  # type: ignore[arg-type]
+                self.input_types.append(None)
                 return
             self.input_types.append(ty)
             self.env[node] = self.block.insert_arg(ty, len(self.block.args))
             return
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             target = spec.target
+            if target is None:  # torch.export names every parameter, buffer and constant
+                raise ExportError(f"{spec.kind.name.lower()} input '{node.name}' has no name")
             if not node.users:
                 self.env[node] = _Poison("unused")
                 return
@@ -623,11 +631,14 @@ class _Importer:
             )
             if meta.numel() > max(4 * numel_in, 1 << 16):
                 return False  # do not blow a small constant up into a large one
-        args = torch.fx.node.map_arg(node.args, lambda n: self.const_values[n])
-        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.const_values[n])
+        target = node.target
+        if isinstance(target, str):  # a call_function node's target is a callable
+            return False
+        args = map_arg(node.args, lambda n: self.const_values[n])
+        kwargs = map_arg(node.kwargs, lambda n: self.const_values[n])
         try:
             with torch.no_grad():
-                self.const_values[node] = node.target(*args, **kwargs)
+                self.const_values[node] = target(*args, **kwargs)
         except Exception:  # not evaluable here (e.g. needs a device): import it normally
             return False
         parent = next((self.const_names[n] for n in node.all_input_nodes if n in self.const_names), None)
@@ -679,11 +690,11 @@ class _Importer:
         if any(isinstance(d, torch.SymInt) for d in t.shape):
             v.owner.attributes.setdefault(SHAPE_ATTR, StringAttr(symbolic_shape(t)))
 
-    def symbols_attr(self) -> DictionaryAttr:
+    def symbols_attr(self, bindings: dict) -> DictionaryAttr:
         """``{s0 = "[1, 64] = 4", ...}``: each size symbol, its declared range and its value
         in this specialisation."""
         out = {}
-        for sym, value in sorted(self.bindings.items(), key=lambda kv: str(kv[0])):
+        for sym, value in sorted(bindings.items(), key=lambda kv: str(kv[0])):
             vr = self.ep.range_constraints.get(sym)
             rng = f"[{vr.lower}, {vr.upper}]" if vr is not None else "[?, ?]"
             out[str(sym)] = StringAttr(f"{rng} = {value}")
@@ -730,11 +741,10 @@ class _Importer:
             raise UnsupportedOpError(self.unsupported)
 
         self.block.add_op(func.ReturnOp(*results))
-        fn = func.FuncOp(
-            "forward", (self.input_types, [r.type for r in results]), Region(self.block)
-        )
+        inputs = [t for t in self.input_types if t is not None]  # all of them, none being unsupported
+        fn = func.FuncOp("forward", (inputs, [r.type for r in results]), Region(self.block))
         if self.bindings:
-            fn.attributes[SYMBOLS_ATTR] = self.symbols_attr()
+            fn.attributes[SYMBOLS_ATTR] = self.symbols_attr(self.bindings)
             shapes = []
             for node in ep.graph.nodes:
                 if node.op == "placeholder" and node.name in self.input_names:

@@ -12,10 +12,10 @@ from tilecc.passes.graph.fuse import FuseGraphPass, fuse
 from tilecc.passes.graph_to_tile.context import DslKernelSource
 from tilecc.passes.graph_to_tile.conversion import LowerGraphToTilePass, lower_graph_to_tile
 from tilecc.passes.npu.insert_sync import InsertSyncPass, insert_sync
+from tilecc.passes.session import CompileSession
 from tilecc.passes.tile.plan_hbm import PlanHbmPass, plan_hbm
 from tilecc.passes.tile.plan_sram import PlanSramPass, plan_sram
 from tilecc.passes.tile_to_npu import LowerTileToNpuPass, lower_tile_to_npu
-from tilecc.passes.session import CompileSession
 from tilecc.simulator.config import HardwareConfig
 
 PASSES: dict[str, type[ModulePass]] = {
@@ -26,7 +26,7 @@ PASSES: dict[str, type[ModulePass]] = {
     )
 }
 
-Stage = tuple[str, Callable[[ModuleOp], None]]
+Stage = tuple[str, Callable[[ModuleOp], object]]  # (pass name, run on a module; its result unused)
 
 
 def default_pipeline(

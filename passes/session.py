@@ -57,7 +57,7 @@ class BoundedCache(Generic[V]):
 class CompileSession:
     """The caches of one compile, by name (one per concept that memoises)."""
 
-    caches: dict[str, BoundedCache[Any]] = field(default_factory=dict)
+    caches: dict[str, BoundedCache[Any]] = field(default_factory=dict[str, BoundedCache[Any]])
 
     def cache(self, name: str, maxsize: int) -> BoundedCache[Any]:
         """The session's cache called `name`, created on first use with `maxsize` entries."""

@@ -31,6 +31,7 @@ Semaphores come from the separate `npu-insert-sync` pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -51,7 +52,6 @@ from xdsl.passes import ModulePass
 from tilecc.errors import CompileError
 from tilecc.ir import npu, tile
 from tilecc.ir.affine import Affine, Expr, Min, Ne
-from tilecc.passes.tile.plan_sram import element_size
 from tilecc.simulator.config import HardwareConfig, load_config
 from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, ReduceFn, UnaryFn
 
@@ -219,7 +219,7 @@ class KernelLowering:
         assert isinstance(b, Buffer)
         return b
 
-    def operand(self, prefix: str, b: Buffer) -> dict[str, int]:
+    def operand(self, prefix: str, b: Buffer) -> dict[str, int | str]:
         return {
             f"{prefix}_mem": int(b.mem),
             f"{prefix}_part": _field(b.part),
@@ -228,7 +228,8 @@ class KernelLowering:
         }
 
     def hbm_access(
-        self, t: HbmTensor, indices, row_dim: int, col_dim: int, row_step: int = 1, col_step: int = 1
+        self, t: HbmTensor, indices: Sequence[SSAValue], row_dim: int, col_dim: int,
+        row_step: int = 1, col_step: int = 1,
     ) -> dict[str, int | str]:
         strides = t.strides()
         addr = Affine(t.addr)
@@ -340,7 +341,7 @@ def _gather(kl: KernelLowering, op: tile.GatherOp) -> npu.InstructionOp:
 
 def _matmul(kl: KernelLowering, op: tile.MatmulOp) -> npu.InstructionOp:
     a, b, o = kl.buf(op.lhsT), kl.buf(op.rhs), kl.buf(op.acc)
-    fields = {
+    fields: dict[str, npu.FieldValue] = {
         **kl.operand("a", a),
         **kl.operand("b", b),
         **kl.operand("o", o),

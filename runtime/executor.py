@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tilecc.errors import InputMismatchError
+from tilecc.errors import InputMismatchError, SimulatorError
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import Report, make_report
 from tilecc.simulator import numerics
@@ -99,6 +99,8 @@ def run_program(
         raw = hbm[spec.offset : spec.offset + spec.nbytes].view(STORAGE[spec.dtype]).reshape(spec.shape)
         outputs.append(_to_user_dtype(spec, numerics.storage_to_torch(raw, spec.dtype)))
     if trace is not None:
+        if sim.start is None or sim.end is None:  # kept by simulate's default record=True
+            raise SimulatorError("the simulation kept no per-instruction times to write the trace from")
         write_trace(trace, program.stream, program.config, sim.start, sim.end, program.kernels)
     return outputs, make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
                                 program.meta.get("remarks"))

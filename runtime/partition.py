@@ -53,6 +53,9 @@ VIEW_OPS = {
 }
 MATMULS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.matmul.default}
 
+# the nodes of one region, as torch's partitioner gives them (node -> its order, or None)
+Region = dict[Node, int | None]
+
 
 @dataclass(frozen=True)
 class CostOptions:
@@ -196,6 +199,14 @@ def _nbytes(v: Any, hints: dict) -> int:
     return _numel(v, hints) * v.element_size() if isinstance(v, torch.Tensor) else 0
 
 
+def _arg_val(node: Node, i: int) -> Any:
+    """The traced value (meta["val"]) of the `i`-th argument of `node`, which is a node by construction."""
+    a = node.args[i]
+    if not isinstance(a, Node):
+        raise TileccError(f"{_op_name(node.target)} at {node_location(node)}: argument {i} is not a tensor")
+    return a.meta["val"]
+
+
 def _work(node: Node, hints: dict) -> tuple[float, float, float]:
     """(MACs, bytes read and written, output elements) of one node."""
     val = node.meta.get("val")
@@ -208,10 +219,10 @@ def _work(node: Node, hints: dict) -> tuple[float, float, float]:
         k = shape[-1] if shape else 1
         macs = out * (int(sympy.sympify(k.node.expr).subs(hints)) if isinstance(k, torch.SymInt) else int(k))
     elif node.target is aten.convolution.default:
-        w = node.args[1].meta["val"]
+        w = _arg_val(node, 1)
         macs = out * _numel(w, hints) / max(1, int(w.shape[0]))
     elif node.target is aten.scaled_dot_product_attention.default:
-        q = node.args[0].meta["val"]
+        q = _arg_val(node, 0)
         macs = 2 * _numel(q, hints) * int(q.shape[-2])
     return macs, nbytes, out
 
@@ -282,8 +293,9 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
             supported.add(n)
         else:
             reasons[n] = why
-    proposed = CapabilityBasedPartitioner(gm, _Support(supported), allows_single_node_partition=True).propose_partitions()
-    regions: list[dict[Node, None]] = [dict(p.nodes) for p in proposed]
+    partitioner = CapabilityBasedPartitioner(gm, _Support(supported), allows_single_node_partition=True)
+    proposed = partitioner.propose_partitions()
+    regions: list[Region] = [dict(p.nodes) for p in proposed]
     region_reason: dict[int, str] = {}
     owner: dict[Node, int] = {n: i for i, r in enumerate(regions) for n in r}
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -343,7 +355,7 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
     return plan, fused
 
 
-def _crossing(region: dict[Node, None], owner: dict[Node, int], demoted: dict[int, str], me: int) -> list[Node]:
+def _crossing(region: Region, owner: dict[Node, int], demoted: dict[int, str], me: int) -> list[Node]:
     """Tensors moving between `region` and fallback nodes (not the graph's inputs/outputs)."""
 
     def on_fallback(n: Node) -> bool:
@@ -362,7 +374,7 @@ def _crossing(region: dict[Node, None], owner: dict[Node, int], demoted: dict[in
     return out
 
 
-def _partition(name: str, device: str, nodes: dict[Node, None], cfg: HardwareConfig, cost: CostOptions,
+def _partition(name: str, device: str, nodes: Region, cfg: HardwareConfig, cost: CostOptions,
                hints: dict) -> Partition:
     ops = Counter(_op_name(n.target) for n in nodes if n.target is not operator.getitem)
     return Partition(
@@ -489,7 +501,11 @@ def _dims(n: Node) -> list:
 
 
 def _key_of(args: tuple) -> tuple:
-    return tuple(
-        (tuple(int(d) for d in a.shape), a.dtype) if isinstance(a, torch.Tensor) else int(a) if isinstance(a, int | torch.SymInt) else repr(a)
-        for a in args
-    )
+    return tuple(_arg_key(a) for a in args)
+
+
+def _arg_key(a: Any) -> Any:
+    """The cache key of one argument: a tensor's shape and dtype, an integer's value, else its repr."""
+    if isinstance(a, torch.Tensor):
+        return (tuple(int(d) for d in a.shape), a.dtype)
+    return int(a) if isinstance(a, int | torch.SymInt) else repr(a)

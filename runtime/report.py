@@ -23,7 +23,7 @@ import numpy as np
 from tilecc.simulator import energy as energy_model
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType, Opcode
-from tilecc.simulator.machine import vector_cost_factors
+from tilecc.simulator.machine import SimResult, vector_cost_factors
 
 
 def roofline(work: dict[str, float], cfg: HardwareConfig) -> dict[str, float]:
@@ -156,7 +156,7 @@ _SHORT = {"semaphore": "sem", "hbm_bandwidth": "hbm"}
 
 
 def make_report(
-    sim, work: dict[str, float], cfg: HardwareConfig, simulate_seconds: float,
+    sim: SimResult, work: dict[str, float], cfg: HardwareConfig, simulate_seconds: float,
     hbm_plan: dict[str, int] | None = None,
     remarks: list[dict[str, str]] | None = None,
 ) -> Report:

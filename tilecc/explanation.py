@@ -47,7 +47,8 @@ class Explanation:
 def explain(model: Any, *inputs: Any, target: str = "tiny", training: bool = False, **options: Any) -> Explanation:
     """Compile `model` with the tilecc backend, run it once on `inputs`, return the plans."""
     plans: list[Plan] = []
-    compiled = torch.compile(model, backend="tilecc", options={"target": target, "plans": plans, **options})
+    backend_options: dict[str, Any] = {"target": target, "plans": plans, **options}  # any values, read by the backend
+    compiled = torch.compile(model, backend="tilecc", options=backend_options)
     if not training:
         with torch.no_grad():
             out = compiled(*inputs)

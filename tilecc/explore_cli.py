@@ -6,7 +6,7 @@ import argparse
 import sys
 
 
-def add_explore_parser(sub) -> None:
+def add_explore_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ex = sub.add_parser(
         "explore", help="show every stage of a compile, the passes' remarks, timings (compiler explorer)",
         description="Compile SOURCE and show the IR around each pass (with source locations), "

@@ -229,7 +229,8 @@ def _roofline(ex: Exploration) -> str:
         return L + (math.log10(max(ai, x_lo)) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo)) * (W - L - 10)
 
     def Y(v: float) -> float:
-        return H - B - (math.log10(max(v, y_lo)) - math.log10(y_lo)) / (math.log10(y_hi) - math.log10(y_lo)) * (H - B - 10)
+        return (H - B - (math.log10(max(v, y_lo)) - math.log10(y_lo))
+                / (math.log10(y_hi) - math.log10(y_lo)) * (H - B - 10))
 
     svg = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{H}' role='img'>",
            f"<rect x='{L}' y='10' width='{W - L - 10}' height='{H - B - 10}' fill='none' stroke='#999'/>"]
@@ -240,7 +241,8 @@ def _roofline(ex: Exploration) -> str:
                    f"<text x='{X(x_hi) - 130:.1f}' y='{Y(peak_v) - 3:.1f}' font-size='10'>{label} {peak_v:,.0f}</text>")
     for r in pts:
         ai, perf = r["macs"] / r["hbm_bytes"], r["macs"] / r["cycles"]
-        svg.append(f"<circle cx='{X(ai):.1f}' cy='{Y(perf):.1f}' r='4' fill='#4e79a7'><title>{html.escape(r['kernel'])}: "
+        svg.append(f"<circle cx='{X(ai):.1f}' cy='{Y(perf):.1f}' r='4' fill='#4e79a7'>"
+                   f"<title>{html.escape(r['kernel'])}: "
                    f"{ai:.2f} MACs/byte, {perf:,.1f} MACs/cycle</title></circle>")
     svg.append(f"<text x='{W / 2 - 80}' y='{H - 8}' font-size='11'>arithmetic intensity (MACs per HBM byte, log)</text>"
                f"<text x='4' y='20' font-size='11'>MACs/cycle</text></svg>")

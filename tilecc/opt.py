@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 from xdsl.parser import Parser
 from xdsl.universe import Universe
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
@@ -92,7 +93,7 @@ def _parse_message(e: ParseError, source: str) -> str:
     return f"{place}: {cause}"
 
 
-def _verify_message(e: VerifyException, text: str, module, source: str) -> str:
+def _verify_message(e: VerifyException, text: str, module: ModuleOp | None, source: str) -> str:
     """``FILE:LINE: cause``: the first op (in walk order) that fails its own checks,
     located in the source by the name of its result or its position among same-named ops."""
     cause = " ".join(str(e).split())
@@ -112,7 +113,7 @@ def _verify_message(e: VerifyException, text: str, module, source: str) -> str:
     return f"{source}: {cause}"
 
 
-def _line_of(text: str, op, ordinal: int) -> int | None:
+def _line_of(text: str, op: Operation, ordinal: int) -> int | None:
     import re
 
     lines = text.splitlines()
@@ -147,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args = _stdio_dashes(args)
     try:
-        TileccOptMain("tilecc-opt: " + __doc__.splitlines()[0].split(": ", 1)[1], args).run()
+        TileccOptMain((__doc__ or "tilecc-opt").splitlines()[0], args).run()  # "tilecc-opt: an mlir-opt-style ..."
     except (TileccError, ParseError, DiagnosticException, OSError, ValueError) as e:
         print(f"error: {_input_message(args) or _message(e)}", file=sys.stderr)
         return 2

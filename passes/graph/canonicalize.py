@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from xdsl.context import Context
@@ -37,6 +38,8 @@ from xdsl.passes import ModulePass
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
+
+OpT = TypeVar("OpT", bound=Operation)
 
 
 def _scalar(v: SSAValue) -> float | None:
@@ -53,7 +56,7 @@ def _near(v: SSAValue, target: float) -> bool:
     return x is not None and abs(x - target) <= 0.01 * abs(target)
 
 
-def _def(v: SSAValue, cls: type) -> Operation | None:
+def _def(v: SSAValue, cls: type[OpT]) -> OpT | None:
     op = v.owner
     return op if isinstance(op, cls) else None
 

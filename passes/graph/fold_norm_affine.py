@@ -47,7 +47,7 @@ def _weight(v: SSAValue) -> g.WeightOp | None:
 
 
 def _squeezed(v: SSAValue) -> tuple[int, ...]:
-    return tuple(int(d) for d in v.type.get_shape() if d != 1)  # type: ignore[attr-defined]
+    return tuple(int(d) for d in g.shape_of(v) if d != 1)
 
 
 def _keeps_rows(op: Operation) -> bool:
@@ -76,7 +76,7 @@ def fold_norm_affine(module: ModuleOp, weights: dict[str, np.ndarray]) -> int:
 
 
 def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) -> bool:
-    if ln.properties["normalized_ndim"].value.data != 1:
+    if ln.normalized_ndim.value.data != 1:
         return False
     x, gw, bw = ln.operands
     gop, bop = _weight(gw), _weight(bw)
@@ -90,7 +90,7 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     if not isinstance(user, g.MatmulOp) or user.operands[0] is not v:
         return False
     wop = _weight(user.operands[1])
-    if wop is None or len(user.operands[1].type.get_shape()) != 2:  # type: ignore[attr-defined]
+    if wop is None or len(g.shape_of(wop.result)) != 2:
         return False
     gamma = np.asarray(weights[gop.weight], dtype=np.float32).reshape(-1)
     beta = np.asarray(weights[bop.weight], dtype=np.float32).reshape(-1)
@@ -109,7 +109,7 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     shift = beta.astype(np.float64) @ W.astype(np.float64)
     loc = g.source_loc(ln)
     block = fn.body.block
-    et = gw.type.element_type  # type: ignore[attr-defined]
+    et = gop.result.type.element_type  # gw is gop's result
     one = g.ConstantOp.make(np.ones(gamma.size, dtype=np.float32), et, loc=loc)
     zero = g.ConstantOp.make(np.zeros(gamma.size, dtype=np.float32), et, loc=loc)
     block.insert_op_before(one, ln)
@@ -118,14 +118,14 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     ln.operands[2] = zero.results[0]
     wname = _fresh(weights, f"{wop.weight}.norm_folded")
     weights[wname] = (gamma[:, None] * W).astype(np.float32)
-    new_w = g.WeightOp.make(wname, mm.operands[1].type, loc=g.source_loc(mm))  # type: ignore[arg-type]
+    new_w = g.WeightOp.make(wname, wop.result.type, loc=g.source_loc(mm))  # mm's operand 1 is wop's result
     block.insert_op_before(new_w, mm)
     mm.operands[1] = new_w.results[0]
-    if cop is not None:
+    if cop is not None and isinstance(add, g.AddOp):  # cop is only set where add is an AddOp
         c = np.asarray(weights[cop.weight], dtype=np.float32).reshape(-1)
         cname = _fresh(weights, f"{cop.weight}.norm_folded")
         weights[cname] = (c + shift).astype(np.float32).reshape(np.asarray(weights[cop.weight]).shape)
-        new_c = g.WeightOp.make(cname, cop.results[0].type, loc=g.source_loc(add))  # type: ignore[arg-type]
+        new_c = g.WeightOp.make(cname, cop.result.type, loc=g.source_loc(add))
         block.insert_op_before(new_c, add)
         idx = 1 if add.operands[1] is cop.results[0] else 0
         add.operands[idx] = new_c.results[0]

@@ -45,11 +45,12 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from tilecc.errors import CompileError
@@ -60,7 +61,7 @@ from tilecc.passes import remarks
 from tilecc.passes.vector_fns import elementwise_fn
 
 
-def squeezed(t) -> tuple[int, ...]:
+def squeezed(t: Attribute) -> tuple[int, ...]:
     assert isinstance(t, TensorType)
     return tuple(int(d) for d in t.get_shape() if d != 1)
 
@@ -73,7 +74,7 @@ def is_transparent(op: Operation) -> bool:
 def keeps_rows(op: Operation) -> bool:
     """A reshape that keeps the last dim (rows of it merge or split): a layer norm over
     the last dim computes the same rows before or after it."""
-    a, r = op.operands[0].type.get_shape(), op.results[0].type.get_shape()  # type: ignore[attr-defined]
+    a, r = g.shape_of(op.operands[0]), g.shape_of(op.results[0])
     return len(a) >= 1 and len(r) >= 1 and a[-1] == r[-1]
 
 
@@ -81,7 +82,7 @@ def is_free(op: Operation) -> bool:
     return isinstance(op, (g.WeightOp, g.ConstantOp))
 
 
-def is_scalar_const(op: Operation | None) -> bool:
+def is_scalar_const(op: Operation | Block | None) -> TypeGuard[g.ConstantOp]:
     return isinstance(op, g.ConstantOp) and op.values().size == 1
 
 
@@ -118,17 +119,17 @@ def compatible(op: Operation, space: tuple[int, ...], inside: set[Operation]) ->
 def is_rowwise(op: Operation) -> bool:
     """The row-wise ops a fused kernel computes on whole rows of the last dim."""
     if isinstance(op, g.LayerNormOp):
-        shape = op.results[0].type.get_shape()
-        return op.properties["normalized_ndim"].value.data == 1 and len(shape) >= 1 and shape[-1] > 1
+        shape = g.shape_of(op.results[0])
+        return op.normalized_ndim.value.data == 1 and len(shape) >= 1 and shape[-1] > 1
     if isinstance(op, (g.SoftmaxOp, gi.LogSoftmaxOp)):
-        shape = op.results[0].type.get_shape()
-        dim = op.properties["dim"].value.data if isinstance(op, g.SoftmaxOp) else op.axis
+        shape = g.shape_of(op.results[0])
+        dim = op.dim.value.data if isinstance(op, g.SoftmaxOp) else op.axis
         return len(shape) >= 1 and dim == len(shape) - 1 and shape[-1] > 1
     return False
 
 
 def is_matmul(op: Operation) -> bool:
-    return isinstance(op, g.MatmulOp) and all(len(v.type.get_shape()) >= 2 for v in op.operands)
+    return isinstance(op, g.MatmulOp) and all(len(g.shape_of(v)) >= 2 for v in op.operands)
 
 
 @dataclass(eq=False)
@@ -208,14 +209,17 @@ class Fuser:
 
     def rowwise_prologue(self, grp: _Group) -> None:
         """An elementwise group producing the row-wise op's input joins as its prologue."""
-        prod = self.producer_group(grp.anchor.operands[0])  # type: ignore[union-attr]
+        anchor = grp.anchor
+        if anchor is None:  # a row-wise group is made with its op as the anchor
+            raise CompileError("fuse: a row-wise group without its row-wise op")
+        prod = self.producer_group(anchor.operands[0])
         if prod is None or prod.kind != "elementwise":
             return
         if any(not compatible(o, grp.space, set(prod.ops)) for o in prod.ops):
             return
         if self.legal(set(prod.ops) | set(grp.ops)):
             self.merge(grp, prod)
-            grp.epilogue = set(grp.anchor.results)  # type: ignore[union-attr]
+            grp.epilogue = set(anchor.results)
 
     def matmul_prologue(self, grp: _Group) -> None:
         """A layer norm (with its prologue, no epilogue) whose result only this matmul
@@ -233,7 +237,7 @@ class Fuser:
             return
         if prod.anchor is not ln or any(self.pos[o] > self.pos[ln] and o not in chain for o in prod.ops):
             return  # the layer norm's group has an epilogue: keep it a kernel of its own
-        if len(mm.operands[0].type.get_shape()) != 2 or len(mm.operands[1].type.get_shape()) != 2:
+        if len(g.shape_of(mm.operands[0])) != 2 or len(g.shape_of(mm.operands[1])) != 2:
             return
         merged = set(prod.ops) | set(grp.ops) | set(chain)
         if self.legal(merged):
@@ -335,7 +339,7 @@ class Fuser:
                 groups.append(grp)
         if not groups:
             return 0
-        unit: dict[Operation, object] = {op: op for op in ops}
+        unit: dict[Operation, Operation | _Group] = {op: op for op in ops}
         for grp in groups:
             for o in grp.ops:
                 unit[o] = grp
@@ -346,7 +350,7 @@ class Fuser:
             if isinstance(u, _Group):
                 block.add_op(self.build(u))
             else:
-                block.add_op(u)  # type: ignore[arg-type]
+                block.add_op(u)
         for grp in groups:
             for o in reversed(grp.ops):
                 o.erase()
@@ -363,7 +367,7 @@ class Fuser:
                     continue
                 if is_scalar_const(p):
                     if p not in scalars:
-                        scalars.append(p)  # type: ignore[arg-type]
+                        scalars.append(p)
                 elif v not in inputs:
                     inputs.append(v)
         outputs = [r for o in grp.ops for r in o.results if any(u.operation not in inside for u in r.uses)]
@@ -435,11 +439,13 @@ def _trim(grp: _Group) -> None:
                 changed = True
 
 
-def _topological(ops: list[Operation], unit: dict[Operation, object], pos: dict[Operation, int]) -> list[object]:
+def _topological(
+    ops: list[Operation], unit: dict[Operation, Operation | _Group], pos: dict[Operation, int]
+) -> list[Operation | _Group]:
     """Units (ops or groups) in an order where each comes after the units it uses;
     ties keep the original program order."""
     first: dict[int, int] = {}
-    by_id: dict[int, object] = {}
+    by_id: dict[int, Operation | _Group] = {}
     for op in ops:
         u = unit[op]
         first.setdefault(id(u), pos[op])
@@ -455,7 +461,7 @@ def _topological(ops: list[Operation], unit: dict[Operation, object], pos: dict[
                 users[id(unit[p])].add(me)
     heap = [(first[k], k) for k in first if not pending[k]]
     heapq.heapify(heap)
-    order: list[object] = []
+    order: list[Operation | _Group] = []
     while heap:
         _, k = heapq.heappop(heap)
         order.append(by_id[k])

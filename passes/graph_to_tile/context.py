@@ -35,6 +35,7 @@ from tilecc.passes.graph_to_tile.shapes import (
     Operand,
     dense_attr,
     elem_of,
+    is_memref,
     padded_strides,
     reshape_strides,
     shape_of,
@@ -59,6 +60,9 @@ class DslKernelSource(Protocol):
 # argument is the graph program whose cycles judge a candidate (None: the matmul alone)
 MatmulPolicy = Callable[..., Any]
 
+# the (dense) shape of a permute's buffer and the element strides a producer writes it with
+LayoutRequest = tuple[tuple[int, ...], tuple[int, ...]]
+
 
 @dataclass(eq=False)
 class LoweringContext:
@@ -67,15 +71,15 @@ class LoweringContext:
     # problem -> schedule for the -O2 matmul kernels (autotuning), else the cost model's
     matmul_policy: MatmulPolicy | None = None
     session: CompileSession = field(default_factory=CompileSession)
-    kernels: list[func.FuncOp] = field(default_factory=list)
-    main_ops: list[Operation] = field(default_factory=list)
-    values: dict[SSAValue, SSAValue] = field(default_factory=dict)  # graph value -> HBM tensor
-    scalars: dict[SSAValue, float] = field(default_factory=dict)  # graph value -> immediate
+    kernels: list[func.FuncOp] = field(default_factory=list[func.FuncOp])
+    main_ops: list[Operation] = field(default_factory=list[Operation])
+    values: dict[SSAValue, SSAValue] = field(default_factory=dict[SSAValue, SSAValue])  # graph value -> HBM tensor
+    scalars: dict[SSAValue, float] = field(default_factory=dict[SSAValue, float])  # graph value -> immediate
     # store-side layout absorption: a result whose only user is a permute keeping the
     # innermost dim may be written straight into the permute's (dense) buffer through a
     # strided view (`output_buffer`); `absorbed` records where it was
-    layout_requests: dict[SSAValue, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-    absorbed: dict[SSAValue, SSAValue] = field(default_factory=dict)
+    layout_requests: dict[SSAValue, LayoutRequest] = field(default_factory=dict[SSAValue, LayoutRequest])
+    absorbed: dict[SSAValue, SSAValue] = field(default_factory=dict[SSAValue, SSAValue])
     lowering: Operation | None = None  # the graph op being lowered (for remarks and locations)
     # the tile-DSL front end for graph.dsl_call (handed in by the driver; None: not available)
     dsl_kernels: DslKernelSource | None = None
@@ -130,7 +134,7 @@ class LoweringContext:
     def layout(self, v: SSAValue) -> tuple[tuple[int, ...], int]:
         """(element strides, offset) of HBM value `v` relative to its root allocation."""
         t = v.type
-        if not isinstance(t, MemRefType):
+        if not is_memref(t):
             raise CompileError(f"lower-graph-to-tile: {t} is not an HBM tensor")
         if isinstance(t.layout, StridedLayoutAttr):
             return tile.layout_of(t)
@@ -185,7 +189,7 @@ class LoweringContext:
         user = res.get_user_of_unique_use()
         if not isinstance(user, g.PermuteOp):
             return
-        perm = [int(p) for p in user.properties["perm"].get_values()]
+        perm = [int(p) for p in user.permutation]
         if len(perm) < 2 or perm[-1] != len(perm) - 1:
             return
         out_shape = shape_of(user.results[0].type)
@@ -266,7 +270,10 @@ class LoweringContext:
         self, v: SSAValue | None, loc: str, what: str, row_ndim: int = 1, src: SSAValue | None = None
     ) -> tuple[SSAValue, int, int]:
         """`v` as a 2-D HBM view: rows = the leading dims, a row = the last `row_ndim` dims."""
-        src = self.materialise(v) if src is None else src
+        if src is None:
+            if v is None:
+                raise CompileError(f"{what} at {loc}: rows_view needs a graph value or an HBM tensor")
+            src = self.materialise(v)
         shape = shape_of(src.type)
         split = max(len(shape) - row_ndim, 0)
         C = int(np.prod(shape[split:])) if shape else 1

@@ -34,16 +34,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from xdsl.dialects.builtin import TensorType, f32, i32
+from xdsl.dialects.builtin import TensorType, i32
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import tile
-from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.conversion import lower_op
 from tilecc.ir.dtypes import masked_value
+from tilecc.passes.graph_to_tile.context import LoweringContext
+from tilecc.passes.graph_to_tile.conversion import lower_op
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 
 
 def _shape(t: Any) -> tuple[int, ...]:
@@ -64,7 +65,7 @@ def _prod(xs: Sequence[int]) -> int:
 
 
 def _copy_nest(
-    lw, kb: KernelBuilder, src: SSAValue, src_off: Sequence[int], dst: SSAValue,
+    lw: LoweringContext, kb: KernelBuilder, src: SSAValue, src_off: Sequence[int], dst: SSAValue,
     dst_off: Sequence[int], extent: Sequence[int], name: str,
 ) -> None:
     """Copy the region `extent` of kernel argument `src` at `src_off` into `dst` at
@@ -89,7 +90,7 @@ def _copy_nest(
     lw.outer_loops(kb, list(extent[:-2]), ivs, body)
 
 
-def lower_slice(lw, op: gi.SliceOp, loc: str) -> None:
+def lower_slice(lw: LoweringContext, op: gi.SliceOp, loc: str) -> None:
     """A view: the start folds into the offset, the step into the stride of `dim`."""
     res = op.results[0]
     dim, start, _end, step = op._params()
@@ -100,7 +101,7 @@ def lower_slice(lw, op: gi.SliceOp, loc: str) -> None:
     lw.values[res] = lw.strided(src, _shape(res.type), new, offset + start * strides[dim])
 
 
-def lower_concat(lw, op: gi.ConcatOp, loc: str) -> None:
+def lower_concat(lw: LoweringContext, op: gi.ConcatOp, loc: str) -> None:
     res = op.results[0]
     out_shape = _shape(res.type)
     dim = op.dim.value.data
@@ -127,7 +128,7 @@ def lower_concat(lw, op: gi.ConcatOp, loc: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def lower_gather_rows(lw, op: gi.GatherRowsOp, loc: str) -> None:
+def lower_gather_rows(lw: LoweringContext, op: gi.GatherRowsOp, loc: str) -> None:
     res = op.results[0]
     out_shape = _shape(res.type)
     table = lw.materialise(op.table)
@@ -162,7 +163,7 @@ def lower_gather_rows(lw, op: gi.GatherRowsOp, loc: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def lower_where(lw, op: gi.WhereOp, loc: str) -> None:
+def lower_where(lw: LoweringContext, op: gi.WhereOp, loc: str) -> None:
     from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
     res = op.results[0]
@@ -176,7 +177,7 @@ def lower_where(lw, op: gi.WhereOp, loc: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def lower_log_softmax(lw, op: gi.LogSoftmaxOp, loc: str) -> None:
+def lower_log_softmax(lw: LoweringContext, op: gi.LogSoftmaxOp, loc: str) -> None:
     res = op.results[0]
     shape = _shape(res.type)
     if op.axis != len(shape) - 1:
@@ -192,7 +193,7 @@ def lower_log_softmax(lw, op: gi.LogSoftmaxOp, loc: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def lower_sdpa(lw, op: gi.SdpaOp, loc: str) -> None:
+def lower_sdpa(lw: LoweringContext, op: gi.SdpaOp, loc: str) -> None:
     """The decomposition into graph ops (built detached, lowered, then erased)."""
     res = op.results[0]
     q, k, v = op.q, op.k, op.v
@@ -213,7 +214,7 @@ def lower_sdpa(lw, op: gi.SdpaOp, loc: str) -> None:
         s = add(g.MatmulOp.make(q, kt))
         scale = op.scale.value.data
         if scale != 1.0:
-            s = add(g.MulOp.make(s, add(g.ConstantOp.make(np.float32(scale), dt))))
+            s = add(g.MulOp.make(s, add(g.ConstantOp.make(np.asarray(scale, dtype=np.float32), dt))))
         if op.mask is not None:
             s = add(g.AddOp.make(s, op.mask))
         if op.is_causal:
@@ -240,7 +241,7 @@ LOWERINGS: dict[type, Callable[[Any, Any, str], None]] = {
 }
 
 
-def _attention(lw, op, loc: str) -> None:
+def _attention(lw: LoweringContext, op: gi.SdpaOp, loc: str) -> None:
     """-O2: the flash-attention kernel of lower_attention.py (which falls back to
     `lower_sdpa` at -O0 and where it does not apply)."""
     from tilecc.passes.graph_to_tile.attention import lower_attention

@@ -58,34 +58,36 @@ uses the -O0 kernel).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import Float32Type, IntegerAttr, f32, i1
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 
+from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.shapes import MatmulDims, shape_of
 from tilecc.passes.schedule.matmul_schedule import (
     BlockPlan,
     Item,
+    MatmulProblem,
+    MatmulSchedule,
     batch_unrolled,
     blocks,
     chunk_widths,
-    MatmulProblem,
-    MatmulSchedule,
     groups,
     plan_blocks,
     prep_sites,
     runs,
     uses_two_sets,
 )
+from tilecc.simulator.config import HardwareConfig
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -169,7 +171,7 @@ class BlockedMatmulKernel:
     """Builds the tile-dialect kernel of one matmul for one schedule (see the module
     docstring for the loop nest and the two extension points)."""
 
-    def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg, *, rank: int,
+    def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, *, rank: int,
                  a_imap: Sequence, b_imap: Sequence, elems: tuple):
         self.kb, self.p, self.s, self.cfg = kb, p, s, cfg
         self.rank = rank
@@ -203,10 +205,12 @@ class BlockedMatmulKernel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        acc = None
+        acc: SSAValue | None = None
         for v, k in a.terms:
             term = v if k == 1 else self.kb.muli(v, self.c(k))
             acc = term if acc is None else self.kb.addi(acc, term)
+        if acc is None:  # a non-constant index has terms
+            raise CompileError("lower-graph-to-tile: a matmul index without terms")
         if a.const:
             acc = self.kb.addi(acc, self.c(a.const))
         self._cache[key] = acc
@@ -305,7 +309,8 @@ class BlockedMatmulKernel:
     def site_acc(self) -> list[SSAValue]:
         """A pair of accumulator tiles private to one transposing place of the kernel."""
         p = self.p
-        return [self.kb._add_entry(tile.AllocOp(tile.onchip_type([p.TK, p.TM], f32, tile.ACC), f"acc_t{self.n_sites}_{i}"))
+        return [self.kb._add_entry(tile.AllocOp(tile.onchip_type([p.TK, p.TM], f32, tile.ACC),
+                                                f"acc_t{self.n_sites}_{i}"))
                 for i in range(2)]
 
     def transpose(self, kt: _Aff, kt_par: int, ksz: int, a_buf: SSAValue, u_par: int, ms: int, dst: SSAValue,
@@ -332,7 +337,7 @@ class BlockedMatmulKernel:
             short = kt0 + n == p.nk and self.ksz[-1] != p.TK
             full = n - 1 if short else n
 
-            def one(i: _Aff, ksz: int, buf=buf, q=q, kt0=kt0, pieces=1) -> None:
+            def one(i: _Aff, ksz: int, buf: SSAValue = buf, q: int = q, kt0: int = kt0, pieces: int = 1) -> None:
                 k0 = (i + kt0) * p.TK
                 win = self.window(buf, i * self.TNL, [p.TK, self.TNL])
                 for r in range(pieces):
@@ -442,7 +447,7 @@ class BlockedMatmulKernel:
         for j0, j1 in runs(keys):
             ms, item = keys[j0]
 
-            def one(j: _Pos, ms=ms, item=item) -> None:
+            def one(j: _Pos, ms: int = ms, item: Item | None = item) -> None:
                 q = (self.beta_par * self.steps_per_batch + b.par * (nch * nb % 2) + c.par * (nbb % 2) + j.par) % 2
                 self.step(b, j, ms, m_base + j.aff * p.TM, n0, width, bp, q, item)
 
@@ -518,10 +523,10 @@ class BlockedMatmulKernel:
 
 
 def tile_shape(v: SSAValue) -> tuple[int, ...]:
-    return tuple(v.type.get_shape())
+    return shape_of(v.type)
 
 
-def _dtype_name(elem) -> str:
+def _dtype_name(elem: Attribute) -> str:
     from xdsl.dialects.builtin import BFloat16Type, Float16Type
 
     if isinstance(elem, Float32Type):
@@ -533,7 +538,7 @@ def _dtype_name(elem) -> str:
     return ""
 
 
-def problem_of(lw, op: Operation):
+def problem_of(lw: LoweringContext, op: Operation) -> tuple[MatmulProblem, MatmulDims] | None:
     """(MatmulProblem, dims) of a graph.matmul, or None when the kernel does not apply."""
     from tilecc.passes.graph_to_tile.shapes import elem_of, matmul_dims, shape_of
 
@@ -547,7 +552,7 @@ def problem_of(lw, op: Operation):
     a_shape, b_shape = shape_of(a.type), shape_of(b.type)
     batch = tuple(out_shape[:-2])
 
-    def walks(shape) -> tuple[bool, ...]:
+    def walks(shape: Sequence[int]) -> tuple[bool, ...]:
         full = (1,) * (len(batch) + 2 - len(shape)) + tuple(shape)
         return tuple(full[d] == batch[d] for d in range(len(batch)))
 
@@ -572,7 +577,7 @@ def choose_schedule(
     return sched
 
 
-def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg, by: str) -> str:
+def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg: HardwareConfig, by: str) -> str:
     """One line: the matmul, the tile and schedule chosen, the estimated cycles."""
     from tilecc.passes.schedule.cost_model import estimate, rank
 
@@ -587,7 +592,7 @@ def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg, by: str) ->
             f"(best of {n} schedules)")
 
 
-def lower_matmul_blocked(lw, op: Operation, loc: str) -> bool:
+def lower_matmul_blocked(lw: LoweringContext, op: Operation, loc: str) -> bool:
     from tilecc.passes.graph_to_tile.shapes import dense_attr, elem_of
 
     got = problem_of(lw, op)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 from xdsl.ir import Operation
 
+from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.passes.graph_to_tile.context import LoweringContext
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
@@ -30,9 +31,11 @@ from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 def lower_softmax(lw: LoweringContext, op: Operation, loc: str) -> None:
     """Softmax along the last dim (any other dim: moved last by a transposing copy
     and back): one row-wise kernel."""
+    if not isinstance(op, g.SoftmaxOp):
+        raise CompileError(f"lower_softmax at {loc}: {op.name} is not a graph.softmax")
     res = op.results[0]
     shape = shape_of(res.type)
-    dim = op.properties["dim"].value.data
+    dim = op.dim.value.data
     src = lw.materialise(op.operands[0])
     perm = list(range(len(shape)))
     if shape and dim != len(shape) - 1:
@@ -49,9 +52,11 @@ def lower_softmax(lw: LoweringContext, op: Operation, loc: str) -> None:
 
 def lower_layer_norm(lw: LoweringContext, op: Operation, loc: str) -> None:
     """Layer norm over the last `normalized_ndim` dims, with its weight and bias."""
+    if not isinstance(op, g.LayerNormOp):
+        raise CompileError(f"lower_layer_norm at {loc}: {op.name} is not a graph.layer_norm")
     res = op.results[0]
-    nd = op.properties["normalized_ndim"].value.data
-    eps = op.properties["eps"].value.data
+    nd = op.normalized_ndim.value.data
+    eps = op.eps.value.data
     x, R, C = lw.rows_view(op.operands[0], loc, "graph.layer_norm", row_ndim=nd)
     w = lw.view(lw.materialise(op.operands[1]), (1, C))
     b = lw.view(lw.materialise(op.operands[2]), (1, C))

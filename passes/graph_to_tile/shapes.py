@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 from xdsl.dialects.builtin import (
@@ -23,6 +24,7 @@ from xdsl.dialects.builtin import (
     Float32Type,
     MemRefType,
     TensorType,
+    i32,
 )
 from xdsl.ir import Attribute, Operation, SSAValue
 
@@ -31,23 +33,36 @@ from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
 
 __all__ = [
-    "IndexMap", "Operand", "collapse", "dense_attr", "dense_values", "elem_of", "element_size",
-    "matmul_dims", "merges", "padded_strides", "reshape_strides", "shape_of",
+    "IndexMap", "Operand", "collapse", "dense_attr", "dense_values", "elem_of", "element_size", "is_memref",
+    "is_shaped", "MatmulDims", "matmul_dims", "merges", "padded_strides", "reshape_strides", "shape_of",
 ]
 
 IndexMap = list[int | None]  # output dim -> operand dim (None: broadcast)
+# (result, output shape, a, b, M, K, N) of a graph.matmul
+MatmulDims = tuple[SSAValue, tuple[int, ...], SSAValue, SSAValue, int, int, int]
+
+
+def is_shaped(t: Attribute) -> TypeGuard[TensorType[Attribute] | MemRefType[Attribute]]:
+    """Whether `t` is a tensor or memref type (whose element type, as every xDSL
+    parameter, is an Attribute)."""
+    return isinstance(t, (TensorType, MemRefType))
+
+
+def is_memref(t: Attribute) -> TypeGuard[MemRefType[Attribute]]:
+    """Whether `t` is a memref type (an HBM tensor of the tile IR)."""
+    return isinstance(t, MemRefType)
 
 
 def shape_of(t: Attribute) -> tuple[int, ...]:
     """The static shape of a tensor or memref type."""
-    if not isinstance(t, (TensorType, MemRefType)):
+    if not is_shaped(t):
         raise CompileError(f"lower-graph-to-tile: expected a tensor or memref type, got {t}")
     return tuple(t.get_shape())
 
 
 def elem_of(t: Attribute) -> Attribute:
     """The element type of a tensor or memref type."""
-    if not isinstance(t, (TensorType, MemRefType)):
+    if not is_shaped(t):
         raise CompileError(f"lower-graph-to-tile: expected a tensor or memref type, got {t}")
     return t.element_type
 
@@ -68,7 +83,7 @@ def collapse(
     for o in operands:  # aligned operands (imap d or None) or permutations only
         if len(shape_of(o.value.type)) != rank or not (
             all(m is None or m == d for d, m in enumerate(o.imap))
-            or (None not in o.imap and sorted(o.imap) == list(range(rank)))  # type: ignore[type-var]
+            or (None not in o.imap and sorted(m for m in o.imap if m is not None) == list(range(rank)))
         ):
             return tuple(out_shape), operands
     groups = [[0]]
@@ -76,28 +91,34 @@ def collapse(
         p = groups[-1][-1]
         if keep_last and d == rank - 1:
             groups.append([d])
-        elif all((o.imap[p] is None and o.imap[d] is None)
-               or (o.imap[p] is not None and o.imap[d] == o.imap[p] + 1 and merges(o, o.imap[p], layout))
-               for o in operands):
+        elif all(_dims_merge(o, p, d, layout) for o in operands):
             groups[-1].append(d)
         else:
             groups.append([d])
     if len(groups) == rank:
         return tuple(out_shape), operands
-    lead = [[]] if len(groups) < 2 else []  # keep rank 2: a leading unit dim
+    lead: list[list[int]] = [[]] if len(groups) < 2 else []  # keep rank 2: a leading unit dim
     shape = tuple([1] * len(lead) + [int(np.prod([out_shape[d] for d in g])) for g in groups])
-    new_ops = []
+    new_ops: list[Operand] = []
     for o in operands:
         oshape = shape_of(o.value.type)
         # operand dims of each output group (a broadcast group: the operand's own unit dims)
-        odims = [[d if o.imap[d] is None else o.imap[d] for d in g] for g in groups]
+        odims = [[d if (m := o.imap[d]) is None else m for d in g] for g in groups]
         order = sorted(range(len(groups)), key=lambda i: odims[i][0])
         vshape = [1] * len(lead) + [int(np.prod([oshape[d] for d in odims[i]])) for i in order]
-        imap: IndexMap = [None] * len(lead) + [
-            None if o.imap[g[0]] is None else len(lead) + order.index(i) for i, g in enumerate(groups)
-        ]
+        imap: IndexMap = [None] * len(lead)
+        imap.extend(None if o.imap[g[0]] is None else len(lead) + order.index(i) for i, g in enumerate(groups))
         new_ops.append(Operand(view(o.value, vshape), imap))
     return shape, new_ops
+
+
+def _dims_merge(o: Operand, p: int, d: int, layout: Callable[[SSAValue], tuple[tuple[int, ...], int]]) -> bool:
+    """Whether output dims p and d = p + 1 stay one dim for operand `o`: both broadcast,
+    or adjacent dims of `o` that merge in memory."""
+    mp, md = o.imap[p], o.imap[d]
+    if mp is None:
+        return md is None
+    return md == mp + 1 and merges(o, mp, layout)
 
 
 def reshape_strides(
@@ -145,7 +166,7 @@ def dense_values(op: Operation) -> np.ndarray:
     return np.asarray(attr.get_values(), dtype=np.float32)
 
 
-def matmul_dims(op: Operation):
+def matmul_dims(op: Operation) -> MatmulDims | None:
     """(result, output shape, a, b, M, K, N) of a graph.matmul; None for rank-1 operands."""
     res = op.results[0]
     a, b = op.operands
@@ -157,8 +178,10 @@ def matmul_dims(op: Operation):
 
 def dense_attr(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> DenseIntOrFPElementsAttr:
     values = data.reshape(-1)
-    if not isinstance(elem, (Float32Type, BFloat16Type, Float16Type)):  # i32 constants
-        values = values.astype(np.int64)
-    return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), values.tolist())
+    if isinstance(elem, (Float32Type, BFloat16Type, Float16Type)):
+        return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), values.tolist())
+    if elem != i32:
+        raise CompileError(f"lower-graph-to-tile: a constant of element type {elem} (tilecc: f32, bf16, f16, i32)")
+    return DenseIntOrFPElementsAttr.from_list(TensorType(i32, list(shape)), values.astype(np.int64).tolist())
 
 

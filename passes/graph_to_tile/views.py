@@ -20,14 +20,17 @@ from __future__ import annotations
 import numpy as np
 from xdsl.ir import Operation
 
+from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.passes.graph_to_tile.context import LoweringContext
 from tilecc.passes.graph_to_tile.shapes import dense_values, elem_of, shape_of
 
 
 def lower_weight(lw: LoweringContext, op: Operation, loc: str) -> None:
+    if not isinstance(op, g.WeightOp):
+        raise CompileError(f"lower_weight at {loc}: {op.name} is not a graph.weight")
     res = op.results[0]
-    lw.values[res] = lw.hbm(shape_of(res.type), elem_of(res.type), weight=op.properties["name"].data)
+    lw.values[res] = lw.hbm(shape_of(res.type), elem_of(res.type), weight=op.weight)
 
 
 def lower_constant(lw: LoweringContext, op: Operation, loc: str) -> None:
@@ -60,8 +63,10 @@ def lower_expand(lw: LoweringContext, op: Operation, loc: str) -> None:
 def lower_permute(lw: LoweringContext, op: Operation, loc: str) -> None:
     """A view when the innermost dimension stays innermost (DMAs still read long
     rows), else a transposing copy."""
+    if not isinstance(op, g.PermuteOp):
+        raise CompileError(f"lower_permute at {loc}: {op.name} is not a graph.permute")
     res = op.results[0]
-    perm = [int(p) for p in op.properties["perm"].get_values()]
+    perm = [int(p) for p in op.permutation]
     if op.operands[0] in lw.absorbed:  # the producer wrote this permute's layout
         lw.values[res] = lw.absorbed[op.operands[0]]
         return

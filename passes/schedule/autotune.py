@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tilecc.version import __version__
-from tilecc.fsutil import atomic_write
 from tilecc.errors import TileccError
+from tilecc.fsutil import atomic_write
 from tilecc.simulator.config import HardwareConfig
+from tilecc.version import __version__
 
 FORMAT = 1
 VERSION = f"tilecc-{__version__}/autotune-1"  # compiler version tag of every cache entry

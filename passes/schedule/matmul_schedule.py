@@ -14,9 +14,10 @@ estimates cycles, `passes/schedule/autotune.py` measures them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import Any
 
 from tilecc.simulator.config import HardwareConfig
 
@@ -70,8 +71,11 @@ class MatmulProblem:
     fused_ops: str = ""  # the fused group's ops and shapes (part of the cache signature)
 
     @staticmethod
-    def make(cfg: HardwareConfig, M: int, K: int, N: int, *, batch=(), a_batch=None, b_batch=None,
-             a_dtype="bf16", b_dtype="bf16", o_dtype=None) -> MatmulProblem:
+    def make(
+        cfg: HardwareConfig, M: int, K: int, N: int, *, batch: Sequence[int] = (),
+        a_batch: Sequence[bool] | None = None, b_batch: Sequence[bool] | None = None,
+        a_dtype: str = "bf16", b_dtype: str = "bf16", o_dtype: str | None = None,
+    ) -> MatmulProblem:
         batch = tuple(int(x) for x in batch)
         return MatmulProblem(
             M, K, N, batch,
@@ -156,7 +160,7 @@ class MatmulSchedule:
         return d
 
     @staticmethod
-    def from_dict(d: dict) -> MatmulSchedule:
+    def from_dict(d: Mapping[str, Any]) -> MatmulSchedule:
         return MatmulSchedule(
             nb=int(d["nb"]), w=int(d["w"]), g=int(d["g"]), b_sets=int(d["b_sets"]),
             pipelined=bool(d["pipelined"]), qb=tuple(int(q) for q in d["qb"]),
@@ -352,7 +356,8 @@ def _sites(p: MatmulProblem, nb: int, two: bool, nch: int, widths: tuple[int, ..
     if end > 1:
         parts += [block_sites(plans[1], False)] * _calls(end - 1)
     parts += [block_sites(pl, False) for pl in plans[end:]]
-    return tuple(sum(x[i] for x in parts) for i in range(4))
+    prep, with_item, without, chunks = (sum(x[i] for x in parts) for i in range(4))
+    return prep, with_item, without, chunks
 
 
 def kernel_size(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int, int]:

@@ -14,7 +14,8 @@ winners per kernel signature.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, TensorType, f32
@@ -48,7 +49,7 @@ def kernel_alone(problem: MatmulProblem, cfg: HardwareConfig) -> GraphProgram:
     return g.GraphProgram(ModuleOp([fn]), {}, ["a", "b"], ["out"])
 
 
-def diverse(ranked, first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
+def diverse(ranked: Sequence[tuple[float, MatmulSchedule]], first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
     """The best-ranked schedules that differ from each other (and from `first`) in the
     block, the chunk width, the number of B queues or staggering; then the next best."""
     def shape(s: MatmulSchedule) -> tuple:
@@ -66,7 +67,7 @@ def diverse(ranked, first: MatmulSchedule, n: int) -> list[MatmulSchedule]:
     return out
 
 
-def _valid_schedule(d, problem: MatmulProblem, cfg) -> bool:
+def _valid_schedule(d: Mapping[str, Any], problem: MatmulProblem, cfg: HardwareConfig) -> bool:
     """A cached winner is a schedule that fits (a hand-edited or stale file may hold anything)."""
     try:
         s = MatmulSchedule.from_dict(d)
@@ -99,7 +100,7 @@ def tuning_policy(
 
         judge: list[GraphProgram] = []
 
-        def timed(d: dict) -> float:
+        def timed(d: Mapping[str, Any]) -> float:
             if not judge:
                 judge.append(program() if program is not None else kernel_alone(problem, cfg))
             return measure_program(judge[0], MatmulSchedule.from_dict(d))

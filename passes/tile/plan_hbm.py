@@ -105,18 +105,18 @@ def plan_hbm(op: ModuleOp, cfg: HardwareConfig) -> None:
             temps.append(alloc)
             continue
         alloc.properties["offset"] = IntegerAttr(offset, i64)
-        offset += _aligned(tensor_bytes(alloc.result.type))  # type: ignore[arg-type]
+        offset += _aligned(tensor_bytes(alloc.result.type))
     base = offset
     ranges = live_ranges(main)
     placed: list[tuple[int, int, int, int]] = []  # (start, end, first, last)
     total = 0
-    order = sorted(range(len(temps)), key=lambda i: (-tensor_bytes(temps[i].result.type), i))  # type: ignore[arg-type]
+    order = sorted(range(len(temps)), key=lambda i: (-tensor_bytes(temps[i].result.type), i))
     for i in order:
         alloc = temps[i]
-        size = _aligned(tensor_bytes(alloc.result.type))  # type: ignore[arg-type]
+        size = _aligned(tensor_bytes(alloc.result.type))
         total += size
         first, last = ranges.get(alloc.result, (-1, -1))
-        busy = sorted((s, e) for s, e, f, l in placed if not (last < f or l < first))
+        busy = sorted((s, e) for s, e, f, lst in placed if not (last < f or lst < first))
         addr = base
         for s, e in busy:
             if addr + size <= s:

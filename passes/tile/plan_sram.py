@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, i64
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, StringAttr, i64
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 
 from tilecc.errors import SramOverflowError
 from tilecc.ir import tile
-from tilecc.passes import remarks
 from tilecc.ir.dtypes import element_size
+from tilecc.passes import remarks
 from tilecc.simulator.config import HardwareConfig, load_config
 
 ALIGN = 64
@@ -80,9 +81,9 @@ def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
     return used
 
 
-def _loc(op) -> str:
+def _loc(op: Operation) -> str:
     loc = op.attributes.get("tilecc.loc")
-    return loc.data if loc is not None else ""
+    return loc.data if isinstance(loc, StringAttr) else ""  # set by g.set_loc as a string
 
 
 @dataclass(frozen=True)
