@@ -17,9 +17,8 @@ import argparse
 import sys
 import tempfile
 import time
-from pathlib import Path
-
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -31,8 +30,9 @@ import mlp  # noqa: E402
 import transformer_block  # noqa: E402
 
 import tilecc  # noqa: E402
-from tilecc.runtime.compare import compare  # noqa: E402
 from tilecc.runtime.cache import CompileCache  # noqa: E402
+from tilecc.runtime.compare import compare  # noqa: E402
+
 
 def deep_mlp():
     """12 Linear-GELU layers, 256 wide, batch 64, bf16: a pipeline-heavy compile."""

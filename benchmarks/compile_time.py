@@ -120,7 +120,8 @@ def main() -> None:
     for w, r in rows.items():
         note = (f"{r['kernels']} kernels, {r['instructions']:,} instructions, target cloud" if w == "tilecc"
                 else f"torch.compile default backend (Inductor), eager call {r['eager_call_s']:.2f} s subtracted")
-        print(f"| {'tilecc' if w == 'tilecc' else 'torch.compile'} | {r['seconds']:.1f} | {r['peak_mib']:.0f} | {note} |")
+        who = "tilecc" if w == "tilecc" else "torch.compile"
+        print(f"| {who} | {r['seconds']:.1f} | {r['peak_mib']:.0f} | {note} |")
     if len(rows) == 2:
         print(f"\ntilecc / torch.compile compile time: {rows['tilecc']['seconds'] / rows['inductor']['seconds']:.2f} "
               "(target <= 0.5)")

@@ -53,7 +53,8 @@ def row(spec: str, target: str, with_inductor: bool) -> dict:
     out = cm(*inputs)
     with torch.no_grad():
         ref = model.eval()(*inputs)
-    ok, err = compare([out] if not isinstance(out, tuple) else list(out), [ref] if not isinstance(ref, (tuple, list)) else list(ref))
+    outs = [out] if not isinstance(out, tuple) else list(out)
+    ok, err = compare(outs, [ref] if not isinstance(ref, (tuple, list)) else list(ref))
     r = cm.report
     return {
         "model": spec, "target": target, "cycles": r.cycles, "bound": r.roofline_cycles,

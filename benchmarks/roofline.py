@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
 import types
+from pathlib import Path
 
 import torch
 
@@ -127,7 +126,8 @@ def main() -> None:
     args = ap.parse_args()
     print(f"preset {args.target}, bf16; ratio = simulated cycles / roofline bound (1.00 is the limit)"
           f"{'; -O2 matmul schedules autotuned' if args.autotune else ''}\n")
-    print("| workload | -O2 cycles | bound (resource) | ratio | target | HBM bytes / compulsory | -O0 cycles | -O0 / -O2 | compile -O2 / -O0 |")
+    print("| workload | -O2 cycles | bound (resource) | ratio | target | HBM bytes / compulsory "
+          "| -O0 cycles | -O0 / -O2 | compile -O2 / -O0 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in WORKLOADS:
         if args.only not in name:
@@ -138,7 +138,7 @@ def main() -> None:
         tgt = TARGETS.get(name)
         print(
             f"| {name} | {o2.cycles:,.0f} | {o2.roofline_cycles:,.0f} ({o2.bottleneck}) | {o2.roofline_ratio:.2f} | "
-            f"{'<= %.2f' % tgt if tgt else '-'} | {o2.hbm_bytes / max(o2.compulsory_hbm_bytes, 1):.2f} | "
+            f"{f'<= {tgt:.2f}' if tgt else '-'} | {o2.hbm_bytes / max(o2.compulsory_hbm_bytes, 1):.2f} | "
             f"{f'{o0.cycles:,.0f}' if o0 else '-'} | {f'{o0.cycles / o2.cycles:.1f}x' if o0 else '-'} | "
             f"{r['compile_O2']:.1f} s / {r.get('compile_O0', float('nan')):.1f} s |",
             flush=True,

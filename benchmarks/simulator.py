@@ -38,8 +38,9 @@ def _compiled_stream(target: str):
     import warnings
 
     warnings.filterwarnings("ignore")
-    import tilecc
     from transformer_block import block
+
+    import tilecc
 
     model, inputs = block()
     cm = tilecc.compile(model.eval(), inputs, target=target)

@@ -28,7 +28,6 @@ import torch
 import tilecc
 from tilecc import errors
 from tilecc.cli import load_factory, main
-from tilecc.runtime.program import Program
 from tilecc.simulator.config import PRESET_DIR, load_config
 
 ROOT = Path(__file__).parent.parent

@@ -189,7 +189,7 @@ def test_two_processes_compiling_the_same_model_at_once_both_succeed(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT], cwd=ROOT, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     digests = {out.split()[1] for out, _ in outs}
     assert len(digests) == 1

@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_and_compare
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-
-from helpers import run_and_compare
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 import mlp as mlp_example  # noqa: E402

@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import run_and_compare
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from helpers import run_and_compare
 
 import tilecc
 from tilecc.frontend.torch_export import export_model, import_exported_program

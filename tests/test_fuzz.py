@@ -15,9 +15,8 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-
 from fuzz_programs import REGRESSIONS, case_path, check, programs, save_regression, with_saved_tolerance
+from hypothesis import HealthCheck, given, settings
 
 PROFILE = os.environ.get("TILECC_FUZZ", "fast")
 DEEP = PROFILE == "deep"
@@ -64,9 +63,8 @@ def test_fuzz_regression(path: Path):
 
 def test_strategy_covers_the_op_set():
     """The strategy reaches every op kind (checked on drawn descriptions, no compiling)."""
-    from hypothesis import find
-
     from fuzz_programs import BINARY, REDUCE, UNARY
+    from hypothesis import find
 
     wanted = set(UNARY) | set(BINARY) | set(REDUCE) | {
         "linear", "matmul_param", "gram", "softmax", "layernorm", "reshape", "permute", "slice", "scale",
@@ -111,7 +109,6 @@ def test_error_scales_follow_cancellation_not_the_output():
     """gram(x) - gram(x) is 0 but carries the rounding step of gram(x); a softmax starts
     afresh from its own output."""
     import torch
-
     from fuzz_programs import FuzzModule, make_inputs
 
     desc = {"dtype": "bfloat16", "seed": 0, "inputs": [[2, 12]],

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -172,7 +171,7 @@ def accumulating_kernels(draw):
 
 
 def _acc_src(k: dict) -> str:
-    tile = f"load(x[r, c])"
+    tile = "load(x[r, c])"
     val = f"{k['fn']}({tile})" if k["fn"] else tile
     if k["scratch"]:  # an `empty` tile declared per row tile, overwritten by every column tile
         pre, val, stmt = "        t = empty(f32[r.size, 1])\n", "t", f"            t = {k['red']}({val})\n"

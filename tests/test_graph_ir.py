@@ -29,9 +29,11 @@ from xdsl.utils.exceptions import VerifyException
 
 from tilecc.errors import InputMismatchError, ShapeError
 from tilecc.ir import graph as g
-from tilecc.ir.graph_interp import run_graph
+from tilecc.ir.graph_interp import (
+    round_to,  # shape-preserving for rank 0
+    run_graph,
+)
 from tilecc.simulator.isa import DType
-from tilecc.ir.graph_interp import round_to  # shape-preserving for rank 0
 
 F32, BF16, F16 = DType.F32, DType.BF16, DType.F16
 
@@ -267,7 +269,7 @@ def test_program_func():
     p = program(m)
     assert p.func.sym_name.data == "forward"
     with pytest.raises(ValueError):
-        g.GraphProgram(ModuleOp([]), {}, [], []).func
+        _ = g.GraphProgram(ModuleOp([]), {}, [], []).func
 
 
 # ---------------------------------------------------------------------------
@@ -636,7 +638,7 @@ def test_interpreter_rounds_after_every_op_like_eager_bf16():
     ref = torch.tanh((tx @ tw) * 1.75 + tx)
     np.testing.assert_allclose(out[0], ref.float().numpy(), atol=1e-2, rtol=1e-2)
     # every intermediate is exactly representable in bf16
-    for v, arr in env.items():
+    for arr in env.values():
         assert arr.dtype == np.float32
         np.testing.assert_array_equal(arr, round_to(arr, BF16))
     fn = m.ops.first

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import run_and_compare
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from xdsl.builder import ImplicitBuilder
@@ -19,7 +20,6 @@ from xdsl.ir import Block, Region
 from xdsl.parser import Parser
 
 import tilecc
-from helpers import run_and_compare
 from tilecc.codegen import asm as asm_mod
 from tilecc.codegen.asm import format_instruction, parse_asm, print_asm
 from tilecc.codegen.binary import decode_stream, encode_stream, validate_stream

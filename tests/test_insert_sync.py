@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

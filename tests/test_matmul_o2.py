@@ -11,15 +11,14 @@ compared with eager.
 import numpy as np
 import pytest
 import torch
+from helpers import run_and_compare
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import tilecc
-from helpers import run_and_compare
-from tilecc.runtime.compare import tolerance
 from tilecc.frontend.torch_export import export_model, import_exported_program
-from tilecc.passes.schedule import cost_model
 from tilecc.passes.graph_to_tile import matmul as lower_matmul
+from tilecc.passes.schedule import cost_model
 from tilecc.passes.schedule.matmul_schedule import (
     MatmulProblem,
     MatmulSchedule,
@@ -30,6 +29,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     kernel_matmuls,
 )
 from tilecc.passes.schedule.matmul_tuning import kernel_alone
+from tilecc.runtime.compare import tolerance
 from tilecc.runtime.compiler import compile_graph, measure_program
 from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import load_config

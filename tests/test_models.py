@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_and_compare
 
 import tilecc
-from helpers import run_and_compare
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import run_and_compare
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from xdsl.dialects import func
@@ -29,7 +30,6 @@ from xdsl.ir import Block, Region
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import VerifyException
 
-from helpers import run_and_compare
 from tilecc.errors import ShapeError, UnsupportedOpError
 from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.ir import graph as g
@@ -473,7 +473,7 @@ def test_conv_batch_norm_activation_residual(act, dtype):
     cm = run_and_compare(model, (x,))
     if act == "relu":  # batch norm, relu and the residual add run in the two conv kernels
         kernels = [name for name, _, _ in cm.program.kernels]
-        assert not [k for k in kernels if not ("conv2d" in k)], kernels
+        assert not [k for k in kernels if "conv2d" not in k], kernels
 
 
 def test_batch_norm_alone_and_in_bf16():

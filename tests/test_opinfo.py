@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from opinfo_harness import CLAIMED, claimed_opinfos, run_op
 
 OPINFOS = claimed_opinfos()

@@ -24,7 +24,7 @@ from tilecc.errors import (
     SimulatorError,
     UninitializedReadError,
 )
-from tilecc.simulator import isa, numerics, sanitizers
+from tilecc.simulator import isa, numerics
 from tilecc.simulator import races as race_detector
 from tilecc.simulator.config import load_config
 from tilecc.simulator.isa import ITEMSIZE, DType, Flag, Mem, Opcode, UnaryFn

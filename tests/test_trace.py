@@ -263,7 +263,7 @@ def test_compiled_mlp_trace(mlp):
     # one kernel slice per kernel span, in order
     kernel_slices = [e for e in by_ph["X"] if e["cat"] == "kernel"]
     assert [e["name"] for e in kernel_slices] == [k[0] for k in program.kernels if k[2] > 0]
-    for e, (name, first, count) in zip(kernel_slices, [k for k in program.kernels if k[2] > 0]):
+    for e, (_name, first, count) in zip(kernel_slices, [k for k in program.kernels if k[2] > 0]):
         assert e["args"]["first"] == first and e["args"]["count"] == count
         span = slice(first, first + count)
         assert ns(e["ts"]) == round(sim.start[span].min() / program.config.clock_ghz)
