@@ -57,12 +57,12 @@ from xdsl.irdl import (
 from tilecc.errors import ShapeError
 from tilecc.ir.graph_base import (
     GraphOp,
-    check_tensor,
-    fmt_type,
-    same_element,
     as_value,
     broadcast_shapes,
+    check_tensor,
     element_dtype,
+    fmt_type,
+    same_element,
     set_loc,
 )
 from tilecc.ir.graph_elementwise import BinaryElementwiseOp, UnaryElementwiseOp, erf64

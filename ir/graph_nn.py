@@ -57,10 +57,10 @@ from xdsl.irdl import (
 from tilecc.errors import ShapeError
 from tilecc.ir.graph_base import (
     GraphOp,
+    as_value,
     check_tensor,
     fmt_type,
     same_element,
-    as_value,
     set_loc,
 )
 

@@ -61,7 +61,6 @@ from tilecc.passes.schedule.matmul_schedule import (
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.timing import TimingRules
 
-
 CONTENTION_P = 4.0  # chunk time = (compute^p + transfers^p)^(1/p): see breakdown()
 
 
