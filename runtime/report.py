@@ -23,7 +23,8 @@ import numpy as np
 from tilecc.simulator import energy as energy_model
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType, Opcode
-from tilecc.simulator.machine import SimResult, vector_cost_factors
+from tilecc.simulator.stats import SimResult
+from tilecc.simulator.timing import vector_cost_factors
 
 
 def roofline(work: dict[str, float], cfg: HardwareConfig) -> dict[str, float]:

@@ -90,14 +90,6 @@ class Timing(TimingRules):
         """Start to result of one [m x k] @ [k x n] matmul."""
         return self.matmul_latency(self.matmul_stream(m, k, n, fp32))
 
-    # the names passes/graph_to_tile/attention.py calls (until it calls dma_fixed and
-    # dma_transfer of `TimingRules` itself)
-    def fixed(self, rows: int) -> float:
-        return self.dma_fixed(rows)
-
-    def xfer(self, rows: int, cols: int, itemsize: int) -> float:
-        return self.dma_transfer(rows, cols, itemsize)
-
     def copy(self, rows: int, cols: int) -> float:
         return self.vector_time(rows, cols, self.cfg.vector.op_cost.unary["copy"])
 
