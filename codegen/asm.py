@@ -15,8 +15,9 @@ cleared, as ``isa.empty_stream`` leaves them, and the parser restores them so)::
 
 The lines are those of `simulator.listing` (which the simulator's messages and traces
 use too); `print_asm` validates the stream first. The grammar is ``asm.lark`` (LALR).
-`print_asm` followed by `parse_asm` restores every record bit for bit (imm values are written in the shortest decimal form that reads back
-to the same float32, else as a hex float, and NaNs with a payload as ``nan(0xBITS)``).
+`print_asm` followed by `parse_asm` restores every record bit for bit (imm values are written in
+the shortest decimal form that reads back to the same float32, else as a hex float, and NaNs
+with a payload as ``nan(0xBITS)``).
 Errors raise `AsmSyntaxError`: a first line ``line L:C: <what is wrong>``, then the
 source line and a caret under the column.
 """

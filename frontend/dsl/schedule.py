@@ -207,7 +207,7 @@ def _shared_finish(jobs: list[tuple[float, float]]) -> list[float]:
     return done
 
 
-def _transfer(state: "_Engines", op: Operation, queue: int, t0: float, work: float) -> list[tuple[Operation, float]]:
+def _transfer(state: _Engines, op: Operation, queue: int, t0: float, work: float) -> list[tuple[Operation, float]]:
     """Put DMA `op` on `queue`, its transfer starting at t0 (after its fixed part). The
     transfers in flight share HBM equally (processor sharing, as in the simulator), so
     this one also delays those it overlaps: returns the (op, finish) of each, new ones."""
