@@ -40,6 +40,7 @@ from tilecc.simulator.isa import (
     MAX_WAITS,
     OPCODE_ENGINE,
     RECORD,
+    RECORD_NAMES,
     Flag,
     Mem,
     Opcode,
@@ -97,7 +98,7 @@ def format_instruction(record: np.void | np.ndarray) -> str:
 
 # ----------------------------------------------------------------------------- parsing
 
-_NAMES = list(cast(tuple[str, ...], RECORD.names))  # a structured dtype: its names are set
+_NAMES = list(RECORD_NAMES)
 _I = {n: i for i, n in enumerate(_NAMES)}  # field name -> index in a record tuple
 _TEMPLATE: list = []  # a cleared record (as isa.empty_stream leaves it), as a list
 for _n in _NAMES:
