@@ -67,9 +67,7 @@ from xdsl.irdl import (
 )
 
 from tilecc.errors import ShapeError
-from tilecc.ir.graph_base import (
-    LOC_ATTR as LOC_ATTR,
-)
+from tilecc.ir.graph_base import LOC_ATTR as LOC_ATTR  # re-exported
 from tilecc.ir.graph_base import (  # noqa: F401 (re-exported: g.GraphOp, g.element_dtype, ...)
     NP_STORAGE,
     GraphOp,
@@ -83,15 +81,9 @@ from tilecc.ir.graph_base import (  # noqa: F401 (re-exported: g.GraphOp, g.elem
     set_loc,
     tensor_type,
 )
-from tilecc.ir.graph_base import (
-    UNKNOWN_LOC as UNKNOWN_LOC,
-)
-from tilecc.ir.graph_base import (
-    shape_of as shape_of,
-)
-from tilecc.ir.graph_base import (
-    source_loc as source_loc,
-)
+from tilecc.ir.graph_base import UNKNOWN_LOC as UNKNOWN_LOC  # re-exported
+from tilecc.ir.graph_base import shape_of as shape_of  # re-exported
+from tilecc.ir.graph_base import source_loc as source_loc  # re-exported
 from tilecc.ir.graph_elementwise import (  # noqa: F401 (re-exported: g.AddOp, ...)
     AddOp,
     BinaryElementwiseOp,
@@ -110,12 +102,8 @@ from tilecc.ir.graph_elementwise import (  # noqa: F401 (re-exported: g.AddOp, .
     TanhOp,
     UnaryElementwiseOp,
 )
-from tilecc.ir.graph_elementwise import (
-    erf64 as erf64,
-)
-from tilecc.ir.graph_elementwise import (
-    gelu_reference as gelu_reference,
-)
+from tilecc.ir.graph_elementwise import erf64 as erf64  # re-exported
+from tilecc.ir.graph_elementwise import gelu_reference as gelu_reference  # re-exported
 from tilecc.ir.graph_fusion import FUSION_OPS
 from tilecc.ir.graph_index import INDEX_OPS
 from tilecc.ir.graph_nn import NN_OPS
