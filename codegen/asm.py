@@ -15,8 +15,9 @@ cleared, as ``isa.empty_stream`` leaves them, and the parser restores them so)::
 
 The lines are those of `simulator.listing` (which the simulator's messages and traces
 use too); `print_asm` validates the stream first. The grammar is ``asm.lark`` (LALR).
-`print_asm` followed by `parse_asm` restores every record bit for bit (imm values are written in the shortest decimal form that reads back
-to the same float32, else as a hex float, and NaNs with a payload as ``nan(0xBITS)``).
+`print_asm` followed by `parse_asm` restores every record bit for bit (imm values are written in
+the shortest decimal form that reads back to the same float32, else as a hex float, and NaNs
+with a payload as ``nan(0xBITS)``).
 Errors raise `AsmSyntaxError`: a first line ``line L:C: <what is wrong>``, then the
 source line and a caret under the column.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import lark
 import numpy as np
@@ -39,6 +40,7 @@ from tilecc.simulator.isa import (
     MAX_WAITS,
     OPCODE_ENGINE,
     RECORD,
+    RECORD_NAMES,
     Flag,
     Mem,
     Opcode,
@@ -96,7 +98,7 @@ def format_instruction(record: np.void | np.ndarray) -> str:
 
 # ----------------------------------------------------------------------------- parsing
 
-_NAMES = list(RECORD.names)
+_NAMES = list(RECORD_NAMES)
 _I = {n: i for i, n in enumerate(_NAMES)}  # field name -> index in a record tuple
 _TEMPLATE: list = []  # a cleared record (as isa.empty_stream leaves it), as a list
 for _n in _NAMES:
@@ -531,7 +533,7 @@ def _slow_line(source: str, line: int) -> list:
     """Parse one line with the LALR parser: [] or [record]; AsmSyntaxError on errors."""
     parser = _parser()
     try:
-        return parser.parse(source + "\n")
+        return cast(list, parser.parse(source + "\n"))  # the _Builder transformer makes records
     except _SemanticError as e:
         raise _error(e.message, source, line, e.column) from None
     except lark.exceptions.VisitError as e:  # pragma: no cover - lark wraps some callbacks
@@ -652,7 +654,7 @@ def _fast_line(line: str, pats: dict[str, re.Pattern], b: _Builder) -> list | No
 def _parse(text: str, fast: bool = True) -> np.ndarray:
     rows = []
     pats = _fast_patterns()
-    builder = _parser().options.transformer
+    builder = cast(_Builder, _parser().options.transformer)  # _parser() is built with _Builder()
     for i, line in enumerate(text.split("\n"), 1):
         r = _fast_line(line[:-1] if line.endswith("\r") else line, pats, builder) if fast else None
         if r is not None:

@@ -35,13 +35,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     I64,
-    AnyAttr,
+    AnyDenseElement,
     BytesAttr,
     DenseArrayBase,
     DenseIntOrFPElementsAttr,
@@ -56,6 +56,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Dialect, SSAValue
 from xdsl.irdl import (
+    AnyAttr,
     ParamAttrConstraint,
     VarConstraint,
     base,
@@ -66,23 +67,23 @@ from xdsl.irdl import (
 )
 
 from tilecc.errors import ShapeError
+from tilecc.ir.graph_base import LOC_ATTR as LOC_ATTR  # re-exported
 from tilecc.ir.graph_base import (  # noqa: F401 (re-exported: g.GraphOp, g.element_dtype, ...)
-    _NP_STORAGE,
-    LOC_ATTR,
-    UNKNOWN_LOC,
+    NP_STORAGE,
     GraphOp,
-    check_tensor,
-    _element_type,
-    fmt_type,
-    same_element,
     as_value,
     broadcast_shapes,
+    check_tensor,
     element_dtype,
+    element_type,
+    fmt_type,
+    same_element,
     set_loc,
-    shape_of,
-    source_loc,
     tensor_type,
 )
+from tilecc.ir.graph_base import UNKNOWN_LOC as UNKNOWN_LOC  # re-exported
+from tilecc.ir.graph_base import shape_of as shape_of  # re-exported
+from tilecc.ir.graph_base import source_loc as source_loc  # re-exported
 from tilecc.ir.graph_elementwise import (  # noqa: F401 (re-exported: g.AddOp, ...)
     AddOp,
     BinaryElementwiseOp,
@@ -100,15 +101,15 @@ from tilecc.ir.graph_elementwise import (  # noqa: F401 (re-exported: g.AddOp, .
     SubOp,
     TanhOp,
     UnaryElementwiseOp,
-    erf64,
-    gelu_reference,
 )
+from tilecc.ir.graph_elementwise import erf64 as erf64  # re-exported
+from tilecc.ir.graph_elementwise import gelu_reference as gelu_reference  # re-exported
 from tilecc.ir.graph_fusion import FUSION_OPS
 from tilecc.ir.graph_index import INDEX_OPS
 from tilecc.ir.graph_nn import NN_OPS
 from tilecc.simulator.isa import DType
 
-element_type = _element_type  # re-exported (g.element_type); `make` methods take an `element_type`
+_element_type = element_type  # `make` methods take a parameter named `element_type`
 
 
 # ---------------------------------------------------------------------------
@@ -169,14 +170,15 @@ class ConstantOp(GraphOp):
         if dt == DType.BF16:
             data = f32_to_bf16_bits(arr).reshape(arr.shape)
         else:
-            data = arr.astype(_NP_STORAGE[dt])
+            data = arr.astype(NP_STORAGE[dt])
         raw = np.ascontiguousarray(data).astype(data.dtype.newbyteorder("<")).tobytes()
-        attr = DenseIntOrFPElementsAttr(t, BytesAttr(raw))
+        # the element type is one of f32 / bf16 / f16 / i32 (checked by element_dtype above)
+        attr = DenseIntOrFPElementsAttr(cast(TensorType[AnyDenseElement], t), BytesAttr(raw))
         op = cls.create(result_types=[t], properties={"value": attr})
         return set_loc(op, loc)
 
     def infer_result_type(self) -> TensorType:
-        return self.value.type
+        return cast(TensorType[Attribute], self.value.type)  # constrained to a tensor (T)
 
     def values(self) -> np.ndarray:
         """The constant as float32 values of the result's shape."""
@@ -184,7 +186,7 @@ class ConstantOp(GraphOp):
 
         t = self.value.type
         dt = element_dtype(t)
-        raw = np.frombuffer(self.value.data.data, dtype=np.dtype(_NP_STORAGE[dt]).newbyteorder("<"))
+        raw = np.frombuffer(self.value.data.data, dtype=np.dtype(NP_STORAGE[dt]).newbyteorder("<"))
         vals = bf16_bits_to_f32(raw) if dt == DType.BF16 else raw.astype(np.float32)
         shape = tuple(t.get_shape())
         n = math.prod(shape)
@@ -231,9 +233,9 @@ class MatmulOp(GraphOp):
     )
 
     @staticmethod
-    def infer(lhs: TensorType, rhs: TensorType) -> TensorType:
-        check_tensor(lhs, MatmulOp.name, "lhs")
-        check_tensor(rhs, MatmulOp.name, "rhs")
+    def infer(lhs: Attribute, rhs: Attribute) -> TensorType:
+        lhs = check_tensor(lhs, MatmulOp.name, "lhs")
+        rhs = check_tensor(rhs, MatmulOp.name, "rhs")
         et = same_element(MatmulOp.name, lhs, rhs)
         return TensorType(et, matmul_shape(MatmulOp.name, lhs.get_shape(), rhs.get_shape()))
 
@@ -246,7 +248,8 @@ class MatmulOp(GraphOp):
         t = cls.infer(lhs.type, rhs.type)
         return set_loc(cls.create(operands=[lhs, rhs], result_types=[t]), loc)
 
-    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        a, b = args
         # accumulate in float64: a tighter reference than any fp32 summation order
         return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
 
@@ -295,7 +298,8 @@ class SoftmaxOp(GraphOp):
     def axis(self) -> int:
         return self.dim.value.data
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, = args
         x = np.asarray(x, dtype=np.float64)
         if x.ndim == 0:
             return np.ones_like(x, dtype=np.float32) if np.isfinite(x) else np.full_like(x, np.nan, dtype=np.float32)
@@ -324,12 +328,12 @@ class LayerNormOp(GraphOp):
 
     @staticmethod
     def infer(
-        x: TensorType, w: TensorType, b: TensorType, normalized_ndim: int, eps: float
+        x: Attribute, w: Attribute, b: Attribute, normalized_ndim: int, eps: float
     ) -> TensorType:
         op = LayerNormOp.name
-        check_tensor(x, op, "input")
-        check_tensor(w, op, "weight")
-        check_tensor(b, op, "bias")
+        x = check_tensor(x, op, "input")
+        w = check_tensor(w, op, "weight")
+        b = check_tensor(b, op, "bias")
         same_element(op, x, w, b)
         shape = tuple(x.get_shape())
         if not 1 <= normalized_ndim <= len(shape):
@@ -376,7 +380,8 @@ class LayerNormOp(GraphOp):
         )
         return set_loc(op, loc)
 
-    def reference(self, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, w, b = args
         n = self.normalized_ndim.value.data
         axes = tuple(range(x.ndim - n, x.ndim))
         x64 = np.asarray(x, dtype=np.float64)
@@ -403,8 +408,8 @@ class PermuteOp(GraphOp):
     assembly_format = "$input $perm attr-dict `:` type($input) `->` type($result)"
 
     @staticmethod
-    def infer(x: TensorType, perm: Sequence[int]) -> TensorType:
-        check_tensor(x, PermuteOp.name, "input")
+    def infer(x: Attribute, perm: Sequence[int]) -> TensorType:
+        x = check_tensor(x, PermuteOp.name, "input")
         shape = x.get_shape()
         if sorted(perm) != list(range(len(shape))):
             raise ShapeError(
@@ -422,8 +427,7 @@ class PermuteOp(GraphOp):
     @classmethod
     def make(cls, x: SSAValue, perm: Sequence[int], *, loc: str | None = None) -> PermuteOp:
         x = as_value(x)
-        check_tensor(x.type, cls.name, "input")
-        rank = x.type.get_num_dims()
+        rank = check_tensor(x.type, cls.name, "input").get_num_dims()
         norm = [int(p) + rank if int(p) < 0 else int(p) for p in perm]
         t = cls.infer(x.type, norm)
         op = cls.create(
@@ -431,7 +435,8 @@ class PermuteOp(GraphOp):
         )
         return set_loc(op, loc)
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, = args
         return np.ascontiguousarray(np.transpose(x, self.permutation))
 
 
@@ -446,8 +451,8 @@ class ReshapeOp(GraphOp):
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
 
     @staticmethod
-    def infer(x: TensorType, shape: Sequence[int]) -> TensorType:
-        check_tensor(x, ReshapeOp.name, "input")
+    def infer(x: Attribute, shape: Sequence[int]) -> TensorType:
+        x = check_tensor(x, ReshapeOp.name, "input")
         src = list(x.get_shape())
         shape = [int(d) for d in shape]
         n = math.prod(src)
@@ -474,7 +479,8 @@ class ReshapeOp(GraphOp):
         t = cls.infer(x.type, shape)
         return set_loc(cls.create(operands=[x], result_types=[t]), loc)
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, = args
         return np.reshape(x, tuple(self.result.type.get_shape()))
 
 
@@ -489,8 +495,8 @@ class ExpandOp(GraphOp):
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
 
     @staticmethod
-    def infer(x: TensorType, shape: Sequence[int]) -> TensorType:
-        check_tensor(x, ExpandOp.name, "input")
+    def infer(x: Attribute, shape: Sequence[int]) -> TensorType:
+        x = check_tensor(x, ExpandOp.name, "input")
         src = list(x.get_shape())
         shape = [int(d) for d in shape]
         if len(shape) < len(src):
@@ -516,7 +522,8 @@ class ExpandOp(GraphOp):
         t = cls.infer(x.type, shape)
         return set_loc(cls.create(operands=[x], result_types=[t]), loc)
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, = args
         return np.ascontiguousarray(np.broadcast_to(x, tuple(self.result.type.get_shape())))
 
 
@@ -531,8 +538,8 @@ class CastOp(GraphOp):
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
 
     @staticmethod
-    def infer(x: TensorType, et: Attribute) -> TensorType:
-        check_tensor(x, CastOp.name, "input")
+    def infer(x: Attribute, et: Attribute) -> TensorType:
+        x = check_tensor(x, CastOp.name, "input")
         return check_tensor(TensorType(et, x.get_shape()), CastOp.name, "result")
 
     def infer_result_type(self) -> TensorType:
@@ -550,7 +557,8 @@ class CastOp(GraphOp):
         t = cls.infer(x.type, et)
         return set_loc(cls.create(operands=[x], result_types=[t]), loc)
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, = args
         return np.asarray(x, dtype=np.float32).copy()
 
 
@@ -565,10 +573,9 @@ BINARY_OPS: tuple[type[BinaryElementwiseOp], ...] = (AddOp, SubOp, MulOp, DivOp,
 ALL_OPS: tuple[type[GraphOp], ...] = (
     WeightOp, ConstantOp, MatmulOp, *BINARY_OPS, *UNARY_OPS, GeluOp, SoftmaxOp,
     LayerNormOp, PermuteOp, ReshapeOp, ExpandOp, CastOp,
+    # op families in their own files (graph_nn, graph_index; fusion regions: graph_fusion)
+    *NN_OPS, *INDEX_OPS,
 )
-
-# op families in their own files (graph_nn, graph_index; fusion regions: graph_fusion)
-ALL_OPS = (*ALL_OPS, *NN_OPS, *INDEX_OPS)
 Graph = Dialect("graph", [*ALL_OPS, *FUSION_OPS], [])
 
 
@@ -590,12 +597,12 @@ class GraphProgram:
     """A ``graph``-level program: the module plus the weight data."""
 
     module: ModuleOp
-    weights: dict[str, np.ndarray] = field(default_factory=dict)
-    input_names: list[str] = field(default_factory=list)
-    output_names: list[str] = field(default_factory=list)
+    weights: dict[str, np.ndarray] = field(default_factory=dict[str, np.ndarray])
+    input_names: list[str] = field(default_factory=list[str])
+    output_names: list[str] = field(default_factory=list[str])
     # user-facing torch dtypes ("int64", "bool", "float32", ...; empty: the element type's)
-    input_dtypes: list[str] = field(default_factory=list)
-    output_dtypes: list[str] = field(default_factory=list)
+    input_dtypes: list[str] = field(default_factory=list[str])
+    output_dtypes: list[str] = field(default_factory=list[str])
 
     @property
     def func(self) -> func.FuncOp:

@@ -14,6 +14,7 @@ semantics in `reference`. The helpers convert between xDSL element types and the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar, cast
 
 import numpy as np
 from xdsl.dialects.builtin import (
@@ -34,6 +35,8 @@ from tilecc.simulator.isa import DTYPE_NAMES, DType
 LOC_ATTR = "tilecc.loc"
 UNKNOWN_LOC = "<unknown>"
 
+OpT = TypeVar("OpT", bound=Operation)
+
 # ---------------------------------------------------------------------------
 # Types and helpers
 # ---------------------------------------------------------------------------
@@ -50,7 +53,7 @@ _DTYPE_ELEMENTS: dict[DType, Attribute] = {
     DType.I32: i32,
 }
 # numpy storage of each element type (bf16 as raw uint16 bits)
-_NP_STORAGE = {DType.F32: np.float32, DType.F16: np.float16, DType.BF16: np.uint16, DType.I32: np.int32}
+NP_STORAGE = {DType.F32: np.float32, DType.F16: np.float16, DType.BF16: np.uint16, DType.I32: np.int32}
 
 
 def _is_supported(et: Attribute) -> bool:
@@ -59,7 +62,7 @@ def _is_supported(et: Attribute) -> bool:
 
 def element_dtype(t: Attribute) -> DType:
     """The `DType` of a tensor type's element type (or of an element type itself)."""
-    et = t.get_element_type() if isinstance(t, TensorType) else t
+    et: Attribute = cast(TensorType[Attribute], t).get_element_type() if isinstance(t, TensorType) else t
     if et == i32:
         return DType.I32
     try:
@@ -78,8 +81,6 @@ def element_type(dtype: DType | Attribute) -> Attribute:
     except KeyError:
         raise ValueError(f"unsupported element type {dtype!r} (tilecc: f32, bf16, f16, i32)") from None
 
-
-_element_type = element_type
 
 
 def tensor_type(shape: Sequence[int], dtype: DType | Attribute) -> TensorType:
@@ -101,7 +102,7 @@ def source_loc(op: Operation) -> str:
     return UNKNOWN_LOC
 
 
-def set_loc(op: Operation, loc: str | None) -> Operation:
+def set_loc(op: OpT, loc: str | None) -> OpT:
     """Attach ``"tilecc.loc"`` to `op` (no-op when `loc` is None); returns `op`."""
     if loc is not None:
         op.attributes[LOC_ATTR] = StringAttr(loc)
@@ -110,6 +111,7 @@ def set_loc(op: Operation, loc: str | None) -> Operation:
 
 def fmt_type(t: Attribute) -> str:
     if isinstance(t, TensorType):
+        t = cast(TensorType[Attribute], t)  # isinstance leaves the element type parameter unknown
         try:
             dt = DTYPE_NAMES[element_dtype(t)]
         except ValueError:
@@ -118,10 +120,11 @@ def fmt_type(t: Attribute) -> str:
     return str(t)
 
 
-def check_tensor(t: Attribute, op: str, what: str) -> TensorType:
+def check_tensor(t: Attribute, op: str, what: str) -> TensorType[Attribute]:
     """Raise ShapeError unless `t` is a static tensor of f32 / bf16 / f16 / i32."""
     if not isinstance(t, TensorType):
         raise ShapeError(f"{op}: {what} must be a tensor, got {t}")
+    t = cast(TensorType[Attribute], t)  # isinstance leaves the element type parameter unknown
     shape = t.get_shape()
     if any(d < 0 for d in shape):
         raise ShapeError(f"{op}: {what} must have a static shape, got {t}")
@@ -144,7 +147,7 @@ def same_element(op: str, *types: TensorType) -> Attribute:
 def broadcast_shapes(op: str, *shapes: Sequence[int]) -> tuple[int, ...]:
     """numpy / torch broadcasting; ShapeError naming `op` and the shapes on mismatch."""
     rank = max((len(s) for s in shapes), default=0)
-    out = []
+    out: list[int] = []
     for i in range(rank):
         dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
         dims.discard(1)

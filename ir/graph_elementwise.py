@@ -19,7 +19,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
 )
-from xdsl.ir import SSAValue
+from xdsl.ir import Attribute, SSAValue
 from xdsl.irdl import (
     VarConstraint,
     base,
@@ -30,7 +30,7 @@ from xdsl.irdl import (
 )
 
 from tilecc.errors import ShapeError
-from tilecc.ir.graph_base import GraphOp, check_tensor, same_element, as_value, broadcast_shapes, set_loc
+from tilecc.ir.graph_base import GraphOp, as_value, broadcast_shapes, check_tensor, same_element, set_loc
 
 # ---------------------------------------------------------------------------
 # Binary elementwise
@@ -49,9 +49,9 @@ class BinaryElementwiseOp(GraphOp):
     )
 
     @classmethod
-    def infer(cls, lhs: TensorType, rhs: TensorType) -> TensorType:
-        check_tensor(lhs, cls.name, "lhs")
-        check_tensor(rhs, cls.name, "rhs")
+    def infer(cls, lhs: Attribute, rhs: Attribute) -> TensorType[Attribute]:
+        lhs = check_tensor(lhs, cls.name, "lhs")
+        rhs = check_tensor(rhs, cls.name, "rhs")
         et = same_element(cls.name, lhs, rhs)
         return TensorType(et, broadcast_shapes(cls.name, lhs.get_shape(), rhs.get_shape()))
 
@@ -68,7 +68,8 @@ class BinaryElementwiseOp(GraphOp):
     def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        a, b = args
         a = np.asarray(a, dtype=np.float32)
         b = np.asarray(b, dtype=np.float32)
         with np.errstate(all="ignore"):
@@ -78,25 +79,33 @@ class BinaryElementwiseOp(GraphOp):
 @irdl_op_definition
 class AddOp(BinaryElementwiseOp):
     name = "graph.add"
-    compute = staticmethod(np.add)
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.add(a, b)
 
 
 @irdl_op_definition
 class SubOp(BinaryElementwiseOp):
     name = "graph.sub"
-    compute = staticmethod(np.subtract)
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.subtract(a, b)
 
 
 @irdl_op_definition
 class MulOp(BinaryElementwiseOp):
     name = "graph.mul"
-    compute = staticmethod(np.multiply)
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.multiply(a, b)
 
 
 @irdl_op_definition
 class DivOp(BinaryElementwiseOp):
     name = "graph.div"
-    compute = staticmethod(np.divide)
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.divide(a, b)
 
 
 def _torch_maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -124,7 +133,7 @@ class UnaryElementwiseOp(GraphOp):
     assembly_format = "$input attr-dict `:` type($result)"
 
     @classmethod
-    def infer(cls, x: TensorType) -> TensorType:
+    def infer(cls, x: Attribute) -> TensorType[Attribute]:
         return check_tensor(x, cls.name, "input")
 
     def infer_result_type(self) -> TensorType:
@@ -140,7 +149,8 @@ class UnaryElementwiseOp(GraphOp):
     def compute(x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, = args
         x = np.asarray(x, dtype=np.float32)
         with np.errstate(all="ignore"):
             return np.asarray(self.compute(x), dtype=np.float32)
@@ -163,13 +173,17 @@ class ReluOp(UnaryElementwiseOp):
 @irdl_op_definition
 class ExpOp(UnaryElementwiseOp):
     name = "graph.exp"
-    compute = staticmethod(np.exp)
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return np.exp(x)
 
 
 @irdl_op_definition
 class TanhOp(UnaryElementwiseOp):
     name = "graph.tanh"
-    compute = staticmethod(np.tanh)
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return np.tanh(x)
 
 
 @irdl_op_definition
@@ -181,7 +195,9 @@ class SigmoidOp(UnaryElementwiseOp):
 @irdl_op_definition
 class NegOp(UnaryElementwiseOp):
     name = "graph.neg"
-    compute = staticmethod(np.negative)
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return np.negative(x)
 
 
 @irdl_op_definition
@@ -196,7 +212,9 @@ class RsqrtOp(UnaryElementwiseOp):
 @irdl_op_definition
 class SqrtOp(UnaryElementwiseOp):
     name = "graph.sqrt"
-    compute = staticmethod(np.sqrt)
+    @staticmethod
+    def compute(x: np.ndarray) -> np.ndarray:
+        return np.sqrt(x)
 
 
 @irdl_op_definition
@@ -212,7 +230,8 @@ def erf64(x64: np.ndarray) -> np.ndarray:
     """erf in float64 (numpy has none; torch's is vectorised and accurate)."""
     import torch
 
-    return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x64, dtype=np.float64))).numpy()
+    t = torch.from_numpy(np.ascontiguousarray(x64, dtype=np.float64))  # pyright: ignore[reportUnknownMemberType] (torch stub: ndarray param untyped)
+    return torch.special.erf(t).numpy()  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType] (torch.special has no stubs)
 
 
 def gelu_reference(x: np.ndarray, approximate: str = "none") -> np.ndarray:
@@ -257,5 +276,6 @@ class GeluOp(GraphOp):
         )
         return set_loc(op, loc)
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        x, = args
         return gelu_reference(x, self.approximate.data)

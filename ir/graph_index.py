@@ -328,11 +328,12 @@ class CompareOp(BinaryElementwiseOp):
     """``lhs op rhs`` with broadcasting; equal operand element types; an i32 0 / 1 result."""
 
     @classmethod
-    def infer(cls, lhs: TensorType, rhs: TensorType) -> TensorType:
+    def infer(cls, lhs: Attribute, rhs: Attribute) -> TensorType:
         et = super().infer(lhs, rhs)  # checks operands, element types and broadcasting
         return TensorType(i32, et.get_shape())
 
-    def reference(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        a, b = args
         with np.errstate(all="ignore"):
             return type(self).compute(np.asarray(a, np.float32), np.asarray(b, np.float32)).astype(np.float32)
 

@@ -9,19 +9,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from xdsl.dialects import func
-from xdsl.dialects.builtin import MemRefType, ModuleOp
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp
+from xdsl.ir import Attribute
 
 from tilecc.codegen.expand import expand_module
 from tilecc.errors import CompileError
 from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
-from tilecc.passes import remarks
-from tilecc.passes import break_pass
-from tilecc.passes.schedule.autotune import Autotuner
-from tilecc.passes.schedule.matmul_schedule import MatmulSchedule
+from tilecc.passes import break_pass, remarks
 from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
 from tilecc.passes.registry import default_pipeline
+from tilecc.passes.schedule.autotune import Autotuner
+from tilecc.passes.schedule.matmul_schedule import MatmulSchedule
 from tilecc.passes.session import CompileSession
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
@@ -185,6 +185,14 @@ def _at(names: list[str], i: int) -> str:
     return names[i] if i < len(names) else ""
 
 
+def _int_attr(attrs: dict[str, Attribute], key: str) -> int:
+    """The integer module attribute `key` (set by plan-hbm)."""
+    a = attrs[key]
+    if not isinstance(a, IntegerAttr):
+        raise CompileError(f"module attribute {key} must be an integer, got {a}")
+    return a.value.data
+
+
 def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
     """Where the program's inputs, outputs and weights lie in HBM (read before lower-tile-to-npu)."""
     main = next(f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == "main")
@@ -203,8 +211,10 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
             name = op.weight.data if op.weight is not None else f"__const{len(weights)}"
             if op.weight is not None:
                 values = np.asarray(gp.weights[name])
-            else:
+            elif op.value is not None:
                 values = np.asarray(op.value.get_values())
+            else:  # the branch's condition: a weight or a value
+                raise CompileError(f"{op.name} has neither a weight nor a value")
             if values.dtype.kind not in "iu" or t.dtype != DType.I32:  # ints stay exact
                 values = values.astype(np.float32)
             values = values.reshape(t.shape)
@@ -217,13 +227,13 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
         for i, v in enumerate(ret.arguments)
     ]
     attrs = module.attributes
-    hbm_size = attrs["tile.hbm_size"].value.data
-    peak = attrs["tile.hbm_intermediate_peak"].value.data
+    hbm_size = _int_attr(attrs, "tile.hbm_size")
+    peak = _int_attr(attrs, "tile.hbm_intermediate_peak")
     plan = {
         "size": hbm_size,
         "persistent": hbm_size - peak,
         "intermediate_peak": peak,
-        "intermediate_total": attrs["tile.hbm_intermediate_total"].value.data,
+        "intermediate_total": _int_attr(attrs, "tile.hbm_intermediate_total"),
     }
     return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size, plan)
 

@@ -129,7 +129,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
             raise ConfigError(f"missing key '{key}'")
         value = data[f.name]
         typ = hints[f.name]
-        if dataclasses.is_dataclass(typ):
+        if isinstance(typ, type) and dataclasses.is_dataclass(typ):
             if not isinstance(value, dict):
                 raise ConfigError(f"'{key}' must be a table, got {value!r}")
             values[f.name] = _build(typ, value, f"{key}.")

@@ -31,6 +31,7 @@ from tilecc.simulator.isa import (
     ITEMSIZE,
     OPCODE_ENGINE,
     RECORD,
+    RECORD_NAMES,
     BinaryFn,
     DType,
     Flag,
@@ -74,7 +75,7 @@ _ROLE = MappingProxyType(
 )
 
 
-def lut(mapping: Mapping[int, Any], dtype: Any = np.int64, default: Any = 0) -> np.ndarray:
+def lut(mapping: Mapping[int, Any] | Mapping[Opcode, Any], dtype: Any = np.int64, default: Any = 0) -> np.ndarray:
     """A 256-entry lookup table indexed by a u1 field."""
     table = np.full(256, default, dtype=dtype)
     for k, v in mapping.items():
@@ -97,7 +98,7 @@ class DecodedProgram:
     def __init__(self, stream: np.ndarray, config: HardwareConfig, *, offset: int = 0):
         self.offset = offset  # index of stream[0] in the whole stream (for messages)
         # contiguous copies: whole-stream passes over a strided record field are slow
-        col = self.col = {name: np.ascontiguousarray(stream[name]) for name in RECORD.names}
+        col = self.col = {name: np.ascontiguousarray(stream[name]) for name in RECORD_NAMES}
         self.config = config
         self.n = len(stream)
         self.checked = np.ones(self.n, dtype=bool)  # instructions the next checks look at
@@ -132,7 +133,7 @@ class DecodedProgram:
         columns once."""
         if self.stream_records is None:
             rec = np.empty(self.n, dtype=RECORD)
-            for name in RECORD.names:
+            for name in RECORD_NAMES:
                 rec[name] = self.col[name]
             self.stream_records = rec
         return self.stream_records
@@ -261,7 +262,7 @@ class DecodedProgram:
         bad_wait = (waits < -1) | (waits >= count)
         fail(
             problems,
-            bad_wait.any(axis=1),
+            np.asarray(bad_wait.any(axis=1)),
             lambda i: f"wait semaphore {waits[i][bad_wait[i]].tolist()[0]} out of range "
             f"(0..{count - 1}, or -1 for none)",
         )

@@ -116,7 +116,7 @@ def _extremum(
 ) -> torch.Tensor:
     """maximum/minimum where `b` may be a Python float (then a NaN-propagating clamp)."""
     if isinstance(b, float):
-        return torch.clamp(a, **{clamp_bound: b})
+        return torch.clamp(a, min=b) if clamp_bound == "min" else torch.clamp(a, max=b)
     return fn(a, b)
 
 
@@ -139,7 +139,7 @@ class FunctionalMachine:
     """Modelled memories and the per-opcode read (at start) and write (at end) steps."""
 
     def __init__(self, config: HardwareConfig, hbm: np.ndarray):
-        self.mem = {
+        self.mem: dict[int, np.ndarray] = {
             Mem.SRAM: np.zeros((config.sram.partitions, config.sram.bytes_per_partition), np.uint8),
             Mem.ACC: np.zeros(
                 (config.accumulator.partitions, config.accumulator.bytes_per_partition), np.uint8

@@ -187,6 +187,7 @@ RECORD = np.dtype(
         ("hbm_cs", "<i8"),
     ]
 )
+RECORD_NAMES: tuple[str, ...] = RECORD.names or ()  # a structured dtype: its field names
 
 
 def empty_stream(n: int) -> np.ndarray:

@@ -77,6 +77,8 @@ def sanitize(
 
             res = simulate(stream, config, None, functional=False)
             start, end = res.start, res.end
+            if start is None or end is None:
+                raise SimulatorError("the timing simulation recorded no start / end times")
         uninit = uninitialized_problem(prog, start, end)
         if uninit is not None:
             problems.append(uninit)

@@ -498,9 +498,9 @@ class _Scheduler:
             """Start engine e's head instruction at time t, or park e on a semaphore."""
             nonlocal stream_free
             i = queues[e][head[e]]
-            j = i * n_waits
-            if wait_sem[j] >= 0:
-                for j in range(j, j + n_waits):
+            j0 = i * n_waits
+            if wait_sem[j0] >= 0:
+                for j in range(j0, j0 + n_waits):
                     w = wait_sem[j]
                     if w < 0:
                         break

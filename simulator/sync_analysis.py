@@ -131,7 +131,7 @@ def _analyze_walk(prog: DecodedProgram, want_redundant: bool) -> SyncAnalysis:
             nonlocal by_sem
             if by_sem is None:
                 by_sem = {}
-                for x in kernel_signallers.tolist():
+                for x in kernel_signallers.tolist():  # noqa: B023 (called only in this kernel's iteration)
                     by_sem.setdefault(sig[x], {}).setdefault(eng[x], []).append(x)
             per_q = by_sem[w]
             total = sum(len(lst) for lst in per_q.values())
@@ -161,7 +161,7 @@ def _analyze_walk(prog: DecodedProgram, want_redundant: bool) -> SyncAnalysis:
         def execute(i: int) -> None:
             nonlocal counter
             e = eng[i]
-            vc = cur[e]
+            vc = cur[e]  # noqa: B023 (called only in this kernel's iteration)
             k0, k1 = ptr[i], ptr[i + 1]
             if k0 < k1:
                 for k in range(k0, k1):
@@ -174,34 +174,34 @@ def _analyze_walk(prog: DecodedProgram, want_redundant: bool) -> SyncAnalysis:
                             if vc[eng[x]] < ordv[x]:
                                 vc = list(map(max, vc, clocks[x]))
                 if want_redundant:
-                    _mark_redundant(k0, k1, cur[e], wait_sources, eng, ordv, clocks, red_hits)
-            if vc is cur[e]:
+                    _mark_redundant(k0, k1, cur[e], wait_sources, eng, ordv, clocks, red_hits)  # noqa: B023 (called only in this kernel's iteration)
+            if vc is cur[e]:  # noqa: B023 (called only in this kernel's iteration)
                 vc = vc.copy()
             vc[e] = ordv[i]
             clocks[i] = vc
-            cur[e] = vc
+            cur[e] = vc  # noqa: B023 (called only in this kernel's iteration)
             rank[i] = counter
             counter += 1
             w = sig[i]
             if w >= 0:
                 value = sem_count[w] + 1
                 sem_count[w] = value
-                lst = parked.get(w)
+                lst = parked.get(w)  # noqa: B023 (called only in this kernel's iteration)
                 if lst:
-                    released = [x for x in lst if need[x] <= value]
+                    released = [x for x in lst if need[x] <= value]  # noqa: B023 (called only in this kernel's iteration)
                     if released:
-                        parked[w] = [x for x in lst if need[x] > value]
-                        ready.extend(released)
+                        parked[w] = [x for x in lst if need[x] > value]  # noqa: B023 (called only in this kernel's iteration)
+                        ready.extend(released)  # noqa: B023 (called only in this kernel's iteration)
 
         def park(e: int, blocked: tuple[int, int]) -> None:
             w, v = blocked
-            need[e] = v
-            parked.setdefault(w, []).append(e)
+            need[e] = v  # noqa: B023 (called only in this kernel's iteration)
+            parked.setdefault(w, []).append(e)  # noqa: B023 (called only in this kernel's iteration)
 
         def drain() -> None:
-            while ready:
-                e = ready.pop()
-                queue = pending[e]
+            while ready:  # noqa: B023 (called only in this kernel's iteration)
+                e = ready.pop()  # noqa: B023 (called only in this kernel's iteration)
+                queue = pending[e]  # noqa: B023 (called only in this kernel's iteration)
                 while queue:
                     blocked = unmet(queue[0])
                     if blocked is not None:

@@ -274,7 +274,7 @@ def _on_chip_footprints(
         b0 = stream[f"{slot}_addr"][m].astype(np.int64)
         nbytes = ncols[m] * _ITEMSIZE[stream[f"{slot}_dtype"][m]]
         parts.append(np.stack([kid[m], mem[m], p0, p0 + nrows[m], b0, b0 + nbytes], axis=1))
-    out = {Mem.SRAM: np.zeros(n_kernels, np.int64), Mem.ACC: np.zeros(n_kernels, np.int64)}
+    out: dict[int, np.ndarray] = {Mem.SRAM: np.zeros(n_kernels, np.int64), Mem.ACC: np.zeros(n_kernels, np.int64)}
     if not parts:
         return out
     rects = np.concatenate(parts)

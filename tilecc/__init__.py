@@ -8,12 +8,17 @@
 The API is imported lazily so that IR tools (`tilecc-opt`, `xdsl-opt`) start without torch.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tilecc.errors import TileccError
+from tilecc.version import __version__ as __version__
+
+if TYPE_CHECKING:  # imported on first use by __getattr__
+    from tilecc.api import CompiledModel, compile, load
+    from tilecc.explanation import explain
+    from tilecc.runtime.kernel import kernel
 
 __all__ = ["compile", "load", "CompiledModel", "TileccError", "kernel", "explain"]
-from tilecc.version import __version__
 
 
 def __getattr__(name: str) -> Any:

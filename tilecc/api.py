@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from tilecc.errors import TileccError
 from torch.export import ExportedProgram
 
+from tilecc.errors import TileccError
 from tilecc.frontend.torch_export import decompose, export_model, import_exported_program
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.schedule.autotune import Autotuner

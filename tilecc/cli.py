@@ -71,6 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cm = tilecc.compile(model, inputs, target=cfg, opt_level=args.opt_level, autotune=args.autotune,
                         cache=False if args.no_cache else None)
     compile_seconds = time.perf_counter() - t0
+    if cm.program is None:  # only a dynamic-shape compile leaves it unset
+        raise TileccError(f"{args.source}: compiled with dynamic shapes; `tilecc run` takes static ones")
     outputs, report = run_program(cm.program, inputs, trace=args.trace, sanitize=not args.no_sanitize)
     cm.report = report
     with torch.no_grad():

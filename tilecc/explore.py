@@ -149,7 +149,7 @@ def load_ir(path: str, seed: int = 0) -> Source:
     rng = np.random.default_rng(seed)
     for op in fn.walk():
         if isinstance(op, WeightOp):
-            name = op.properties["name"].data
+            name = op.weight
             gp.weights[name] = rng.standard_normal(shape_of(op.results[0])).astype(np.float32) * 0.5
     args = fn.body.block.args
     gp.input_names = [f"arg{i}" for i in range(len(args))]

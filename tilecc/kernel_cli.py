@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tilecc.errors import InputMismatchError
+from tilecc.errors import InputMismatchError, TileccError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,13 +48,16 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     inputs = [torch.randn(s, generator=gen).to(TORCH_DTYPE[p.type.dtype]) for s, p in zip(shapes, k.ast.params)]
     k(*inputs, target=args.target, sanitize=True)
+    report = k.report
+    if report is None:  # a call sets it
+        raise TileccError(f"kernel {k.name}: the run left no report")
     if args.emit == "asm":
         print(k.asm(), end="")
     elif args.emit in ("tile", "npu"):
         print(k.ir(args.emit))
     elif args.json:
-        print(json.dumps(k.report.to_dict(), sort_keys=True))
+        print(json.dumps(report.to_dict(), sort_keys=True))
     else:
         print(f"kernel            {k.name} ({args.file})")
-        print(k.report)
+        print(report)
     return 0

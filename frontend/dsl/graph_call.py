@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 from xdsl.dialects import func
-from xdsl.ir import Attribute
+from xdsl.ir import Attribute, Operation
 
+from tilecc.errors import CompileError
 from tilecc.frontend.dsl import ast as A
 from tilecc.frontend.dsl.lower import DTYPES, KernelLowering
 from tilecc.frontend.dsl.parser import parse
@@ -28,16 +29,18 @@ from tilecc.simulator.config import HardwareConfig
 class DslKernels:
     """Builds the tile kernels of `graph.dsl_call` ops from their DSL source."""
 
-    def _kernel(self, op: DslCallOp) -> A.Kernel:
+    def _kernel(self, op: Operation) -> A.Kernel:
+        if not isinstance(op, DslCallOp):
+            raise CompileError(f"the tile DSL builds graph.dsl_call ops, not {op.name}")
         name = op.kernel.data
         return next(k for k in parse(op.source.data, op.file.data) if k.name == name)
 
-    def params(self, op: DslCallOp) -> list[tuple[str, str, Attribute]]:
+    def params(self, op: Operation) -> list[tuple[str, str, Attribute]]:
         """(name, dtype as written, element type) of each of the called kernel's parameters."""
         return [(p.name, p.type.dtype, DTYPES[p.type.dtype]) for p in self._kernel(op).params]
 
     def build(
-        self, op: DslCallOp, shapes: Sequence[tuple[int, ...]], cfg: HardwareConfig
+        self, op: Operation, shapes: Sequence[tuple[int, ...]], cfg: HardwareConfig
     ) -> tuple[func.FuncOp, list[tuple[np.ndarray, Attribute]]]:
         """The kernel at `shapes` and its constants (data, element type)."""
         kl = KernelLowering(self._kernel(op), list(shapes), cfg)

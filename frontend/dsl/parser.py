@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from typing import cast
 
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -18,12 +19,12 @@ from tilecc.frontend.dsl import ast as A
 
 
 class _Indent(Indenter):
-    NL_type = "_NL"
-    OPEN_PAREN_types = ["LPAR", "LSQB"]
-    CLOSE_PAREN_types = ["RPAR", "RSQB"]
-    INDENT_type = "_INDENT"
-    DEDENT_type = "_DEDENT"
-    tab_len = 4
+    NL_type = "_NL"  # pyright: ignore[reportAssignmentType] (lark's stub declares abstract properties)
+    OPEN_PAREN_types = ["LPAR", "LSQB"]  # pyright: ignore[reportAssignmentType] (lark's stub declares abstract properties)
+    CLOSE_PAREN_types = ["RPAR", "RSQB"]  # pyright: ignore[reportAssignmentType] (lark's stub declares abstract properties)
+    INDENT_type = "_INDENT"  # pyright: ignore[reportAssignmentType] (lark's stub declares abstract properties)
+    DEDENT_type = "_DEDENT"  # pyright: ignore[reportAssignmentType] (lark's stub declares abstract properties)
+    tab_len = 4  # pyright: ignore[reportAssignmentType] (lark's stub declares abstract properties)
 
 
 @functools.cache
@@ -83,13 +84,15 @@ def parse(source: str, filename: str = "<string>") -> list[A.Kernel]:
         raise _syntax(filename, source, e.line, e.column, f"unexpected character {ch!r}") from None
     except UnexpectedEOF as e:
         line, col = _end(text)
-        raise _syntax(filename, source, line, col, f"unexpected end of file, expected {_words(set(e.expected))}") from None
+        expected = _words(set(e.expected))
+        raise _syntax(filename, source, line, col, f"unexpected end of file, expected {expected}") from None
     except UnexpectedInput as e:  # pragma: no cover - the three above are all lark raises
         raise _syntax(filename, source, e.line, e.column, str(e).splitlines()[0]) from None
     except lark.exceptions.LarkError:  # the indenter: a dedent to an unknown level
         line, col = _bad_dedent(text)
         raise _syntax(filename, source, line, col, "unindent does not match any outer indentation level") from None
-    kernels = [_Build(filename).kernel(k) for k in tree.children]
+    # the start rule's children are the kernel trees (its tokens are filtered out)
+    kernels = [_Build(filename).kernel(cast(lark.Tree, k)) for k in tree.children]
     for k in kernels:
         k.source, k.filename = source, filename
     return kernels
@@ -133,7 +136,7 @@ def _pos(node) -> A.Pos:
     if meta is not None and not meta.empty:
         return A.Pos(meta.line, meta.column)
     if isinstance(node, lark.Token):
-        return A.Pos(node.line, node.column)
+        return A.Pos(node.line or 0, node.column or 0)
     return A.Pos(0, 0)
 
 

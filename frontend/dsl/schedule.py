@@ -40,6 +40,7 @@ from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import IntegerAttr, i64
 from xdsl.ir import Block, Operation, SSAValue
 
+from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.timing import TimingRules
@@ -100,6 +101,8 @@ class _Cost:
         return 1
 
     def dma_fixed(self, op: Operation) -> float:
+        if not isinstance(op, (tile.LoadOp, tile.StoreOp)):
+            raise CompileError(f"{op.name} is not a DMA")
         return self.rules.dma_fixed(_const(op.rows))  # contiguous rows: one descriptor each
 
     def timing(self, op: Operation) -> tuple[float, float]:
@@ -116,11 +119,11 @@ class _Cost:
             t = self.dma_fixed(op) + rules.dma_transfer(rows, cols, isz)
             return t, t
         if isinstance(op, tile.MatmulOp):
-            fp32 = any("f32" == str(v.type.element_type) for v in (op.lhsT, op.rhs))
+            fp32 = any("f32" == str(getattr(v.type, "element_type", "")) for v in (op.lhsT, op.rhs))
             m, k, n = (max(_const(x), 1) for x in (op.m, op.k, op.n))
             stream = rules.matmul_stream(m, k, n, fp32)
             return rules.matmul_interval(stream), rules.matmul_latency(stream)
-        if self.engine(op) == "vec":
+        if isinstance(op, (tile.UnaryOp, tile.BinaryOp, tile.ScalarOp, tile.ReduceOp)):  # engine "vec"
             two = isinstance(op, tile.BinaryOp) and op.rhs_mode.data == "tile"
             t = rules.vector_time(_const(op.rows), _const(op.cols), self.op_cost(op), 2 if two else 1)
             return t, t
@@ -207,7 +210,7 @@ def _shared_finish(jobs: list[tuple[float, float]]) -> list[float]:
     return done
 
 
-def _transfer(state: "_Engines", op: Operation, queue: int, t0: float, work: float) -> list[tuple[Operation, float]]:
+def _transfer(state: _Engines, op: Operation, queue: int, t0: float, work: float) -> list[tuple[Operation, float]]:
     """Put DMA `op` on `queue`, its transfer starting at t0 (after its fixed part). The
     transfers in flight share HBM equally (processor sharing, as in the simulator), so
     this one also delays those it overlaps: returns the (op, finish) of each, new ones."""
@@ -299,7 +302,8 @@ def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation 
             # (non-DMA) engine orders the two, it does not wait for the result
             dep = max((starts_of[p] if eng[p] == eng[i] and eng[i] in ("pe", "vec") else finish[p]
                        for p in preds[i]), default=0.0)
-            starts[i] = dep if eng[i] is None else max(dep, min(free[eng[i]]))
+            e = eng[i]
+            starts[i] = dep if e is None else max(dep, min(free[e]))
         first = min(starts.values())
         if keep:
             best = min(ready)
@@ -311,8 +315,9 @@ def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation 
         start = starts[best]
         starts_of[best] = start
         finish[best] = start + dur[best]
-        if eng[best] is not None:
-            lanes = free[eng[best]]
+        e = eng[best]
+        if e is not None:
+            lanes = free[e]
             k = min(range(len(lanes)), key=lambda q: lanes[q])
             if eng[best] == "dma":
                 for op_, end in _transfer(state, seg[best], k, start + fixed_of[best], dur[best] - fixed_of[best]):

@@ -110,7 +110,7 @@ def lazily_zeroed(lw: KernelLowering, e: A.Call) -> bool:
     return id(e) in lw.lazy_zero_calls
 
 
-def ids(lw: KernelLowering, e: A.Call) -> Value | Lazy:
+def ids(lw: KernelLowering, e: A.Call) -> Value | Lazy | Const:
     """row_ids(m): a column [m.size x 1] of m.start + r; col_ids(n): a row of n.start + c
     (from an HBM arange, f32)."""
     expressions.nargs(lw, e, 1)

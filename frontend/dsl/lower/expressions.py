@@ -149,6 +149,8 @@ def scalar_op(lw: KernelLowering, fn: str, a: object, b: object, pos: A.Pos) -> 
         raise lw.err(DslTypeError, pos, "index arithmetic on a fractional number")
     if fn == "mul" and not (isinstance(a, int) or isinstance(b, int)):
         raise lw.err(DslTypeError, pos, "the product of two loop-varying indices is not an affine index")
+    if not isinstance(a, (int, SSAValue)) or not isinstance(b, (int, SSAValue)):
+        raise lw.err(DslTypeError, pos, "index arithmetic on something that is not an index")
     return {"add": lw.iadd, "sub": lw.isub, "mul": lw.imul}[fn](a, b)
 
 

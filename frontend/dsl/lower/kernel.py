@@ -34,10 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import cast
 
 import numpy as np
 from xdsl.dialects import arith, func
 from xdsl.dialects.builtin import (
+    AnyFloat,
     DenseIntOrFPElementsAttr,
     FunctionType,
     IndexType,
@@ -316,7 +318,8 @@ def build_module(kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: Hardw
         outs.append(op.result)
     for data, dtype in kl.consts:
         elem = DTYPES[dtype]
-        attr = DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(data.shape)), data.reshape(-1).tolist())
+        t = cast(TensorType[AnyFloat], TensorType(elem, list(data.shape)))  # float data; from_list converts to elem
+        attr = DenseIntOrFPElementsAttr.from_list(t, data.reshape(-1).tolist())
         op = tile.HbmAllocOp(MemRefType(elem, list(data.shape)), value=attr)
         main_ops.append(op)
         args.append(op.result)

@@ -132,8 +132,8 @@ def materialise(lw: KernelLowering, v: object, node: A.Node, bcast: Value | None
         out = Value(buf, "f32", tile.ACC, v.shape, v.m, v.n, node.pos)
         matmul.emit_matmul(lw, v, out, accumulate=False)
         return out
-    if isinstance(v, Lazy) and cse and cse_key(lw, v, layout, bcast) is not None:
-        key = cse_key(lw, v, layout, bcast)
+    key = cse_key(lw, v, layout, bcast) if isinstance(v, Lazy) and cse else None
+    if isinstance(v, Lazy) and key is not None:
         if key not in lw.cse_values:
             saved, lw.slot = lw.slot, ()
             shared = dataclasses.replace(v, node=cse_node(lw, key, v.pos))
@@ -151,7 +151,7 @@ def materialise(lw: KernelLowering, v: object, node: A.Node, bcast: Value | None
             return out if v.cast_to is None else expressions.cast(lw, out, v.cast_to, v.node or node)
         shape, sizes = v.shape, v.actual
         if layout == "transposed":
-            shape, sizes = shape[::-1], sizes[::-1]
+            shape, sizes = (shape[1], shape[0]), (sizes[1], sizes[0])
         buf = lw.buffer(v.node or node, shape, v.dtype, tile.SRAM, v.param + ("T" if layout == "transposed" else ""))
         load_into(lw, v, buf, layout, sizes)
         out = Value(buf, v.dtype, tile.SRAM, shape, sizes[0], sizes[1], v.pos)

@@ -18,12 +18,12 @@ back to SRAM (which scales on the way for ``transpose(x) * c``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 from xdsl.ir import SSAValue
 
-from tilecc.errors import DslMatmulError
+from tilecc.errors import DslMatmulError, DslTypeError
 from tilecc.frontend.dsl import ast as A
 from tilecc.frontend.dsl.lower import constants, expressions, tiles
 from tilecc.frontend.dsl.lower.analysis import dead_after, reads_of
@@ -41,7 +41,7 @@ def scaled_transpose(lw: KernelLowering, e: A.BinOp, dest: Value | None) -> Valu
     fn = BIN.get(e.op)
     if fn not in ("mul", "div"):
         return None
-    def is_t(x: A.Expr) -> bool:
+    def is_t(x: A.Expr) -> TypeGuard[A.Call]:
         return isinstance(x, A.Call) and x.fn == "transpose" and len(x.args) == 1 and not x.kwargs
     if is_t(e.lhs):
         t, other = e.lhs, e.rhs
@@ -56,7 +56,10 @@ def scaled_transpose(lw: KernelLowering, e: A.BinOp, dest: Value | None) -> Valu
         return None
     v = expressions.ev(lw, t.args[0])
     if dest is not None:
-        return expressions.binop(lw, fn, transpose(lw, v, t, None), c, e.pos, e, dest=dest)
+        out = expressions.binop(lw, fn, transpose(lw, v, t, None), c, e.pos, e, dest=dest)
+        if not isinstance(out, Value):
+            raise lw.err(DslTypeError, e.pos, "a scaled transpose must give a tile")
+        return out
     lw.evac_scale = (fn, float(c))
     try:
         return transpose(lw, v, t, None)
@@ -81,20 +84,21 @@ def transpose(lw: KernelLowering, v: object, node: A.Node, dest: Value | None) -
     SRAM in x's dtype); a lazily loaded slice taller than the array is loaded and
     transposed in blocks of the array's size, side by side."""
     n0 = min(lw.cfg.matrix.rows, lw.cfg.matrix.cols, lw.cfg.sram.partitions)
-    key = tiles.cse_key(lw, v, "T", None) if isinstance(v, Lazy) and dest is None else None
+    shared = v if isinstance(v, Lazy) and dest is None else None
+    key = tiles.cse_key(lw, shared, "T", None) if shared is not None else None
     if key is not None and lw.evac_scale is not None:
         key += (lw.evac_scale,)
-    if key is not None and key not in lw.cse_values:
-        prefix = cse_prefix(lw, key, v)
+    if shared is not None and key is not None and key not in lw.cse_values:
+        prefix = cse_prefix(lw, key, shared)
         if prefix is not None:
             return prefix
-    if key is not None:
+    if shared is not None and key is not None:
         if key not in lw.cse_values:
             saved, lw.slot = lw.slot, ()
             lw.cse, was = False, lw.cse
             try:
                 lw.scratch_turn = (lw.scratch_turn + 1) % lw.scratch_buffers
-                lw.cse_values[key] = transpose(lw, v, tiles.cse_node(lw, key, v.pos), None)
+                lw.cse_values[key] = transpose(lw, shared, tiles.cse_node(lw, key, shared.pos), None)
             finally:
                 lw.cse, lw.slot = was, saved
         return lw.cse_values[key]
@@ -126,6 +130,9 @@ def interleaved_transpose(lw: KernelLowering, v: Lazy, node: A.Node, n0: int) ->
         return None
     dims = lw.dims(lw.tensors[v.param][1])
     rd, cd = v.kept
+    row0 = v.indices[rd]
+    if not isinstance(row0, int):  # checked above; narrows the type
+        return None
     R, D = v.shape
     if (rd, cd) != (len(dims) - 2, len(dims) - 1) or v.sizes != [R, D] or D != dims[cd] or D > n0 or R % n0:
         return None
@@ -137,7 +144,7 @@ def interleaved_transpose(lw: KernelLowering, v: Lazy, node: A.Node, n0: int) ->
     raws = []  # a buffer per DMA: the transfers do not wait for each other
     for ch in range(chunks):
         idx = list(v.indices)
-        idx[rd] += ch * g * n0
+        idx[rd] = row0 + ch * g * n0
         raws.append(lw.buffer(tiles.cse_node(lw, ("interleaved", id(node), ch), node.pos), (n0, g * D), dtype,
                               tile.SRAM, v.param))
         lw.add(tile.LoadOp(v.tensor, [lw.idx(i) for i in idx], raws[-1], lw.idx(n0), lw.idx(g * D),
