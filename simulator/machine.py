@@ -39,10 +39,6 @@ from tilecc.simulator.isa import RECORD, Opcode
 from tilecc.simulator.scheduler import Schedule, schedule
 from tilecc.simulator.stats import SimResult, counts, sim_result
 
-# re-exported from their home, simulator.timing, for callers not moved yet
-# (passes/graph_to_tile/attention.py, runtime/report.py)
-from tilecc.simulator.timing import matmul_mapping, vector_cost_factors  # noqa: F401
-
 __all__ = ["SimResult", "simulate"]
 
 

@@ -403,7 +403,7 @@ def _describe(ops: list[Operation], most: int = 8) -> str:
 
 def _conv_epilogues(fn: func.FuncOp) -> set[Operation]:
     """The chains of single-use elementwise ops after each convolution: the convolution
-    lowering fuses them into its own epilogue (passes/graph_to_tile/nn.py), so they are left out
+    lowering fuses them into its own epilogue (passes/graph_to_tile/nn/), so they are left out
     of the groups formed here."""
     from tilecc.ir import graph_nn as nn
 

@@ -242,7 +242,7 @@ LOWERINGS: dict[type, Callable[[Any, Any, str], None]] = {
 
 
 def _attention(lw: LoweringContext, op: gi.SdpaOp, loc: str) -> None:
-    """-O2: the flash-attention kernel of lower_attention.py (which falls back to
+    """-O2: the flash-attention kernel of attention/ (which falls back to
     `lower_sdpa` at -O0 and where it does not apply)."""
     from tilecc.passes.graph_to_tile.attention import lower_attention
 
