@@ -151,7 +151,7 @@ class _Handlers:
         return self.emit(y)
 
     def packed_weight(self, wnode: Node, data: torch.Tensor, groups: int, dt: DType) -> SSAValue:
-        cache = self.imp.__dict__.setdefault("_nn_packed", {})
+        cache = self.imp.packed_weights
         key = (wnode, groups, dt)
         if key not in cache:
             w = data.to(torch.float32).numpy()
@@ -260,7 +260,7 @@ class _Handlers:
                 v.owner.erase()
                 if name != f"{wname}.bn_folded":
                     self.imp.weights.pop(name, None)
-        cache = self.imp.__dict__.get("_nn_packed", {})
+        cache = self.imp.packed_weights
         for key in [k for k, val in cache.items() if val is wop.results[0]]:
             del cache[key]
         return y
