@@ -46,7 +46,24 @@ from tilecc.passes.graph_to_tile.shapes import IndexMap, shape_of
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.elementwise.kernel import ElementwiseKernel
 
-Arg = tuple[str, object]  # an operand of a vector op: (class, its buffer or immediate)
+# an operand of a vector op: (class, its buffer or immediate; None: a class only, `emit_node`'s `top`)
+Arg = tuple[str, "SSAValue | float | None"]
+
+
+def _tile(a: Arg) -> SSAValue:
+    """The buffer of a tile or column operand."""
+    v = a[1]
+    if not isinstance(v, SSAValue):
+        raise CompileError(f"a {a[0]} operand without a buffer reached the kernel")
+    return v
+
+
+def _imm(a: Arg) -> float:
+    """The value of an immediate operand."""
+    v = a[1]
+    if v is None or isinstance(v, SSAValue):
+        raise CompileError(f"a {a[0]} operand is not an immediate")
+    return float(v)
 
 
 @dataclass
@@ -197,7 +214,7 @@ class TileProgram:
                                 queue=self.next_queue() if queue is None else queue))
 
 
-def _imm_or(v: Value, buf: Callable[[int], SSAValue], a: int) -> object:
+def _imm_or(v: Value, buf: Callable[[int], SSAValue], a: int) -> SSAValue | float:
     """An immediate's value, else the buffer of value `a`."""
     return v.value if isinstance(v, Imm) else buf(a)
 
@@ -208,7 +225,7 @@ def emit_rowwise(kb: KernelBuilder, v: Node, ops: list[Arg], out: SSAValue, r: S
     statistics are [rows x 1] fp32 columns, the arithmetic fp32, `out` rounded."""
     tiles, cols = scratch
     one = kb.const(1)
-    x = ops[0][1]
+    x = _tile(ops[0])
     if v.kind == "layer_norm":
         xc, sq = tiles[0], tiles[1]
         mean, rstd = cols[0], cols[1]
@@ -250,8 +267,8 @@ def emit_node(kb: KernelBuilder, v: Node, ops: list[Arg], out: SSAValue, r: SSAV
               scratch: list[SSAValue]) -> None:
     """A unary, binary or where node on r x c (a where through three scratch tiles)."""
     if v.kind == "unary":
-        (cls, a), = ops
-        kb.add(tile.UnaryOp(v.fn, a, out, r, c))
+        (a,) = ops
+        kb.add(tile.UnaryOp(v.fn, _tile(a), out, r, c))
         return
     if v.kind == "binary":
         emit_binary(kb, v.fn, ops[0], ops[1], out, r, c)
@@ -282,16 +299,16 @@ def _sub(kb: KernelBuilder, buf: SSAValue, cols: int) -> SSAValue:
 
 def emit_binary(kb: KernelBuilder, fn: str, a: Arg, b: Arg, out: SSAValue, r: SSAValue, c: SSAValue) -> None:
     """``out = fn(a, b)``: a scalar op with an immediate, a column op with a column."""
-    (ca, va), (cb, vb) = a, b
+    ca, cb = a[0], b[0]
     if ca == "imm" and cb == "imm":
         raise CompileError(f"binary {fn} of two immediates reached the kernel")
     if cb == "imm":
-        kb.add(tile.ScalarOp(fn, va, float(vb), out, r, c))  # type: ignore[arg-type]
+        kb.add(tile.ScalarOp(fn, _tile(a), _imm(b), out, r, c))
     elif ca == "imm":
-        kb.add(tile.ScalarOp(fn, vb, float(va), out, r, c, swap=True))  # type: ignore[arg-type]
+        kb.add(tile.ScalarOp(fn, _tile(b), _imm(a), out, r, c, swap=True))
     elif ca == "tile" and cb == "column":
-        kb.add(tile.BinaryOp(fn, va, vb, out, r, c, "column"))
+        kb.add(tile.BinaryOp(fn, _tile(a), _tile(b), out, r, c, "column"))
     elif ca == "column" and cb == "tile":
-        kb.add(tile.BinaryOp(fn, vb, va, out, r, c, "column", swap=True))
+        kb.add(tile.BinaryOp(fn, _tile(b), _tile(a), out, r, c, "column", swap=True))
     else:
-        kb.add(tile.BinaryOp(fn, va, vb, out, r, c))
+        kb.add(tile.BinaryOp(fn, _tile(a), _tile(b), out, r, c))

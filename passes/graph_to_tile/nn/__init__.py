@@ -19,8 +19,6 @@ with the elementwise ops after it fused into its epilogue (`epilogue.py`). Pooli
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import tilecc.ir.graph  # noqa: F401 (first: ir/graph.py imports graph_nn at its end)
 from tilecc.ir import graph_nn as nn
 from tilecc.passes.graph_to_tile.nn.conv import lower_conv2d
@@ -32,9 +30,9 @@ from tilecc.passes.graph_to_tile.nn.pool import (
 )
 from tilecc.passes.graph_to_tile.nn.reduce import lower_reduce
 from tilecc.passes.graph_to_tile.nn.resize import lower_upsample
-from tilecc.passes.graph_to_tile.registry import Lowering
 
-LOWERINGS: Mapping[type, Lowering] = {
+# each lowering takes its own op class (the registry dispatches on the class)
+LOWERINGS = {
     nn.Conv2dOp: lower_conv2d,
     nn.MaxPool2dOp: lower_max_pool,
     nn.AvgPool2dOp: lower_avg_pool,

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, TensorType
+from xdsl.ir import Attribute, SSAValue
+
+from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
-from xdsl.dialects import arith
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, TensorType
-from xdsl.ir import Attribute, SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -32,6 +34,20 @@ def value_shape(v: SSAValue | Attribute) -> tuple[int, ...]:
 def value_elem(v: SSAValue | Attribute) -> Attribute:
     """The element type of a tensor / memref value or type (`shapes.elem_of` on its type)."""
     return elem_of(v.type if isinstance(v, SSAValue) else v)
+
+
+def present(v: SSAValue | None, what: str) -> SSAValue:
+    """`v`, which the kernel's plan guarantees exists (a step's operand, a buffer of a
+    column / tile step, a padded epilogue's mask); CompileError if it does not."""
+    if v is None:
+        raise CompileError(f"internal: {what} missing")
+    return v
+
+
+def _float_tensor(elem: Attribute, shape: list[int]) -> TensorType[AnyFloat]:
+    """The tensor type of an HBM constant; cast: the constants are float (masks,
+    selections, fill values) and from_list packs by `elem` at run time either way."""
+    return cast(TensorType[AnyFloat], TensorType(elem, shape))
 
 
 def cdiv(a: int, b: int) -> int:
@@ -110,7 +126,7 @@ def const_hbm(lw: LoweringContext, data: np.ndarray | float, elem: Attribute) ->
     if key in cache:
         return cache[key]
     shape = list(arr.shape) or [1]
-    attr = DenseIntOrFPElementsAttr.from_list(TensorType(elem, shape), arr.reshape(-1).tolist())
+    attr = DenseIntOrFPElementsAttr.from_list(_float_tensor(elem, shape), arr.reshape(-1).tolist())
     v = lw.hbm(shape, elem, value=attr)
     cache[key] = v
     return v
@@ -124,7 +140,7 @@ def fill_row(lw: LoweringContext, value: float, elem: Attribute, length: int) ->
     if have is None or value_shape(have)[0] < length:
         n = max(length, 64)
         data = np.full((n,), value, dtype=np.float32)
-        attr = DenseIntOrFPElementsAttr.from_list(TensorType(elem, [n]), data.tolist())
+        attr = DenseIntOrFPElementsAttr.from_list(_float_tensor(elem, [n]), data.tolist())
         cache[key] = lw.hbm([n], elem, value=attr)
     return cache[key]
 

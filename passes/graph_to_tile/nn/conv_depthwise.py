@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
+
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
@@ -33,8 +36,6 @@ from tilecc.passes.graph_to_tile.nn.window import (
     WindowOps,
     window_kernel,
 )
-from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -71,7 +72,7 @@ def emit_conv_depthwise(lw: LoweringContext, prob: ConvProblem, io: ConvIO) -> N
 
     def compact_fn(kb: KernelBuilder, k: HbmKernel, bufs: Bufs, c0: SSAValue, j: SSAValue) -> Callable[..., None]:
         def compact(s_: SSAValue, d_: SSAValue, rows: SSAValue, cols: int) -> None:
-            if b is not None:
+            if bview is not None:
                 kb.add(tile.LoadOp(k.arg(bview), [lin(kb, 0, (mult, c0), (1, j)), kb.const(0)], bufs["bias"],
                                    rows, kb.const(1), 0, -1, mult, 1))
                 kb.add(tile.BinaryOp("add", s_, bufs["bias"], d_, rows, kb.const(cols), "column"))

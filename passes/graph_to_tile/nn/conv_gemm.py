@@ -19,6 +19,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
+
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.nn.common import (
@@ -32,8 +35,6 @@ from tilecc.passes.graph_to_tile.nn.common import (
 )
 from tilecc.passes.graph_to_tile.nn.conv_plan import ConvIO, ConvProblem, GemmPlan
 from tilecc.passes.graph_to_tile.nn.epilogue import Epilogue
-from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -206,7 +207,7 @@ def emit_conv_gemm(lw: LoweringContext, prob: ConvProblem, plan: GemmPlan, io: C
                 k_loop(kb, Ci_g, TK, nk, double, kstep)
             with co_tiles(kb, BT, TCo, Co_g, cb0) as (j, co0, m):
                 c0 = lin(kb, 0, (Co_g, gi), (1, cb0), (1, co0))
-                if bbuf is not None:
+                if bbuf is not None and ba is not None:
                     kb.add(tile.LoadOp(ba, [c0, kb.const(0)], bbuf, m, kb.const(1), 0, -1))
 
                 def compact(s_: SSAValue, d_: SSAValue, rows: SSAValue, cols: int) -> None:

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
+
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.nn.common import (
     HbmKernel,
@@ -29,8 +32,6 @@ from tilecc.passes.graph_to_tile.nn.common import (
 from tilecc.passes.graph_to_tile.nn.conv_plan import ConvIO, ConvProblem, GemmO2Plan
 from tilecc.passes.graph_to_tile.nn.epilogue import Epilogue
 from tilecc.passes.graph_to_tile.nn.queues import QueueModel
-from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -83,7 +84,7 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
     epi.alloc(kb, TCo, RB * OW, out_elem, col_sets=ntile, sets=2)
     epi.init(k, qm)
     bbuf = None
-    if b is not None:
+    if b is not None and bview is not None:
         bbuf = kb.alloc([TCo, ntile], value_elem(b), tile.SRAM, "bias")
         epi.extra_columns = [(bview, bbuf)]
 

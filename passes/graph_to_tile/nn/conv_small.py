@@ -16,12 +16,16 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
+from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
+
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.nn.common import (
     HbmKernel,
     const_hbm,
     false_i1,
     lin,
+    present,
     sub,
     tiles,
     true_i1,
@@ -37,8 +41,6 @@ from tilecc.passes.graph_to_tile.nn.conv_plan import (
 )
 from tilecc.passes.graph_to_tile.nn.epilogue import Epilogue
 from tilecc.passes.graph_to_tile.nn.queues import QueueModel
-from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -72,10 +74,10 @@ def emit_conv_small(lw: LoweringContext, prob: ConvProblem, plan: SmallPlan, io:
     views: list[SSAValue] = []
     for st in steps:
         if st.kind == "column":
-            st.value = lw.view(st.value, (Co,) if math.prod(value_shape(st.value)) == Co else (1,))
+            st.value = lw.view(st.operand(), (Co,) if math.prod(value_shape(st.operand())) == Co else (1,))
             views.append(st.value)
         elif st.kind == "tile":
-            st.value = lw.view(st.value, (math.prod(value_shape(st.value)) // (Co * S), Co, S))
+            st.value = lw.view(st.operand(), (math.prod(value_shape(st.operand())) // (Co * S), Co, S))
             views.append(st.value)
     bview = lw.view(lw.materialise(b), (Co,)) if b is not None else None
     args = [src, wview] + ([bview] if bview is not None else []) + views + [oview]
@@ -88,8 +90,8 @@ def emit_conv_small(lw: LoweringContext, prob: ConvProblem, plan: SmallPlan, io:
                 for _ in range(nsets)]
     acc = kb.alloc([Lp, Co_g], f32, tile.ACC, "acc")
     ob = kb.alloc([Lp, Co_g], out_elem, tile.SRAM, "out")
-    bufs = [kb.alloc([Lp, Co_g], value_elem(st.value), tile.SRAM, "operand") if st.kind in ("column", "tile") else None
-            for st in steps]
+    bufs = [kb.alloc([Lp, Co_g], value_elem(st.operand()), tile.SRAM, "operand")
+            if st.kind in ("column", "tile") else None for st in steps]
     bbuf = kb.alloc([Lp, Co_g], value_elem(b), tile.SRAM, "bias") if b is not None else None
     rows, cols = kb.const(Lp), kb.const(Co_g)
     with kb.loop(N) as n, kb.loop(G) as gi:
@@ -118,7 +120,7 @@ def emit_conv_small(lw: LoweringContext, prob: ConvProblem, plan: SmallPlan, io:
 
         k_loop(kb, Ci_g, TK, nk, double, kstep)
         # epilogue on [positions x channels]; per-channel operands are row-broadcast tiles
-        if bbuf is not None:
+        if bbuf is not None and bview is not None:
             kb.add(tile.LoadOp(k.arg(bview), [ch0], bbuf, rows, cols, -1, 0))
             kb.add(tile.BinaryOp("add", acc, bbuf, ob, rows, cols))
         else:
@@ -129,15 +131,17 @@ def emit_conv_small(lw: LoweringContext, prob: ConvProblem, plan: SmallPlan, io:
             elif st.kind == "scalar":
                 kb.add(tile.ScalarOp(st.fn, ob, st.imm, ob, rows, cols, swap=st.swap))
             elif st.kind == "column":
-                v = k.arg(st.value)
-                if value_shape(st.value) == (1,):
+                buf = present(buf, "column buffer")
+                v = k.arg(st.operand())
+                if value_shape(st.operand()) == (1,):
                     kb.add(tile.LoadOp(v, [kb.const(0)], buf, rows, cols, -1, -1))
                 else:
                     kb.add(tile.LoadOp(v, [ch0], buf, rows, cols, -1, 0))
                 kb.add(tile.BinaryOp(st.fn, ob, buf, ob, rows, cols))
             else:
-                v = k.arg(st.value)
-                nn_ = n if value_shape(st.value)[0] == N else kb.const(0)
+                buf = present(buf, "tile operand buffer")
+                v = k.arg(st.operand())
+                nn_ = n if value_shape(st.operand())[0] == N else kb.const(0)
                 # only the rows of real positions (ow < OW) hold operand data
                 with kb.loop(OH) as oh:
                     r0 = lin(kb, 0, (Wq, oh))
@@ -194,7 +198,7 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
     acc2s = [kb.alloc([TCo, S], f32, tile.ACC, "acc_t") for _ in range(2)]
     epi.alloc(kb, TCo, S, out_elem, col_sets=nchunks, sets=2)
     bbuf = None
-    if b is not None:
+    if b is not None and bview is not None:
         bbuf = kb.alloc([TCo, nchunks], value_elem(b), tile.SRAM, "bias")
         epi.extra_columns = [(bview, bbuf)]
     qm = QueueModel(cfg)

@@ -18,6 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
+
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.nn.common import (
     HbmKernel,
@@ -32,8 +35,6 @@ from tilecc.passes.graph_to_tile.nn.common import (
 from tilecc.passes.graph_to_tile.nn.conv_plan import ConvIO, ConvProblem, StemO2Plan
 from tilecc.passes.graph_to_tile.nn.epilogue import Epilogue
 from tilecc.passes.graph_to_tile.nn.queues import QueueModel
-from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -86,7 +87,7 @@ def emit_conv_stem_o2(lw: LoweringContext, prob: ConvProblem, plan: StemO2Plan, 
     epi.alloc(kb, TCo, RB * OW, out_elem, col_sets=ntile, sets=2)
     epi.init(k, qm)
     bbuf = None
-    if b is not None:
+    if b is not None and bview is not None:
         bbuf = kb.alloc([TCo, ntile], value_elem(b), tile.SRAM, "bias")
         epi.extra_columns = [(bview, bbuf)]
     with kb.loop(N) as n:
@@ -98,7 +99,7 @@ def emit_conv_stem_o2(lw: LoweringContext, prob: ConvProblem, plan: StemO2Plan, 
         kb.add(tile.LoadOp(k.arg(pconst), [kb.const(0), kb.const(0)], pb, kb.const(KMAX), kb.const(pcols), 0, 1,
                            queue=qm.next(KMAX * pcols * isz, pcols * isz)))
         for si, st in enumerate(ksteps):
-            for r0, (kh, ci, ph_, off, step, kws) in st:
+            for r0, (_kh, ci, ph_, off, step, kws) in st:
                 kb.add(tile.LoadOp(sa, [n, kb.const(ci), kb.const(ph_), kb.const(off)],
                                    sub(kb, slabs[si], r0, 0, [len(kws), Lall]), kb.const(len(kws)), kb.const(Lall),
                                    3, 3, step, 1, queue=qm.next(len(kws) * Lall * isz, Lall * isz)))

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from xdsl.dialects.builtin import f32
+from xdsl.ir import Attribute, Operation, SSAValue
+
 from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
@@ -33,6 +36,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     fill_row,
     lin,
     partition_bytes,
+    present,
     sub,
     value_elem,
     value_shape,
@@ -41,8 +45,6 @@ from tilecc.passes.graph_to_tile.nn.layout import natural_of_info
 from tilecc.passes.graph_to_tile.nn.queues import QueueModel
 from tilecc.passes.graph_to_tile.nn.state import PadInfo, padded_hbm, padded_of
 from tilecc.passes.vector_fns import BINARY, COMMUTATIVE, UNARY, gelu_fn
-from xdsl.dialects.builtin import f32
-from xdsl.ir import Attribute, Operation, SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -59,6 +61,10 @@ class Step:
     imm: float = 0.0
     swap: bool = False
     value: SSAValue | None = None  # HBM operand (column / tile)
+
+    def operand(self) -> SSAValue:
+        """The HBM operand of a column / tile step."""
+        return present(self.value, f"operand of the {self.kind} step {self.fn}")
 
 
 _EPILOGUE_UNARY = ("relu", "exp", "tanh", "sigmoid", "neg", "rsqrt", "sqrt", "silu")
@@ -230,9 +236,9 @@ class Epilogue:
         self.views: list[SSAValue] = []
         for st in steps:
             if st.kind == "column":
-                shp = value_shape(st.value)
+                shp = value_shape(st.operand())
                 size = math.prod(shp)
-                st.value = lw.view(st.value, (C // m, m) if size == C else (1, 1))
+                st.value = lw.view(st.operand(), (C // m, m) if size == C else (1, 1))
                 self.views.append(st.value)
             elif st.kind == "tile":
                 info = padded_hbm(lw, st.value)
@@ -242,8 +248,8 @@ class Epilogue:
                 else:
                     if info is not None:
                         st.value = natural_of_info(lw, info, loc)
-                    n0 = math.prod(value_shape(st.value)) // (C * S)
-                    st.value = lw.view(st.value, (n0, C // m, m, S))
+                    n0 = math.prod(value_shape(st.operand())) // (C * S)
+                    st.value = lw.view(st.operand(), (n0, C // m, m, S))
                 self.views.append(st.value)
 
     def hbm_args(self) -> list[SSAValue]:
@@ -271,11 +277,11 @@ class Epilogue:
         self.bufs, self.tile_bufs = [], []
         for st in self.steps:
             if st.kind == "column":
-                self.bufs.append(kb.alloc([TC, max(1, col_sets)], value_elem(st.value), tile.SRAM, "chan"))
+                self.bufs.append(kb.alloc([TC, max(1, col_sets)], value_elem(st.operand()), tile.SRAM, "chan"))
                 self.tile_bufs.append(None)
             elif st.kind == "tile":
                 tcols = rb * self.pad.Wp if self.pad is not None else cols
-                tb = [kb.alloc([TC, tcols], value_elem(st.value), tile.SRAM, "operand") for _ in range(sets)]
+                tb = [kb.alloc([TC, tcols], value_elem(st.operand()), tile.SRAM, "operand") for _ in range(sets)]
                 self.bufs.append(tb[0])
                 self.tile_bufs.append(tb)
             else:
@@ -285,6 +291,10 @@ class Epilogue:
             self.maskb = kb.alloc([TC, cols], elem, tile.SRAM, "mask")
             self.zerob = kb.alloc([TC, max(self.top, self.bottom, 1)], elem, tile.SRAM, "zeros")
 
+    def _pad_bufs(self) -> tuple[SSAValue, SSAValue]:
+        """The mask and zeros buffers of a padded epilogue (`alloc`)."""
+        return present(self.maskb, "padded epilogue's mask buffer"), present(self.zerob, "padded epilogue's zeros")
+
     def init(self, k: HbmKernel, queues: QueueModel | None = None) -> None:
         """Kernel-start setup of a padded epilogue: the mask, zeroed output buffers (their
         padding columns are read by the mask before anything writes them) and the zeros
@@ -292,15 +302,16 @@ class Epilogue:
         if self.pad is None:
             return
         kb = k.kb
-        cols = value_shape(self.maskb)[1]
+        maskb, zerob = self._pad_bufs()
+        cols = value_shape(maskb)[1]
         TC = self.TC
-        kb.add(tile.LoadOp(k.arg(self.mask), [kb.const(0)], self.maskb, kb.const(TC), kb.const(cols), -1, 0,
+        kb.add(tile.LoadOp(k.arg(self.mask), [kb.const(0)], maskb, kb.const(TC), kb.const(cols), -1, 0,
                            queue=_pick(queues, cols * 2, cols * 2)))
-        zl = value_shape(self.zerob)[1]
-        kb.add(tile.LoadOp(k.arg(self.zero), [kb.const(0)], self.zerob, kb.const(TC), kb.const(zl), -1, 0,
+        zl = value_shape(zerob)[1]
+        kb.add(tile.LoadOp(k.arg(self.zero), [kb.const(0)], zerob, kb.const(TC), kb.const(zl), -1, 0,
                            queue=_pick(queues, zl * 2, zl * 2)))
         for ob in self.obs:  # zeros (mask * 0: the mask is the only initialised source this wide)
-            kb.add(tile.ScalarOp("mul", self.maskb, 0.0, ob, kb.const(TC), kb.const(cols)))
+            kb.add(tile.ScalarOp("mul", maskb, 0.0, ob, kb.const(TC), kb.const(cols)))
 
     def emit_ring(self, k: HbmKernel, n: SSAValue, c0: SSAValue, j: SSAValue, rows: SSAValue) -> None:
         """Store the zeros above the first and below the last output row (padded output)."""
@@ -309,11 +320,12 @@ class Epilogue:
         kb = k.kb
         outa = k.arg(self.out)
         TC = self.TC
+        _, zerob = self._pad_bufs()
         if self.top:
-            kb.add(tile.StoreOp(sub(kb, self.zerob, 0, 0, [TC, self.top]), outa, [n, c0, j, kb.const(0)], rows,
+            kb.add(tile.StoreOp(sub(kb, zerob, 0, 0, [TC, self.top]), outa, [n, c0, j, kb.const(0)], rows,
                                 kb.const(self.top), 1, 3))
         if self.bottom:
-            kb.add(tile.StoreOp(sub(kb, self.zerob, 0, 0, [TC, self.bottom]), outa,
+            kb.add(tile.StoreOp(sub(kb, zerob, 0, 0, [TC, self.bottom]), outa,
                                 [n, c0, j, kb.const(self.pad.L - self.bottom)], rows, kb.const(self.bottom), 1, 3))
 
     def sram_bytes(self, cols: int, out_isz: int) -> int:
@@ -331,7 +343,8 @@ class Epilogue:
         matmuls with a 1x1 one (``acc[c, 0] = row[0, c] * 1``, exact) turn each chunk of
         the row into a column."""
         kb = k.kb
-        cols = [(st.value, buf) for st, buf in zip(self.steps, self.bufs) if st.kind == "column"]
+        cols = [(st.operand(), present(buf, "column buffer"))
+                for st, buf in zip(self.steps, self.bufs) if st.kind == "column"]
         cols += self.extra_columns
         if not cols:
             return
@@ -428,19 +441,20 @@ class Epilogue:
             elif st.kind == "scalar":
                 kb.add(tile.ScalarOp(st.fn, ob, st.imm, ob, rows, cc, swap=st.swap))
             elif st.kind == "column":
+                buf = present(buf, "column buffer")
                 if col_set is not None:
                     buf = sub(kb, buf, 0, col_set, [TC, 1])
                 else:
-                    v = k.arg(st.value)
-                    if value_shape(st.value) == (1, 1):
+                    v = k.arg(st.operand())
+                    if value_shape(st.operand()) == (1, 1):
                         kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, rows, kb.const(1), -1, -1))
                     else:
                         kb.add(tile.LoadOp(v, [c0, j], buf, rows, kb.const(1), 0, -1))
                 kb.add(tile.BinaryOp(st.fn, ob, buf, ob, rows, cc, "column"))
             else:
-                v = k.arg(st.value)
-                nn_ = n if value_shape(st.value)[0] == self.N else kb.const(0)
-                tb = sub(kb, buf, 0, 0, [TC, cols])
+                v = k.arg(st.operand())
+                nn_ = n if value_shape(st.operand())[0] == self.N else kb.const(0)
+                tb = sub(kb, present(buf, "tile operand buffer"), 0, 0, [TC, cols])
                 kb.add(tile.LoadOp(v, [nn_, c0, j, s0], tb, rows, cc, 1, 3))
                 a, b = (tb, ob) if st.swap else (ob, tb)
                 kb.add(tile.BinaryOp(st.fn, a, b, ob, rows, cc))

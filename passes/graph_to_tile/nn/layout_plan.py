@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from xdsl.ir import Attribute, Operation, SSAValue
+
 from tilecc.ir import graph as g
 from tilecc.ir import graph_nn as nn
 from tilecc.passes.graph_to_tile.nn.common import value_shape
 from tilecc.passes.graph_to_tile.nn.conv_plan import o2_feasible
 from tilecc.passes.graph_to_tile.nn.epilogue import Step
 from tilecc.passes.graph_to_tile.nn.state import PadInfo, new_padded, padded_hbm
-from xdsl.ir import Attribute, Operation, SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -35,11 +36,13 @@ def conv_reads_padded(op: Operation) -> bool:
         (sh, sw), (ph, pw), (dh, dw), _, _ = op.params
         ws = value_shape(op.weight)
         k = (ws[2], ws[3])
-    elif isinstance(op, (nn.MaxPool2dOp, nn.AvgPool2dOp)):
+    elif isinstance(op, nn.MaxPool2dOp):
+        k, (sh, sw), (ph, pw), (dh, dw), _ = op.params
+    elif isinstance(op, nn.AvgPool2dOp):
         prm = op.params
         k, (sh, sw), (ph, pw) = prm[0], prm[1], prm[2]
-        dh, dw = prm[3] if isinstance(op, nn.MaxPool2dOp) else (1, 1)
-        if isinstance(op, nn.AvgPool2dOp) and prm[3]:  # ceil_mode: windows past the edge
+        dh, dw = 1, 1
+        if prm[3]:  # ceil_mode: windows past the edge
             return False
     else:
         return False
@@ -48,7 +51,7 @@ def conv_reads_padded(op: Operation) -> bool:
     return True
 
 
-def conv_absorbing(lw: LoweringContext, add: Operation, v: SSAValue) -> Operation | None:
+def conv_absorbing(lw: LoweringContext, add: Operation, v: SSAValue) -> nn.Conv2dOp | None:
     """The convolution, not lowered yet, whose epilogue will fuse `add` (a residual add of
     `v`): the add's other operand comes from it through single-use per-channel affine
     ops (a batch norm), the way `fuse_epilogue` walks."""

@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from xdsl.ir import SSAValue
+
+from tilecc.errors import CompileError, TensorTooLargeError
 from tilecc.ir import graph_nn as nn
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
@@ -28,6 +31,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     fill_row,
     lin,
     partition_bytes,
+    present,
     sram_budget,
     sub,
     tiles,
@@ -36,9 +40,6 @@ from tilecc.passes.graph_to_tile.nn.common import (
 )
 from tilecc.passes.graph_to_tile.nn.geometry import PhaseSpec
 from tilecc.passes.graph_to_tile.nn.phase_split import phase_split
-from xdsl.ir import SSAValue
-
-from tilecc.errors import CompileError, TensorTooLargeError
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -118,10 +119,11 @@ def pad_kernel(
                         dst = sub(kb, qb, 0, (i0 - q0) * Wq, [TC, nr * W])
                         kb.add(tile.LoadOp(xfa, [n, c0, kb.const(h0 * W)], dst, c, kb.const(nr * W), 1, 2))
                     elif contiguous:
-                        st = sub(kb, stage, 0, 0, [TC, nr * W])
+                        stage_b = present(stage, "pad's staging buffer")
+                        st = sub(kb, stage_b, 0, 0, [TC, nr * W])
                         kb.add(tile.LoadOp(xfa, [n, c0, kb.const(h0 * W)], st, c, kb.const(nr * W), 1, 2))
                         with kb.loop(nr) as r:
-                            s_ = sub(kb, stage, 0, lin(kb, w0, (W, r)), [TC, nc])
+                            s_ = sub(kb, stage_b, 0, lin(kb, w0, (W, r)), [TC, nc])
                             d_ = sub(kb, qb, 0, lin(kb, (i0 - q0) * Wq + jlo, (Wq, r)), [TC, nc])
                             kb.add(tile.UnaryOp("copy", s_, d_, c, kb.const(nc)))
                     else:

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
+
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
 from tilecc.passes.graph_to_tile.nn.common import (
@@ -28,6 +31,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     fill_row,
     lin,
     partition_bytes,
+    present,
     sram_budget,
     sub,
     tiles,
@@ -37,8 +41,6 @@ from tilecc.passes.graph_to_tile.nn.common import (
 )
 from tilecc.passes.graph_to_tile.nn.geometry import PhaseSpec
 from tilecc.simulator.config import HardwareConfig
-from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -472,7 +474,8 @@ def _phase_split_rows(
                     ta[(a, wi)] = tbuf
             for ph, (a, b) in enumerate(phases):
                 if empty[ph]:
-                    kb.add(tile.StoreOp(zb, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
+                    zeros = present(zb, "phase split's zeros buffer")
+                    kb.add(tile.StoreOp(zeros, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
                                         kb.const(Hq), kb.const(Wq), 3, 4))
                     continue
                 acc = kb.alloc([Hq, Wq], f32, tile.ACC, f"acc_c{c}_")

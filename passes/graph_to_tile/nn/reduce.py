@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
+
 from tilecc.ir import graph_nn as nn
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
@@ -22,6 +25,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     HbmKernel,
     cdiv,
     lin,
+    present,
     sram_budget,
     tiles,
     value_elem,
@@ -29,8 +33,6 @@ from tilecc.passes.graph_to_tile.nn.common import (
 )
 from tilecc.passes.graph_to_tile.nn.layout import natural_of_info
 from tilecc.passes.graph_to_tile.nn.state import padded_of
-from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -132,12 +134,13 @@ def _reduce_kernel(
             kb.add(tile.LoadOp(k.arg(xv), [a0, kb.const(0)], xb, r, first, 0, 1))
             kb.add(tile.ReduceOp(rfn, xb, accb, r, first))
             if nchunks > 1:
+                part_b = present(part, "reduce's partial buffer")
                 with kb.loop(nchunks - 1) as i:
                     b0 = lin(kb, BC, (BC, i))
                     bc = kb.const(BC) if B % BC == 0 else kb.mini(kb.const(BC), kb.subi(kb.const(B), b0))
                     kb.add(tile.LoadOp(k.arg(xv), [a0, b0], xb, r, bc, 0, 1))
-                    kb.add(tile.ReduceOp(rfn, xb, part, r, bc))
-                    kb.add(tile.BinaryOp(combine, accb, part, accb, r, one))
+                    kb.add(tile.ReduceOp(rfn, xb, part_b, r, bc))
+                    kb.add(tile.BinaryOp(combine, accb, part_b, accb, r, one))
             _finish(kb, fn, accb, ob, r, one, div)
             kb.add(tile.StoreOp(ob, k.arg(ov), [a0, kb.const(0)], r, one, 0, 1))
         k.launch()
