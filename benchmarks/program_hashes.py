@@ -11,7 +11,9 @@ observable result of a compile. The workloads are those of `roofline.py` (cloud,
 -O0), `models.py` (tiny and cloud), `dsl_kernels.py` (cloud) and every example factory
 and tile-DSL kernel in `examples/` (tiny). Autotuning stays off (its winners depend on a
 disk cache), and the compile cache is off so every program is built afresh.
-Exit status 1 when a hash differs or a workload that compiled before no longer does.
+A program records its ops' source locations (`file.py:LINE`), so an edit that moves the
+lines of a benchmark or example file changes its hashes too: keep those files' line
+numbers when comparing. Exit status 1 when a hash differs or a workload that compiled before no longer does.
 """
 
 from __future__ import annotations

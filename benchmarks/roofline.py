@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-# torchvision (imported by transformers too) next to a CPU torch: see README
+# torchvision (imported by transformers too) next to a CPU torch: see README (these stubs
+# keep its optional registrations from loading)
 for _m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
     sys.modules.setdefault(_m, types.ModuleType(_m))
 
