@@ -178,11 +178,11 @@ class SliceOp(GraphOp):
         shape[dim] = slice_length(shape[dim], start, end, step)
         return TensorType(x.get_element_type(), shape)
 
-    def _params(self) -> tuple[int, int, int, int]:
+    def slice_params(self) -> tuple[int, int, int, int]:
         return (self.dim.value.data, self.start.value.data, self.end.value.data, self.step.value.data)
 
     def infer_result_type(self) -> TensorType:
-        return self.infer(self.input.type, *self._params())
+        return self.infer(self.input.type, *self.slice_params())
 
     @classmethod
     def make(
@@ -213,7 +213,7 @@ class SliceOp(GraphOp):
 
     def reference(self, *args: np.ndarray) -> np.ndarray:
         (x,) = args
-        dim, start, end, step = self._params()
+        dim, start, end, step = self.slice_params()
         index = [slice(None)] * x.ndim
         index[dim] = slice(start, end, step)
         return np.ascontiguousarray(x[tuple(index)])

@@ -71,7 +71,7 @@ WEIGHT_LAYOUTS = ("oihw", "gihwo")
 Ints = Sequence[int] | int  # one value per spatial dim, or one for both
 
 
-def _ints(attr: DenseArrayBase[IntegerType]) -> tuple[int, ...]:
+def int_tuple(attr: DenseArrayBase[IntegerType]) -> tuple[int, ...]:
     return tuple(int(v) for v in attr.get_values())
 
 
@@ -210,9 +210,9 @@ class Conv2dOp(GraphOp):
     @property
     def params(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], int, str]:
         return (
-            _pair(self.name, "stride", _ints(self.stride), 1),
-            _pair(self.name, "padding", _ints(self.padding), 0),
-            _pair(self.name, "dilation", _ints(self.dilation), 1),
+            _pair(self.name, "stride", int_tuple(self.stride), 1),
+            _pair(self.name, "padding", int_tuple(self.padding), 0),
+            _pair(self.name, "dilation", int_tuple(self.dilation), 1),
             self.groups.value.data, self.layout.data,
         )
 
@@ -317,10 +317,10 @@ class MaxPool2dOp(GraphOp):
     @property
     def params(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int], bool]:
         return (
-            _pair(self.name, "kernel", _ints(self.kernel), 1),
-            _pair(self.name, "stride", _ints(self.stride), 1),
-            _pair(self.name, "padding", _ints(self.padding), 0),
-            _pair(self.name, "dilation", _ints(self.dilation), 1),
+            _pair(self.name, "kernel", int_tuple(self.kernel), 1),
+            _pair(self.name, "stride", int_tuple(self.stride), 1),
+            _pair(self.name, "padding", int_tuple(self.padding), 0),
+            _pair(self.name, "dilation", int_tuple(self.dilation), 1),
             bool(self.ceil_mode.value.data),
         )
 
@@ -398,9 +398,9 @@ class AvgPool2dOp(GraphOp):
     @property
     def params(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], bool, bool, int]:
         return (
-            _pair(self.name, "kernel", _ints(self.kernel), 1),
-            _pair(self.name, "stride", _ints(self.stride), 1),
-            _pair(self.name, "padding", _ints(self.padding), 0),
+            _pair(self.name, "kernel", int_tuple(self.kernel), 1),
+            _pair(self.name, "stride", int_tuple(self.stride), 1),
+            _pair(self.name, "padding", int_tuple(self.padding), 0),
             bool(self.ceil_mode.value.data), bool(self.count_include_pad.value.data),
             self.divisor.value.data,
         )
@@ -471,7 +471,7 @@ class AdaptiveAvgPool2dOp(GraphOp):
         return TensorType(x.get_element_type(), [n, c, oh, ow])
 
     def infer_result_type(self) -> TensorType:
-        return self.infer(self.input.type, _ints(self.size))
+        return self.infer(self.input.type, int_tuple(self.size))
 
     @classmethod
     def make(
@@ -486,7 +486,7 @@ class AdaptiveAvgPool2dOp(GraphOp):
 
     def reference(self, *args: np.ndarray) -> np.ndarray:
         (x,) = args
-        size = _pair(self.name, "output size", _ints(self.size), 1)
+        size = _pair(self.name, "output size", int_tuple(self.size), 1)
         y = _torch().nn.functional.adaptive_avg_pool2d(_t64(x), size)
         return y.numpy().astype(np.float32)
 
@@ -608,7 +608,7 @@ class PadOp(GraphOp):
     def infer_result_type(self) -> TensorType:
         if not isinstance(self.value.type, type(f64)):
             raise ShapeError(f"{self.name}: value must be an f64 attribute")
-        return self.infer(self.input.type, _ints(self.low), _ints(self.high))
+        return self.infer(self.input.type, int_tuple(self.low), int_tuple(self.high))
 
     @classmethod
     def make(
@@ -626,7 +626,7 @@ class PadOp(GraphOp):
 
     def reference(self, *args: np.ndarray) -> np.ndarray:
         (x,) = args
-        low, high = _ints(self.low), _ints(self.high)
+        low, high = int_tuple(self.low), int_tuple(self.high)
         out = np.full(tuple(self.result.type.get_shape()), np.float32(self.value.value.data), np.float32)
         src: list[slice] = []
         dst: list[slice] = []
@@ -673,7 +673,7 @@ class ReduceOp(GraphOp):
 
     @property
     def axes(self) -> tuple[int, ...]:
-        return _ints(self.dims)
+        return int_tuple(self.dims)
 
     def infer_result_type(self) -> TensorType:
         return self.infer(self.input.type, self.axes, bool(self.keepdim.value.data))

@@ -361,7 +361,7 @@ class SubviewOp(IRDLOperation):
         if src.element_type != res.element_type or space_of(src) != space_of(res):
             raise VerifyException(f"tile.subview: {src} and {res} differ in element type or space")
         (sr, sc), (rr, rc) = src.get_shape(), res.get_shape()
-        offsets = [_const_index(v) for v in (self.row, self.col)]
+        offsets = [const_index(v) for v in (self.row, self.col)]
         for what, off, size, limit in (("rows", offsets[0], rr, sr), ("columns", offsets[1], rc, sc)):
             if size > limit or (off is not None and off + size > limit):
                 raise VerifyException(
@@ -370,7 +370,7 @@ class SubviewOp(IRDLOperation):
                 )
 
 
-def _const_index(v: SSAValue) -> int | None:
+def const_index(v: SSAValue) -> int | None:
     from xdsl.dialects import arith
 
     owner = v.owner

@@ -72,7 +72,7 @@ def _access(op: Operation) -> tuple[set[SSAValue], set[SSAValue]]:
 
 
 def _const(v: SSAValue) -> int:
-    c = tile._const_index(v)
+    c = tile.const_index(v)
     return c if c is not None else 128
 
 

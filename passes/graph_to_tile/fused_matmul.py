@@ -299,7 +299,7 @@ class FusedMatmulKernel(BlockedMatmulKernel):
                 given[i] = buf
                 continue
             total = shape_of(buf.type)[1]
-            off = tile._const_index(col0)
+            off = tile.const_index(col0)
             w = min(width, total) if off is None else min(width, total - off)
             given[i] = self.kb.add(tile.SubviewOp(buf, self.c(0), col0, [self.p.TM, w])).results[0]
         return given

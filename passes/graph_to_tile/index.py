@@ -93,7 +93,7 @@ def _copy_nest(
 def lower_slice(lw: LoweringContext, op: gi.SliceOp, loc: str) -> None:
     """A view: the start folds into the offset, the step into the stride of `dim`."""
     res = op.results[0]
-    dim, start, _end, step = op._params()
+    dim, start, _end, step = op.slice_params()
     src = lw.materialise(op.input)
     strides, offset = lw.layout(src)
     new = list(strides)

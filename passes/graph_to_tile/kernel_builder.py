@@ -29,7 +29,7 @@ class KernelBuilder:
         self.block = self.entry
         self.loc = loc
         self._consts: dict[int, SSAValue] = {}
-        self._bool: dict[int, SSAValue] = {}
+        self._bool: dict[int, SSAValue] = {}  # i1 constants at the entry (bool_const)
         self._names: dict[str, int] = {}
 
     @property
@@ -42,7 +42,8 @@ class KernelBuilder:
         self.block.add_op(op)
         return op
 
-    def _add_entry(self, op: Operation) -> SSAValue:
+    def add_entry(self, op: Operation) -> SSAValue:
+        """Add `op` at the kernel's entry (before its loops: constants, resident buffers)."""
         first = self.entry.first_op
         if first is None:
             self.entry.add_op(op)
@@ -50,9 +51,16 @@ class KernelBuilder:
             self.entry.insert_op_before(op, first)
         return op.results[0]
 
+    def bool_const(self, value: bool) -> SSAValue:
+        """The i1 constant `value` (one per kernel, at its entry)."""
+        key = int(value)
+        if key not in self._bool:
+            self._bool[key] = self.add_entry(arith.ConstantOp.from_int_and_width(key, 1))
+        return self._bool[key]
+
     def const(self, value: int) -> SSAValue:
         if value not in self._consts:
-            self._consts[value] = self._add_entry(
+            self._consts[value] = self.add_entry(
                 arith.ConstantOp.from_int_and_width(value, IndexType())
             )
         return self._consts[value]

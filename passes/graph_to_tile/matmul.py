@@ -309,7 +309,7 @@ class BlockedMatmulKernel:
     def site_acc(self) -> list[SSAValue]:
         """A pair of accumulator tiles private to one transposing place of the kernel."""
         p = self.p
-        return [self.kb._add_entry(tile.AllocOp(tile.onchip_type([p.TK, p.TM], f32, tile.ACC),
+        return [self.kb.add_entry(tile.AllocOp(tile.onchip_type([p.TK, p.TM], f32, tile.ACC),
                                                 f"acc_t{self.n_sites}_{i}"))
                 for i in range(2)]
 
@@ -618,4 +618,4 @@ def lower_matmul_blocked(lw: LoweringContext, op: Operation, loc: str) -> bool:
 
 
 def _bool(kb: KernelBuilder, value: bool) -> SSAValue:
-    return kb._add_entry(arith.ConstantOp(IntegerAttr(int(value), i1)))
+    return kb.add_entry(arith.ConstantOp(IntegerAttr(int(value), i1)))

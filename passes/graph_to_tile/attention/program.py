@@ -172,8 +172,8 @@ class HeadProgram:
 
     def flag(self, value: bool) -> SSAValue:
         if self._true is None or self._false is None:
-            self._true = self.kb._add_entry(arith.ConstantOp(IntegerAttr(1, i1)))
-            self._false = self.kb._add_entry(arith.ConstantOp(IntegerAttr(0, i1)))
+            self._true = self.kb.add_entry(arith.ConstantOp(IntegerAttr(1, i1)))
+            self._false = self.kb.add_entry(arith.ConstantOp(IntegerAttr(0, i1)))
         return self._true if value else self._false
 
 

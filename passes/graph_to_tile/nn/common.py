@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
-from xdsl.dialects import arith
 from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, TensorType
 from xdsl.ir import Attribute, SSAValue
 
@@ -99,9 +98,7 @@ def sub(kb: KernelBuilder, buf: SSAValue, row: int | SSAValue, col: int | SSAVal
 
 def true_i1(kb: KernelBuilder) -> SSAValue:
     """The i1 constant true (one per kernel, at its entry)."""
-    if 1 not in kb._bool:
-        kb._bool[1] = kb._add_entry(arith.ConstantOp.from_int_and_width(1, 1))
-    return kb._bool[1]
+    return kb.bool_const(True)
 
 
 @contextmanager

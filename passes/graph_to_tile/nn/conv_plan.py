@@ -21,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from xdsl.ir import SSAValue
+
+from tilecc.errors import TensorTooLargeError
 from tilecc.ir import graph_nn as nn
 from tilecc.ir.dtypes import element_size
 from tilecc.passes.graph_to_tile.nn.common import (
@@ -41,9 +44,6 @@ from tilecc.passes.graph_to_tile.nn.geometry import Geometry, pick_band
 from tilecc.passes.graph_to_tile.nn.queues import weight_pieces
 from tilecc.passes.graph_to_tile.nn.state import PadInfo
 from tilecc.simulator.config import HardwareConfig
-from xdsl.ir import SSAValue
-
-from tilecc.errors import TensorTooLargeError
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from xdsl.ir import Operation, SSAValue
+
 from tilecc.passes.graph_to_tile.nn.common import value_elem
 from tilecc.passes.graph_to_tile.nn.geometry import Geometry, PhaseSpec
 from tilecc.passes.graph_to_tile.nn.pad import pad_kernel
 from tilecc.passes.graph_to_tile.nn.state import PadInfo, padded_of, set_padded
-from xdsl.ir import Operation, SSAValue
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext

@@ -145,7 +145,7 @@ def lower_pad(lw: LoweringContext, op: nn.PadOp, loc: str) -> None:
     """graph.pad of the last two dims: one stride-1 `pad_kernel`."""
     x, res = op.input, op.results[0]
     shape, oshape = value_shape(x), value_shape(res)
-    low, high = nn._ints(op.low), nn._ints(op.high)
+    low, high = nn.int_tuple(op.low), nn.int_tuple(op.high)
     r = len(shape)
     if any(low[d] or high[d] for d in range(max(0, r - 2))):
         raise CompileError(

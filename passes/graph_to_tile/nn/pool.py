@@ -14,6 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
+from xdsl.dialects.builtin import f32
+from xdsl.ir import Attribute, SSAValue
+
+from tilecc.errors import TensorTooLargeError
 from tilecc.ir import graph_nn as nn
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
@@ -42,10 +46,6 @@ from tilecc.passes.graph_to_tile.nn.window import (
     WindowOps,
     window_kernel,
 )
-from xdsl.dialects.builtin import f32
-from xdsl.ir import Attribute, SSAValue
-
-from tilecc.errors import TensorTooLargeError
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext

@@ -16,6 +16,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from xdsl.ir import SSAValue
+
+from tilecc.errors import CompileError, TensorTooLargeError
 from tilecc.ir import graph_nn as nn
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
@@ -31,9 +34,6 @@ from tilecc.passes.graph_to_tile.nn.common import (
     value_elem,
     value_shape,
 )
-from xdsl.ir import SSAValue
-
-from tilecc.errors import CompileError, TensorTooLargeError
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext

@@ -19,6 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from xdsl.dialects.builtin import f32
+from xdsl.ir import Attribute, SSAValue
+
+from tilecc.errors import TensorTooLargeError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
@@ -34,10 +38,6 @@ from tilecc.passes.graph_to_tile.nn.common import (
 from tilecc.passes.graph_to_tile.nn.epilogue import Epilogue, Step, epilogue_bytes
 from tilecc.passes.graph_to_tile.nn.geometry import Geometry, pick_band
 from tilecc.passes.graph_to_tile.nn.state import PadInfo
-from xdsl.dialects.builtin import f32
-from xdsl.ir import Attribute, SSAValue
-
-from tilecc.errors import TensorTooLargeError
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
