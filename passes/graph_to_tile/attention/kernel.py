@@ -38,6 +38,7 @@ import numpy as np
 from xdsl.dialects.builtin import Float32Type, f32
 from xdsl.ir import Attribute, SSAValue
 
+from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size, masked_value
 from tilecc.passes.graph_to_tile.attention.plan import N2, NO, NQ, SCHEDULE_TRIES, AttentionPlan, body_budget
@@ -158,7 +159,10 @@ class AttentionKernel(HeadProgram):
     def alloc(self, shape: Sequence[int], space: str, name: str, elem: Attribute | None = None) -> SSAValue:
         """An on-chip buffer (of the model dtype unless `elem`), known to the scheduler by name."""
         v = self.kb.alloc(list(shape), self.elem if elem is None else elem, space, name)
-        self.names[v] = v.owner.buffer.data  # type: ignore[union-attr]
+        owner = v.owner
+        if not isinstance(owner, tile.AllocOp):
+            raise CompileError(f"attention kernel: buffer {name} is not a tile.alloc")
+        self.names[v] = owner.buffer.data
         return v
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tilecc.errors import CompileError
 from tilecc.passes.graph_to_tile.attention.plan import DEBUG, SCHEDULE_TRIES
 from tilecc.simulator.timing import TimingRules
 
@@ -282,8 +283,10 @@ def replay(order: Order, tm: AttentionTiming, queues: int, init: ScheduleInit) -
         del flying[k_fin]
         end[k_fin] = free[eng_of[k_fin]] = t_fin
         busy[eng_of[k_fin]] = False
-    assert all(x is not None for x in end), "attention schedule: replay deadlock"
-    return max(end, default=0.0)  # type: ignore[type-var]
+    done = [x for x in end if x is not None]
+    if len(done) != len(end):
+        raise CompileError("attention schedule: the replay deadlocked (an instruction never became ready)")
+    return max(done, default=0.0)
 
 
 def engine_of(o: SchedOp, queues: int) -> int:
