@@ -41,6 +41,7 @@ import numpy as np
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from tilecc.errors import CompileError, TensorTooLargeError
+from tilecc.ir import graph as g
 from tilecc.ir.dtypes import element_size
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.elementwise.cost import choose_tiles, col_candidates, vector_steps
@@ -481,7 +482,10 @@ def row_split(R: int, C: int, P: int) -> int:
 
 def add_graph_op(ek: ElementwiseKernel, op: Operation, args: list[int]) -> int:
     """The node computing elementwise graph op `op` from the values `args`."""
-    kind, fn = elementwise_fn(op)  # type: ignore[misc]
+    got = elementwise_fn(op)
+    if got is None:
+        raise CompileError(f"{op.name} at {g.source_loc(op)}: not an elementwise op (passes/vector_fns.py)")
+    kind, fn = got
     elem = elem_of(op.results[0].type)
     if kind == "unary":
         return ek.unary(fn, args[0], elem)
