@@ -41,7 +41,7 @@ import numpy as np
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import BinaryFn, Flag, Opcode, ReduceFn, UnaryFn
 
-__all__ = ["TimingRules", "matmul_mapping", "vector_cost_factors"]
+__all__ = ["TimingRules", "core_cycles_per", "matmul_mapping", "vector_cost_factors"]
 
 # a number or a numpy array of them: every rule takes either
 Num = Any
@@ -70,6 +70,12 @@ def _ceil(x: Num) -> Num:
 
 def _float(x: Num) -> Num:
     return x.astype(np.float64) if isinstance(x, np.ndarray) else float(x)
+
+
+def core_cycles_per(config: HardwareConfig, engine: str) -> float:
+    """Core-clock cycles per cycle of `engine` ("matrix", "vector", "dma"): the factor that
+    converts an engine's own cycles to the time base every report uses."""
+    return 1.0
 
 
 def matmul_mapping(config: HardwareConfig, m: Num, k: Num, n: Num) -> tuple[Num, Num, Num]:
