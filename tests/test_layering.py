@@ -107,3 +107,20 @@ def test_tolerance_is_one_function_for_cli_and_bisect() -> None:
     assert tolerance(torch.bfloat16, 10.0) == (2e-2, 2e-2 * 10.0)
     ok, worst = compare([torch.ones(3)], [torch.ones(3) + 1e-6])
     assert ok and worst < 1e-5
+
+
+def test_every_package_folder_is_in_the_distribution() -> None:
+    """pyproject's explicit package list names every folder with an __init__.py: a
+    missing one imports from a checkout (an editable install) but not from a built
+    wheel (`tilecc.passes.graph_to_tile.nn` was missing from it)."""
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(meta["packages"])
+    dirs = {name: ROOT / path for name, path in meta["package-dir"].items()}
+    found = set()
+    for name, top in dirs.items():
+        for init in top.rglob("__init__.py"):
+            rel = init.parent.relative_to(top)
+            found.add(".".join([name, *rel.parts]) if rel.parts else name)
+    assert found - listed == set(), f"package folders missing from pyproject's packages: {sorted(found - listed)}"
