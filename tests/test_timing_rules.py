@@ -52,7 +52,7 @@ from tilecc.simulator import isa
 from tilecc.simulator.config import HardwareConfig, load_config
 from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, Opcode, ReduceFn, UnaryFn
 from tilecc.simulator.machine import simulate
-from tilecc.simulator.timing import TimingRules, matmul_mapping
+from tilecc.simulator.timing import TimingRules, core_cycles_per, matmul_mapping
 
 KERNELS = Path(__file__).resolve().parent.parent / "examples" / "kernels"
 TARGETS = ("tiny", "cloud")
@@ -155,7 +155,9 @@ def test_one_vector_op_costs_its_closed_form(
     _, end = _charged(_stream(op), cfg)
     cost = rules.vector_op_cost(kind, name)
     assert end[0] == rules.vector_time(rows, cols, cost, inputs)
-    assert end[0] == rules.vector_overhead + -(-rows * cols // cfg.vector.lanes) * cost * inputs
+    # the lane rule: ceil(partitions / lanes) * columns groups, in vector cycles converted to core cycles
+    per = core_cycles_per(cfg, "vector")
+    assert end[0] == rules.vector_overhead + -(-rows // cfg.vector.lanes) * cols * cost * inputs * per
 
 
 def test_the_rules_take_arrays_and_numbers_alike() -> None:
