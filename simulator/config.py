@@ -65,7 +65,7 @@ class MatrixConfig:
     fp32_slowdown: int  # passes per fp32 matmul relative to bf16
     mode: str  # "pipelined" (overlapped preload/fill/drain) or "compatible" (SCALE-Sim)
     dataflow: str  # "ws", "os" or "is": which operand stays in the array
-    min_interval_cycles: int  # pipelined mode: shortest issue interval of two matmuls
+    min_interval_cycles: int  # pipelined mode: shortest issue interval of two matmuls, matrix cycles
 
 
 @dataclass(frozen=True)
