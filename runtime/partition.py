@@ -40,6 +40,7 @@ from tilecc.frontend.torch_export import _op_name, node_location
 from tilecc.runtime.compiler import compile_graph
 from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.timing import core_cycles_per
 
 aten = torch.ops.aten
 
@@ -232,10 +233,10 @@ def npu_seconds(node: Node, cfg: HardwareConfig, hints: dict) -> float:
     val = node.meta.get("val")
     fp32 = isinstance(val, torch.Tensor) and val.dtype == torch.float32
     array = cfg.matrix.rows * cfg.matrix.cols
-    cycles = max(
-        macs * (cfg.matrix.fp32_slowdown if fp32 else 1) / array,
+    cycles = max(  # core cycles: each engine's own cycles converted
+        macs * (cfg.matrix.fp32_slowdown if fp32 else 1) / array * core_cycles_per(cfg, "matrix"),
         nbytes / cfg.hbm.bytes_per_cycle,
-        out / cfg.vector.lanes,
+        out / cfg.vector.lanes * core_cycles_per(cfg, "vector"),
     )
     return cycles / (cfg.clock_ghz * 1e9)
 

@@ -59,17 +59,19 @@ class DmaConfig:
 
 @dataclass(frozen=True)
 class MatrixConfig:
+    clock_ghz: float  # the matrix engine's clock, GHz; its cycle counts below are in it
     rows: int  # R: contraction dimension of one matmul
     cols: int  # C: columns of the stationary operand
     fp32_slowdown: int  # passes per fp32 matmul relative to bf16
     mode: str  # "pipelined" (overlapped preload/fill/drain) or "compatible" (SCALE-Sim)
     dataflow: str  # "ws", "os" or "is": which operand stays in the array
-    min_interval_cycles: int  # pipelined mode: shortest issue interval of two matmuls
+    min_interval_cycles: int  # pipelined mode: shortest issue interval of two matmuls, matrix cycles
 
 
 @dataclass(frozen=True)
 class VectorOpCost:
-    """Cycles per element group (`lanes` elements) of each function, by instruction kind."""
+    """Vector-engine cycles per element group (one element on each of up to `lanes`
+    partitions) of each function, by instruction kind."""
 
     unary: dict[str, float]
     binary: dict[str, float]
@@ -81,9 +83,10 @@ class VectorOpCost:
 
 @dataclass(frozen=True)
 class VectorConfig:
-    lanes: int  # elements per cycle for a cost-1 op
-    latency_cycles: int  # pipeline fill and drain per instruction, cycles
-    access_cycles: int  # start-up of the instruction's on-chip memory accesses, cycles
+    clock_ghz: float  # the vector engine's clock, GHz; its cycle counts below are in it
+    lanes: int  # one lane per partition: a cost-1 op does one element per lane per cycle
+    latency_cycles: int  # pipeline fill and drain per instruction, vector-engine cycles
+    access_cycles: int  # start-up of the instruction's on-chip memory accesses, vector cycles
     op_cost: VectorOpCost
 
 
@@ -100,7 +103,7 @@ class EnergyConfig:
 @dataclass(frozen=True)
 class HardwareConfig:
     name: str
-    clock_ghz: float
+    clock_ghz: float  # the core clock: the time base of every cycle figure (DMA, HBM, reports)
     semaphores: int
     hbm: HbmConfig
     sram: SramConfig
@@ -192,10 +195,12 @@ _POSITIVE = [
     "accumulator.bytes_per_partition",
     "dma.queues",
     "dma.efficient_chunk_bytes",
+    "matrix.clock_ghz",
     "matrix.rows",
     "matrix.cols",
     "matrix.fp32_slowdown",
     "matrix.min_interval_cycles",
+    "vector.clock_ghz",
     "vector.lanes",
 ]
 

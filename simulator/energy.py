@@ -4,7 +4,7 @@
             + SRAM bytes * pj_per_sram_byte + accumulator bytes * pj_per_acc_byte
             + HBM bytes (read + written) * pj_per_hbm_byte                      [pJ]
     static  = static_watts * seconds * 1e12                                     [pJ]
-    seconds = cycles / (clock_ghz * 1e9)
+    seconds = cycles / (clock_ghz * 1e9)       (core cycles at the core clock)
     power   = (dynamic + static) * 1e-12 / seconds                              [W]
     TOPS/W  = 2 * MACs / ((dynamic + static) * 1e-12) / 1e12    (a MAC is 2 ops)
 

@@ -19,6 +19,9 @@ mode folds overlap (machine's module docstring); `compute_cycles` is the simulat
 for n WS folds, ``R + (n - 1) * max(T', R) + T + R + C - 2`` with ``T' = max(T,
 matrix.min_interval_cycles)`` (65,918 for 1024^3 on 128 x 128; the bound is 65,536).
 `utilization` is SCALE-Sim's: ``M * K * N / (R * C * compute_cycles) * 100`` (percent).
+These counts are matrix-engine cycles; every figure returned is in core cycles (the
+simulator's time base: ``clock_ghz / matrix.clock_ghz`` core cycles per matrix cycle,
+1 on every preset), so they equal SCALE-Sim's when the two clocks are equal.
 
     >>> gemm(1024, 1024, 1024, "cloud", mode="compatible")["compute_cycles"]
     89983
@@ -45,6 +48,7 @@ from tilecc.simulator.config import (
 )
 from tilecc.simulator.isa import DType, Mem, Opcode
 from tilecc.simulator.machine import simulate
+from tilecc.simulator.timing import core_cycles_per
 
 __all__ = ["gemm", "fold_shapes", "GEMM_DTYPES"]
 
@@ -103,7 +107,7 @@ def gemm(
     ``utilization`` (percent), ``folds``, ``macs``, ``wall_seconds`` (of this call),
     ``mode``, ``dataflow``, ``rows``, ``cols``, and also ``M``, ``N``, ``K``,
     ``dtype``, ``cycles`` (the simulated total), ``roofline_cycles`` (MACs at R*C per
-    cycle), ``time_us`` (``compute_cycles`` at the config's clock) and ``clock_ghz``.
+    matrix cycle, in core cycles), ``time_us`` (``compute_cycles`` at the config's clock) and ``clock_ghz``.
     Invalid arguments raise `ConfigError`.
     """
     t_start = time.perf_counter()
@@ -154,7 +158,7 @@ def gemm(
         "cycles": cycles,
         "compute_cycles": compute,
         "utilization": macs / (R * C * compute) * 100 if compute > 0 else 0.0,
-        "roofline_cycles": macs * passes / (R * C),
+        "roofline_cycles": macs * passes / (R * C) * core_cycles_per(base, "matrix"),
         "time_us": compute / (base.clock_ghz * 1e3),
         "clock_ghz": base.clock_ghz,
         "wall_seconds": time.perf_counter() - t_start,

@@ -24,11 +24,23 @@ bit. Every constant is a config key. In cycles:
   mode holds the engine that long; pipelined mode holds the array for ``S' = max(S,
   matrix.min_interval_cycles)`` of streaming (`matmul_streaming`) and overlaps the next
   preload, so back-to-back matmuls issue every ``max(L, S')`` (`matmul_interval`).
-- **VECTOR** over ``rows x cols`` elements: ``(vector.latency_cycles +
-  vector.access_cycles) + ceil(rows * cols / lanes) * cost * inputs`` (`vector_time`),
-  ``cost`` from ``[vector.op_cost.<unary|binary|reduce>]`` by function name
-  (`vector_op_cost`; per instruction of a stream: `vector_cost_factors`), ``inputs``
-  2 for a binary op with a tile second operand, else 1.
+- **VECTOR** over a tile of ``p`` partitions (rows) and ``c`` columns: one lane per
+  partition, each lane one element per cycle of a cost-1 op, so ``(vector.latency_cycles
+  + vector.access_cycles) + ceil(p / lanes) * c * cost * inputs`` (`vector_time`; the
+  part after the overhead is `vector_work`, ``ceil(p / lanes) * c`` the element groups,
+  `vector_groups`): a 1-partition tile runs on one lane, 128 times slower per element
+  than a 128-partition one on 128 lanes. ``cost`` comes from
+  ``[vector.op_cost.<unary|binary|reduce>]`` by function name (`vector_op_cost`; per
+  instruction of a stream: `vector_cost_factors`), ``inputs`` is 2 for a binary op with
+  a tile second operand, else 1.
+
+Clocks. The constants above are in each engine's own cycles: matrix keys in cycles of
+the matrix engine's clock (``matrix.clock_ghz``), vector keys in the vector engine's
+(``vector.clock_ghz``), DMA and HBM keys in core cycles. Every duration a rule returns
+is in core cycles (the top-level ``clock_ghz``, the time base of every report, trace and
+stream figure): an engine's cycles times `core_cycles_per` ``= clock_ghz /
+<engine>.clock_ghz``, applied to the whole matrix figures (``L``, ``S``, ``S'``, ``D``)
+and to the vector overhead and work.
 """
 
 from __future__ import annotations
@@ -74,8 +86,15 @@ def _float(x: Num) -> Num:
 
 def core_cycles_per(config: HardwareConfig, engine: str) -> float:
     """Core-clock cycles per cycle of `engine` ("matrix", "vector", "dma"): the factor that
-    converts an engine's own cycles to the time base every report uses."""
-    return 1.0
+    converts an engine's own cycles to the time base every report uses, ``clock_ghz /
+    <engine>.clock_ghz`` (DMA and HBM figures are in core cycles already: 1.0)."""
+    if engine == "matrix":
+        return config.clock_ghz / config.matrix.clock_ghz
+    if engine == "vector":
+        return config.clock_ghz / config.vector.clock_ghz
+    if engine == "dma":
+        return 1.0
+    raise ValueError(f"core_cycles_per: unknown engine {engine!r} (allowed: matrix, vector, dma)")
 
 
 def matmul_mapping(config: HardwareConfig, m: Num, k: Num, n: Num) -> tuple[Num, Num, Num]:
@@ -93,8 +112,9 @@ def matmul_mapping(config: HardwareConfig, m: Num, k: Num, n: Num) -> tuple[Num,
 def vector_cost_factors(
     config: HardwareConfig, opcode: np.ndarray, func: np.ndarray, flags: np.ndarray
 ) -> np.ndarray:
-    """``cost * n_inputs`` of each instruction (0 for non-vector ones): cycles per group of
-    `lanes` elements, from ``[vector.op_cost]``; a binary op with a tile second operand
+    """``cost * n_inputs`` of each instruction (0 for non-vector ones): vector-engine
+    cycles per element group (one element on each of up to `lanes` partitions), from
+    ``[vector.op_cost]``; a binary op with a tile second operand
     reads two inputs, one with a column or immediate operand reads one."""
     table = config.vector.op_cost
     factor = np.zeros(len(opcode), dtype=np.float64)
@@ -117,24 +137,29 @@ class TimingRules:
     """The closed forms of one config (see the module docstring); every method takes
     Python numbers or numpy arrays.
 
-    `preload` (L) and `drain` (D) are the matrix engine's constant parts; `dma_fixed0`
-    the fixed DMA cost before descriptors; `bw` the HBM peak bandwidth.
+    Every figure is in core cycles. `preload` (L) and `drain` (D) are the matrix
+    engine's constant parts, `vector_overhead` a vector instruction's fixed part
+    (latency + access); `matrix_cycle` / `vector_cycle` the core cycles per cycle of
+    each engine (`core_cycles_per`); `dma_fixed0` the fixed DMA cost before
+    descriptors; `bw` the HBM peak bandwidth.
     """
 
     def __init__(self, cfg: HardwareConfig):
         self.cfg = cfg
         mx = cfg.matrix
-        self.preload = float(mx.rows) if mx.dataflow in ("ws", "is") else 0.0
-        self.drain = float(mx.rows + mx.cols - 2)
+        self.matrix_cycle = core_cycles_per(cfg, "matrix")
+        self.vector_cycle = core_cycles_per(cfg, "vector")
+        self.preload = (float(mx.rows) if mx.dataflow in ("ws", "is") else 0.0) * self.matrix_cycle
+        self.drain = float(mx.rows + mx.cols - 2) * self.matrix_cycle
         self.bw = cfg.hbm.bytes_per_cycle
         self.dma_fixed0 = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
-        self.vector_overhead = cfg.vector.latency_cycles + cfg.vector.access_cycles
+        self.vector_overhead = float(cfg.vector.latency_cycles + cfg.vector.access_cycles) * self.vector_cycle
         self.pipelined = mx.mode == "pipelined"
         # the config values the rules read, looked up once (estimators call them often)
         self._per_descriptor = cfg.dma.per_descriptor_cycles
         self._efficient_chunk = cfg.dma.efficient_chunk_bytes
         self._fp32_slowdown = mx.fp32_slowdown
-        self._min_interval = mx.min_interval_cycles
+        self._min_interval = mx.min_interval_cycles * self.matrix_cycle
         self._lanes = cfg.vector.lanes
 
     # -- DMA ----------------------------------------------------------------------------
@@ -167,7 +192,7 @@ class TimingRules:
         """S: cycles streaming the dataflow's T dimension (slower with an fp32 operand)."""
         _, _, t = matmul_mapping(self.cfg, m, k, n)
         passes = _where(fp32, self._fp32_slowdown, 1)
-        return _float(t * passes)
+        return _float(t * passes) * self.matrix_cycle
 
     def matmul_streaming(self, stream: Num) -> Num:
         """S': cycles a pipelined matmul holds the array streaming (the shortest interval
@@ -198,9 +223,17 @@ class TimingRules:
         return table[fn] if default is None else table.get(fn, default)
 
     def vector_groups(self, rows: Num, cols: Num) -> Num:
-        """Groups of `lanes` elements a vector instruction over rows x cols processes."""
-        return _ceil(rows * cols / self._lanes)
+        """Element groups of a vector instruction over `rows` partitions x `cols` columns:
+        ``ceil(rows / lanes) * cols`` (a group is one element on each of up to `lanes`
+        partitions; a cost-1 op processes one group per vector-engine cycle)."""
+        return _ceil(rows / self._lanes) * cols
+
+    def vector_work(self, rows: Num, cols: Num, cost: Num, inputs: Num = 1) -> Num:
+        """A vector instruction's time after its fixed overhead, in core cycles:
+        ``vector_groups * cost * inputs`` vector-engine cycles."""
+        return self.vector_groups(rows, cols) * cost * inputs * self.vector_cycle
 
     def vector_time(self, rows: Num, cols: Num, cost: Num, inputs: Num = 1) -> Num:
-        """One vector instruction over rows x cols, `cost` cycles per group and input."""
-        return self.vector_overhead + self.vector_groups(rows, cols) * cost * inputs
+        """One vector instruction over rows x cols, `cost` vector-engine cycles per group
+        and input, in core cycles: overhead plus work."""
+        return self.vector_overhead + self.vector_work(rows, cols, cost, inputs)

@@ -28,7 +28,7 @@ dict; `write_trace(path, ...)` writes the same trace as a file (gzip when the na
   kernel boundaries; ``HBM bandwidth (GB/s)`` ({"load": x, "store": y}): each DMA moves
   its bytes at a constant rate over its whole duration; the sum, at every change.
 
-Times: ``ts``/``dur`` are microseconds (floats) at ``config.clock_ghz``, rounded to whole
+Times: ``ts``/``dur`` are microseconds (floats) at ``config.clock_ghz`` (the core clock), rounded to whole
 nanoseconds, Perfetto's resolution (it reads ``llround(ts * 1000)``): rounding is
 monotone, so slices that touch in cycles touch in the trace and none overlap partially;
 the exact cycles are in ``args``. ``displayTimeUnit`` is ``"ns"`` (current Perfetto only

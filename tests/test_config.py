@@ -43,6 +43,32 @@ def test_invalid_configs(edit, message):
         from_dict(d, "my.toml")
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["vector"].update(clock_ghz=0), "'vector.clock_ghz' must be > 0, got 0"),
+        (lambda d: d["matrix"].update(clock_ghz=0.0), "'matrix.clock_ghz' must be > 0, got 0.0"),
+        (lambda d: d["vector"].update(clock_ghz=-0.96), "'vector.clock_ghz' must be >= 0, got -0.96"),
+        (lambda d: d["matrix"].update(clock_ghz="2.4 GHz"), "'matrix.clock_ghz' must be a number, got '2.4 GHz'"),
+        (lambda d: d["vector"].pop("clock_ghz"), "missing key 'vector.clock_ghz'"),
+        (lambda d: d.update(clock_ghz=0), "'clock_ghz' must be > 0, got 0"),
+    ],
+)
+def test_bad_engine_clocks_name_the_key(edit, message):
+    d = _tiny()
+    edit(d)
+    with pytest.raises(ConfigError, match="^my.toml: " + message.replace("(", r"\(")):
+        from_dict(d, "my.toml")
+
+
+def test_engine_clocks_load():
+    cloud = load_config("cloud")
+    assert (cloud.clock_ghz, cloud.matrix.clock_ghz, cloud.vector.clock_ghz) == (2.4, 2.4, 0.96)
+    for name in ("tiny", "edge"):
+        cfg = load_config(name)
+        assert cfg.matrix.clock_ghz == cfg.vector.clock_ghz == cfg.clock_ghz
+
+
 def test_unknown_target():
     with pytest.raises(ConfigError, match="unknown target 'huge' \\(presets: cloud, edge, tiny"):
         load_config("huge")

@@ -488,26 +488,29 @@ def timing(stream: np.ndarray, cfg: HardwareConfig = TINY) -> SimResult:
 def test_single_instruction_durations(preset):
     cfg = load_config(preset)
     R, C, P = cfg.matrix.rows, cfg.matrix.cols, cfg.sram.partitions
-    lanes, lat = cfg.vector.lanes, cfg.vector.latency_cycles + cfg.vector.access_cycles
+    lanes = cfg.vector.lanes
+    # each engine's cycles in core cycles (the time base): matrix mc, vector vc per cycle
+    mc, vc = cfg.clock_ghz / cfg.matrix.clock_ghz, cfg.clock_ghz / cfg.vector.clock_ghz
+    lat = (cfg.vector.latency_cycles + cfg.vector.access_cycles) * vc
     unary, binary, reduce = (getattr(cfg.vector.op_cost, k) for k in ("unary", "binary", "reduce"))
+
+    def vec(rows, cols, cost):  # the lane rule: one lane per partition
+        return lat + math.ceil(rows / lanes) * cols * cost * vc
+
     cases = [
         (load(0, P, 100), dma_cycles(cfg, P, 100, 4)),
         (store(0, 3, 50, DType.BF16), dma_cycles(cfg, 3, 50, 2)),
-        (matmul(7, R, C, DType.BF16), 2 * R + C - 2 + 7),
-        (matmul(7, R, C, DType.F32), 2 * R + C - 2 + 7 * cfg.matrix.fp32_slowdown),
-        (matmul(1, 1, 1, DType.BF16), 2 * R + C - 2 + 1),
-        (vector(Opcode.VEC_UNARY, UnaryFn.RELU, P, 33),
-         lat + math.ceil(P * 33 / lanes) * unary["relu"]),
-        (vector(Opcode.VEC_UNARY, UnaryFn.EXP, P, 33), lat + math.ceil(P * 33 / lanes) * unary["exp"]),
-        (vector(Opcode.VEC_BINARY, BinaryFn.ADD, P, 33, b=(Mem.SRAM, 0, 256)),
-         lat + math.ceil(P * 33 / lanes) * 2 * binary["add"]),
-        (vector(Opcode.VEC_BINARY, BinaryFn.DIV, P, 33, b=(Mem.SRAM, 0, 256)),
-         lat + math.ceil(P * 33 / lanes) * 2 * binary["div"]),
+        (matmul(7, R, C, DType.BF16), (2 * R + C - 2 + 7) * mc),
+        (matmul(7, R, C, DType.F32), (2 * R + C - 2 + 7 * cfg.matrix.fp32_slowdown) * mc),
+        (matmul(1, 1, 1, DType.BF16), (2 * R + C - 2 + 1) * mc),
+        (vector(Opcode.VEC_UNARY, UnaryFn.RELU, P, 33), vec(P, 33, unary["relu"])),
+        (vector(Opcode.VEC_UNARY, UnaryFn.EXP, P, 33), vec(P, 33, unary["exp"])),
+        (vector(Opcode.VEC_BINARY, BinaryFn.ADD, P, 33, b=(Mem.SRAM, 0, 256)), vec(P, 33, 2 * binary["add"])),
+        (vector(Opcode.VEC_BINARY, BinaryFn.DIV, P, 33, b=(Mem.SRAM, 0, 256)), vec(P, 33, 2 * binary["div"])),
         (vector(Opcode.VEC_BINARY, BinaryFn.MUL, 3, 5, flags=Flag.B_COLUMN, b=(Mem.SRAM, 0, 256)),
-         lat + math.ceil(15 / lanes) * binary["mul"]),
-        (vector(Opcode.VEC_BINARY, BinaryFn.POW, 3, 5, flags=Flag.B_IMM, imm=2.0),
-         lat + math.ceil(15 / lanes) * binary["pow"]),
-        (vector(Opcode.VEC_REDUCE, ReduceFn.SUM, P, 64), lat + math.ceil(P * 64 / lanes) * reduce["sum"]),
+         vec(3, 5, binary["mul"])),
+        (vector(Opcode.VEC_BINARY, BinaryFn.POW, 3, 5, flags=Flag.B_IMM, imm=2.0), vec(3, 5, binary["pow"])),
+        (vector(Opcode.VEC_REDUCE, ReduceFn.SUM, P, 64), vec(P, 64, reduce["sum"])),
     ]
     for instr, cycles in cases:
         r = timing(program(instr), cfg)
@@ -660,14 +663,16 @@ def closed_form(cfg: HardwareConfig, rec) -> tuple[float, float, float]:
         R, C = cfg.matrix.rows, cfg.matrix.cols
         slow = cfg.matrix.fp32_slowdown if DType.F32 in (rec["a_dtype"], rec["b_dtype"]) else 1
         t = {"ws": rows, "os": k, "is": cols}[cfg.matrix.dataflow]
-        return (R if cfg.matrix.dataflow != "os" else 0), t * slow, R + C - 2
+        mc = cfg.clock_ghz / cfg.matrix.clock_ghz  # core cycles per matrix cycle
+        return (R if cfg.matrix.dataflow != "os" else 0) * mc, t * slow * mc, (R + C - 2) * mc
     func, flags = int(rec["func"]), int(rec["flags"])
     kind = {Opcode.VEC_UNARY: ("unary", UnaryFn), Opcode.VEC_BINARY: ("binary", BinaryFn),
             Opcode.VEC_REDUCE: ("reduce", ReduceFn)}[Opcode(op)]
     cost = getattr(cfg.vector.op_cost, kind[0])[kind[1](func).name.lower()]
     n_in = 2 if op == Opcode.VEC_BINARY and not flags & (Flag.B_COLUMN | Flag.B_IMM) else 1
+    vc = cfg.clock_ghz / cfg.vector.clock_ghz  # core cycles per vector cycle
     return (cfg.vector.latency_cycles + cfg.vector.access_cycles
-            + math.ceil(rows * cols / cfg.vector.lanes) * cost * n_in), 0.0, 0.0
+            + math.ceil(rows / cfg.vector.lanes) * cols * cost * n_in) * vc, 0.0, 0.0
 
 
 def processor_sharing(joins: list[tuple[float, int, float]]) -> dict[int, float]:

@@ -52,7 +52,7 @@ from tilecc.simulator import isa
 from tilecc.simulator.config import HardwareConfig, load_config
 from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, Opcode, ReduceFn, UnaryFn
 from tilecc.simulator.machine import simulate
-from tilecc.simulator.timing import TimingRules, matmul_mapping
+from tilecc.simulator.timing import TimingRules, core_cycles_per, matmul_mapping
 
 KERNELS = Path(__file__).resolve().parent.parent / "examples" / "kernels"
 TARGETS = ("tiny", "cloud")
@@ -155,7 +155,132 @@ def test_one_vector_op_costs_its_closed_form(
     _, end = _charged(_stream(op), cfg)
     cost = rules.vector_op_cost(kind, name)
     assert end[0] == rules.vector_time(rows, cols, cost, inputs)
-    assert end[0] == rules.vector_overhead + -(-rows * cols // cfg.vector.lanes) * cost * inputs
+    # the lane rule: ceil(partitions / lanes) * columns groups, in vector cycles converted to core cycles
+    per = core_cycles_per(cfg, "vector")
+    assert end[0] == rules.vector_overhead + -(-rows // cfg.vector.lanes) * cols * cost * inputs * per
+
+
+def _exp_on(cfg: HardwareConfig, partitions: int, cols: int, fn: UnaryFn = UnaryFn.EXP) -> float:
+    """Simulated cycles of one unary vector instruction over `partitions` x `cols` (SRAM, f32)."""
+    op = dict(opcode=Opcode.VEC_UNARY, func=fn, rows=partitions, cols=cols, a_mem=Mem.SRAM, a_dtype=DType.F32,
+              o_mem=Mem.SRAM, o_dtype=DType.F32, o_addr=4096)
+    return float(_charged(_stream(op), cfg)[1][0])
+
+
+@pytest.mark.parametrize(
+    "target, lanes, partitions, want",
+    [
+        # cloud: 128 lanes, exp costs 1 VectorE cycle, overhead 16 + 60 VectorE cycles,
+        # 2.4 / 0.96 = 2.5 core cycles per VectorE cycle: (76 + 1 * 64 * 1) * 2.5
+        ("cloud", None, 1, 350.0),
+        ("cloud", None, 32, 350.0),
+        ("cloud", None, 128, 350.0),
+        # tiny: 16 lanes (and 16 partitions), exp costs 4, overhead 8 + 8, one clock: 16 + 1 * 64 * 4
+        ("tiny", None, 1, 272.0),
+        ("tiny", None, 8, 272.0),
+        ("tiny", None, 16, 272.0),
+        # tiny with 8 lanes: 16 partitions take two passes over the lanes, 16 + 2 * 64 * 4
+        ("tiny", 8, 1, 272.0),
+        ("tiny", 8, 8, 272.0),
+        ("tiny", 8, 16, 528.0),
+    ],
+)
+def test_the_lane_rule_one_lane_per_partition(target: str, lanes: int | None, partitions: int, want: float) -> None:
+    """A tile on p partitions runs on ceil(p / lanes) passes of the lanes, whatever p
+    leaves idle: 1 partition costs what `lanes` partitions cost (per element, `lanes`
+    times slower)."""
+    cfg = _config(target)
+    if lanes is not None:
+        cfg = dataclasses.replace(cfg, vector=dataclasses.replace(cfg.vector, lanes=lanes))
+    assert _exp_on(cfg, partitions, 64) == want
+    assert TimingRules(cfg).vector_time(partitions, 64, cfg.vector.op_cost.unary["exp"]) == want
+
+
+def test_the_lane_rule_beyond_the_lanes() -> None:
+    """The rule itself for more partitions than lanes (tiny has as many of each), by hand:
+    32 partitions on 16 lanes are 2 passes: 16 + 2 * 64 * 4; 33 are 3."""
+    rules = TimingRules(load_config("tiny"))
+    assert rules.vector_groups(32, 64) == 128
+    assert rules.vector_time(32, 64, 4.0) == 528.0
+    assert rules.vector_time(33, 64, 4.0) == 784.0
+    assert rules.vector_time(1, 64, 1.0, inputs=2) == 16.0 + 128.0
+
+
+def _clocks(target: str, matrix: float | None = None, vector: float | None = None) -> HardwareConfig:
+    cfg = load_config(target)
+    if matrix is not None:
+        cfg = dataclasses.replace(cfg, matrix=dataclasses.replace(cfg.matrix, clock_ghz=matrix))
+    if vector is not None:
+        cfg = dataclasses.replace(cfg, vector=dataclasses.replace(cfg.vector, clock_ghz=vector))
+    return cfg
+
+
+def test_vector_clock_scales_vector_time_exactly() -> None:
+    """cloud exp over 128 x 64: (76 + 64) VectorE cycles; at 0.96 GHz (2.5 core cycles
+    each at 2.4 GHz) 350, at 0.48 GHz (5.0) 700, at 1.2 GHz (2.0) 280, at the core clock 140."""
+    assert _exp_on(_clocks("cloud"), 128, 64) == 350.0
+    assert _exp_on(_clocks("cloud", vector=0.48), 128, 64) == 700.0
+    assert _exp_on(_clocks("cloud", vector=1.2), 128, 64) == 280.0
+    assert _exp_on(_clocks("cloud", vector=2.4), 128, 64) == 140.0
+
+
+def test_matrix_time_is_independent_of_the_vector_clock_and_scales_with_its_own() -> None:
+    """A compatible-mode cloud matmul (WS, M = 5) holds the array 2R + C - 2 + M = 387
+    TensorE cycles: 387 core cycles at 2.4 GHz whatever the vector clock, 774 at 1.2 GHz."""
+    mm = dict(opcode=Opcode.MATMUL, rows=5, cols=9, k=7, a_mem=Mem.SRAM, a_dtype=DType.BF16, b_mem=Mem.SRAM,
+              b_dtype=DType.BF16, b_addr=512, o_mem=Mem.ACC, o_dtype=DType.F32)
+
+    def matmul_end(**clocks: float) -> float:
+        cfg = _clocks("cloud", **clocks)
+        cfg = dataclasses.replace(cfg, matrix=dataclasses.replace(cfg.matrix, mode="compatible"))
+        return float(_charged(_stream(mm), cfg)[1][0])
+
+    assert matmul_end() == matmul_end(vector=0.3) == 387.0
+    assert matmul_end(matrix=1.2) == 774.0
+    assert matmul_end(matrix=1.2, vector=0.3) == 774.0
+    # pipelined at 1.2 GHz: L = R = 128, S' = max(M, 4) = 5, D = R + C - 2 = 254 TensorE
+    # cycles, 2 core cycles each; with M = 1 the 4-cycle minimum interval holds
+    rules = TimingRules(_clocks("cloud", matrix=1.2))
+    assert (rules.preload, rules.matmul_streaming(rules.matmul_stream(5, 7, 9, False)), rules.drain) == (256.0, 10.0,
+                                                                                                        508.0)
+    assert rules.matmul_streaming(rules.matmul_stream(1, 7, 9, False)) == 8.0  # min interval 4 TensorE cycles
+
+
+def test_odd_clocks_keep_the_machine_and_the_rules_equal() -> None:
+    """With clocks whose ratios are not whole numbers the machine still charges the rules
+    bit for bit (tiny at 1 GHz, matrix 0.7 GHz, vector 0.45 GHz)."""
+    cfg = _clocks("tiny", matrix=0.7, vector=0.45)
+    rules = TimingRules(cfg)
+    mm = dict(opcode=Opcode.MATMUL, rows=5, cols=9, k=7, a_mem=Mem.SRAM, a_dtype=DType.BF16, b_mem=Mem.SRAM,
+              b_dtype=DType.BF16, b_addr=512, o_mem=Mem.ACC, o_dtype=DType.F32)
+    _, end = _charged(_stream(mm, mm), cfg)
+    stream = rules.matmul_stream(5, 7, 9, False)
+    L, S1 = rules.preload, rules.matmul_streaming(stream)  # the second streams from max(2L, L + S')
+    assert end[0] == rules.matmul_latency(stream)
+    assert end[1] == max(L + L, L + S1) + rules.matmul_result_after_streaming(stream)
+    assert end[1] - end[0] == pytest.approx(rules.matmul_interval(stream))
+    assert _exp_on(cfg, 3, 50) == rules.vector_time(3, 50, cfg.vector.op_cost.unary["exp"])
+    assert _exp_on(cfg, 3, 50) == pytest.approx((16 + 50 * 4) / 0.45)
+
+
+def test_reports_and_traces_count_time_at_the_core_clock() -> None:
+    """Cycles are core cycles: the report's and the trace's microseconds divide them by
+    the top-level clock_ghz, never by an engine's clock."""
+    from tilecc.runtime.report import make_report, stream_work
+    from tilecc.simulator.trace import chrome_trace
+
+    cfg = _clocks("cloud", vector=0.48)
+    op = dict(opcode=Opcode.VEC_UNARY, func=UnaryFn.EXP, rows=128, cols=64, a_mem=Mem.SRAM, a_dtype=DType.F32,
+              o_mem=Mem.SRAM, o_dtype=DType.F32, o_addr=4096)
+    stream = _stream(op)
+    sim = simulate(stream, cfg, None, functional=False)
+    assert sim.cycles == 700.0  # (76 + 64) VectorE cycles at 0.48 GHz, 5 core cycles each
+    rep = make_report(sim, {**stream_work(stream, cfg), "compulsory_hbm_bytes": 0.0}, cfg, 0.0)
+    assert rep.time_us == pytest.approx(700.0 / 2400.0)  # 700 cycles at 2.4 GHz: 0.2917 us
+    assert sim.start is not None and sim.end is not None
+    trace = chrome_trace(stream, cfg, sim.start, sim.end)
+    (slice_,) = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "kernel"]
+    assert slice_["dur"] == pytest.approx(0.292, abs=1e-3)  # us, rounded to whole ns
 
 
 def test_the_rules_take_arrays_and_numbers_alike() -> None:

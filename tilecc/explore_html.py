@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from tilecc.explore import STAGES, Exploration, pass_diff
+from tilecc.simulator.timing import core_cycles_per
 
 MAX_STAGE_LINES = 4000  # per stage column; the rest is summarised
 MAX_TIMELINE_RECTS = 20000
@@ -210,14 +211,15 @@ def kernel_figures(ex: Exploration) -> list[dict]:
         macs = w["macs_bf16"] + w["macs_fp32"]
         rows.append({"kernel": name, "cycles": float(cycles.get(name, 0)), "macs": macs,
                      "hbm_bytes": w["hbm_bytes"], "fp32": w["macs_fp32"] > 0,
-                     "vector_cycles": w["vector_element_cycles"] / cfg.vector.lanes})
+                     "vector_cycles": w["vector_element_cycles"] / cfg.vector.lanes
+                     * core_cycles_per(cfg, "vector")})
     return rows
 
 
 def _roofline(ex: Exploration) -> str:
     cfg = ex.program.config
     rows = kernel_figures(ex)
-    peak = cfg.matrix.rows * cfg.matrix.cols
+    peak = cfg.matrix.rows * cfg.matrix.cols / core_cycles_per(cfg, "matrix")  # MACs per core cycle
     peak32 = peak / cfg.matrix.fp32_slowdown
     bw = cfg.hbm.bytes_per_cycle
     pts = [r for r in rows if r["macs"] > 0 and r["hbm_bytes"] > 0 and r["cycles"] > 0]

@@ -91,7 +91,8 @@ class _Cost:
         return None
 
     def op_cost(self, op: Operation) -> float:
-        """Cycles per group of `lanes` elements (`[vector.op_cost]`, as the simulator)."""
+        """Vector-engine cycles per element group (one element on each of up to `lanes`
+        partitions; `[vector.op_cost]`, as the simulator)."""
         if isinstance(op, tile.UnaryOp):
             return self.rules.vector_op_cost("unary", op.fn.data, 1)
         if isinstance(op, tile.ReduceOp):

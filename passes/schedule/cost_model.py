@@ -3,11 +3,14 @@
 `estimate(problem, schedule, cfg)` follows the kernel's structure (`passes/graph_to_tile/matmul.py`)
 with the simulator's closed forms (`simulator.timing`):
 
+Every figure is in core cycles (the rules convert each engine's own cycles).
+
 - matrix: a pipelined engine accepts the next matmul when the previous one starts
   streaming and preloads in the background, so back-to-back matmuls issue every
-  ``max(preload, max(T * passes, min_interval))`` cycles (T the streamed dimension of
-  the dataflow); a result is ready ``preload + T * passes + R + C - 2`` after issue.
-  Compatible mode holds the engine for ``preload + stream + drain`` per matmul.
+  ``max(preload, max(T * passes, min_interval))`` matrix cycles (T the streamed
+  dimension of the dataflow); a result is ready ``preload + T * passes + R + C - 2``
+  after issue. Compatible mode holds the engine for ``preload + stream + drain`` per
+  matmul.
 - DMA: ``F + bytes / bandwidth`` per transfer, ``F = latency + hbm latency +
   descriptors * per_descriptor`` (bandwidth scaled by the short-chunk efficiency), one
   transfer at a time per queue, transfers in flight sharing HBM. HBM idles only while
@@ -19,7 +22,8 @@ with the simulator's closed forms (`simulator.timing`):
   Unstaggered queues moving equal tiles start and end together (processor sharing)
   and leave HBM idle for F every round: at least ``tiles per queue * (F + Q * tile
   time)``.
-- vector: ``latency + access + ceil(elements / lanes) * op_cost`` per copy.
+- vector: ``latency + access + ceil(partitions / lanes) * columns * op_cost`` vector
+  cycles per copy.
 
 The kernel is a pipeline over its n-chunks (in block order, every batch), simulated
 chunk by chunk (runs of equal chunks and blocks extrapolated): the loads of chunk i
@@ -95,7 +99,7 @@ class Timing(TimingRules):
 
     def vector(self, rows: int, cols: int, cost: float, ops: int) -> float:
         """`ops` vector instructions over rows x cols costing `cost` per element in all."""
-        return ops * self.vector_overhead + self.vector_groups(rows, cols) * cost
+        return ops * self.vector_overhead + self.vector_work(rows, cols, cost)
 
     def evac(self, p: MatmulProblem, rows: int, cols: int) -> float:
         """One evacuation (the copy, or a fused epilogue)."""

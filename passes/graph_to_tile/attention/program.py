@@ -360,12 +360,14 @@ class HeadProgram:
             tiles = [km for ch in chunks1 for km in ch]
             t_set = {km[0] for ch in chunks1[len(chunks1) - n_t:] for km in ch} if n_t else set()
             for k, mid in tiles:
-                el = tm.vector_groups(p.ks(k), qs)
+                ks = p.ks(k)
                 masked = (mid is not None) + p.has_mask
-                vec += el * (costs.reduce["max"] + costs.unary["exp"]) + over / p.G + over / p.W1
+                # max over S [qs x ks], exp over S^T [ks x qs] (the lane rule: partitions first)
+                vec += (tm.vector_work(qs, ks, costs.reduce["max"]) + tm.vector_work(ks, qs, costs.unary["exp"])
+                        + over / p.G + over / p.W1)
                 if k in t_set:
                     mm += mmc * (nd + 1 + pv + masked)
-                    vec += el * costs.binary["sub"] + over / p.W1
+                    vec += tm.vector_work(qs, ks, costs.binary["sub"]) + over / p.W1
                 else:
                     mm += mmc * (2 * nd + fold + pv + 2 * masked)
             if len(t_set) < len(tiles):

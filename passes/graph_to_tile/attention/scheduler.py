@@ -257,9 +257,9 @@ def replay(order: Order, tm: AttentionTiming, queues: int, init: ScheduleInit) -
                         f = max(t + tm.preload, stream_free)
                         free[e] = f
                         stream_free = f + tm.matmul_streaming(o.a)
-                        end[k] = f + o.a + tm.drain
+                        end[k] = f + tm.matmul_result_after_streaming(o.a)
                     elif e == MAT:
-                        end[k] = free[e] = t + tm.preload + o.a + tm.drain
+                        end[k] = free[e] = t + tm.matmul_latency(o.a)
                     else:
                         end[k] = free[e] = t + o.a
         # the next HBM event: a transfer joins or the first one in flight finishes
@@ -369,9 +369,9 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
                 f = max(t + tm.preload, stream_free)
                 free[MAT] = f
                 stream_free = f + tm.matmul_streaming(o.a)
-                e = f + o.a + tm.drain
+                e = f + tm.matmul_result_after_streaming(o.a)
             else:
-                e = free[MAT] = t + tm.preload + o.a + tm.drain
+                e = free[MAT] = t + tm.matmul_latency(o.a)
         else:
             ready[e_].remove(i)
             e = free[VEC] = t + o.a

@@ -9,7 +9,7 @@ lane group times inputs, column-sized or not). For example (``cloud``)::
 
     y = x + z : [4096 x 4096] bf16      vector_steps = [(2.0, False)]   (a binary op, two tiles)
       -> choose_tiles(cfg, (4096, 4096), 128, col_candidates(4096), budget, [2, 2], [2], 0, steps)
-         = (673688.4, 512, 3)            tiles 128 x 512, loads and stores buffered x3
+         = (689102.2, 2048, 2)           tiles 128 x 2048, loads and stores buffered x2
 """
 
 from __future__ import annotations
