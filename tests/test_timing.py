@@ -304,11 +304,17 @@ def test_gemm_api():
 # ----------------------------------------------------------------------------- DMA
 
 
-def dma_alone(cfg: HardwareConfig, rows: int, cols: int, isz: int, contiguous: bool = True) -> float:
-    descriptors, chunk = (rows, cols * isz) if contiguous else (rows * cols, isz)
-    eff = min(1.0, chunk / cfg.dma.efficient_chunk_bytes)
+def dma_alone(cfg: HardwareConfig, rows: int, cols: int, isz: int, pattern: str = "contiguous") -> float:
+    """A DMA alone, by hand: its descriptors and contiguous bytes per partition (chunk)
+    by access pattern, its rate the engines it spans at the chunk-derated engine peak,
+    at most the HBM peak."""
+    descriptors, chunk = {"contiguous": (rows, cols * isz), "transpose": (cols, rows * isz),
+                          "strided": (rows * cols, isz)}[pattern]
+    engines = min(cfg.dma.engines, rows)
+    rate = min(cfg.hbm.bytes_per_cycle,
+               engines * cfg.dma.engine_bytes_per_cycle * min(1.0, chunk / cfg.dma.efficient_chunk_bytes))
     return (cfg.dma.latency_cycles + cfg.hbm.latency_cycles + descriptors * cfg.dma.per_descriptor_cycles
-            + rows * cols * isz / (cfg.hbm.bytes_per_cycle * eff))
+            + rows * cols * isz / rate)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "edge", "cloud"])
@@ -319,20 +325,28 @@ def test_dma_closed_form(preset):
         isz = isa.ITEMSIZE[dtype]
         r = timing(program(load(rows, cols, dtype)), cfg)
         assert r.cycles == pytest.approx(dma_alone(cfg, rows, cols, isz))
-        # the same tile read transposed (column stride != 1): one chunk per element
+        # the same tile read from a transposed view (row stride 1, column stride > 1): a
+        # DMA transpose for a 2-byte dtype (one descriptor per column), else one per element
         t = timing(program(load(rows, cols, dtype, cs=max(rows, 2), rs=1)), cfg)
-        assert t.cycles == pytest.approx(dma_alone(cfg, rows, cols, isz, contiguous=False))
+        pattern = "transpose" if isz == 2 else "strided"
+        assert t.cycles == pytest.approx(dma_alone(cfg, rows, cols, isz, pattern))
         assert t.cycles > r.cycles
 
 
 def test_short_chunks_are_slow():
-    cfg = TINY  # 64-byte efficient chunk
+    cfg = TINY  # 64-byte efficient chunk, 2 engines of 19.2 B/cycle, HBM 32 B/cycle
     contiguous = timing(program(load(16, 64))).cycles  # 128-byte rows
-    short = timing(program(load(16, 16))).cycles  # 32-byte rows: half the bandwidth
-    strided = timing(program(load(16, 64, cs=16, rs=1))).cycles
+    short = timing(program(load(16, 16))).cycles  # 32-byte rows: each engine at half its peak
     fixed = cfg.dma.latency_cycles + cfg.hbm.latency_cycles + 16 * cfg.dma.per_descriptor_cycles
-    assert short - fixed == pytest.approx(16 * 32 / (cfg.hbm.bytes_per_cycle / 2))
-    assert strided > 4 * contiguous
+    assert short - fixed == pytest.approx(16 * 32 / 19.2)  # 2 engines x 19.2 x 32/64 B/cycle
+    # bf16 read from a transposed view: a DMA transpose, one 32-byte column run per
+    # descriptor (64 of them); an element-strided view: 1024 descriptors of 2 bytes
+    transpose = timing(program(load(16, 64, cs=16, rs=1))).cycles
+    strided = timing(program(load(16, 64, cs=16, rs=2))).cycles
+    base = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
+    assert transpose == pytest.approx(base + 64 * 1.0 + 16 * 64 * 2 / 19.2)
+    assert strided == pytest.approx(base + 1024 * 1.0 + 16 * 64 * 2 / (2 * 19.2 * 2 / 64))
+    assert contiguous < transpose < strided / 5
 
 
 def test_two_concurrent_dmas_take_twice_as_long():
@@ -348,8 +362,11 @@ def test_two_concurrent_dmas_take_twice_as_long():
 def test_finish_times_are_recomputed_on_every_join_and_leave():
     """Three transfers of alone-times 100, 200, 300 joining at 0, 30, 60 (after fixed
     parts made equal): shares 1, 1/2, 1/3 as they come and go."""
+    # engines as fast as HBM, so that even the 1-row transfer runs at the HBM peak alone
+    # and every transfer in flight gets 1/n (n full-rate transfers)
     cfg = dataclasses.replace(
-        tall(TINY), dma=dataclasses.replace(TINY.dma, queues=3, latency_cycles=0, per_descriptor_cycles=1.0),
+        tall(TINY), dma=dataclasses.replace(TINY.dma, queues=3, latency_cycles=0, per_descriptor_cycles=1.0,
+                                            engine_bytes_per_cycle=TINY.hbm.bytes_per_cycle),
         hbm=dataclasses.replace(TINY.hbm, latency_cycles=0),
     )
     bpc = cfg.hbm.bytes_per_cycle
