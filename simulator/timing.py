@@ -219,6 +219,15 @@ class TimingRules:
         (exactly 1 for a full-rate one)."""
         return rate / self.bw
 
+    def dma_occupancy(self, rows: Num, cols: Num, itemsize: Num, pattern: Num = DmaPattern.CONTIGUOUS) -> Num:
+        """The cycles of the shared DMA system (HBM or the engines, whichever the transfer
+        fills more) a transfer takes: its time alone times ``max(rate / hbm.bytes_per_cycle,
+        n_eng / dma.engines)``. Transfers in flight together take at least the sum of
+        theirs (the transfer time alone for a full-rate one)."""
+        rate = self.dma_rate(rows, cols, itemsize, pattern)
+        fill = _maximum(self.dma_hbm_share(rate), self.dma_engines(rows) / self._engines)
+        return rows * cols * itemsize / rate * fill
+
     def dma_slowdown(self, hbm_shares: list[float], engines: list[int]) -> float:
         """How many times slower than alone the transfers in flight all progress, from
         their `dma_hbm_share` and `dma_engines`: ``max(1, sum(rate_i) / hbm.bytes_per_cycle,
