@@ -117,6 +117,10 @@ def _tiny_dict() -> dict:
         (lambda d: d["matrix"].update(min_interval_cycles=0),
          "'matrix.min_interval_cycles' must be > 0"),
         (lambda d: d["dma"].update(efficient_chunk_bytes=0), "'dma.efficient_chunk_bytes' must be > 0"),
+        (lambda d: d["dma"].update(engines=0), "'dma.engines' must be > 0, got 0"),
+        (lambda d: d["dma"].update(engines=2.5), "'dma.engines' must be an integer, got 2.5"),
+        (lambda d: d["dma"].update(engine_bytes_per_cycle=0.0), "'dma.engine_bytes_per_cycle' must be > 0, got 0.0"),
+        (lambda d: d["dma"].pop("engines"), "missing key 'dma.engines'"),
         (lambda d: d["dma"].pop("per_descriptor_cycles"), "missing key 'dma.per_descriptor_cycles'"),
         (lambda d: d["vector"]["op_cost"]["unary"].update(expm1=3),
          "unknown operation 'vector.op_cost.unary.expm1' (allowed in this table: copy, relu"),
@@ -142,7 +146,7 @@ def test_presets_default_to_pipelined_weight_stationary(name):
     cfg = load_config(name)
     assert (cfg.matrix.mode, cfg.matrix.dataflow) == ("pipelined", "ws")
     text = (PRESET_DIR / f"{name}.toml").read_text()
-    for key in ("mode", "dataflow", "min_interval_cycles", "efficient_chunk_bytes",
+    for key in ("mode", "dataflow", "min_interval_cycles", "efficient_chunk_bytes", "engines", "engine_bytes_per_cycle",
                 "per_descriptor_cycles", "access_cycles", "pj_per_acc_byte"):
         line = next(ln for ln in text.splitlines() if ln.startswith(key))
         assert "#" in line, f"{name}: '{key}' has no comment with its unit or source"

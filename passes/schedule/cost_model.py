@@ -8,9 +8,11 @@ with the simulator's closed forms (`simulator.timing`):
   ``max(preload, max(T * passes, min_interval))`` cycles (T the streamed dimension of
   the dataflow); a result is ready ``preload + T * passes + R + C - 2`` after issue.
   Compatible mode holds the engine for ``preload + stream + drain`` per matmul.
-- DMA: ``F + bytes / bandwidth`` per transfer, ``F = latency + hbm latency +
-  descriptors * per_descriptor`` (bandwidth scaled by the short-chunk efficiency), one
-  transfer at a time per queue, transfers in flight sharing HBM. HBM idles only while
+- DMA: ``F + bytes / rate`` per transfer, ``F = latency + hbm latency +
+  descriptors * per_descriptor`` (``rate``: `TimingRules.dma_rate`, the engines the
+  tile's rows span at the short-chunk-derated engine peak, at most HBM's), one
+  transfer at a time per queue, transfers in flight sharing the engines and HBM (a
+  chunk's transfers take at least the sum of their `TimingRules.dma_occupancy`). HBM idles only while
   every B queue is in its fixed part: with independent phases each queue is there a
   fraction ``phi = F / (F + stretched transfer)`` of the time, which solves ``phi =
   (1 - phi**Q) * F / (Q * tile time)`` (bisection), so a chunk's transfers take
