@@ -109,12 +109,14 @@ class _Cost:
 
     def dma_sharing(self, op: Operation) -> tuple[float, int]:
         """(fraction of the HBM peak, DMA engines) a DMA takes alone: what sharing counts."""
+        if not isinstance(op, (tile.LoadOp, tile.StoreOp)):
+            raise CompileError(f"{op.name} is not a DMA")
         rows, cols = _const(op.rows), _const(op.cols)
         rate = self.rules.dma_rate(rows, cols, self._itemsize(op))
         return self.rules.dma_hbm_share(rate), self.rules.dma_engines(rows)
 
     @staticmethod
-    def _itemsize(op: Operation) -> int:
+    def _itemsize(op: tile.LoadOp | tile.StoreOp) -> int:
         onchip = op.dst if isinstance(op, tile.LoadOp) else op.src
         return ITEM.get(str(getattr(onchip.type, "element_type", "f32")), 4)
 
