@@ -146,7 +146,7 @@ def test_the_schedule_estimate_is_the_simulated_time(target, S, D, rel):
     """The scheduler's estimate of a straight-line kernel (flash attention: every loop
     unrolled) follows the simulator's timing model: with the plain priority it is the
     simulated time to within 1 % on tiny, 3 % on cloud. (Measured 1.021 on cloud, was
-    1.005 before DMA rates followed the NKI guidance: its 128-byte rows now move at 1/32
+    1.005 before DMA rates followed the NKI guidance: its 256-byte rows now move at 1/16
     of an engine's peak and each DMA pays 3120 fixed cycles, so DMAs dominate and the
     list schedule's own error shows; the sharing rule itself is followed exactly, every
     transfer here spans all 16 engines, so n of them each get 1/n as before.)"""
