@@ -51,10 +51,12 @@ class AccumulatorConfig:
 
 @dataclass(frozen=True)
 class DmaConfig:
-    queues: int
+    queues: int  # independent issue queues; they share the engines and HBM
+    engines: int  # DMA engines; a transfer runs on min(engines, partitions it spans)
+    engine_bytes_per_cycle: float  # one engine's peak, bytes per core clock cycle
     latency_cycles: int  # fixed cost of one transfer (descriptor fetch, setup), cycles
     per_descriptor_cycles: float  # cycles per descriptor (one per contiguous chunk)
-    efficient_chunk_bytes: int  # contiguous chunk size that reaches the peak bandwidth
+    efficient_chunk_bytes: int  # contiguous bytes per partition at which an engine reaches its peak
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ _POSITIVE = [
     "accumulator.partitions",
     "accumulator.bytes_per_partition",
     "dma.queues",
+    "dma.engines",
+    "dma.engine_bytes_per_cycle",
     "dma.efficient_chunk_bytes",
     "matrix.clock_ghz",
     "matrix.rows",

@@ -10,9 +10,10 @@ each in its own module:
 
 2. **Timing** (`simulator.scheduler`): a discrete-event simulation of the engine queues,
    each instruction's durations given by the closed forms of `simulator.timing` (DMA:
-   fixed part plus transfer at the short-chunk-derated bandwidth, HBM shared by the
-   transfers in flight; matrix: preload, streaming, fill and drain, pipelined or not;
-   vector: latency plus element groups times the op cost). ``BARRIER`` splits the stream
+   fixed part plus transfer at its rate alone (its engines, short-chunk-derated, at most
+   the HBM peak), the DMA engines and HBM shared by the transfers in flight; matrix:
+   preload, streaming, fill and drain, pipelined or not; vector: latency plus element
+   groups times the op cost). ``BARRIER`` splits the stream
    into kernels; a deadlock raises `DeadlockError` naming each blocked engine. With
    ``record=False`` start/end times are not kept and a timing-only run proceeds a
    chunk of whole kernels at a time.

@@ -7,11 +7,13 @@ completion (its result is ready) it adds 1 to ``signal_sem``. Events are process
 time order, so every start time is exact. Each instruction's durations come from the
 closed forms of `simulator.timing` (`durations`); on top of them:
 
-- DMA: the fixed part, then the transfer. Transfers in flight share HBM by processor
-  sharing: each of ``n`` concurrent transfers progresses at ``1/n`` of its alone rate,
-  every finish time recomputed whenever a transfer starts or ends, so HBM throughput
-  never exceeds its peak. (A short-chunk transfer occupies HBM for the bandwidth it
-  wastes.)
+- DMA: the fixed part, then the transfer. Transfers in flight share the DMA engines
+  and HBM: each progresses at ``m`` times its alone rate ``r_i`` (`TimingRules.dma_rate`),
+  ``m = 1 / max(1, sum(r_i) / hbm.bytes_per_cycle, sum(n_eng_i) / dma.engines)``
+  (`TimingRules.dma_slowdown`; ``n_eng_i`` the engines transfer i runs on), every finish
+  time recomputed whenever a transfer starts or ends, so neither HBM nor the engines
+  ever exceed their peak. ``n`` full-rate transfers each get ``1/n``; transfers that the
+  engines or short chunks limit run side by side at their own rate while the sums allow.
 - MATMUL, ``matrix.mode = "compatible"`` (SCALE-Sim): the instruction occupies the
   engine ``L + S + D`` cycles; folds do not overlap. ``"pipelined"``: the stationary
   operand is double-buffered and the array streams one matmul while the next preloads.
@@ -31,7 +33,7 @@ When no engine can progress, `DeadlockError` lists each blocked engine, its head
 instruction and the semaphores it waits on (awaited and current values). The
 schedule also measures each engine's busy cycles and its stalls (cycles its next
 instruction waited on semaphores; for DMA queues, transfer cycles lost to sharing
-HBM).
+the DMA engines and HBM).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class Durations:
     second: np.ndarray  # DMA: transfer time alone at its effective bandwidth; pipelined
     #                     matmul: streaming occupancy S' = max(S, min interval); other: 0
     third: np.ndarray  # pipelined matmul: streaming start to result ready (S + D); else 0
+    share: np.ndarray  # DMA: its rate alone as a fraction of the HBM peak; else 0
+    engines: np.ndarray  # DMA: the DMA engines its transfer runs on; else 0
 
 
 def durations(prog: DecodedProgram) -> Durations:
@@ -68,15 +72,19 @@ def durations(prog: DecodedProgram) -> Durations:
     first = np.zeros(prog.n, dtype=np.float64)
     second = np.zeros(prog.n, dtype=np.float64)
     third = np.zeros(prog.n, dtype=np.float64)
+    share = np.zeros(prog.n, dtype=np.float64)
+    engines = np.zeros(prog.n, dtype=np.int64)
 
     dma = prog.is_dma
     if dma.any():
         isz = itemsize[s["a_dtype"][dma]].astype(np.float64)
         r, c = rows[dma], cols[dma]
         # a gather copies `cols` contiguous elements per indexed row
-        contiguous = (s["hbm_cs"][dma] == 1) | (op[dma] == Opcode.DMA_GATHER)
-        first[dma] = rules.dma_fixed(rules.dma_descriptors(r, c, contiguous))
-        second[dma] = rules.dma_transfer(r, c, isz, contiguous)
+        pattern = rules.dma_pattern(s["hbm_rs"][dma], s["hbm_cs"][dma], isz, op[dma] == Opcode.DMA_GATHER)
+        first[dma] = rules.dma_fixed(rules.dma_descriptors(r, c, pattern))
+        second[dma] = rules.dma_transfer(r, c, isz, pattern)
+        share[dma] = rules.dma_hbm_share(rules.dma_rate(r, c, isz, pattern))
+        engines[dma] = rules.dma_engines(prog.rows[dma])
 
     mm = prog.is_mm
     if mm.any():
@@ -93,7 +101,7 @@ def durations(prog: DecodedProgram) -> Durations:
     if vec.any():
         factor = vector_cost_factors(cfg, op[vec], s["func"][vec], prog.flags[vec])
         first[vec] = rules.vector_time(rows[vec], cols[vec], factor)
-    return Durations(first, second, third)
+    return Durations(first, second, third, share, engines)
 
 
 @dataclass
@@ -106,7 +114,7 @@ class Schedule:
     kernels: int  # kernels scheduled (barrier-separated segments, empty ones included)
     busy: list[float]  # per engine: cycles with at least one of its instructions in flight
     semaphore_stall: list[float]  # per engine: cycles its head instruction waited on semaphores
-    hbm_stall: list[float]  # per DMA queue: transfer cycles lost to sharing HBM bandwidth
+    hbm_stall: list[float]  # per DMA queue: transfer cycles lost to sharing the engines and HBM
     hbm_busy: float  # cycles with at least one transfer on HBM
 
 
@@ -139,10 +147,11 @@ def schedule(
       the engine may preload the next one). An engine blocked on a semaphore waits in
       `waiters[sem]` until the value it needs is reached.
 
-    HBM processor sharing runs in virtual time: with `n` transfers in flight each
-    progresses at 1/n of its alone rate, so a transfer that joins at virtual time V
-    finishes when virtual time reaches ``V + alone time``; the next finish is at real
-    time ``t + (tag - V) * n``, recomputed whenever a transfer joins or leaves.
+    DMA sharing runs in virtual time: every transfer in flight progresses at ``1/k`` of
+    its alone rate, ``k = TimingRules.dma_slowdown`` of the transfers in flight (``n``
+    for n full-rate ones), so a transfer that joins at virtual time V finishes when
+    virtual time reaches ``V + alone time``; the next finish is at real time ``t +
+    (tag - V) * k``, recomputed whenever a transfer joins or leaves.
     """
     sch = _Scheduler(prog, t0, kernel0)
     if general:
@@ -230,6 +239,8 @@ class _Scheduler:
         self.first, self.second, self.third = (
             dur.first.tolist(), dur.second.tolist(), dur.third.tolist()
         )
+        self.share, self.dma_engines = dur.share.tolist(), dur.engines.tolist()
+        self.slowdown = TimingRules(prog.config).dma_slowdown
         self.eng = prog.eng.tolist()
         self._waits = s["wait_sem"], s["wait_val"]
         barriers_np = np.flatnonzero(prog.is_barrier)
@@ -277,7 +288,7 @@ class _Scheduler:
             # cycles with at least one of its instructions in flight (union of intervals)
             before = np.maximum.accumulate(np.r_[-np.inf, t[:-1]])
             busy.append(float(np.maximum(t - np.maximum(s, before), 0.0).sum()))
-            # DMA: transfer time beyond its time alone at its effective bandwidth
+            # DMA: transfer time beyond its time alone (lost to sharing engines and HBM)
             lost = (t - join[q] - self.dur.second[q]).sum() if e < n_queues else 0.0
             hbm_stall.append(float(lost))
         # HBM busy: union of the transfer intervals [join, end) of all DMAs
@@ -311,6 +322,7 @@ class _Scheduler:
         start, end, join, first, second = self.start, self.end, self.join, self.first, self.second
         prod, stride, queues, eng = self.prod, self.prod_stride, self.queues, self.eng
         n_queues, third, n_eng = self.n_queues, self.third, self.n_eng
+        share, dma_eng, slowdown = self.share, self.dma_engines, self.slowdown
         matrix, vector = n_queues, n_queues + 1
         pipelined = self.pipelined
         heappush, heappop = heapq.heappush, heapq.heappop
@@ -342,6 +354,7 @@ class _Scheduler:
             pending: list[tuple[float, int]] = []  # heap of transfers to join: (time, index)
             flying: list[tuple[float, int]] = []  # heap of transfers on HBM: (virtual tag, index)
             v_now = t_ps = 0.0  # HBM virtual time, and the real time it was last brought to
+            slow = 1.0  # the transfers in flight progress 1/slow as fast as alone
             resolved = True  # an end became known: engines may advance
             while True:
                 progress = resolved
@@ -414,15 +427,17 @@ class _Scheduler:
                 # the next HBM event: a transfer joins, or one finishes
                 if flying:
                     tag, i = flying[0]
-                    t = t_ps + (tag - v_now) * len(flying)
+                    t = t_ps + (tag - v_now) * slow
                     if pending and pending[0][0] < t:
                         t, i = heappop(pending)
-                        v_now += (t - t_ps) / len(flying)
+                        v_now += (t - t_ps) / slow
                         t_ps = join[i] = t
                         heappush(flying, (v_now + second[i], i))
+                        slow = slowdown([share[x] for _, x in flying], [dma_eng[x] for _, x in flying])
                         continue
                     heappop(flying)
                     v_now, t_ps = (tag, t) if flying else (0.0, t)
+                    slow = slowdown([share[x] for _, x in flying], [dma_eng[x] for _, x in flying])
                 elif pending:
                     jt, i = heappop(pending)
                     t = jt + second[i]
@@ -430,6 +445,7 @@ class _Scheduler:
                     if pending and pending[0][0] < t:  # another joins before it ends
                         t_ps = jt
                         flying.append((second[i], i))
+                        slow = slowdown([share[i]], [dma_eng[i]])
                         continue
                     # alone on HBM from join to end (the arithmetic of the general case)
                 else:
@@ -481,6 +497,7 @@ class _Scheduler:
         wait_sem, wait_val, n_waits = self.wait_sem, self.wait_val, self.n_waits
         sem, waiters = self.sem, self.waiters
         n_queues, n_eng, third = self.n_queues, self.n_eng, self.third
+        share, dma_eng, slowdown = self.share, self.dma_engines, self.slowdown
         matrix = n_queues
         pipelined = self.pipelined
         heappush, heappop = heapq.heappush, heapq.heappop
@@ -493,6 +510,7 @@ class _Scheduler:
         ps: list[tuple[float, int]] = []  # transfers in flight: (virtual finish tag, index)
         v_now = 0.0  # HBM virtual time
         t_ps = now  # real time at which v_now was last brought up to date
+        slow = 1.0  # the transfers in flight progress 1/slow as fast as alone
 
         def try_start(e: int, t: float) -> None:
             """Start engine e's head instruction at time t, or park e on a semaphore."""
@@ -531,13 +549,14 @@ class _Scheduler:
                 try_start(e, now)
         while True:
             if ps:
-                t = t_ps + (ps[0][0] - v_now) * len(ps)
+                t = t_ps + (ps[0][0] - v_now) * slow
                 if heap and heap[0][0] < t:
                     t, code = heappop(heap)
                 else:  # a transfer finishes: the others speed up
                     v_now, i = heappop(ps)
                     t_ps = t
                     code = 4 * i + _DONE
+                    slow = slowdown([share[x] for _, x in ps], [dma_eng[x] for _, x in ps])
                     if not ps:
                         v_now = 0.0
             elif heap:
@@ -549,9 +568,10 @@ class _Scheduler:
             e = eng[i]
             if kind == _JOIN:
                 if ps:
-                    v_now += (t - t_ps) / len(ps)
+                    v_now += (t - t_ps) / slow
                 t_ps = join[i] = t
                 heappush(ps, (v_now + second[i], i))
+                slow = slowdown([share[x] for _, x in ps], [dma_eng[x] for _, x in ps])
                 continue
             if kind == _DONE:
                 end[i] = t

@@ -30,7 +30,7 @@ class SimResult:
     in flight (a pipelined matrix engine overlaps several); `stalls[e]` splits the cycles
     an engine lost into ``semaphore`` (its next instruction could have started but waited
     on a semaphore) and, for DMA queues, ``hbm_bandwidth`` (transfer cycles beyond the
-    transfer's own time at its effective bandwidth, lost to sharing HBM with concurrent
+    transfer's own time alone, lost to sharing the DMA engines and HBM with concurrent
     transfers). ``start``/``end`` are None when the run was made with ``record=False``.
     """
 

@@ -8,14 +8,27 @@ function of the config) that takes Python numbers or numpy arrays alike and eval
 its float expression in one fixed order, so an estimate and the machine agree bit for
 bit. Every constant is a config key. In cycles:
 
-- **DMA** of ``rows x cols`` elements of ``itemsize`` bytes: a fixed part
-  ``(dma.latency_cycles + hbm.latency_cycles) + descriptors * dma.per_descriptor_cycles``
-  (`dma_fixed`), then the transfer ``rows * cols * itemsize / (hbm.bytes_per_cycle *
-  min(1, chunk / dma.efficient_chunk_bytes))`` (`dma_transfer`). A contiguous access
-  moves one chunk of ``cols * itemsize`` bytes per row (one descriptor per row); a
-  strided one moves one element per descriptor (``rows * cols`` of them). The
-  simulator shares HBM among concurrent transfers (processor sharing); the transfer
-  time here is a transfer's time alone.
+- **DMA** of ``rows x cols`` elements of ``itemsize`` bytes, ``rows`` on as many SRAM
+  partitions: a fixed part ``(dma.latency_cycles + hbm.latency_cycles) + descriptors *
+  dma.per_descriptor_cycles`` (`dma_fixed`), then the transfer ``rows * cols * itemsize
+  / rate`` (`dma_transfer`) at the transfer's rate alone (`dma_rate`)::
+
+      rate = min(hbm.bytes_per_cycle,
+                 n_eng * dma.engine_bytes_per_cycle * min(1, chunk / dma.efficient_chunk_bytes))
+      n_eng = min(dma.engines, rows)
+
+  (NKI: a transfer is spread over up to 16 DMA engines, one packet per engine per group
+  of partitions; below ~4 KiB contiguous per partition the packet rate, not HBM, limits.)
+  The access pattern (`dma_pattern`, a `DmaPattern`) sets ``chunk`` (contiguous bytes
+  per partition) and the descriptors: *contiguous* rows (HBM column stride 1, and a
+  gather's indexed rows) move ``cols * itemsize`` per row, one descriptor per row; a
+  *transpose* (a 2-byte dtype whose HBM view is transposed: row stride 1, column
+  stride > 1; the DGE transpose of ``nki.isa.dma_transpose``) reads one contiguous run
+  of ``rows * itemsize`` bytes per tile column, one descriptor per column (no published
+  throughput beyond this exists); any other *strided* pattern moves one element per
+  descriptor (``rows * cols`` of them, ``itemsize``-byte chunks). The simulator shares
+  the engines and HBM among concurrent transfers (`simulator.scheduler`); the times
+  here are a transfer's time alone.
 - **MATMUL** ``[M x K] @ [K x N]``: `matmul_mapping` lays (Sr, Sc) on the array and
   streams T (WS (K, N, M), OS (M, N, K), IS (K, M, N)); streaming takes ``S = T * p``
   (``p = matrix.fp32_slowdown`` with an fp32 operand, else 1: `matmul_stream`), the
@@ -46,6 +59,7 @@ and to the vector overhead and work.
 from __future__ import annotations
 
 import math
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
@@ -53,7 +67,7 @@ import numpy as np
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import BinaryFn, Flag, Opcode, ReduceFn, UnaryFn
 
-__all__ = ["TimingRules", "core_cycles_per", "matmul_mapping", "vector_cost_factors"]
+__all__ = ["DmaPattern", "TimingRules", "core_cycles_per", "matmul_mapping", "vector_cost_factors"]
 
 # a number or a numpy array of them: every rule takes either
 Num = Any
@@ -82,6 +96,15 @@ def _ceil(x: Num) -> Num:
 
 def _float(x: Num) -> Num:
     return x.astype(np.float64) if isinstance(x, np.ndarray) else float(x)
+
+
+class DmaPattern(IntEnum):
+    """How a DMA walks HBM (see the module docstring). The codes make a bool
+    ``contiguous`` read as before: True is CONTIGUOUS, False STRIDED."""
+
+    STRIDED = 0  # one element per descriptor
+    CONTIGUOUS = 1  # one descriptor per row of cols * itemsize bytes
+    TRANSPOSE = 2  # 2-byte dtype, transposed HBM view: one descriptor per column of rows * itemsize
 
 
 def core_cycles_per(config: HardwareConfig, engine: str) -> float:
@@ -158,33 +181,84 @@ class TimingRules:
         # the config values the rules read, looked up once (estimators call them often)
         self._per_descriptor = cfg.dma.per_descriptor_cycles
         self._efficient_chunk = cfg.dma.efficient_chunk_bytes
+        self._engines = cfg.dma.engines
+        self._engine_bw = cfg.dma.engine_bytes_per_cycle
         self._fp32_slowdown = mx.fp32_slowdown
         self._min_interval = mx.min_interval_cycles * self.matrix_cycle
         self._lanes = cfg.vector.lanes
 
     # -- DMA ----------------------------------------------------------------------------
 
-    def dma_descriptors(self, rows: Num, cols: Num, contiguous: Num = True) -> Num:
-        """Descriptors of a DMA: one per row when rows are contiguous, else one per element."""
-        return _where(contiguous, rows, rows * cols)
+    def dma_pattern(self, row_stride: Num, col_stride: Num, itemsize: Num, gather: Num = False) -> Num:
+        """The `DmaPattern` of a DMA from its HBM element strides between tile rows and
+        columns: column stride 1 (or a gather) is contiguous; row stride 1 and column
+        stride > 1 with a 2-byte dtype is a DMA transpose; anything else is strided."""
+        transpose = (row_stride == 1) & (col_stride > 1) & (itemsize == 2)
+        contiguous = (col_stride == 1) | gather
+        return _where(contiguous, int(DmaPattern.CONTIGUOUS),
+                      _where(transpose, int(DmaPattern.TRANSPOSE), int(DmaPattern.STRIDED)))
+
+    def dma_descriptors(self, rows: Num, cols: Num, pattern: Num = DmaPattern.CONTIGUOUS) -> Num:
+        """Descriptors of a DMA: one per row (contiguous), per column (transpose), else
+        one per element."""
+        return _where(pattern == DmaPattern.CONTIGUOUS, rows,
+                      _where(pattern == DmaPattern.TRANSPOSE, cols, rows * cols))
+
+    def dma_chunk(self, rows: Num, cols: Num, itemsize: Num, pattern: Num = DmaPattern.CONTIGUOUS) -> Num:
+        """Contiguous bytes per descriptor: a row (contiguous), a column (transpose), an
+        element (strided)."""
+        return _where(pattern == DmaPattern.CONTIGUOUS, cols * itemsize,
+                      _where(pattern == DmaPattern.TRANSPOSE, rows * itemsize, itemsize))
 
     def dma_fixed(self, descriptors: Num) -> Num:
         """The fixed part of a DMA: DMA and HBM latency, plus its descriptors."""
         return self.dma_fixed0 + descriptors * self._per_descriptor
 
+    def dma_engines(self, rows: Num) -> Num:
+        """DMA engines a transfer spanning `rows` partitions runs on: ``min(dma.engines, rows)``."""
+        return _minimum(self._engines, rows)
+
     def dma_efficiency(self, chunk_bytes: Num) -> Num:
-        """The fraction of the HBM peak a transfer of `chunk_bytes` contiguous chunks reaches."""
+        """The fraction of an engine's peak reached with `chunk_bytes` contiguous per
+        partition: ``min(1, chunk / dma.efficient_chunk_bytes)``."""
         return _minimum(1.0, chunk_bytes / self._efficient_chunk)
 
-    def dma_transfer(self, rows: Num, cols: Num, itemsize: Num, contiguous: Num = True) -> Num:
-        """A transfer's time alone on HBM, at the short-chunk-derated bandwidth."""
-        chunk = _where(contiguous, cols * itemsize, itemsize)
-        return rows * cols * itemsize / (self.bw * self.dma_efficiency(chunk))
+    def dma_rate(self, rows: Num, cols: Num, itemsize: Num, pattern: Num = DmaPattern.CONTIGUOUS) -> Num:
+        """Bytes per cycle of a transfer alone: its engines at the chunk-derated engine
+        peak, at most the HBM peak."""
+        chunk = self.dma_chunk(rows, cols, itemsize, pattern)
+        engines = self.dma_engines(rows) * self._engine_bw * self.dma_efficiency(chunk)
+        return _minimum(self.bw, engines)
 
-    def dma_time(self, rows: Num, cols: Num, itemsize: Num, contiguous: Num = True) -> Num:
+    def dma_transfer(self, rows: Num, cols: Num, itemsize: Num, pattern: Num = DmaPattern.CONTIGUOUS) -> Num:
+        """A transfer's time alone: its bytes at `dma_rate`."""
+        return rows * cols * itemsize / self.dma_rate(rows, cols, itemsize, pattern)
+
+    def dma_time(self, rows: Num, cols: Num, itemsize: Num, pattern: Num = DmaPattern.CONTIGUOUS) -> Num:
         """A DMA's whole time alone: fixed part plus transfer."""
-        fixed = self.dma_fixed(self.dma_descriptors(rows, cols, contiguous))
-        return fixed + self.dma_transfer(rows, cols, itemsize, contiguous)
+        fixed = self.dma_fixed(self.dma_descriptors(rows, cols, pattern))
+        return fixed + self.dma_transfer(rows, cols, itemsize, pattern)
+
+    def dma_hbm_share(self, rate: Num) -> Num:
+        """The fraction of the HBM peak a transfer of `rate` bytes per cycle takes alone
+        (exactly 1 for a full-rate one)."""
+        return rate / self.bw
+
+    def dma_occupancy(self, rows: Num, cols: Num, itemsize: Num, pattern: Num = DmaPattern.CONTIGUOUS) -> Num:
+        """The cycles of the shared DMA system (HBM or the engines, whichever the transfer
+        fills more) a transfer takes: its time alone times ``max(rate / hbm.bytes_per_cycle,
+        n_eng / dma.engines)``. Transfers in flight together take at least the sum of
+        theirs (the transfer time alone for a full-rate one)."""
+        rate = self.dma_rate(rows, cols, itemsize, pattern)
+        fill = _maximum(self.dma_hbm_share(rate), self.dma_engines(rows) / self._engines)
+        return rows * cols * itemsize / rate * fill
+
+    def dma_slowdown(self, hbm_shares: list[float], engines: list[int]) -> float:
+        """How many times slower than alone the transfers in flight all progress, from
+        their `dma_hbm_share` and `dma_engines`: ``max(1, sum(rate_i) / hbm.bytes_per_cycle,
+        sum(n_eng_i) / dma.engines)`` (``n`` for n full-rate transfers). The sums are
+        exact, so the result does not depend on the transfers' order."""
+        return max(1.0, math.fsum(hbm_shares), sum(engines) / self._engines)
 
     # -- matrix -------------------------------------------------------------------------
 

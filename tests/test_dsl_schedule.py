@@ -51,10 +51,10 @@ def test_tall_transposes_are_exact_with_interleaved_loads(R, D):
     torch.testing.assert_close(got, x.t().contiguous(), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("target, R, D, g", [("tiny", 128, 16, 2), ("tiny", 128, 1, 4), ("cloud", 512, 128, 2)])
+@pytest.mark.parametrize("target, R, D, g", [("tiny", 128, 16, 2), ("tiny", 128, 1, 4), ("cloud", 512, 128, 4)])
 def test_interleaved_load_in_the_tile_ir(target, R, D, g):
     """g rows per partition: the fewest that make a DMA chunk of `dma.efficient_chunk_bytes`
-    (tiny: 64 B, cloud: 512 B), at most 4; each slice of 4 array heights is 4 / g DMAs
+    (tiny: 64 B, cloud: 4096 B), at most 4; each slice of 4 array heights is 4 / g DMAs
     and 4 * g selection matmuls of n0 / g contraction rows."""
     cfg = load_config(target)
     n0 = min(cfg.matrix.rows, cfg.matrix.cols, cfg.sram.partitions)
@@ -141,18 +141,22 @@ kernel tri(x: f32[R, 16]) -> f32[R, 16]:
     assert sum(1 for line in ir.splitlines() if "tile.load" in line and f"{next(iter(const_args))}[" in line) == 1
 
 
-@pytest.mark.parametrize("target, S, D", [("tiny", 200, 16), ("cloud", 2048, 128)])
-def test_the_schedule_estimate_is_the_simulated_time(target, S, D):
+@pytest.mark.parametrize("target, S, D, rel", [("tiny", 200, 16, 0.01), ("cloud", 2048, 128, 0.03)])
+def test_the_schedule_estimate_is_the_simulated_time(target, S, D, rel):
     """The scheduler's estimate of a straight-line kernel (flash attention: every loop
     unrolled) follows the simulator's timing model: with the plain priority it is the
-    simulated time to within 1 %."""
+    simulated time to within 1 % on tiny, 3 % on cloud. (Measured 1.021 on cloud, was
+    1.005 before DMA rates followed the NKI guidance: its 256-byte rows now move at 1/16
+    of an engine's peak and each DMA pays 3120 fixed cycles, so DMAs dominate and the
+    list schedule's own error shows; the sharing rule itself is followed exactly, every
+    transfer here spans all 16 engines, so n of them each get 1/n as before.)"""
     cfg = load_config(target)
     kern = tilecc.kernel(KERNELS / "flash_attention.tdsl")
     module = build_module(kern.ast, [(1, S, D)] * 3, cfg, target, schedule=False)
     estimate = schedule_kernel(api._kernel_func(module, "flash_attention"), cfg, 0.0, 0.0)
     program = api._finish(kern.ast, module, cfg, False).program
     cycles = simulate(program.stream, cfg, None, functional=False, record=False).cycles
-    assert abs(estimate / cycles - 1) < 0.01, (estimate, cycles)
+    assert abs(estimate / cycles - 1) < rel, (estimate, cycles)
     # the top level's DMAs went on the queues the estimate assumed
     assert {int(q) for q in program.stream["queue"][program.stream["opcode"] <= 1]} == set(range(cfg.dma.queues))
 

@@ -471,13 +471,20 @@ def test_vector_reads_the_accumulator_and_writes_in_place():
 # ----------------------------------------------------------------------------- timing
 
 
+def dma_rate(cfg: HardwareConfig, rows: int, chunk: float) -> float:
+    """Bytes per cycle of a DMA alone spanning `rows` partitions with `chunk` contiguous
+    bytes per partition: its engines at the chunk-derated engine peak, at most HBM's."""
+    engines = min(cfg.dma.engines, rows)
+    return min(cfg.hbm.bytes_per_cycle,
+               engines * cfg.dma.engine_bytes_per_cycle * min(1.0, chunk / cfg.dma.efficient_chunk_bytes))
+
+
 def dma_cycles(cfg: HardwareConfig, rows: int, cols: int, itemsize: int) -> float:
     """A contiguous-row DMA alone: fixed part, one descriptor per row, then the bytes at
-    the bandwidth its row length reaches (tests/test_timing.py covers the rest)."""
-    efficiency = min(1.0, cols * itemsize / cfg.dma.efficient_chunk_bytes)
+    the rate its rows and row length reach (tests/test_timing.py covers the rest)."""
     return (cfg.dma.latency_cycles + cfg.hbm.latency_cycles
             + rows * cfg.dma.per_descriptor_cycles
-            + rows * cols * itemsize / (cfg.hbm.bytes_per_cycle * efficiency))
+            + rows * cols * itemsize / dma_rate(cfg, rows, cols * itemsize))
 
 
 def timing(stream: np.ndarray, cfg: HardwareConfig = TINY) -> SimResult:
@@ -577,20 +584,23 @@ def test_dma_transfers_share_the_hbm_channel():
 
 
 def test_hbm_sharing_recomputes_finish_times():
-    # queue 1's load joins HBM first (fewer rows), runs alone until the big one joins,
-    # then both share; when it leaves, the big one speeds up again
+    # queue 1's load joins first (fewer rows), runs alone until the big one joins, then
+    # both share; when it leaves, the big one speeds up again
     big = load(0, 16, 1024, queue=0)
     small = load(1 << 17, 1, 1024, queue=1)
     r = timing(program(big, small))
     cfg = TINY
     lat = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
     join_small, join_big = lat + cfg.dma.per_descriptor_cycles, lat + 16 * cfg.dma.per_descriptor_cycles
-    w_small, w_big = 4096 / cfg.hbm.bytes_per_cycle, 16 * 4096 / cfg.hbm.bytes_per_cycle
+    # the 1-row load runs on one engine (19.2 B/cycle, 0.6 of HBM), the big one at the HBM
+    # peak on both engines: together sum(rates)/HBM = 1.6 > sum(engines)/engines = 1.5,
+    # so each progresses at 1/1.6 of its alone rate
+    w_small, w_big = 4096 / 19.2, 16 * 4096 / cfg.hbm.bytes_per_cycle
     alone = join_big - join_small
-    end_small = join_big + 2 * (w_small - alone)
-    assert r.end[1] == pytest.approx(end_small)
-    assert r.end[0] == pytest.approx(end_small + w_big - (end_small - join_big) / 2)
-    assert r.end[0] == pytest.approx(join_small + w_small + w_big)  # HBM never idle
+    end_small = join_big + 1.6 * (w_small - alone)
+    assert r.end[1] == pytest.approx(end_small) == pytest.approx(597.0 + 1 / 3)
+    assert r.end[0] == pytest.approx(end_small + w_big - (end_small - join_big) / 1.6)
+    assert r.end[0] == pytest.approx(2447.0)
 
 
 def test_barrier_drains_and_resets_semaphores():
@@ -647,6 +657,13 @@ def synchronised_programs(draw):
     return program(*instrs)
 
 
+def dma_pattern(rec) -> str:
+    isz = isa.ITEMSIZE[DType(int(rec["a_dtype"]))]
+    if int(rec["hbm_cs"]) == 1:
+        return "contiguous"
+    return "transpose" if int(rec["hbm_rs"]) == 1 and isz == 2 else "strided"
+
+
 def closed_form(cfg: HardwareConfig, rec) -> tuple[float, float, float]:
     """The timing model's closed forms (simulator/machine.py docstring): a DMA's fixed
     part and its transfer time alone; a matmul's (preload L, streaming S, fill/drain D);
@@ -654,11 +671,10 @@ def closed_form(cfg: HardwareConfig, rec) -> tuple[float, float, float]:
     op, rows, cols, k = (int(rec[f]) for f in ("opcode", "rows", "cols", "k"))
     if op in (Opcode.DMA_LOAD, Opcode.DMA_STORE):
         isz = isa.ITEMSIZE[DType(int(rec["a_dtype"]))]
-        contiguous = int(rec["hbm_cs"]) == 1
-        descriptors, chunk = (rows, cols * isz) if contiguous else (rows * cols, isz)
+        descriptors, chunk = {"contiguous": (rows, cols * isz), "transpose": (cols, rows * isz),
+                              "strided": (rows * cols, isz)}[dma_pattern(rec)]
         fixed = cfg.dma.latency_cycles + cfg.hbm.latency_cycles + descriptors * cfg.dma.per_descriptor_cycles
-        bandwidth = cfg.hbm.bytes_per_cycle * min(1.0, chunk / cfg.dma.efficient_chunk_bytes)
-        return fixed, rows * cols * isz / bandwidth, 0.0
+        return fixed, rows * cols * isz / dma_rate(cfg, rows, chunk), 0.0
     if op == Opcode.MATMUL:
         R, C = cfg.matrix.rows, cfg.matrix.cols
         slow = cfg.matrix.fp32_slowdown if DType.F32 in (rec["a_dtype"], rec["b_dtype"]) else 1
@@ -675,13 +691,20 @@ def closed_form(cfg: HardwareConfig, rec) -> tuple[float, float, float]:
             + math.ceil(rows / cfg.vector.lanes) * cols * cost * n_in) * vc, 0.0, 0.0
 
 
-def processor_sharing(joins: list[tuple[float, int, float]]) -> dict[int, float]:
-    """End time of each transfer (join time, index, time alone) on one shared channel:
-    at every join and finish, every transfer in flight gets 1/n of the bandwidth (its
-    remaining alone-time is drained at rate 1/n)."""
+def processor_sharing(
+    joins: list[tuple[float, int, float]], cfg: HardwareConfig | None = None,
+    rates: dict[int, tuple[float, int]] | None = None,
+) -> dict[int, float]:
+    """End time of each transfer (join time, index, time alone) on the shared engines
+    and HBM: at every join and finish, every transfer in flight progresses at 1/n of its
+    alone rate, ``n = max(1, sum of rates / HBM peak, sum of engines / dma.engines)``
+    (`rates`: index -> (rate alone, engines); without them, n = transfers in flight)."""
     pending, active, t, ends = sorted(joins), {}, 0.0, {}
     while pending or active:
         n = len(active)
+        if rates is not None and cfg is not None and active:
+            n = max(1.0, sum(rates[i][0] for i in active) / cfg.hbm.bytes_per_cycle,
+                    sum(rates[i][1] for i in active) / cfg.dma.engines)
         first = min(active, key=lambda i: (active[i], i)) if active else None
         t_finish = t + active[first] * n if active else math.inf
         t_join = pending[0][0] if pending else math.inf
@@ -713,7 +736,7 @@ def test_schedule_satisfies_the_timing_equations(mode, stream):
     signals: dict[tuple[int, int], list[float]] = {}  # (kernel, sem) -> completion times
     for i in np.flatnonzero(stream["signal_sem"] >= 0):
         signals.setdefault((kernel[i], int(stream["signal_sem"][i])), []).append(end[i])
-    kernel_start, engine_free, joins, stream_end = 0.0, {}, [], 0.0
+    kernel_start, engine_free, joins, stream_end, rates = 0.0, {}, [], 0.0, {}
     for i, rec in enumerate(stream):
         op = Opcode(int(rec["opcode"]))
         if op == Opcode.BARRIER:
@@ -732,6 +755,8 @@ def test_schedule_satisfies_the_timing_equations(mode, stream):
         engine_free[engine] = end[i]
         if is_dma:
             joins.append((start[i] + first, i, second))
+            rows, isz = int(rec["rows"]), isa.ITEMSIZE[DType(int(rec["a_dtype"]))]
+            rates[i] = (rows * int(rec["cols"]) * isz / second, min(cfg.dma.engines, rows))
         elif op == Opcode.MATMUL and mode == "pipelined":
             streaming = max(start[i] + first, stream_end)
             stream_end = streaming + max(second, cfg.matrix.min_interval_cycles)
@@ -739,7 +764,7 @@ def test_schedule_satisfies_the_timing_equations(mode, stream):
             engine_free[engine] = streaming
         else:
             assert end[i] == pytest.approx(start[i] + first + second + third)
-    for i, t in processor_sharing(joins).items():
+    for i, t in processor_sharing(joins, cfg, rates).items():
         assert end[i] == pytest.approx(t), i
     assert r.cycles == (end.max() if len(stream) else 0)
 

@@ -12,9 +12,13 @@ tolerance held here:
 - matmul cost model (`passes/schedule/cost_model.py`, the chosen schedule's estimate vs
   the kernel alone, timing-only): 0.91 to 1.20 on the sample; held: 0.85 to 1.30.
 - tile-DSL list scheduler (`frontend/dsl/schedule.py`, straight-line kernels): exact on
-  tiny (flash attention, one-tile gemm+gelu, softmax, mlp); cloud flash attention 1.034
-  (S = 512) and 1.005 (S = 2048: HBM shared by more transfers than the estimate
-  follows); held: exact (rel 1e-9) on tiny, 5 % on cloud.
+  tiny (flash attention, one-tile gemm+gelu, softmax, mlp); cloud flash attention 1.061
+  (S = 512) and 1.021 (S = 2048); 1.034 and 1.005 before the DMA rules followed the NKI
+  guidance. The sharing rule is followed exactly (every transfer here spans all 16
+  engines, so n of them get 1/n each); the list schedule's own error on this DMA-heavy
+  kernel moves with the DMA parameters: 1.02 to 1.09 at S = 512 over the variants
+  tried (1200 or 2280 latency cycles, 512 or 4096 B efficient chunk, engines as fast
+  as HBM). Held: exact (rel 1e-9) on tiny, 7 % on cloud.
 - elementwise kernel model (`passes/graph_to_tile/elementwise/`, the "estimated N
   cycles" remark vs the kernel's simulated span): 0.55 to 1.49 (a coarse model that
   only ranks tile sizes: it underestimates multi-input kernels that share HBM, and
@@ -294,6 +298,106 @@ def test_the_rules_take_arrays_and_numbers_alike() -> None:
     assert rules.vector_op_cost("unary", "no such function", 1) == 1
 
 
+# ----------------------------------------------------------------------------- DMA rules, by hand
+# cloud: HBM 151 B/cycle; 16 engines of 11.33 B/cycle (181.28 together) at their peak from
+# 4096 contiguous bytes per partition; fixed part 2280 + 840 cycles plus 0.5 per descriptor
+
+
+def _load(rows: int, cols: int, queue: int = 0, rs: int | None = None, cs: int = 1,
+          dtype: DType = DType.BF16) -> dict[str, Any]:
+    return dict(opcode=Opcode.DMA_LOAD, queue=queue, a_mem=Mem.HBM, a_dtype=dtype, o_mem=Mem.SRAM,
+                o_dtype=dtype, o_addr=queue * 65536, rows=rows, cols=cols,
+                hbm_rs=cols if rs is None else rs, hbm_cs=cs)
+
+
+@pytest.mark.parametrize(
+    "rows, chunk, rate",
+    [(128, 64, 2.8325), (128, 512, 22.66), (128, 4096, 151.0), (128, 65536, 151.0),  # 181.28 x chunk / 4096
+     (1, 64, 0.17703125), (1, 512, 1.41625), (1, 4096, 11.33), (1, 65536, 11.33)],  # 11.33 x chunk / 4096
+)
+def test_dma_rate_grows_with_the_payload_per_partition(rows: int, chunk: int, rate: float) -> None:
+    """Below 4 KiB per partition the engines' packet rate limits (bandwidth grows with the
+    payload); from 4 KiB on the engines the transfer spans run at their peak, at most HBM's."""
+    cfg = load_config("cloud")
+    rules = TimingRules(cfg)
+    cols = chunk // 2  # bf16
+    assert rules.dma_rate(rows, cols, 2) == pytest.approx(rate, rel=1e-12)
+    _, end = _charged(_stream(_load(rows, cols)), cfg)
+    assert end[0] == pytest.approx(3120 + 0.5 * rows + rows * chunk / rate, rel=1e-12)
+
+
+def test_dma_engines_cap_a_transfer_by_the_partitions_it_spans() -> None:
+    """4 KiB per partition: one partition runs on one engine (11.33 B/cycle), 8 on eight
+    (90.64), 16 would reach 181.28 and are capped at the HBM peak (151)."""
+    rules = TimingRules(load_config("cloud"))
+    assert [rules.dma_engines(r) for r in (1, 8, 16, 128)] == [1, 8, 16, 16]
+    assert rules.dma_rate(1, 2048, 2) == pytest.approx(11.33)
+    assert rules.dma_rate(8, 2048, 2) == pytest.approx(90.64)
+    assert rules.dma_rate(16, 2048, 2) == 151.0
+    assert rules.dma_transfer(1, 2048, 2) == pytest.approx(4096 / 11.33)  # 361.5 cycles
+    assert rules.dma_transfer(16, 2048, 2) == pytest.approx(16 * 4096 / 151)  # 434.0 cycles
+
+
+def test_dma_transpose_moves_a_column_per_descriptor() -> None:
+    """A bf16 128 x 512 tile read from a transposed HBM view (row stride 1, column stride
+    128) is a DMA transpose: 512 descriptors of 256 contiguous bytes (181.28 x 256 / 4096 =
+    11.33 B/cycle); with a row stride of 2 it is element-strided: 65536 descriptors of 2
+    bytes (181.28 x 2 / 4096 B/cycle); an f32 transposed view is element-strided too."""
+    cfg = load_config("cloud")
+    rules = TimingRules(cfg)
+    assert rules.dma_pattern(1, 128, 2) == 2 and rules.dma_pattern(2, 128, 2) == 0
+    assert rules.dma_pattern(1, 128, 4) == 0 and rules.dma_pattern(512, 1, 2) == 1
+    assert rules.dma_pattern(512, 0, 4, True) == 1  # a gather's indexed rows are contiguous
+    _, end = _charged(_stream(_load(128, 512, rs=1, cs=128)), cfg)
+    assert end[0] == pytest.approx(3120 + 512 * 0.5 + 131072 / 11.33, rel=1e-12)  # 14944.4
+    _, end = _charged(_stream(_load(128, 512, rs=2, cs=128)), cfg)
+    assert end[0] == pytest.approx(3120 + 65536 * 0.5 + 131072 / (181.28 * 2 / 4096), rel=1e-12)
+    _, end = _charged(_stream(_load(128, 512, rs=1, cs=128, dtype=DType.F32)), cfg)
+    assert end[0] == pytest.approx(3120 + 65536 * 0.5 + 262144 / (181.28 * 4 / 4096), rel=1e-12)
+
+
+def test_dma_sharing_of_engines_and_hbm() -> None:
+    """Two full-rate transfers take twice as long (each at 1/2); two 1-partition ones (one
+    engine, 0.075 of HBM each) run side by side at their own rate; two full-partition
+    short-chunk ones (all 16 engines each, 0.15 of HBM) share the engines: 1/2 each."""
+    cfg = load_config("cloud")
+    fixed = 3120 + 128 * 0.5
+    _, end = _charged(_stream(_load(128, 2048, 0), _load(128, 2048, 1)), cfg)
+    assert end[0] == end[1] == pytest.approx(fixed + 2 * 128 * 4096 / 151)
+    _, end = _charged(_stream(_load(1, 2048, 0), _load(1, 2048, 1)), cfg)
+    assert end[0] == end[1] == pytest.approx(3120 + 0.5 + 4096 / 11.33)
+    _, end = _charged(_stream(_load(128, 256, 0), _load(128, 256, 1)), cfg)
+    assert end[0] == end[1] == pytest.approx(fixed + 2 * 128 * 512 / 22.66)
+    rules = TimingRules(cfg)
+    assert rules.dma_slowdown([1.0, 1.0, 1.0], [16, 16, 16]) == 3.0  # n full-rate: exactly 1/n
+    assert rules.dma_slowdown([0.075] * 4, [1] * 4) == 1.0
+    assert rules.dma_slowdown([0.15, 0.15], [16, 16]) == 2.0
+
+
+def test_both_schedulers_agree_on_mixed_dma_sharing() -> None:
+    """Engine-limited, short-chunk, transposed and full-rate transfers overlapping on four
+    queues, with waits between them: the dataflow and the event schedulers give the same
+    times bit for bit."""
+    from tilecc.simulator import decode, scheduler
+
+    cfg = load_config("cloud")
+    loads = [_load(1, 2048, 0), _load(128, 256, 1), _load(128, 512, 2, rs=1, cs=128), _load(128, 2048, 3),
+             _load(7, 3000, 0), _load(64, 100, 1), _load(128, 4096, 2), _load(3, 50, 3, rs=2, cs=9)]
+    loads[4]["wait_sem"] = [0, -1, -1, -1]
+    loads[4]["wait_val"] = [1, 0, 0, 0]
+    loads[1]["signal_sem"] = 0
+    for ld in loads:
+        ld.setdefault("signal_sem", -1)
+        ld.setdefault("wait_sem", [-1, -1, -1, -1])
+    prog = decode.DecodedProgram(_stream(*loads), cfg)
+    fast, slow = scheduler.schedule(prog), scheduler.schedule(prog, general=True)
+    assert fast.start is not None and slow.start is not None and fast.end is not None and slow.end is not None
+    assert np.array_equal(fast.start, slow.start) and np.array_equal(fast.end, slow.end)
+    assert fast.hbm_stall == slow.hbm_stall and fast.hbm_busy == slow.hbm_busy
+    assert fast.start[4] == fast.end[1]  # the wait
+    assert all(x > 0 for x in fast.hbm_stall)
+
+
 # ----------------------------------------------------------------------------- (b) estimators
 
 
@@ -322,7 +426,7 @@ def test_matmul_cost_model_tracks_the_simulator(target: str, shape: tuple[int, i
     "target, name, shapes, rel",
     [("tiny", "flash_attention", [(1, 200, 16)] * 3, 1e-9), ("tiny", "gemm_gelu", [(16, 16), (16, 64), (64,)], 1e-9),
      ("tiny", "softmax", [(16, 64)], 1e-9), ("tiny", "mlp", [(16, 16), (16, 16), (16,), (16, 16), (16,)], 1e-9),
-     ("cloud", "flash_attention", [(1, 512, 64)] * 3, 0.05)],
+     ("cloud", "flash_attention", [(1, 512, 64)] * 3, 0.07)],
 )
 def test_dsl_scheduler_estimate_is_the_simulated_time(target: str, name: str, shapes: list, rel: float) -> None:
     cfg = load_config(target)

@@ -19,8 +19,10 @@ so that a straight-line kernel's estimate is its simulated time:
   a pipelined matmul frees the array after streaming (its successor's preload
   overlaps it) while its result drains; vector ops and DMAs take both for the same time;
 - DMAs pay the fixed cost (`dma.latency_cycles + hbm.latency_cycles` + descriptors),
-  then transfer at the short-chunk-derated bandwidth, sharing HBM equally with the
-  transfers in flight (processor sharing: a new transfer also delays those it
+  then transfer at their rate alone (`TimingRules.dma_rate`: the engines the tile's
+  rows span, short-chunk-derated, at most the HBM peak), sharing the engines and HBM
+  with the transfers in flight as the simulator does (each at ``1 /
+  TimingRules.dma_slowdown`` of its alone rate: a new transfer also delays those it
   overlaps); at the top level each DMA goes on the queue the estimate put it on
   (`tile.load`/`tile.store` ``queue``), a loop body keeps the default queues;
 - a dependence on an earlier op of the same in-order engine (matrix, vector) orders
@@ -106,6 +108,19 @@ class _Cost:
             raise CompileError(f"{op.name} is not a DMA")
         return self.rules.dma_fixed(_const(op.rows))  # contiguous rows: one descriptor each
 
+    def dma_sharing(self, op: Operation) -> tuple[float, int]:
+        """(fraction of the HBM peak, DMA engines) a DMA takes alone: what sharing counts."""
+        if not isinstance(op, (tile.LoadOp, tile.StoreOp)):
+            raise CompileError(f"{op.name} is not a DMA")
+        rows, cols = _const(op.rows), _const(op.cols)
+        rate = self.rules.dma_rate(rows, cols, self._itemsize(op))
+        return self.rules.dma_hbm_share(rate), self.rules.dma_engines(rows)
+
+    @staticmethod
+    def _itemsize(op: tile.LoadOp | tile.StoreOp) -> int:
+        onchip = op.dst if isinstance(op, tile.LoadOp) else op.src
+        return ITEM.get(str(getattr(onchip.type, "element_type", "f32")), 4)
+
     def timing(self, op: Operation) -> tuple[float, float]:
         """(occupancy, latency) of `op` in cycles, the simulator's closed forms: how long
         its engine (queue) is taken, and how long until its result is ready. A pipelined
@@ -114,10 +129,8 @@ class _Cost:
         rules = self.rules
         if isinstance(op, (tile.LoadOp, tile.StoreOp)):
             rows, cols = _const(op.rows), _const(op.cols)
-            onchip = op.dst if isinstance(op, tile.LoadOp) else op.src
-            isz = ITEM.get(str(getattr(onchip.type, "element_type", "f32")), 4)
             # contiguous rows (the DSL's loads and stores)
-            t = self.dma_fixed(op) + rules.dma_transfer(rows, cols, isz)
+            t = self.dma_fixed(op) + rules.dma_transfer(rows, cols, self._itemsize(op))
             return t, t
         if isinstance(op, tile.MatmulOp):
             fp32 = any("f32" == str(getattr(v.type, "element_type", "")) for v in (op.lhsT, op.rhs))
@@ -184,9 +197,10 @@ def _schedule_block(block: Block, cost: _Cost, slack: float, weight: float, top:
 _SHARED_WINDOW = 16  # recent transfers whose sharing of HBM the estimate follows
 
 
-def _shared_finish(jobs: list[tuple[float, float]]) -> list[float]:
-    """Finish times of transfers (arrival, work at the full rate) sharing one channel
-    equally among those in flight."""
+def _shared_finish(jobs: list[tuple[float, float, float, int]], rules: TimingRules) -> list[float]:
+    """Finish times of transfers (arrival, work: time alone, HBM share, engines) sharing
+    the DMA engines and HBM: those in flight each progress at ``1 / slowdown`` of their
+    alone rate (`TimingRules.dma_slowdown`)."""
     order = sorted(range(len(jobs)), key=lambda i: jobs[i][0])
     done = [0.0] * len(jobs)
     left = {i: jobs[i][1] for i in order}
@@ -198,7 +212,7 @@ def _shared_finish(jobs: list[tuple[float, float]]) -> list[float]:
         while k < len(order) and jobs[order[k]][0] <= t:
             active.append(order[k])
             k += 1
-        n = len(active)
+        n = rules.dma_slowdown([jobs[i][2] for i in active], [jobs[i][3] for i in active])
         step = min(left[i] for i in active) * n
         if k < len(order):
             step = min(step, jobs[order[k]][0] - t)
@@ -211,16 +225,17 @@ def _shared_finish(jobs: list[tuple[float, float]]) -> list[float]:
     return done
 
 
-def _transfer(state: _Engines, op: Operation, queue: int, t0: float, work: float) -> list[tuple[Operation, float]]:
+def _transfer(state: _Engines, op: Operation, queue: int, t0: float, work: float,
+              cost: _Cost) -> list[tuple[Operation, float]]:
     """Put DMA `op` on `queue`, its transfer starting at t0 (after its fixed part). The
-    transfers in flight share HBM equally (processor sharing, as in the simulator), so
-    this one also delays those it overlaps: returns the (op, finish) of each, new ones."""
+    transfers in flight share the engines and HBM (as in the simulator), so this one
+    also delays those it overlaps: returns the (op, finish) of each, new ones."""
     if state.assign_queues:  # the queue the estimate assumed (a loop body keeps the defaults)
         op.properties["queue"] = IntegerAttr(queue, i64)
     state.last_on_queue[queue] = op
     state.transfers = [tr for tr in state.transfers if state.fin[tr[0]] > t0][-_SHARED_WINDOW:]
-    state.transfers.append((op, t0, work))
-    ends = _shared_finish([(a, w) for _, a, w in state.transfers])
+    state.transfers.append((op, t0, work, *cost.dma_sharing(op)))
+    ends = _shared_finish([tr[1:] for tr in state.transfers], cost.rules)
     updated = [(tr[0], end) for tr, end in zip(state.transfers, ends)]
     for o, end in updated:
         state.fin[o] = end
@@ -235,7 +250,8 @@ class _Engines:
     def __init__(self, cfg: HardwareConfig, assign_queues: bool = False):
         self.assign_queues = assign_queues
         self.free: dict[str, list[float]] = {"dma": [0.0] * max(1, cfg.dma.queues), "pe": [0.0], "vec": [0.0]}
-        self.transfers: list[tuple[Operation, float, float]] = []  # recent DMAs: (op, transfer start, work)
+        # recent DMAs: (op, transfer start, work, HBM share, engines)
+        self.transfers: list[tuple[Operation, float, float, float, int]] = []
         self.fin: dict[Operation, float] = {}  # DMA finish times
         self.last_on_queue: dict[int, Operation] = {}
         self.finish = 0.0  # the estimated end of everything scheduled so far
@@ -321,7 +337,8 @@ def _reorder(block: Block, seg: list[Operation], cost: _Cost, anchor: Operation 
             lanes = free[e]
             k = min(range(len(lanes)), key=lambda q: lanes[q])
             if eng[best] == "dma":
-                for op_, end in _transfer(state, seg[best], k, start + fixed_of[best], dur[best] - fixed_of[best]):
+                work = dur[best] - fixed_of[best]
+                for op_, end in _transfer(state, seg[best], k, start + fixed_of[best], work, cost):
                     j = index.get(op_)
                     if j is not None:
                         finish[j] = end

@@ -11,9 +11,11 @@ Every figure is in core cycles (the rules convert each engine's own cycles).
   dimension of the dataflow); a result is ready ``preload + T * passes + R + C - 2``
   after issue. Compatible mode holds the engine for ``preload + stream + drain`` per
   matmul.
-- DMA: ``F + bytes / bandwidth`` per transfer, ``F = latency + hbm latency +
-  descriptors * per_descriptor`` (bandwidth scaled by the short-chunk efficiency), one
-  transfer at a time per queue, transfers in flight sharing HBM. HBM idles only while
+- DMA: ``F + bytes / rate`` per transfer, ``F = latency + hbm latency +
+  descriptors * per_descriptor`` (``rate``: `TimingRules.dma_rate`, the engines the
+  tile's rows span at the short-chunk-derated engine peak, at most HBM's), one
+  transfer at a time per queue, transfers in flight sharing the engines and HBM (a
+  chunk's transfers take at least the sum of their `TimingRules.dma_occupancy`). HBM idles only while
   every B queue is in its fixed part: with independent phases each queue is there a
   fraction ``phi = F / (F + stretched transfer)`` of the time, which solves ``phi =
   (1 - phi**Q) * F / (Q * tile time)`` (bisection), so a chunk's transfers take
@@ -147,6 +149,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     nbq = len(qb)
     fB = tm.dma_fixed(TK)
     a_x = tm.dma_transfer(TM, p.K, p.ia)
+    a_w = tm.dma_occupancy(TM, p.K, p.ia)
     a_fixed = tm.dma_fixed(TM)
 
     def mm_k(m: int, n: int) -> float:  # one TN-column block of an m-tile over all of K
@@ -159,34 +162,41 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         full, rest = divmod(width, TN)
         return full * mm_k(ms, TN) + (mm_k(ms, rest) if rest else 0.0)
 
-    # the B tiles of one chunk per queue, (transfers, transfer time), both B sets averaged
-    b_cache: dict[int, tuple[list[float], list[float]]] = {}
+    # the B tiles of one chunk per queue, (transfers, transfer time alone, occupancy of
+    # the shared engines and HBM: `dma_occupancy`), both B sets averaged
+    b_cache: dict[int, tuple[list[float], list[float], list[float]]] = {}
 
-    def b_queues(width: int) -> tuple[list[float], list[float]]:
+    def b_queues(width: int) -> tuple[list[float], list[float], list[float]]:
         if width not in b_cache:
-            n, x = [0.0] * Q, [0.0] * Q
+            n, x, w = [0.0] * Q, [0.0] * Q, [0.0] * Q
             full_x, last_x = tm.dma_transfer(TK, width, p.ib), tm.dma_transfer(klast, width, p.ib) if klast else 0.0
+            full_w = tm.dma_occupancy(TK, width, p.ib)
+            last_w = tm.dma_occupancy(klast, width, p.ib) if klast else 0.0
             for bp in range(s.b_sets):
                 for g, (kt0, cnt) in enumerate(grp):
                     q = qb[(bp * KG + g) % nbq]
                     short = klast and kt0 + cnt == p.nk
                     n[q] += cnt / s.b_sets
                     x[q] += ((cnt - 1) * full_x + last_x if short else cnt * full_x) / s.b_sets
-            b_cache[width] = (n, x)
+                    w[q] += ((cnt - 1) * full_w + last_w if short else cnt * full_w) / s.b_sets
+            b_cache[width] = (n, x, w)
         return b_cache[width]
 
     def dma_time(width: int, msz: tuple[int, ...], n_a: int, first: bool) -> tuple[float, float]:
-        """(time of the chunk's transfers, their time at peak bandwidth)."""
-        n, xb = b_queues(width)
+        """(time of the chunk's transfers, their occupancy of the shared engines and HBM:
+        the time they take together at best)."""
+        n, xb, wb = b_queues(width)
         fixed = [n[q] * fB for q in range(Q)]
-        x = list(xb)
+        x, w = list(xb), list(wb)
         for ms in msz:
             fixed[store_q] += tm.dma_fixed(ms)
             x[store_q] += tm.dma_transfer(ms, width, p.io)
+            w[store_q] += tm.dma_occupancy(ms, width, p.io)
         qa = s.qa[0]
         fixed[qa] += n_a * a_fixed
         x[qa] += n_a * a_x
-        total_x = sum(x)
+        w[qa] += n_a * a_w
+        total_w = sum(w)
         alone = max(fixed[q] + x[q] for q in range(Q))
         # HBM idles while every B queue is in its fixed part: with independent phases a
         # queue is there a fraction phi = F / (F + its stretched transfer) of the time,
@@ -194,23 +204,23 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         # stores and A rows move on top
         tile = max(xb[q] / n[q] for q in qb if n[q])
         busy = _hbm_busy(round(fB / (nbq * tile), 6), nbq)
-        x_b = sum(xb[q] for q in qb)
-        t_sat = x_b / busy + (total_x - x_b)  # B at its phase-limited rate, the rest on top
+        w_b = sum(wb[q] for q in qb)
+        t_sat = w_b / busy + (total_w - w_b)  # B at its phase-limited rate, the rest on top
         if t_sat >= alone:
             t = t_sat  # HBM (nearly) saturated by B
         else:
             # not saturated: a queue's transfers still overlap others' part of the time
-            u = total_x / alone
-            t = max(total_x, max(fixed[q] + x[q] * (1.0 + 0.5 * u * (total_x - x[q]) / max(total_x, 1e-9))
+            u = total_w / alone
+            t = max(total_w, max(fixed[q] + x[q] * (1.0 + 0.5 * u * (total_w - w[q]) / max(total_w, 1e-9))
                                  for q in range(Q)))
         if nbq > 1 and not s.stagger:
             # equal B tiles on several queues start and end together: every round pays
             # one fixed latency with HBM idle
             per = max(n[q] for q in qb)
-            t = max(t, per * (fB + nbq * tile))
+            t = max(t, per * (fB + nbq * max(wb[q] / n[q] for q in qb if n[q])))
         if first and s.stagger and nbq > 1:
             t += (nbq - 1) * fB  # the staggering pieces of the first tiles
-        return t, total_x
+        return t, total_w
 
     # per distinct (block plan, chunk): (D, M, exposed part of M, last step, stalls,
     # matrix, vector, bytes)

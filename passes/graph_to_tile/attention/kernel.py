@@ -223,7 +223,9 @@ class AttentionKernel(HeadProgram):
         fixed, transfer = self.tm.dma(T, cols, self.isz)
         qfree[q] += fixed + transfer
         ready[self.name(buf)] = qfree[q]
-        self.init.pre.append((SchedOp("load", lambda _q: None, (), (self.name(buf),), (), fixed, transfer, q), q))
+        share, engines = self.tm.dma_sharing(T, cols, self.isz)
+        self.init.pre.append((SchedOp("load", lambda _q: None, (), (self.name(buf),), (), fixed, transfer, q,
+                                      share=share, engines=engines), q))
 
     def _pre_copy(self, src: SSAValue, dst: SSAValue, rows: int, cols: int) -> None:
         """A vector copy of the prologue, for the replay of the first body."""

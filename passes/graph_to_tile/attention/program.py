@@ -226,7 +226,8 @@ class HeadProgram:
                                     self.kb.const(cols), row_dim, col_dim, row_step=row_step, queue=q))
 
         fixed, transfer = self.tm.dma(rows, cols, self.isz, col_dim >= 0)
-        ops.append(SchedOp("load", emit, (), (self.name(dst),), prio, fixed, transfer))
+        share, engines = self.tm.dma_sharing(rows, cols, self.isz, col_dim >= 0)
+        ops.append(SchedOp("load", emit, (), (self.name(dst),), prio, fixed, transfer, share=share, engines=engines))
 
     def _store(self, ops: list[SchedOp], src: SSAValue, arg: SSAValue, idx_fn: IndexFn, rows: int, cols: int,
                prio: Prio) -> None:
@@ -237,7 +238,9 @@ class HeadProgram:
             self.kb.add(tile.StoreOp(src, arg, idx_fn(), self.kb.const(rows), self.kb.const(cols), rank - 2, rank - 1))
 
         fixed, transfer = self.tm.dma(rows, cols, self.isz)
-        ops.append(SchedOp("store", emit, (self.name(src),), (), prio, fixed, transfer, self.queues - 1))
+        share, engines = self.tm.dma_sharing(rows, cols, self.isz)
+        ops.append(SchedOp("store", emit, (self.name(src),), (), prio, fixed, transfer, self.queues - 1,
+                           share=share, engines=engines))
 
     def _index(self, bidx: BatchIndex, arg: SSAValue, group: int = 1) -> IndexFn:
         """The leading (batch) indices of kernel argument `arg` for batch index `bidx`

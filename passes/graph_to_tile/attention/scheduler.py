@@ -54,6 +54,8 @@ class SchedOp:
     a: float  # mm: streaming cycles; vec: duration; dma: fixed cycles
     b: float = 0.0  # dma: transfer cycles
     queue: int | None = None  # dma: its queue
+    share: float = 1.0  # dma: its rate alone as a fraction of the HBM peak
+    engines: int = 1  # dma: the DMA engines its transfer runs on
     idx: int = 0
     deps: set[int] = field(default_factory=set)
 
@@ -102,6 +104,12 @@ class AttentionTiming(TimingRules):
         the rows are not contiguous."""
         descriptors = self.dma_descriptors(rows, cols, contiguous)
         return self.dma_fixed(descriptors), self.dma_transfer(rows, cols, isz, contiguous)
+
+    def dma_sharing(self, rows: int, cols: int, isz: int, contiguous: bool = True) -> tuple[float, int]:
+        """What sharing counts of a DMA (`SchedOp.share`, `SchedOp.engines`): its rate
+        alone as a fraction of the HBM peak, and the engines it runs on."""
+        share = self.dma_hbm_share(self.dma_rate(rows, cols, isz, contiguous))
+        return share, self.dma_engines(rows)
 
 
 def buffer_deps(ops: Sequence[SchedOp]) -> list[set[int]]:
@@ -204,7 +212,8 @@ def replay(order: Order, tm: AttentionTiming, queues: int, init: ScheduleInit) -
     """The end of a schedule, timed the way the simulator times it: each engine runs
     its instructions in program order (`init.pre`, the kernel prologue, then
     `order`), an instruction waits for the earlier ones of other engines it shares a
-    buffer with, pipelined matmuls overlap, DMA transfers share HBM (processor sharing)."""
+    buffer with, pipelined matmuls overlap, DMA transfers share the engines and HBM
+    (each at ``1 / TimingRules.dma_slowdown`` of its alone rate)."""
     seq_all = [(o, o.queue if o.kind in ("load", "store") and q is None else q) for o, q in init.pre]
     seq_all += list(order)
     n = len(seq_all)
@@ -226,6 +235,11 @@ def replay(order: Order, tm: AttentionTiming, queues: int, init: ScheduleInit) -
     pending: list[tuple[float, int]] = []  # DMAs to join HBM: (time, k)
     flying: dict[int, float] = {}  # DMA k -> transfer work left (cycles alone)
     t_now = 0.0
+    slow = 1.0  # the transfers in flight progress 1/slow as fast as alone
+
+    def slowdown() -> float:
+        ops = [order[x][0] for x in flying]
+        return tm.dma_slowdown([o.share for o in ops], [o.engines for o in ops])
     while True:
         progress = True
         while progress:
@@ -266,21 +280,23 @@ def replay(order: Order, tm: AttentionTiming, queues: int, init: ScheduleInit) -
         t_fin, k_fin = math.inf, -1
         if flying:
             k_fin = min(flying, key=lambda x: (flying[x], x))
-            t_fin = t_now + flying[k_fin] * len(flying)
+            t_fin = t_now + flying[k_fin] * slow
         if pending and pending[0][0] <= t_fin:
             t_join, k = heapq.heappop(pending)
             t_join = max(t_join, t_now)
             for x in flying:
-                flying[x] -= (t_join - t_now) / len(flying)
+                flying[x] -= (t_join - t_now) / slow
             t_now = t_join
             flying[k] = order[k][0].b
+            slow = slowdown()
             continue
         if k_fin < 0:
             break
         for x in flying:
-            flying[x] -= (t_fin - t_now) / len(flying)
+            flying[x] -= (t_fin - t_now) / slow
         t_now = t_fin
         del flying[k_fin]
+        slow = slowdown()
         end[k_fin] = free[eng_of[k_fin]] = t_fin
         busy[eng_of[k_fin]] = False
     done = [x for x in end if x is not None]

@@ -90,7 +90,10 @@ def estimate_cycles(tm: TimingRules, kshape: Sequence[int], TR: int, TC: int, D:
     # transfers in flight: the next D-1 tiles' loads and this tile's stores, one per queue
     n_load = len(leaf_isz)
     in_flight = max(1, min(cfg.dma.queues, n_load * (D - 1) + len(stored_isz)))
-    dma = max(sum(data) * 1.0, (n * fixed + sum(data)) / in_flight) if n else 0.0
+    # at best the shared engines and HBM are always busy (`dma_occupancy`: the transfer
+    # time alone for a full-rate transfer), at worst each queue runs its own
+    busy = sum(tm.dma_occupancy(TR, TC, s) for s in isz)
+    dma = max(busy, (n * fixed + sum(data)) / in_flight) if n else 0.0
     per_tile = max(vec, dma)
     load0 = fixed + max(data[: len(leaf_isz)], default=0.0)
     store_last = fixed + max(data[len(leaf_isz):], default=0.0)

@@ -10,24 +10,31 @@ of the queues, and how the resident weights are cut into pieces over them.
 from __future__ import annotations
 
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.timing import TimingRules
 
 
 class QueueModel:
     """Queue hints by earliest estimated finish: each DMA goes to the queue expected to be
-    free first, charged its fixed latency and its bytes at a share of the bandwidth
-    (`share` transfers in flight). Used for loads issued up front, so queues that carry
-    a slow (short-chunk) load get fewer of the large ones."""
+    free first, charged its fixed latency and its bytes at a share of its rate alone
+    (`TimingRules.dma_rate`, `share` transfers in flight). Used for loads issued up
+    front, so queues that carry a slow (short-chunk) load get fewer of the large ones."""
 
     def __init__(self, cfg: HardwareConfig, share: float = 2.0) -> None:
         self.free = [0.0] * cfg.dma.queues
         self.lat = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
-        self.bw = cfg.hbm.bytes_per_cycle / share
-        self.eff = cfg.dma.efficient_chunk_bytes
+        self.rules = TimingRules(cfg)
+        self.share = share
+        self.rows = cfg.sram.partitions
 
     def next(self, nbytes: int = 0, chunk: int | None = None) -> int:
+        """The queue for a DMA of `nbytes` in rows of `chunk` contiguous bytes (None: long rows)."""
         q = min(range(len(self.free)), key=lambda i: (self.free[i], i))
-        eff = 1.0 if chunk is None else min(1.0, chunk / self.eff)
-        self.free[q] += self.lat + nbytes / (self.bw * eff)
+        if nbytes:
+            rows = self.rows if chunk is None else max(1, min(self.rows, nbytes // max(chunk, 1)))
+            per_row = self.rules.cfg.dma.efficient_chunk_bytes if chunk is None else chunk
+            rate = self.rules.dma_rate(rows, per_row, 1)
+            self.free[q] += nbytes / (rate / self.share)
+        self.free[q] += self.lat
         return q
 
 
