@@ -73,13 +73,17 @@ negative finite value (transformers uses ``finfo.min``, not -inf), or a `where`
 condition selecting the big negative branch, is masked. A constant additive mask with
 other non-zero values adds one binary pass (2 inputs) per unmasked pair. A mask
 computed at run time (from an input) can mask nothing at compile time: every L*S pair
-counts, plus one binary pass (2 inputs) per score to apply it.
+counts, plus one binary pass (2 inputs) per score to apply it. A pure compile-time
+mask (only 0 and masked values) is built into the pairs a program scores: the ops
+computing it count no work and its data is not compulsory traffic (below).
 
 Compulsory HBM bytes: the graph's inputs that it reads, its outputs and every weight /
 buffer it reads, at the graph's element type, each once. Compiler constants are not
 the user's data and are excluded: `graph.constant` ops and the weights the importer
 folded from constants alone (named `FOLDED_PREFIX`...; a weight derived from a
-parameter keeps the parameter's name and counts). A table that only `gather_rows`
+parameter keeps the parameter's name and counts, once with the parameter it came from:
+"e.weight.permute" and "e.weight" are one tensor), and a pure compile-time attention
+mask (a causal buffer: the program skips its masked pairs instead). A table that only `gather_rows`
 reads (an embedding) counts min(table bytes, gathered rows * row bytes): the indices
 are run-time values, so the rows gathered are counted as distinct.
 
@@ -153,6 +157,10 @@ class _Counter:
     vector: float = 0.0
     by_op: dict[str, dict[str, float]] = field(default_factory=dict[str, dict[str, float]])
     consts: dict[SSAValue, np.ndarray | None] = field(default_factory=dict[SSAValue, "np.ndarray | None"])
+    # ops counted as part of an attention, and the ops computing its compile-time masks
+    claimed: set[Operation] = field(default_factory=set[Operation])
+    mask_ops: set[Operation] = field(default_factory=set[Operation])
+    mask_values: set[SSAValue] = field(default_factory=set[SSAValue])  # the masks themselves
 
     # -- costs --------------------------------------------------------------------------
 
@@ -207,14 +215,15 @@ class _Counter:
 
     def run(self) -> IntrinsicWork:
         ops = list(self.gp.func.body.block.ops)
-        claimed: set[Operation] = set()
-        for op in ops:
+        for op in ops:  # first the attentions and their compile-time masks
             if isinstance(op, g.SoftmaxOp):
                 chain = _attention_chain(self, op)
                 if chain is not None:
-                    claimed |= chain
+                    self.claimed |= chain
+            elif isinstance(op, gi.SdpaOp) and op.mask is not None:
+                _additive_mask(self, op.mask)
         for op in ops:
-            if op in claimed or isinstance(op, func.ReturnOp):
+            if op in self.claimed or op in self.mask_ops or isinstance(op, func.ReturnOp):
                 continue
             rule = WORK_TABLE.get(type(op))
             if rule is None:
@@ -237,7 +246,13 @@ class _Counter:
         for op in fn.body.block.ops:
             if isinstance(op, g.WeightOp) and not op.weight.startswith(FOLDED_PREFIX):
                 by_name.setdefault(op.weight, []).append(op.result)
-        weights = sum(self.read_bytes(vs) for vs in by_name.values())
+        # a weight the importer derived from another ("e.weight.permute") is the same data
+        groups: dict[str, list[int]] = {}
+        for name, vs in by_name.items():
+            parts = name.split(".")
+            root = next((r for r in (".".join(parts[:i]) for i in range(1, len(parts))) if r in by_name), name)
+            groups.setdefault(root, []).append(self.read_bytes(vs))
+        weights = sum(max(b) for b in groups.values())
         for kind, b in (("hbm inputs", ins), ("hbm outputs", outs), ("hbm weights", weights)):
             self.by_op[kind] = {"bytes": float(b)}
         return float(ins + outs + weights)
@@ -246,8 +261,9 @@ class _Counter:
         """Bytes a program must read of one tensor (several ops may name one weight):
         none when unused, the gathered rows when only gather_rows reads it as its table."""
         uses = [u for v in values for u in v.uses]
-        if not uses:
-            return 0
+        if all(u.operation in self.mask_ops or u.operation in self.claimed
+               or u.operation.operands[u.index] in self.mask_values for u in uses):
+            return 0  # unused, or a compile-time attention mask (its pairs are skipped)
         full = _nbytes(values[0])
         if not all(isinstance(u.operation, gi.GatherRowsOp) and u.index == 0 for u in uses):
             return full
@@ -452,8 +468,22 @@ def _additive_mask(c: _Counter, mask: SSAValue) -> tuple[np.ndarray | None, floa
     if m is None:
         return None, 2 * c.binary("add")
     masked = _masked(m, _dtype(mask))
-    others = bool(np.any(m[~masked] != 0))
-    return ~masked, (2 * c.binary("add") if others else 0.0)
+    if bool(np.any(m[~masked] != 0)):  # values a program must add (a bias such as ALiBi)
+        return ~masked, 2 * c.binary("add")
+    _mask_sources(c, mask)
+    return ~masked, 0.0
+
+
+def _mask_sources(c: _Counter, v: SSAValue) -> None:
+    """Record the ops computing a compile-time mask: a program builds the mask into the
+    pairs it scores, so it need not read the mask's data."""
+    c.mask_values.add(v)
+    owner = v.owner
+    if not isinstance(owner, Operation) or owner in c.mask_ops:
+        return
+    c.mask_ops.add(owner)
+    for o in owner.operands:
+        _mask_sources(c, o)
 
 
 def _count_attention(c: _Counter, a: _Attention) -> None:
@@ -594,6 +624,8 @@ def _where_mask(c: _Counter, w: gi.WhereOp, x: SSAValue) -> tuple[np.ndarray | N
         cond = c.const(w.cond)
         if cond is None:
             return None, 2 * c.binary("mask"), keep
+        _mask_sources(c, w.cond)
+        _mask_sources(c, drop)
         return ((cond != 0) if when else (cond == 0)), 0.0, keep
     return None
 
