@@ -25,6 +25,9 @@ group of function f; `n` the result's elements, `n_in` the input's)::
                       (a per-channel column, one input; it evacuates the accumulator);
                       without a bias, the matmul's evacuation rule.
     unary f           n * cost(f)                       (gelu: gelu / gelu_tanh)
+    decomposed GELU / SiLU (the primitive ops torch.export writes them as, matched by
+                      `ir/graph_patterns.py` as canonicalize-graph matches them):
+                      n * cost(gelu / gelu_tanh / silu), the function they are
     binary f          n * cost(f) * (2 if both operands are full tensors of the result's
                       shape, else 1: a broadcast operand can be laid out as a column)
     compare f         as binary f
@@ -61,21 +64,30 @@ mul / div by a constant scalar -> optional mask (an additive `add`, or
 must score::
 
     MACs    (d_k + d_v) * pairs          (16-bit when the matmuls' operands are)
-    vector  pairs * (max-reduce + sub + exp + sum-reduce)
+    vector  pairs * (max-reduce + exp)
             + L * d_v * cost(mul)        (the final normalisation by the row sums)
-            + L * d_k * cost(mul)        (the scale, folded into q; not when it is 1)
+            + min(L, S) * d_k * cost(mul) (the scale, folded into q or k; not when 1)
+
+Only the max-reduce and the exp of each score are the vector engine's by necessity:
+the subtraction of the row max folds into the QK matmul (one more contraction row,
+``[q | 1] @ [k | -m]``) and the row sum into the PV matmul (a ones column of V), both
+on the matrix engine, as tilecc's flash kernel does (`passes/graph_to_tile/attention`);
+a program may also do them on the vector engine, so they add no MACs to the bound
+either (each resource counts what it must do whatever the others do).
 
 The decision on masks: a masked pair needs no work, so `pairs` counts only unmasked
 ones when the mask is known at compile time: ``causal=True`` (torch's top-left
 ``tril``: query i sees keys j <= i) and a compile-time constant mask (a graph weight or
 constant, or views of them): an additive value <= -1e30 or the element type's most
 negative finite value (transformers uses ``finfo.min``, not -inf), or a `where`
-condition selecting the big negative branch, is masked. A constant additive mask with
-other non-zero values adds one binary pass (2 inputs) per unmasked pair. A mask
-computed at run time (from an input) can mask nothing at compile time: every L*S pair
-counts, plus one binary pass (2 inputs) per score to apply it. A pure compile-time
-mask (only 0 and masked values) is built into the pairs a program scores: the ops
-computing it count no work and its data is not compulsory traffic (below).
+condition selecting the big negative branch, is masked. A mask computed at run time
+(from an input) can mask nothing at compile time: every L*S pair counts. Applying a
+mask adds nothing to the bound: the matrix engine can add it to the scores (``acc +=
+I^T @ mask``, as tilecc's kernel does) and the vector engine could instead; a run-time
+mask's bytes are an input's, counted below. A pure compile-time mask (only 0 and
+masked values) is built into the pairs a program scores: the ops computing it count no
+work and its data is not compulsory traffic; a constant mask with other values (a bias
+such as ALiBi) is data the program reads.
 
 Compulsory HBM bytes: the graph's inputs that it reads, its outputs and every weight /
 buffer it reads, at the graph's element type, each once. Compiler constants are not
@@ -108,6 +120,7 @@ from tilecc.ir import graph_index as gi
 from tilecc.ir import graph_nn as nn
 from tilecc.ir.dtypes import masked_value
 from tilecc.ir.graph_dsl import DslCallOp
+from tilecc.ir.graph_patterns import match_gelu, match_silu
 from tilecc.ir.vector_fns import BINARY, elementwise_fn
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType
@@ -215,8 +228,11 @@ class _Counter:
 
     def run(self) -> IntrinsicWork:
         ops = list(self.gp.func.body.block.ops)
-        for op in ops:  # first the attentions and their compile-time masks
-            if isinstance(op, g.SoftmaxOp):
+        for op in ops:  # first the decomposed activations, attentions and compile-time masks
+            act = _activation(op)
+            if act is not None:
+                self.claim_activation(op, *act)
+            elif isinstance(op, g.SoftmaxOp):
                 chain = _attention_chain(self, op)
                 if chain is not None:
                     self.claimed |= chain
@@ -236,6 +252,24 @@ class _Counter:
             macs_16=self.macs_16, macs_fp32=self.macs_fp32, vector_element_cycles=self.vector,
             compulsory_hbm_bytes=self.compulsory_bytes(), by_op=self.by_op,
         )
+
+    def claim_activation(self, final: Operation, x: SSAValue, fn: str) -> None:
+        """Count a decomposed activation ending at `final` as its one function: the ops
+        between `x` and `final` that nothing else uses are claimed by it."""
+        cone: set[Operation] = set()
+        todo = [final]
+        while todo:
+            op = todo.pop()
+            if op in cone:
+                continue
+            cone.add(op)
+            todo += [o.owner for o in op.operands if o is not x and isinstance(o.owner, Operation)]
+        changed = True
+        while changed:  # keep only ops whose every use is inside (the final op's are outside)
+            inner = {op for op in cone if op is final or all(u.operation in cone for r in op.results for u in r.uses)}
+            changed, cone = inner != cone, inner
+        self.claimed |= cone
+        self.add(f"graph.{fn.split('_')[0]} (decomposed)", vector=numel(final.results[0]) * self.unary(fn))
 
     def compulsory_bytes(self) -> float:
         fn = self.gp.func
@@ -278,6 +312,15 @@ class _Counter:
         if not _is16(result) or _has_vector_consumer(result):
             return 0.0
         return numel(result) * self.unary("copy")
+
+
+def _activation(op: Operation) -> tuple[SSAValue, str] | None:
+    """(x, vector function) when `op` ends a decomposed GELU or SiLU (`ir/graph_patterns`)."""
+    gelu = match_gelu(op)
+    if gelu is not None:
+        return gelu[0], "gelu" if gelu[1] == "none" else "gelu_tanh"
+    x = match_silu(op)
+    return (x, "silu") if x is not None else None
 
 
 def _has_vector_consumer(v: SSAValue) -> bool:
@@ -448,7 +491,6 @@ class _Attention:
     fp32_pv: bool
     scale: float
     valid: np.ndarray | None  # bool, broadcasting to the scores' trailing dims; None: all
-    extra_pass: float  # cost * inputs of a binary pass over the counted pairs (a mask applied)
 
 
 def _tril(L: int, S: int) -> np.ndarray:
@@ -462,16 +504,15 @@ def _masked(values: np.ndarray, dt: DType) -> np.ndarray:
     return values <= max(MASKED_AT_OR_BELOW, low)
 
 
-def _additive_mask(c: _Counter, mask: SSAValue) -> tuple[np.ndarray | None, float]:
-    """(valid pairs, extra pass cost) of an additive mask."""
+def _additive_mask(c: _Counter, mask: SSAValue) -> np.ndarray | None:
+    """The pairs an additive mask leaves (None: all, a run-time mask)."""
     m = c.const(mask)
     if m is None:
-        return None, 2 * c.binary("add")
+        return None
     masked = _masked(m, _dtype(mask))
-    if bool(np.any(m[~masked] != 0)):  # values a program must add (a bias such as ALiBi)
-        return ~masked, 2 * c.binary("add")
-    _mask_sources(c, mask)
-    return ~masked, 0.0
+    if not bool(np.any(m[~masked] != 0)):  # a pure mask: no values a program must read
+        _mask_sources(c, mask)
+    return ~masked
 
 
 def _mask_sources(c: _Counter, v: SSAValue) -> None:
@@ -495,11 +536,10 @@ def _count_attention(c: _Counter, a: _Attention) -> None:
         pairs = float(total)
     else:
         pairs = float(np.count_nonzero(a.valid)) * (total / a.valid.size)
-    vector = pairs * (c.reduce("max") + c.binary("sub") + c.unary("exp") + c.reduce("sum"))
-    vector += pairs * a.extra_pass
+    vector = pairs * (c.reduce("max") + c.unary("exp"))
     vector += batch * L * a.d_v * c.binary("mul")
     if a.scale != 1.0:
-        vector += batch * L * a.d_k * c.binary("mul")
+        vector += batch * min(L, S) * a.d_k * c.binary("mul")
     qk, pv = pairs * a.d_k, pairs * a.d_v
     c.add("attention", macs=(0.0 if a.fp32_qk else qk) + (0.0 if a.fp32_pv else pv),
           macs_fp32=(qk if a.fp32_qk else 0.0) + (pv if a.fp32_pv else 0.0), vector=vector)
@@ -510,12 +550,12 @@ def _sdpa(c: _Counter, op: Operation) -> None:
     qs, ks, vs = g.shape_of(s.q), g.shape_of(s.k), g.shape_of(s.v)
     L, S = qs[-2], ks[-2]
     scores = (*g.shape_of(s.result)[:-2], L, S)
-    valid, extra = (None, 0.0) if s.mask is None else _additive_mask(c, s.mask)
+    valid = None if s.mask is None else _additive_mask(c, s.mask)
     if s.is_causal:
         valid = _tril(L, S) if valid is None else valid & _tril(L, S)
     fp32 = not all(_is16(v) for v in (s.q, s.k, s.v))
     _count_attention(c, _Attention(
-        scores, qs[-1], vs[-1], fp32, fp32, s.scale.value.data, valid, extra,
+        scores, qs[-1], vs[-1], fp32, fp32, s.scale.value.data, valid,
     ))
 
 
@@ -547,7 +587,8 @@ def _attention_chain(c: _Counter, sm: g.SoftmaxOp) -> set[Operation] | None:
         break
     ops.add(pv)
     # backward: softmax <- views, mask, scale <- matmul(q, k^T)
-    scale, valid, extra = 1.0, None, 0.0
+    scale: float = 1.0
+    valid: np.ndarray | None = None
     seen_scale = seen_mask = False
     while True:
         if not _one_use(x):
@@ -567,13 +608,13 @@ def _attention_chain(c: _Counter, sm: g.SoftmaxOp) -> set[Operation] | None:
             i = _chain_operand(owner, x)
             if i is None:
                 return None
-            valid, extra = _additive_mask(c, owner.operands[1 - i])
+            valid = _additive_mask(c, owner.operands[1 - i])
             seen_mask, x = True, owner.operands[i]
         elif isinstance(owner, gi.WhereOp) and not seen_mask:
             found = _where_mask(c, owner, x)
             if found is None:
                 return None
-            valid, extra, x = found
+            valid, x = found
             seen_mask = True
         elif isinstance(owner, g.MatmulOp):
             break
@@ -587,7 +628,7 @@ def _attention_chain(c: _Counter, sm: g.SoftmaxOp) -> set[Operation] | None:
     _count_attention(c, _Attention(
         g.shape_of(qk.result), g.shape_of(qk.lhs)[-1], g.shape_of(pv.result)[-1],
         not (_is16(qk.lhs) and _is16(qk.rhs)), not (_is16(pv.lhs) and _is16(pv.rhs)),
-        scale, valid, extra,
+        scale, valid,
     ))
     return ops
 
@@ -614,7 +655,7 @@ def _chain_operand(op: Operation, x: SSAValue) -> int | None:
     return None
 
 
-def _where_mask(c: _Counter, w: gi.WhereOp, x: SSAValue) -> tuple[np.ndarray | None, float, SSAValue] | None:
+def _where_mask(c: _Counter, w: gi.WhereOp, x: SSAValue) -> tuple[np.ndarray | None, SSAValue] | None:
     """A `where` applying a mask: one branch the chain, the other a big negative constant."""
     n = numel(x)
     for keep, drop, when in ((w.x, w.y, True), (w.y, w.x, False)):
@@ -623,10 +664,10 @@ def _where_mask(c: _Counter, w: gi.WhereOp, x: SSAValue) -> tuple[np.ndarray | N
             continue
         cond = c.const(w.cond)
         if cond is None:
-            return None, 2 * c.binary("mask"), keep
+            return None, keep
         _mask_sources(c, w.cond)
         _mask_sources(c, drop)
-        return ((cond != 0) if when else (cond == 0)), 0.0, keep
+        return ((cond != 0) if when else (cond == 0)), keep
     return None
 
 
@@ -650,7 +691,7 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
     nn.MaxPool2dOp: ("min(direct, separable) window reads * cost(reduce max)", _max_pool),
     nn.AvgPool2dOp: ("min(direct, separable) window reads * cost(reduce sum) + n * cost(mul)", _avg_pool),
     nn.AdaptiveAvgPool2dOp: ("max(n_in, n) * cost(reduce sum) + n * cost(mul)", _adaptive_avg_pool),
-    gi.SdpaOp: ("attention: (d_k + d_v) MACs and max, sub, exp, sum per unmasked pair", _sdpa),
+    gi.SdpaOp: ("attention: (d_k + d_v) MACs, max-reduce and exp per unmasked pair", _sdpa),
     DslCallOp: ("the kernel's own work (dsl_call_work)", _dsl_call),
     **{t: (_ZERO, _zero) for t in (
         g.WeightOp, g.ConstantOp, g.PermuteOp, g.ReshapeOp, g.ExpandOp, g.CastOp, gi.SliceOp,
