@@ -79,7 +79,8 @@ def main() -> None:
         r = row(spec, args.target, args.inductor)
         print(
             f"| `{r['model']}` | {r['target']} | {r['cycles']:,.0f} | {r['bound']:,.0f} ({r['resource']}) | "
-            f"{r['ratio']:.1f} | {r['program_work'] / max(r['bound'], 1.0):.2f} | {r['hbm']:,} / {r['compulsory']:,} | {r['instructions']:,} | "
+            f"{r['ratio']:.1f} | {r['program_work'] / max(r['bound'], 1.0):.2f} | "
+            f"{r['hbm']:,} / {r['compulsory']:,} | {r['instructions']:,} | "
             f"{r['compile_s']:.2f} | {r['inductor_s']:.2f} | {r['simulate_s']:.2f} | "
             f"{'yes' if r['ok'] else 'NO'} ({r['err']:.2g}) |",
             flush=True,
