@@ -427,7 +427,7 @@ def _layer_norm(c: _Counter, op: Operation) -> None:
     c.add(op.name, vector=n * per)
 
 
-_REDUCE_FN = {nn.SumOp: "sum", nn.MeanOp: "sum", nn.AmaxOp: "max", nn.AminOp: "min"}
+_REDUCE_FN: dict[type[nn.ReduceOp], str] = {nn.SumOp: "sum", nn.MeanOp: "sum", nn.AmaxOp: "max", nn.AminOp: "min"}
 
 
 def _reduce(c: _Counter, op: Operation) -> None:
@@ -621,7 +621,7 @@ def _attention_chain(c: _Counter, sm: g.SoftmaxOp) -> set[Operation] | None:
         else:
             return None
         ops.add(cast(Operation, owner))
-    qk = cast(g.MatmulOp, owner)
+    qk = owner
     ops.add(qk)
     if g.shape_of(qk.result)[-2:] != g.shape_of(sm.result)[-2:]:
         return None
