@@ -295,8 +295,7 @@ class _Counter:
         """Bytes a program must read of one tensor (several ops may name one weight):
         none when unused, the gathered rows when only gather_rows reads it as its table."""
         uses = [u for v in values for u in v.uses]
-        if all(u.operation in self.mask_ops or u.operation in self.claimed
-               or u.operation.operands[u.index] in self.mask_values for u in uses):
+        if all(u.operation in self.mask_ops or u.operation.operands[u.index] in self.mask_values for u in uses):
             return 0  # unused, or a compile-time attention mask (its pairs are skipped)
         full = _nbytes(values[0])
         if not all(isinstance(u.operation, gi.GatherRowsOp) and u.index == 0 for u in uses):

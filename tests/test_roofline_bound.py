@@ -212,6 +212,21 @@ def test_a_constant_mask_counts_like_causal():
     assert causal.macs_fp32 == 2 * (L * (L + 1) // 2) * 2 * E
 
 
+def test_explicit_attention_on_inputs_reads_them():
+    """The chain's matmuls read q, k and v straight from the inputs: their bytes count."""
+    class Explicit(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+
+    cfg = load_config("tiny")
+    L, E = 16, 8
+    w = graph_work(_import(Explicit(), *(torch.randn(L, E) for _ in range(3))), cfg)
+    c = cfg.vector.op_cost
+    assert w.by_op["attention"]["count"] == 1 and w.macs_fp32 == L * L * 2 * E
+    assert w.vector_element_cycles == L * L * (c.reduce["max"] + c.unary["exp"]) + L * E * c.binary["mul"]
+    assert w.compulsory_hbm_bytes == 4 * L * E * 4
+
+
 def test_a_run_time_mask_counts_every_pair():
     """Nothing is masked at compile time; adding the mask costs the bound nothing (the
     array can add it), its bytes are an input's."""
