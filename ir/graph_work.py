@@ -42,8 +42,9 @@ group of function f; `n` the result's elements, `n_in` the input's)::
                       absorbable when every consumer (through views) is a matmul whose
                       other operand is a weight (fold-norm-affine's rewrite,
                       LN(x)*g+b @ W = LN(x) @ (g W) + b W).
-    max_pool2d        min(direct Hout*Wout*kh*kw, separable Hin*Wout*kw + Hout*Wout*kh)
-                      per image and channel, * cost(reduce max)
+    max_pool2d        min(direct: the taps of every output inside the input, separable:
+                      a row pass over Hin rows then a column pass) per image and channel,
+                      * cost(reduce max)
     avg_pool2d        the same window count * cost(reduce sum), + n * cost(mul)
     adaptive_avg_pool max(n_in, n) * cost(reduce sum) + n * cost(mul)
     sdpa / attention  see below
@@ -437,25 +438,32 @@ def _reduce(c: _Counter, op: Operation) -> None:
     c.add(op.name, vector=vector)
 
 
-def _window_reads(x: SSAValue, out: SSAValue, kh: int, kw: int) -> int:
-    """Elements a window reduction reads: direct, or separable (rows then columns)."""
-    n, ch, hin, _ = g.shape_of(x)
+def _taps(size: int, out: int, k: int, s: int, p: int, d: int) -> int:
+    """Window taps inside the input along one dim, summed over the outputs (padding is
+    never read)."""
+    return sum(1 for o in range(out) for t in range(k) if 0 <= o * s - p + t * d < size)
+
+
+def _window_reads(x: SSAValue, out: SSAValue, k: tuple[int, int], s: tuple[int, int], p: tuple[int, int],
+                  d: tuple[int, int] = (1, 1)) -> int:
+    """Elements a window reduction reads: directly (every tap of every output), or
+    separably (rows, then columns of the row results), whichever reads fewer."""
+    n, ch, hin, win = g.shape_of(x)
     _, _, hout, wout = g.shape_of(out)
-    direct = hout * wout * kh * kw
-    separable = hin * wout * kw + hout * wout * kh
-    return n * ch * min(direct, separable)
+    th, tw = _taps(hin, hout, k[0], s[0], p[0], d[0]), _taps(win, wout, k[1], s[1], p[1], d[1])
+    return n * ch * min(th * tw, hin * tw + wout * th)
 
 
 def _max_pool(c: _Counter, op: Operation) -> None:
     p = cast(nn.MaxPool2dOp, op)
-    (kh, kw), *_ = p.params
-    c.add(op.name, vector=_window_reads(p.input, p.result, kh, kw) * c.reduce("max"))
+    k, s, pad, d, _ = p.params
+    c.add(op.name, vector=_window_reads(p.input, p.result, k, s, pad, d) * c.reduce("max"))
 
 
 def _avg_pool(c: _Counter, op: Operation) -> None:
     p = cast(nn.AvgPool2dOp, op)
-    (kh, kw), *_ = p.params
-    reads = _window_reads(p.input, p.result, kh, kw)
+    k, s, pad, *_ = p.params
+    reads = _window_reads(p.input, p.result, k, s, pad)
     c.add(op.name, vector=reads * c.reduce("sum") + numel(p.result) * c.binary("mul"))
 
 

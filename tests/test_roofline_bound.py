@@ -137,7 +137,7 @@ def test_small_cnn():
     c = cfg.vector.op_cost
     conv_out = 8 * 8 * 8
     assert (w.macs_16, w.macs_fp32) == (0, conv_out * 3 * 3 * 3 + 128 * 10)
-    # 2x2 windows read directly (64 per channel) beat the separable order (8*4*2 + 4*4*2)
+    # 2x2 windows read directly (64 per channel) beat the separable order (8*4*2 + 4*2*4)
     assert w.vector_element_cycles == (
         conv_out * c.binary["add"] + conv_out * c.unary["relu"] + 8 * 4 * 4 * 4 * c.reduce["max"]
         + 10 * c.binary["add"] * 2  # the bias is a full [10] tensor of the [1, 10] result
@@ -146,6 +146,16 @@ def test_small_cnn():
     assert w.compulsory_hbm_bytes == (3 * 64 + 10 + weights) * 4
     r = roofline(w.figures(), cfg)
     assert r["matrix"] == pytest.approx(w.macs_fp32 * cfg.matrix.fp32_slowdown / (128 * 128))
+
+
+@pytest.mark.parametrize("k, stride, pad, per_channel", [
+    (3, 2, 1, 11 * 11),  # taps inside the 8x8 input per dim: 2 + 3 + 3 + 3; direct 121 < 8*11 + 4*11
+    (3, 1, 0, 8 * 6 * 3 + 6 * 6 * 3),  # stride 1: rows then columns (252) beat direct (324)
+])
+def test_max_pool_reads_the_fewest_taps(k, stride, pad, per_channel):
+    cfg = load_config("tiny")
+    w = graph_work(_import(torch.nn.MaxPool2d(k, stride, pad), torch.randn(1, 2, 8, 8)), cfg)
+    assert w.vector_element_cycles == 2 * per_channel * cfg.vector.op_cost.reduce["max"]
 
 
 def test_embedding_counts_the_gathered_rows_and_a_tied_table_whole():
