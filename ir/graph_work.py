@@ -57,6 +57,16 @@ group of function f; `n` the result's elements, `n_in` the input's)::
 Per-row statistics (one value per row: the reciprocal of a sum, rsqrt of a variance,
 eps) are not counted: they are O(rows), and a lower bound stays one without them.
 
+What "must" means: each resource's figure is what that resource does whatever the
+others do, among the strategies named here (the row max and sum of attention on the
+array, masks added by the array, an affine folded into a matmul's weights, an
+evacuation fused into a vector op); otherwise an op counts as the graph writes it,
+computed where it stands (a standalone softmax's subtraction and sum stay on the vector
+engine: moving them to the array would first transpose its input there). The only
+rewrites assumed are the importer's (batch norm folded into a convolution) and the
+absorptions above. `tests/test_roofline_bound.py` checks the figures by hand and
+against the compiled programs' own work.
+
 Attention: `graph.sdpa` and the form models write, ``matmul(q, k^T)`` -> optional
 mul / div by a constant scalar -> optional mask (an additive `add`, or
 ``where(mask, x, big negative)`` in either branch order) -> softmax over the last dim ->
@@ -96,9 +106,9 @@ the user's data and are excluded: `graph.constant` ops and the weights the impor
 folded from constants alone (named `FOLDED_PREFIX`...; a weight derived from a
 parameter keeps the parameter's name and counts, once with the parameter it came from:
 "e.weight.permute" and "e.weight" are one tensor), and a pure compile-time attention
-mask (a causal buffer: the program skips its masked pairs instead). A table that only `gather_rows`
-reads (an embedding) counts min(table bytes, gathered rows * row bytes): the indices
-are run-time values, so the rows gathered are counted as distinct.
+mask (a causal buffer: the program skips its masked pairs instead). A table that only
+`gather_rows` reads (an embedding) counts min(table bytes, gathered rows * row bytes):
+the indices are run-time values, so the rows gathered are counted as distinct.
 
 `by_op` breaks the work down by op name (`"attention"` for both attention forms;
 `"hbm inputs"`, `"hbm outputs"`, `"hbm weights"` for the bytes) for explanations.
