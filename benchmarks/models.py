@@ -58,7 +58,8 @@ def row(spec: str, target: str, with_inductor: bool) -> dict:
     r = cm.report
     return {
         "model": spec, "target": target, "cycles": r.cycles, "bound": r.roofline_cycles,
-        "resource": r.bottleneck, "ratio": r.roofline_ratio, "hbm": r.hbm_bytes,
+        "resource": r.bottleneck, "ratio": r.roofline_ratio, "program_work": r.program_work_cycles,
+        "hbm": r.hbm_bytes,
         "compulsory": r.compulsory_hbm_bytes, "instructions": r.instructions,
         "compile_s": compile_s, "simulate_s": r.simulate_seconds, "ok": ok, "err": err,
         "inductor_s": inductor_compile_seconds(model, inputs) if with_inductor else float("nan"),
@@ -71,14 +72,15 @@ def main() -> None:
     ap.add_argument("--inductor", action="store_true", help="also time torch.compile (slow)")
     ap.add_argument("--only", nargs="*", help="model specs to run (default: all)")
     args = ap.parse_args()
-    print("| model | target | cycles | roofline bound (resource) | ratio | HBM bytes / compulsory | "
-          "instructions | compile s | inductor compile s | simulate s | matches eager |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | target | cycles | roofline bound (resource) | ratio | program work / bound | "
+          "HBM bytes / compulsory | instructions | compile s | inductor compile s | simulate s | matches eager |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for spec in args.only or MODELS:
         r = row(spec, args.target, args.inductor)
         print(
             f"| `{r['model']}` | {r['target']} | {r['cycles']:,.0f} | {r['bound']:,.0f} ({r['resource']}) | "
-            f"{r['ratio']:.1f} | {r['hbm']:,} / {r['compulsory']:,} | {r['instructions']:,} | "
+            f"{r['ratio']:.1f} | {r['program_work'] / max(r['bound'], 1.0):.2f} | "
+            f"{r['hbm']:,} / {r['compulsory']:,} | {r['instructions']:,} | "
             f"{r['compile_s']:.2f} | {r['inductor_s']:.2f} | {r['simulate_s']:.2f} | "
             f"{'yes' if r['ok'] else 'NO'} ({r['err']:.2g}) |",
             flush=True,

@@ -1,4 +1,11 @@
-"""The compiler driver: graph program -> pass pipeline -> expanded stream -> Program."""
+"""The compiler driver: graph program -> pass pipeline -> expanded stream -> Program.
+
+The Program's `work` holds two sets of figures: the workload's intrinsic work
+(`simulator.roofline.WORK_KEYS`), counted by `ir/graph_work.py` on the graph as it was
+imported, before any pass, which the roofline bound divides by the peak rates; and the
+compiled program's own work (`runtime.report.program_work`: the MACs and vector element-cycles of
+its stream and the HBM bytes its DMAs move), which the report shows beside the bound
+as the compiler's added work."""
 
 from __future__ import annotations
 
@@ -17,6 +24,8 @@ from tilecc.errors import CompileError
 from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
+from tilecc.ir.graph_dsl import DslCallOp
+from tilecc.ir.graph_work import graph_work
 from tilecc.passes import break_pass, remarks
 from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
 from tilecc.passes.registry import default_pipeline
@@ -25,10 +34,11 @@ from tilecc.passes.schedule.matmul_schedule import MatmulSchedule
 from tilecc.passes.session import CompileSession
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
-from tilecc.runtime.report import stream_work
+from tilecc.runtime.report import program_work
 from tilecc.simulator import numerics
 from tilecc.simulator.config import HardwareConfig
-from tilecc.simulator.isa import ITEMSIZE, DType, Opcode
+from tilecc.simulator.isa import ITEMSIZE, DType
+from tilecc.simulator.roofline import IntrinsicWork
 
 StageCallback = Callable[[str, ModuleOp], None]
 
@@ -61,10 +71,14 @@ def compile_graph(
 
     `before_pass` / `after_pass` (pass name, module) run around every pass, outside
     its timing (the explorer's instrumentation, `tilecc/explore.py`); the passes'
-    remarks (`passes/remarks.py`) are kept in ``program.meta["remarks"]``."""
+    remarks (`passes/remarks.py`) are kept in ``program.meta["remarks"]``.
+
+    The roofline bound's work is counted on `gp` as given, before any pass
+    (`ir/graph_work.py`), so it is the same at every opt level and schedule."""
+    intrinsic = graph_work(gp, cfg, dsl_call_work)
     with remarks.collecting() as collected:
         program = _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy,
-                           disabled)
+                           disabled, intrinsic)
     program.meta["remarks"] = collected.to_json()
     return program
 
@@ -79,7 +93,21 @@ def measure_program(gp: GraphProgram, sched: MatmulSchedule, cfg: HardwareConfig
     return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
 
 
-def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled) -> Program:
+def dsl_call_work(op: DslCallOp, cfg: HardwareConfig) -> IntrinsicWork:
+    """The intrinsic work of a tile-DSL kernel called from a graph (`frontend/dsl/work.py`).
+
+    Until that module exists the call's work is not counted, and `by_op` says so
+    (``"graph.dsl_call uncounted"``): the bound then misses the kernel's MACs and vector
+    work (its HBM bytes are the graph's values, counted by the graph)."""
+    try:
+        from tilecc.frontend.dsl.work import dsl_call_work as count  # pyright: ignore[reportMissingImports]
+    except ImportError:
+        return IntrinsicWork(by_op={"graph.dsl_call uncounted": {"count": 1.0}})
+    return count(op, cfg)
+
+
+def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled,
+             intrinsic: IntrinsicWork) -> Program:
     broken = break_pass.broken_pass()  # test-only planted miscompilation (passes/break_pass.py)
     t0 = time.perf_counter()
     module = gp.module.clone()
@@ -118,7 +146,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         if after_pass is not None:
             after_pass(name, module)
     assert layout is not None
-    program = package_program(module, layout, cfg)
+    program = package_program(module, layout, cfg, intrinsic)
     if stats is not None:
         stats.total_seconds = time.perf_counter() - t0
     return program
@@ -128,10 +156,11 @@ TILE_STAGES = ("plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync")
 
 
 def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
-                        after_pass: StageCallback | None = None) -> Program:
+                        after_pass: StageCallback | None = None, *, intrinsic: IntrinsicWork) -> Program:
     """The pipeline's tail on a tile-dialect module (what lower-graph-to-tile or the tile
     DSL produces), in place: the `TILE_STAGES` of the default pipeline, then the Program.
-    `gp` names the inputs and outputs (and holds the weights)."""
+    `gp` names the inputs and outputs (and holds the weights); `intrinsic` is the
+    workload's own work (the roofline bound's), which the caller counts."""
     layout: _Layout | None = None
     for name, run in default_pipeline(cfg, 0):
         if name not in TILE_STAGES:
@@ -142,12 +171,15 @@ def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
         if after_pass is not None:
             after_pass(name, module)
     assert layout is not None
-    return package_program(module, layout, cfg)
+    return package_program(module, layout, cfg, intrinsic)
 
 
-def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig) -> Program:
-    """The synchronised npu module expanded to its stream, with the HBM layout: the Program."""
+def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig, intrinsic: IntrinsicWork) -> Program:
+    """The synchronised npu module expanded to its stream, with the HBM layout: the Program.
+    Its `work` is `intrinsic`'s figures (the roofline bound's) and the stream's own
+    (`program_*`); `meta["work_by_op"]` is `intrinsic.by_op`."""
     stream, kernels = expand_module(module)
+    work = {**intrinsic.figures(), **program_work(stream, cfg)}
     return Program(
         stream=stream,
         kernels=kernels,
@@ -157,8 +189,8 @@ def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig) -> P
         weight_data=layout.weight_data,
         hbm_size=layout.hbm_size,
         config=cfg,
-        work=work_figures(stream, layout, cfg),
-        meta={"hbm": layout.hbm_plan},
+        work=work,
+        meta={"hbm": layout.hbm_plan, "work_by_op": intrinsic.by_op},
     )
 
 
@@ -236,37 +268,6 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
         "intermediate_total": _int_attr(attrs, "tile.hbm_intermediate_total"),
     }
     return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size, plan)
-
-
-def work_figures(stream: np.ndarray, layout: _Layout, cfg: HardwareConfig) -> dict[str, float]:
-    """The work the roofline bound divides by peak rates (see runtime.report)."""
-    work = stream_work(stream, cfg)
-    compulsory = _compulsory_bytes(stream, layout)
-    return {
-        "macs_bf16": work["macs_bf16"],
-        "macs_fp32": work["macs_fp32"],
-        "vector_element_cycles": work["vector_element_cycles"],
-        "compulsory_hbm_bytes": float(compulsory),
-    }
-
-
-def _compulsory_bytes(stream: np.ndarray, layout: _Layout) -> float:
-    """Inputs, outputs and weights, each once; a weight that only DMA_GATHERs read (an
-    embedding table) counts the rows gathered, at most its size."""
-    total = sum(s.nbytes for s in layout.inputs + layout.outputs)
-    op = stream["opcode"]
-    gathers = stream[op == Opcode.DMA_GATHER]
-    loads = stream[op == Opcode.DMA_LOAD]["a_addr"]
-    for w in layout.weights:
-        lo, hi = w.offset, w.offset + w.nbytes
-        hit = (gathers["a_addr"] >= lo) & (gathers["a_addr"] < hi)
-        if not hit.any() or ((loads >= lo) & (loads < hi)).any():
-            total += w.nbytes
-            continue
-        g = gathers[hit]
-        rows = g["rows"].astype(np.int64) * g["cols"] * ITEMSIZE[w.dtype]
-        total += min(w.nbytes, int(rows.sum()))
-    return float(total)
 
 
 __all__ = ["compile_graph", "CompileStats", "MemRefType", "dtype_of", "ITEMSIZE"]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import MemRefType, ModuleOp
 
 from tilecc.errors import InputMismatchError, TileccError
 from tilecc.frontend.dsl import ast as A
@@ -32,6 +32,8 @@ from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.parser import load_kernels
 from tilecc.frontend.dsl.schedule import BOTTLENECK_WEIGHT
 from tilecc.frontend.dsl.torch_op import TORCH_DTYPE
+from tilecc.ir import tile
+from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.registry import default_pipeline
 from tilecc.runtime.compiler import TILE_STAGES, compile_tile_module
@@ -39,6 +41,7 @@ from tilecc.runtime.executor import run_program
 from tilecc.runtime.program import Program
 from tilecc.runtime.report import Report
 from tilecc.simulator.config import HardwareConfig, load_config
+from tilecc.simulator.roofline import IntrinsicWork
 
 
 @dataclass
@@ -106,8 +109,24 @@ def _finish(kernel: A.Kernel, module: ModuleOp, cfg: HardwareConfig, keep_ir: bo
     def keep(name: str, m: ModuleOp) -> None:
         stages[name] = str(m)
 
-    program = compile_tile_module(module, gp, cfg, keep if keep_ir else None)
+    program = compile_tile_module(module, gp, cfg, keep if keep_ir else None, intrinsic=_io_work(front))
     return Compiled(program, stages, front, 0.0)
+
+
+def _io_work(module: ModuleOp) -> IntrinsicWork:
+    """A stand-in for the kernel's intrinsic work until `frontend/dsl/work.py` counts it:
+    its parameters' and results' bytes only (no MACs, no vector work), so the bound is
+    the compulsory HBM traffic alone."""
+    main = next(f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == "main")
+    ret = main.body.block.last_op
+    values = [op.result for op in main.body.block.ops if isinstance(op, tile.HbmAllocOp) and op.input is not None]
+    values += list(ret.operands) if isinstance(ret, func.ReturnOp) else []
+    total = 0
+    for v in values:
+        t = v.type
+        assert isinstance(t, MemRefType)
+        total += int(np.prod(t.get_shape(), dtype=np.int64)) * element_size(t.element_type)
+    return IntrinsicWork(compulsory_hbm_bytes=float(total), by_op={"dsl kernel (bytes only)": {"count": 1.0}})
 
 
 class Kernel:

@@ -15,6 +15,11 @@ work figures the roofline bound needs. It saves to and loads from one file:
 
 Loading checks the magic, version, lengths and checksum and raises
 `ProgramFormatError` with what is wrong.
+
+Versions: 2 (the metadata's `work` holds the workload's intrinsic work under
+`simulator.roofline.WORK_KEYS`, counted on the graph before any pass, and the program's
+own under `program_*` keys); 1 (its `work` was the program's own, compulsory bytes
+included): refused, with a request to recompile.
 """
 
 from __future__ import annotations
@@ -32,9 +37,13 @@ from tilecc.codegen.binary import decode_stream, encode_stream
 from tilecc.errors import ProgramFormatError
 from tilecc.simulator.config import HardwareConfig, from_dict
 from tilecc.simulator.isa import ITEMSIZE, DType
+from tilecc.simulator.roofline import WORK_KEYS
 
 MAGIC = b"TILECCPG"
-PROGRAM_VERSION = 1
+PROGRAM_VERSION = 2
+# the work figures a version-2 file must hold (runtime/compiler.py PROGRAM_WORK_KEYS)
+_WORK_KEYS = WORK_KEYS + ("program_macs_16", "program_macs_fp32", "program_vector_element_cycles",
+                          "program_hbm_bytes")
 _HEADER = struct.Struct("<8sII QQQ")
 
 
@@ -115,8 +124,11 @@ class Program:
         if magic != MAGIC:
             raise ProgramFormatError(f"{source}: not a tilecc program file (magic {magic!r})")
         if version != PROGRAM_VERSION:
+            old = (" (an older tilecc's: its roofline figures were the program's own work; "
+                   "recompile the model)" if version < PROGRAM_VERSION else "")
             raise ProgramFormatError(
-                f"{source}: program format version {version}, this tilecc reads version {PROGRAM_VERSION}"
+                f"{source}: program format version {version}, this tilecc reads version "
+                f"{PROGRAM_VERSION}{old}"
             )
         body = data[_HEADER.size :]
         if len(body) != m + s + w:
@@ -128,6 +140,9 @@ class Program:
             raise ProgramFormatError(f"{source}: checksum mismatch: the program file is corrupt")
         try:
             meta = json.loads(body[:m])
+            missing = [k for k in _WORK_KEYS if k not in meta["work"]]
+            if missing:
+                raise ProgramFormatError(f"work figures lack {', '.join(missing)}")
             try:
                 stream = decode_stream(body[m : m + s])
             except ProgramFormatError as e:

@@ -1,11 +1,15 @@
 """The performance report of one program run: cycles against the roofline bound.
 
-The roofline bound of a program on a config is the largest of
-- matrix:  bf16 MACs / (R*C) + fp32 MACs * fp32_slowdown / (R*C)   (cycles)
-- hbm:     compulsory HBM bytes (inputs, weights, outputs, once) / bytes per cycle
-- vector:  element-op cycles the program's vector work needs at full lane rate
-           (sum of elements * op cost * inputs, from `[vector.op_cost]`) / lanes
-and `roofline_ratio = cycles / roofline_cycles >= 1` (1.0 is the physical limit).
+The roofline bound is the workload's, never the program's: `simulator.roofline.roofline`
+of the intrinsic work that `ir/graph_work.py` counts on the imported graph before any
+pass (or the tile-DSL kernel's own work), the largest of
+- matrix:  (16-bit MACs + fp32 MACs * fp32_slowdown) / (R*C)
+- hbm:     compulsory HBM bytes (inputs, the user's weights, outputs, once) / bytes per cycle
+- vector:  irreducible element work (sum of elements * op cost * inputs) / lanes
+in core-clock cycles, and `roofline_ratio = cycles / roofline_cycles >= 1` (1.0 is the
+physical limit). Beside it, `program_work_cycles` is the same formula over the compiled
+program's own work (its stream's MACs and vector element-cycles, the HBM bytes its DMAs
+move): how much work the compiler added over the bound.
 
 Beside it the report gives the time at the clock, each engine's busy cycles and
 utilisation, why engines lost cycles (`stalls`: waiting on semaphores; for DMA queues,
@@ -23,24 +27,17 @@ import numpy as np
 from tilecc.simulator import energy as energy_model
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType, Opcode
+from tilecc.simulator.roofline import WORK_KEYS, roofline
 from tilecc.simulator.stats import SimResult
 from tilecc.simulator.timing import vector_cost_factors
 
-
-def roofline(work: dict[str, float], cfg: HardwareConfig) -> dict[str, float]:
-    array = cfg.matrix.rows * cfg.matrix.cols
-    return {
-        "matrix": (work["macs_bf16"] + work["macs_fp32"] * cfg.matrix.fp32_slowdown) / array,
-        "hbm": work["compulsory_hbm_bytes"] / cfg.hbm.bytes_per_cycle,
-        "vector": work["vector_element_cycles"] / cfg.vector.lanes,
-    }
+__all__ = ["Report", "make_report", "program_work", "roofline", "stream_work"]
 
 
 def stream_work(stream: np.ndarray, cfg: HardwareConfig) -> dict[str, float]:
-    """The work figures of an instruction stream: bf16 and fp32 MACs (fp32 when either
+    """The work figures of an instruction stream: 16-bit and fp32 MACs (fp32 when either
     operand is), vector element-cycles (elements * op cost * inputs), and the HBM bytes
-    its DMAs move (`hbm_bytes`: a lower bound on HBM time is `hbm_bytes / peak`, stronger
-    than the compulsory traffic when the stream reloads data)."""
+    its DMAs move (`hbm_bytes`)."""
     op = stream["opcode"]
     mm = stream[op == Opcode.MATMUL]
     macs = mm["rows"].astype(np.int64) * mm["cols"] * mm["k"]
@@ -58,10 +55,25 @@ def stream_work(stream: np.ndarray, cfg: HardwareConfig) -> dict[str, float]:
         isz[int(d)] = ITEMSIZE[d]
     hbm = dma["rows"].astype(np.int64) * dma["cols"] * isz[dma["a_dtype"]]
     return {
-        "macs_bf16": float(macs[~fp32].sum()),
+        "macs_16": float(macs[~fp32].sum()),
         "macs_fp32": float(macs[fp32].sum()),
         "vector_element_cycles": float((elems * factor).sum()),
         "hbm_bytes": float(hbm.sum()),
+    }
+
+
+def program_work(stream: np.ndarray, cfg: HardwareConfig) -> dict[str, float]:
+    """`stream_work` under the `program_*` keys a Program's `work` keeps them by."""
+    return {f"program_{k}": v for k, v in stream_work(stream, cfg).items()}
+
+
+def _as_work(program: dict[str, float]) -> dict[str, float]:
+    """A program's own figures in `roofline`'s keys (the bytes it moves as its HBM work)."""
+    return {
+        "macs_16": program["program_macs_16"],
+        "macs_fp32": program["program_macs_fp32"],
+        "vector_element_cycles": program["program_vector_element_cycles"],
+        "compulsory_hbm_bytes": program["program_hbm_bytes"],
     }
 
 
@@ -83,7 +95,10 @@ class Report:
     macs: int
     kernels: int
     simulate_seconds: float
-    clock_ghz: float = 0.0
+    clock_ghz: float = 0.0  # the core clock: the time base of every cycle figure
+    # the roofline formula over the program's own work (max over resources) and its parts
+    program_work_cycles: float = 0.0
+    program_work_components: dict[str, float] = field(default_factory=dict)
     # engine -> reason ("semaphore", DMA queues also "hbm_bandwidth") -> cycles lost
     stalls: dict[str, dict[str, float]] = field(default_factory=dict)
     # bytes moved per memory level: hbm_read, hbm_written, sram, accumulator
@@ -104,10 +119,14 @@ class Report:
         b, en = self.bytes_moved, self.energy
         lines = [
             f"target            {self.target}",
-            f"cycles            {self.cycles:,.0f}  ({self.time_us:,.2f} us at {self.clock_ghz:g} GHz)",
-            f"roofline bound    {self.roofline_cycles:,.0f} cycles, set by {self.bottleneck}",
+            f"cycles            {self.cycles:,.0f} (core clock {self.clock_ghz:g} GHz: {self.time_us:,.2f} us)",
+            f"roofline bound    {self.roofline_cycles:,.0f} cycles, set by {self.bottleneck} "
+            "(the workload's intrinsic work)",
             f"roofline ratio    {self.roofline_ratio:.2f}x  (1.00 is the physical limit)",
             "bound by resource " + ", ".join(f"{k} {v:,.0f}" for k, v in self.roofline_components.items()),
+            f"program work      {self.program_work_cycles:,.0f} cycles "
+            f"({self.program_work_cycles / max(self.roofline_cycles, 1.0):.2f} of the bound): the compiler's "
+            "added work (" + ", ".join(f"{k} {v:,.0f}" for k, v in self.program_work_components.items()) + ")",
             "utilisation       " + ", ".join(f"{k} {v:.1%}" for k, v in self.utilization.items()),
         ]
         stalls = [
@@ -161,9 +180,12 @@ def make_report(
     hbm_plan: dict[str, int] | None = None,
     remarks: list[dict[str, str]] | None = None,
 ) -> Report:
-    comps = roofline(work, cfg)
+    """The report of `sim`, a run of a program whose `work` holds the intrinsic figures
+    (`WORK_KEYS`, the bound's) and its own (`program_*`, see `program_work`)."""
+    comps = roofline({k: work[k] for k in WORK_KEYS}, cfg)
     bottleneck = max(comps, key=lambda k: comps[k])
     bound = max(max(comps.values()), 1.0)
+    own = roofline(_as_work(work), cfg)
     cycles = float(sim.cycles)
     energy = energy_model.from_result(sim, cfg)
     return Report(
@@ -184,6 +206,8 @@ def make_report(
         kernels=int(sim.kernels),
         simulate_seconds=simulate_seconds,
         clock_ghz=cfg.clock_ghz,
+        program_work_cycles=max(own.values()),
+        program_work_components=own,
         stalls={e: dict(r) for e, r in getattr(sim, "stalls", {}).items()},
         bytes_moved={
             "hbm_read": int(sim.hbm_bytes_read),

@@ -23,6 +23,9 @@ def test_run_json_mlp_odd_sizes():
     assert d["cycles"] > 0 and d["roofline_ratio"] >= 1.0
     for key in ("max_abs_error", "roofline_cycles", "instructions", "compile_seconds", "simulate_seconds"):
         assert key in d
+    # the bound is the workload's; the program's own work is a figure of its own, never below it
+    assert set(d["roofline_components"]) == set(d["program_work_components"]) == {"matrix", "hbm", "vector"}
+    assert d["program_work_cycles"] >= d["roofline_cycles"] > 0 and d["clock_ghz"] > 0
 
 
 def test_run_readable_report_and_save(tmp_path):
@@ -30,7 +33,8 @@ def test_run_readable_report_and_save(tmp_path):
     p = run("run", "examples/mlp.py:mlp_bf16", "--save", str(out))
     assert p.returncode == 0, p.stderr
     assert "matches eager     yes" in p.stdout
-    assert "roofline ratio" in p.stdout
+    assert "roofline ratio" in p.stdout and "of the bound): the compiler's added work" in p.stdout
+    assert "core clock" in p.stdout
     assert out.stat().st_size > 0
 
 

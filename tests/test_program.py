@@ -53,6 +53,8 @@ def _corrupt(data: bytes, how: str) -> bytes:
         return b"NOTTILEC" + data[8:]
     if how == "version":
         return data[:8] + (99).to_bytes(4, "little") + data[12:]
+    if how == "old":  # version 1: its work figures were the program's own
+        return data[:8] + (1).to_bytes(4, "little") + data[12:]
     if how == "flipped":
         b = bytearray(data)
         b[-5] ^= 0xFF
@@ -68,7 +70,9 @@ def _corrupt(data: bytes, how: str) -> bytes:
         ("truncated", "truncated or padded program file"),
         ("header", "truncated program file (10 bytes"),
         ("magic", "not a tilecc program file"),
-        ("version", "program format version 99, this tilecc reads version 1"),
+        ("version", "program format version 99, this tilecc reads version 2"),
+        ("old", "program format version 1, this tilecc reads version 2 (an older tilecc's: its roofline "
+                "figures were the program's own work; recompile the model"),
         ("flipped", "checksum mismatch"),
         ("trailing", "truncated or padded program file"),
     ],
@@ -77,6 +81,18 @@ def test_corrupt_program_files(compiled, tmp_path, how, message):
     path = tmp_path / "bad.tlc"
     path.write_bytes(_corrupt(compiled[2].program.to_bytes(), how))
     with pytest.raises(ProgramFormatError, match=message.replace("(", r"\(")):
+        Program.load(path)
+
+
+def test_a_program_without_the_intrinsic_work_is_a_format_error(compiled, tmp_path):
+    import dataclasses
+
+    prog = compiled[2].program
+    assert {"macs_16", "compulsory_hbm_bytes", "program_hbm_bytes"} <= set(prog.work)
+    bad = dataclasses.replace(prog, work={k: v for k, v in prog.work.items() if k != "macs_16"})
+    path = tmp_path / "bad.tlc"
+    path.write_bytes(bad.to_bytes())
+    with pytest.raises(ProgramFormatError, match="work figures lack macs_16"):
         Program.load(path)
 
 

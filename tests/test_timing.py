@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tilecc.errors import ConfigError, DeadlockError, MemoryAccessError, SimulatorError
-from tilecc.runtime.report import make_report, roofline, stream_work
+from tilecc.runtime.report import make_report, program_work, roofline, stream_work
 from tilecc.simulator import decode, energy, isa, machine, scheduler
 from tilecc.simulator.config import PRESET_DIR, HardwareConfig, from_dict, load_config
 from tilecc.simulator.gemm import gemm
@@ -469,7 +469,7 @@ def test_stalls_and_report():
     assert r.stalls["vector"]["semaphore"] == r.start[3] == r.end[2]
     assert r.stalls["dma0"]["semaphore"] == r.start[4] - r.end[0]
     assert r.stalls["dma0"]["hbm_bandwidth"] > 0 and r.stalls["dma1"]["hbm_bandwidth"] > 0
-    work = {**stream_work(stream, TINY), "compulsory_hbm_bytes": 2 * 16 * 1024 * 2}
+    work = {**stream_work(stream, TINY), "compulsory_hbm_bytes": 2 * 16 * 1024 * 2, **program_work(stream, TINY)}
     rep = make_report(r, work, TINY, 0.01)
     assert rep.cycles == r.cycles and rep.roofline_ratio >= 1
     assert rep.bytes_moved["hbm_read"] == 2 * 16 * 1024 * 2 and rep.bytes_moved["accumulator"] == r.acc_bytes

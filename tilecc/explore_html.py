@@ -208,7 +208,7 @@ def kernel_figures(ex: Exploration) -> list[dict]:
     rows = []
     for name, first, count in ex.program.kernels:
         w = stream_work(ex.program.stream[first:first + count], cfg)
-        macs = w["macs_bf16"] + w["macs_fp32"]
+        macs = w["macs_16"] + w["macs_fp32"]
         rows.append({"kernel": name, "cycles": float(cycles.get(name, 0)), "macs": macs,
                      "hbm_bytes": w["hbm_bytes"], "fp32": w["macs_fp32"] > 0,
                      "vector_cycles": w["vector_element_cycles"] / cfg.vector.lanes
