@@ -29,6 +29,7 @@ from tilecc.runtime.report import stream_work
 from tilecc.simulator import numerics
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType, Opcode
+from tilecc.simulator.roofline import IntrinsicWork
 
 StageCallback = Callable[[str, ModuleOp], None]
 
@@ -128,10 +129,11 @@ TILE_STAGES = ("plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync")
 
 
 def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
-                        after_pass: StageCallback | None = None) -> Program:
+                        after_pass: StageCallback | None = None, *, intrinsic: IntrinsicWork) -> Program:
     """The pipeline's tail on a tile-dialect module (what lower-graph-to-tile or the tile
     DSL produces), in place: the `TILE_STAGES` of the default pipeline, then the Program.
-    `gp` names the inputs and outputs (and holds the weights)."""
+    `gp` names the inputs and outputs (and holds the weights); `intrinsic` is the
+    workload's own work (the roofline bound's)."""
     layout: _Layout | None = None
     for name, run in default_pipeline(cfg, 0):
         if name not in TILE_STAGES:
@@ -142,11 +144,14 @@ def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
         if after_pass is not None:
             after_pass(name, module)
     assert layout is not None
-    return package_program(module, layout, cfg)
+    return package_program(module, layout, cfg, intrinsic)
 
 
-def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig) -> Program:
-    """The synchronised npu module expanded to its stream, with the HBM layout: the Program."""
+def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig,
+                    intrinsic: IntrinsicWork | None = None) -> Program:
+    """The synchronised npu module expanded to its stream, with the HBM layout: the Program.
+    Its `work` is `intrinsic` (the stream's own figures where None) beside the stream's
+    own work under program_* keys."""
     stream, kernels = expand_module(module)
     return Program(
         stream=stream,
@@ -157,7 +162,7 @@ def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig) -> P
         weight_data=layout.weight_data,
         hbm_size=layout.hbm_size,
         config=cfg,
-        work=work_figures(stream, layout, cfg),
+        work=work_figures(stream, layout, cfg, intrinsic),
         meta={"hbm": layout.hbm_plan},
     )
 
@@ -238,16 +243,22 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
     return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size, plan)
 
 
-def work_figures(stream: np.ndarray, layout: _Layout, cfg: HardwareConfig) -> dict[str, float]:
-    """The work the roofline bound divides by peak rates (see runtime.report)."""
+def work_figures(stream: np.ndarray, layout: _Layout, cfg: HardwareConfig,
+                 intrinsic: IntrinsicWork | None = None) -> dict[str, float]:
+    """The work the roofline bound divides by peak rates (see runtime.report): the
+    intrinsic figures under `WORK_KEYS`, the stream's own under program_* keys."""
     work = stream_work(stream, cfg)
     compulsory = _compulsory_bytes(stream, layout)
-    return {
-        "macs_bf16": work["macs_bf16"],
+    program = {
+        "macs_16": work["macs_bf16"],
         "macs_fp32": work["macs_fp32"],
         "vector_element_cycles": work["vector_element_cycles"],
         "compulsory_hbm_bytes": float(compulsory),
     }
+    figures = program if intrinsic is None else intrinsic.figures()
+    out = {**figures, **{f"program_{k}": v for k, v in program.items()}}
+    out["macs_bf16"] = out["macs_16"]  # the key runtime/report.py reads
+    return out
 
 
 def _compulsory_bytes(stream: np.ndarray, layout: _Layout) -> float:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import tilecc
 from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.schedule import schedule_kernel
+from tilecc.frontend.dsl.work import kernel_work
 from tilecc.runtime import kernel as api
 from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import load_config
@@ -150,7 +151,7 @@ def test_the_schedule_estimate_is_the_simulated_time(target, S, D):
     kern = tilecc.kernel(KERNELS / "flash_attention.tdsl")
     module = build_module(kern.ast, [(1, S, D)] * 3, cfg, target, schedule=False)
     estimate = schedule_kernel(api._kernel_func(module, "flash_attention"), cfg, 0.0, 0.0)
-    program = api._finish(kern.ast, module, cfg, False).program
+    program = api._finish(kern.ast, module, cfg, False, kernel_work(kern.ast, [(1, S, D)] * 3, cfg)).program
     cycles = simulate(program.stream, cfg, None, functional=False, record=False).cycles
     assert abs(estimate / cycles - 1) < 0.01, (estimate, cycles)
     # the top level's DMAs went on the queues the estimate assumed

@@ -244,7 +244,8 @@ IDENTITY = {"add": (0.0, True), "sub": (0.0, False), "mul": (1.0, True), "div": 
 
 def count_binary(lw: KernelLowering, fn: str, a: object, b: object) -> None:
     """Tally `a fn b` (not folded): 2 inputs when both operands are tiles of the
-    result's shape, 1 for a number, row or column operand; with a constant tile
+    result's shape, 1 for a number, a column or a broadcast row (`load(w[n])`, even
+    against a one-row tile); with a constant tile
     operand, only the elements where it is not fn's identity (frontend/dsl/work.py)."""
     sa, sb = tile_sizes(a), tile_sizes(b)
     if sa is None or sb is None:
@@ -258,7 +259,8 @@ def count_binary(lw: KernelLowering, fn: str, a: object, b: object) -> None:
     for c in (b, a) if either_side else (b,):
         if ident is not None and isinstance(c, Const):
             elements = int(np.count_nonzero(np.broadcast_to(c.data != ident, out)))
-    lw.tally.binary(fn, elements, 2 if sa == sb == out else 1)
+    rows = [isinstance(v, Lazy) and v.is_row or isinstance(v, Const) and v.kind != "tile" for v in (a, b)]
+    lw.tally.binary(fn, elements, 2 if sa == sb == out and rows[0] == rows[1] else 1)
 
 
 def fold(lw: KernelLowering, fn: str, a: object, b: object, pos: A.Pos) -> object | None:

@@ -310,7 +310,12 @@ def build_module(kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: Hardw
     that allocates the inputs, outputs and constants and calls it (the kernel
     list-scheduled unless `schedule` is off: frontend/dsl/schedule.py)."""
     kl = KernelLowering(kernel, shapes, cfg, target, schedule=schedule)
-    kfunc = kl.run()
+    return kernel_module(kl, kl.run())
+
+
+def kernel_module(kl: KernelLowering, kfunc: func.FuncOp) -> ModuleOp:
+    """The module of a lowered kernel (`kfunc = kl.run()`) and its ``@main``."""
+    kernel = kl.k
     main_ops: list[Operation] = []
     args: list[SSAValue] = []
     loc = StringAttr(kl.loc_of(kernel.pos))
@@ -341,4 +346,4 @@ def build_module(kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: Hardw
     return ModuleOp([kfunc, main])
 
 
-__all__ = ["build_module", "KernelLowering", "DTYPES"]
+__all__ = ["build_module", "kernel_module", "KernelLowering", "DTYPES"]
