@@ -15,24 +15,31 @@ graph-level counter (`ir/graph_work.py`):
 - A unary function f of a tile: elements * ``[vector.op_cost.unary] f``.
 - A binary operator or ``max(a, b)`` / ``min(a, b)``: result elements * its
   ``[vector.op_cost.binary]`` cost * 2 when both operands are tiles of the result's
-  shape, * 1 when one is a number, a column ``[R x 1]`` or a row; ``-x`` is ``x * -1``
-  and ``transpose(x) * c`` is one multiply, as the lowering computes them.
-  ``x += v`` is ``x = x + v`` (also on a freshly zeroed tile).
+  shape, * 1 when one is a number, a column ``[R x 1]`` or a broadcast row
+  (``load(bias[n])``, also against a one-row edge tile); ``-x`` is ``x * -1`` and
+  ``transpose(x) * c`` is one multiply, as the lowering computes them. ``x += v`` is
+  ``x = x + v`` (also on a freshly zeroed tile).
 - ``sum`` / ``max`` / ``min`` / ``mean`` of a tile: input elements * the
   ``[vector.op_cost.reduce]`` cost (``mean`` is a sum; its 1/n scale is part of it).
 - Work whose result is known when the kernel is compiled costs nothing: arithmetic on
-  numbers and on index tiles (``col_ids(j) > row_ids(m)``, a causal mask is a constant),
-  and adding an all-zero constant tile or multiplying by an all-one one (the lowering
-  folds these). A causal mask therefore counts only in the key blocks the diagonal
-  crosses, where it is a full-tile add (both operands the block's shape).
+  numbers and on index tiles of static loop tiles (unrolled loops:
+  ``(col_ids(j) > row_ids(m)) * -1e30``, a causal mask, is a constant tile; index tiles
+  of a loop that runs as ``scf.for`` are loaded data, and arithmetic on them counts),
+  and the elements where a constant tile operand is the op's
+  identity (``+ 0``, ``- 0``, ``* 1``, ``/ 1``). A causal mask therefore counts only
+  where it is not zero: the elements above the diagonal of the query tile's diagonal
+  tile, as a full-tile add (2 inputs), in each pass that adds it.
 
 Loops count every iteration: a statement inside ``for m in tiles(E, S)`` counts once per
 tile at that tile's size (the partial edge tile at its own size), so the kernel's loop
 bounds decide what is computed. A causal kernel whose key loop stops at the query
-tile's end (``tiles(m.end, B)``) counts the keys up to that end: the masked part of
-the diagonal tiles is computed and counts, the blocks above the diagonal are never
-visited and count nothing. That part depends on the tile size the source picks
-(``T = target.partitions``), which is what the kernel computes on that target.
+tile's end (``tiles(m.end, B)``) counts the keys up to that end: the masked half of
+each diagonal tile is computed (scores, max, exp, sums, P @ V) and counts, the tiles
+above the diagonal are never visited and count nothing. That half depends on the tile
+size the source picks (``T = target.partitions``: S^2 / 2 + S * T / 2 scores per head),
+which is what the kernel computes on that target; kernels without such loops count
+the same work on every target. Multi-buffered, peeled and unrolled copies of a body
+count once each, a body that runs as ``scf.for`` once per trip.
 
 The shapes and dtypes of every expression come from the front end's own checking
 lowering (`frontend/dsl/lower`, which checks and emits together): `kernel_work` lowers
