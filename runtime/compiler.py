@@ -22,9 +22,9 @@ from xdsl.ir import Attribute
 from tilecc.codegen.expand import expand_module
 from tilecc.errors import CompileError
 from tilecc.frontend.dsl.graph_call import DslKernels
+from tilecc.frontend.dsl.work import dsl_call_work
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
-from tilecc.ir.graph_dsl import DslCallOp
 from tilecc.ir.graph_work import graph_work
 from tilecc.passes import break_pass, remarks
 from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
@@ -91,19 +91,6 @@ def measure_program(gp: GraphProgram, sched: MatmulSchedule, cfg: HardwareConfig
 
     prog = compile_graph(gp, cfg, matmul_policy=lambda _problem, _program=None: sched)
     return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
-
-
-def dsl_call_work(op: DslCallOp, cfg: HardwareConfig) -> IntrinsicWork:
-    """The intrinsic work of a tile-DSL kernel called from a graph (`frontend/dsl/work.py`).
-
-    Until that module exists the call's work is not counted, and `by_op` says so
-    (``"graph.dsl_call uncounted"``): the bound then misses the kernel's MACs and vector
-    work (its HBM bytes are the graph's values, counted by the graph)."""
-    try:
-        from tilecc.frontend.dsl.work import dsl_call_work as count  # pyright: ignore[reportMissingImports]
-    except ImportError:
-        return IntrinsicWork(by_op={"graph.dsl_call uncounted": {"count": 1.0}})
-    return count(op, cfg)
 
 
 def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled,

@@ -11,7 +11,9 @@ dtypes, target): `lower.build_module` gives the tile-dialect module, list-schedu
 ways (`schedule_variants`), and the compiler's own pipeline tail
 (`runtime.compiler.compile_tile_module`: plan-sram, plan-hbm, lower-tile-to-npu,
 npu-insert-sync) makes each variant's Program, exactly as for a compiled model; the
-fastest on the simulator is kept.
+fastest on the simulator is kept. Every variant's roofline bound is the kernel's
+intrinsic work, counted from its source by the same lowering (`frontend/dsl/work.py`),
+so the transposes, constants and copies the compiler adds never raise it.
 """
 
 from __future__ import annotations
@@ -24,16 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 from xdsl.dialects import func
-from xdsl.dialects.builtin import MemRefType, ModuleOp
+from xdsl.dialects.builtin import ModuleOp
 
 from tilecc.errors import InputMismatchError, TileccError
 from tilecc.frontend.dsl import ast as A
-from tilecc.frontend.dsl.lower import build_module
+from tilecc.frontend.dsl.lower import KernelLowering, build_module, kernel_module
 from tilecc.frontend.dsl.parser import load_kernels
 from tilecc.frontend.dsl.schedule import BOTTLENECK_WEIGHT
 from tilecc.frontend.dsl.torch_op import TORCH_DTYPE
-from tilecc.ir import tile
-from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.registry import default_pipeline
 from tilecc.runtime.compiler import TILE_STAGES, compile_tile_module
@@ -77,8 +77,10 @@ def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: Hardwar
     from tilecc.simulator.machine import simulate
 
     t0 = time.perf_counter()
-    unscheduled = build_module(kernel, shapes, cfg, target, schedule=False)
+    kl = KernelLowering(kernel, shapes, cfg, target, schedule=False)
+    unscheduled = kernel_module(kl, kl.run())
     unscheduled.verify()
+    intrinsic = kl.work()  # the kernel's work as written (frontend/dsl/work.py), every variant's bound
     variants = schedule_variants(largest_block(_kernel_func(unscheduled, kernel.name)))
     best: tuple[float, Compiled] | None = None
     for variant in variants:
@@ -86,7 +88,7 @@ def compile_kernel(kernel: A.Kernel, shapes: list[tuple[int, ...]], cfg: Hardwar
         if variant is not None:
             slack, weight = variant
             schedule_kernel(_kernel_func(module, kernel.name), cfg, slack * cfg.dma.latency_cycles, weight)
-        compiled = _finish(kernel, module, cfg, keep_ir)
+        compiled = _finish(kernel, module, cfg, keep_ir, intrinsic)
         cycles = simulate(compiled.program.stream, cfg, None, functional=False, record=False).cycles
         if best is None or cycles < best[0]:
             best = (cycles, compiled)
@@ -99,7 +101,8 @@ def _kernel_func(module: ModuleOp, name: str) -> func.FuncOp:
     return next(op for op in module.body.block.ops if isinstance(op, func.FuncOp) and op.sym_name.data == name)
 
 
-def _finish(kernel: A.Kernel, module: ModuleOp, cfg: HardwareConfig, keep_ir: bool) -> Compiled:
+def _finish(kernel: A.Kernel, module: ModuleOp, cfg: HardwareConfig, keep_ir: bool,
+            intrinsic: IntrinsicWork) -> Compiled:
     """The scheduled tile module through the compiler's tile and npu passes to a Program."""
     stages = {"tile": str(module)} if keep_ir else {}
     front = module.clone()
@@ -109,24 +112,8 @@ def _finish(kernel: A.Kernel, module: ModuleOp, cfg: HardwareConfig, keep_ir: bo
     def keep(name: str, m: ModuleOp) -> None:
         stages[name] = str(m)
 
-    program = compile_tile_module(module, gp, cfg, keep if keep_ir else None, intrinsic=_io_work(front))
+    program = compile_tile_module(module, gp, cfg, keep if keep_ir else None, intrinsic=intrinsic)
     return Compiled(program, stages, front, 0.0)
-
-
-def _io_work(module: ModuleOp) -> IntrinsicWork:
-    """A stand-in for the kernel's intrinsic work until `frontend/dsl/work.py` counts it:
-    its parameters' and results' bytes only (no MACs, no vector work), so the bound is
-    the compulsory HBM traffic alone."""
-    main = next(f for f in module.ops if isinstance(f, func.FuncOp) and f.sym_name.data == "main")
-    ret = main.body.block.last_op
-    values = [op.result for op in main.body.block.ops if isinstance(op, tile.HbmAllocOp) and op.input is not None]
-    values += list(ret.operands) if isinstance(ret, func.ReturnOp) else []
-    total = 0
-    for v in values:
-        t = v.type
-        assert isinstance(t, MemRefType)
-        total += int(np.prod(t.get_shape(), dtype=np.int64)) * element_size(t.element_type)
-    return IntrinsicWork(compulsory_hbm_bytes=float(total), by_op={"dsl kernel (bytes only)": {"count": 1.0}})
 
 
 class Kernel:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import tilecc
 from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.schedule import schedule_kernel
+from tilecc.frontend.dsl.work import kernel_work
 from tilecc.runtime import kernel as api
 from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import load_config
@@ -120,7 +121,8 @@ def _once(program, rep) -> int:
 
 def test_flash_attention_loads_every_tensor_once():
     """The causal kernel's partial key blocks reuse the whole blocks' K^T and V tiles and
-    its mask is one resident constant: HBM traffic is exactly the compulsory bytes."""
+    its mask is one resident constant: HBM traffic is exactly the program's compulsory
+    bytes (the kernel's tensors and the program's constants, once each)."""
     q = _bf(1, 640, 128)
     k = tilecc.kernel(KERNELS / "flash_attention.tdsl")
     c = k.compile(q, q, q, target="cloud")
@@ -160,7 +162,7 @@ def test_the_schedule_estimate_is_the_simulated_time(target, S, D, rel):
     kern = tilecc.kernel(KERNELS / "flash_attention.tdsl")
     module = build_module(kern.ast, [(1, S, D)] * 3, cfg, target, schedule=False)
     estimate = schedule_kernel(api._kernel_func(module, "flash_attention"), cfg, 0.0, 0.0)
-    program = api._finish(kern.ast, module, cfg, False).program
+    program = api._finish(kern.ast, module, cfg, False, kernel_work(kern.ast, [(1, S, D)] * 3, cfg)).program
     cycles = simulate(program.stream, cfg, None, functional=False, record=False).cycles
     assert abs(estimate / cycles - 1) < rel, (estimate, cycles)
     # the top level's DMAs went on the queues the estimate assumed
@@ -170,7 +172,7 @@ def test_the_schedule_estimate_is_the_simulated_time(target, S, D, rel):
 def test_flash_attention_shares_k_and_v_within_each_head():
     """With a head loop that runs as scf.for, K^T and V are still loaded and transposed
     once per head (the head index is fixed within the loop body): HBM traffic is the
-    compulsory bytes."""
+    program's compulsory bytes (its tensors and constants, once each)."""
     q = _bf(2, 72, 16)
     k = tilecc.kernel(KERNELS / "flash_attention.tdsl")
     c = k.compile(q, q, q, target="tiny")

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 import tilecc
 from tilecc.frontend.dsl.lower import build_module
 from tilecc.frontend.dsl.schedule import schedule_kernel
+from tilecc.frontend.dsl.work import kernel_work
 from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.passes.graph_to_tile import attention as la
 from tilecc.passes.registry import default_pipeline
@@ -433,7 +434,7 @@ def test_dsl_scheduler_estimate_is_the_simulated_time(target: str, name: str, sh
     kern = tilecc.kernel(KERNELS / f"{name}.tdsl")
     module = build_module(kern.ast, shapes, cfg, target, schedule=False)
     estimate = schedule_kernel(api._kernel_func(module, name), cfg, 0.0, 0.0)
-    program = api._finish(kern.ast, module, cfg, False).program
+    program = api._finish(kern.ast, module, cfg, False, kernel_work(kern.ast, shapes, cfg)).program
     cycles = simulate(program.stream, cfg, None, functional=False, record=False).cycles
     assert estimate == pytest.approx(cycles, rel=rel)
 

@@ -27,7 +27,7 @@ The values an expression evaluates to are in `values`, the syntax-tree analyses 
 `analysis`.
 """
 
-from tilecc.frontend.dsl.lower.kernel import KernelLowering, build_module
+from tilecc.frontend.dsl.lower.kernel import KernelLowering, build_module, kernel_module
 from tilecc.frontend.dsl.lower.values import DTYPES
 
-__all__ = ["build_module", "KernelLowering", "DTYPES"]
+__all__ = ["build_module", "kernel_module", "KernelLowering", "DTYPES"]

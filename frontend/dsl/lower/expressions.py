@@ -169,6 +169,7 @@ def binop(lw: KernelLowering, fn: str, a: object, b: object, pos: A.Pos, node: A
     folded = fold(lw, fn, a, b, pos)
     if folded is not None:
         return folded
+    count_binary(lw, fn, a, b)
     if (dest is not None and dest.space == tile.ACC and fn in ("add", "sub") and isinstance(a, Product)
             and isinstance(b, Const) and b.kind == "tile" and b.data.shape == (a.m, a.n) and hint in (None, "f32")):
         return matmul.product_plus_const(lw, fn, a, b, dest, node, pos)
@@ -220,6 +221,46 @@ def binop(lw: KernelLowering, fn: str, a: object, b: object, pos: A.Pos, node: A
     out = out_buf(lw, node, out_dtype, (a.rows, a.cols), a.shape, dest, pos)
     lw.add(tile.BinaryOp(fn, a.buf, b.buf, out.buf, lw.idx(a.rows), lw.idx(a.cols), mode, swap))
     return out
+
+
+def tile_sizes(v: object) -> tuple[int, int] | None:
+    """The actual [rows x cols] of a tile operand as written (a row [1 x C], a column
+    [R x 1]), None for a number or an index."""
+    if isinstance(v, Value):
+        return v.rows, v.cols
+    if isinstance(v, Lazy):
+        return v.actual
+    if isinstance(v, Product):
+        return v.m, v.n
+    if isinstance(v, Const):
+        rows, cols = v.data.shape
+        return int(rows), int(cols)
+    return None
+
+
+# (identity, on either side) of a vector function: x + 0 = 0 + x = x, x - 0 = x, ...
+IDENTITY = {"add": (0.0, True), "sub": (0.0, False), "mul": (1.0, True), "div": (1.0, False)}
+
+
+def count_binary(lw: KernelLowering, fn: str, a: object, b: object) -> None:
+    """Tally `a fn b` (not folded): 2 inputs when both operands are tiles of the
+    result's shape, 1 for a number, a column or a broadcast row (`load(w[n])`, even
+    against a one-row tile); with a constant tile
+    operand, only the elements where it is not fn's identity (frontend/dsl/work.py)."""
+    sa, sb = tile_sizes(a), tile_sizes(b)
+    if sa is None or sb is None:
+        one = sa or sb
+        if one is not None:
+            lw.tally.binary(fn, one[0] * one[1], 1)
+        return
+    out = (max(sa[0], sb[0]), max(sa[1], sb[1]))
+    elements = out[0] * out[1]
+    ident, either_side = IDENTITY.get(fn, (None, False))
+    for c in (b, a) if either_side else (b,):
+        if ident is not None and isinstance(c, Const):
+            elements = int(np.count_nonzero(np.broadcast_to(c.data != ident, out)))
+    rows = [isinstance(v, Lazy) and v.is_row or isinstance(v, Const) and v.kind != "tile" for v in (a, b)]
+    lw.tally.binary(fn, elements, 2 if sa == sb == out and rows[0] == rows[1] else 1)
 
 
 def fold(lw: KernelLowering, fn: str, a: object, b: object, pos: A.Pos) -> object | None:
@@ -322,6 +363,7 @@ def unary(lw: KernelLowering, fn: str, v: object, e: A.Call, dest: Value | None,
     t = tiles.materialise(lw, v, e.args[0])
     out = out_buf(lw, e, hint or t.dtype, (t.rows, t.cols), t.shape, dest, e.pos)
     lw.add(tile.UnaryOp(fn, t.buf, out.buf, lw.idx(t.rows), lw.idx(t.cols)))
+    lw.tally.unary(fn, t.rows, t.cols)
     return out
 
 
@@ -331,6 +373,7 @@ def reduce(lw: KernelLowering, fn: str, v: object, e: A.Call, dest: Value | None
         raise lw.err(DslTypeError, e.pos, f"{fn}() of {t.dtype} tiles is not supported")
     out = out_buf(lw, e, hint or t.dtype, (t.rows, 1), (t.shape[0], 1), dest, e.pos)
     lw.add(tile.ReduceOp("sum" if fn == "mean" else fn, t.buf, out.buf, lw.idx(t.rows), lw.idx(t.cols)))
+    lw.tally.reduce("sum" if fn == "mean" else fn, t.rows, t.cols)
     if fn == "mean":
         lw.add(tile.ScalarOp("mul", out.buf, 1.0 / t.cols, out.buf, lw.idx(t.rows), lw.idx(1)))
     return out

@@ -58,9 +58,11 @@ from tilecc.frontend.dsl.lower import expressions, statements
 from tilecc.frontend.dsl.lower.analysis import lazy_zero_assigns, loops_bounding_inner
 from tilecc.frontend.dsl.lower.values import DTYPES, ITEM, TileVar, Value, fmt_dims
 from tilecc.frontend.dsl.parser import excerpt
+from tilecc.frontend.dsl.work import WorkTally, compulsory_bytes
 from tilecc.ir import tile
 from tilecc.ir.buffers import align_up
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.roofline import IntrinsicWork
 
 
 class KernelLowering:
@@ -107,6 +109,7 @@ class KernelLowering:
         self.lazy_zero = lazy_zero_assigns(kernel.body)
         self.lazy_zero_calls = set(self.lazy_zero.values())
         self.written: dict[str, list] = {}
+        self.tally = WorkTally(cfg)  # the intrinsic work of the statements lowered (frontend/dsl/work.py)
 
     def err(self, cls: type[DslError], pos: A.Pos, msg: str) -> DslError:
         where = (self.k.filename, pos.line, pos.col)
@@ -170,6 +173,11 @@ class KernelLowering:
 
             schedule_kernel(self.func, self.cfg)
         return self.func
+
+    def work(self) -> IntrinsicWork:
+        """The intrinsic work of the kernel lowered by `run` (frontend/dsl/work.py)."""
+        params = self.k.params + self.k.results
+        return self.tally.work(compulsory_bytes(self.k, [self.dims(p) for p in params]))
 
     def loc_of(self, pos: A.Pos) -> str:
         return f"{self.k.filename}:{pos.line}:{pos.col}"
@@ -302,7 +310,12 @@ def build_module(kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: Hardw
     that allocates the inputs, outputs and constants and calls it (the kernel
     list-scheduled unless `schedule` is off: frontend/dsl/schedule.py)."""
     kl = KernelLowering(kernel, shapes, cfg, target, schedule=schedule)
-    kfunc = kl.run()
+    return kernel_module(kl, kl.run())
+
+
+def kernel_module(kl: KernelLowering, kfunc: func.FuncOp) -> ModuleOp:
+    """The module of a lowered kernel (`kfunc = kl.run()`) and its ``@main``."""
+    kernel = kl.k
     main_ops: list[Operation] = []
     args: list[SSAValue] = []
     loc = StringAttr(kl.loc_of(kernel.pos))
@@ -333,4 +346,4 @@ def build_module(kernel: A.Kernel, shapes: Sequence[tuple[int, ...]], cfg: Hardw
     return ModuleOp([kfunc, main])
 
 
-__all__ = ["build_module", "KernelLowering", "DTYPES"]
+__all__ = ["build_module", "kernel_module", "KernelLowering", "DTYPES"]

@@ -98,7 +98,8 @@ def loop(lw: KernelLowering, trip: int) -> Iterator[SSAValue]:
     lw.add(scf.ForOp(lw.idx(0), lw.idx(trip), lw.idx(1), [], blk))
     lw.block = blk
     try:
-        yield blk.args[0]
+        with lw.tally.repeated(trip):
+            yield blk.args[0]
     finally:
         blk.add_op(scf.YieldOp())
         lw.block = outer

@@ -81,6 +81,7 @@ def matmul(lw: KernelLowering, e: A.Call) -> Product:
         raise lw.err(DslMatmulError, e.pos, f"the product has {lhs_parts[0].shape[1]} rows (M) but the "
                      f"accumulator has {accp} partitions on target '{lw.target}'; tile M by {accp}")
     del k_static
+    lw.tally.matmul(m, k_total, n, lhs_parts[0].dtype)
     return Product(list(zip(lhs_parts, rhs_parts)), m, k_total, n,
                    (lhs_parts[0].shape[1], rhs_parts[0].shape[1]), e.pos)
 

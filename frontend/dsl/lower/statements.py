@@ -144,7 +144,10 @@ def update(lw: KernelLowering, s: A.AugAssign | A.AugStore, cur: Value) -> None:
         if s.op == "+" and all(isinstance(lv.index, int) for lv in lw.loops[len(cur.zero_loops):]):
             # the first execution of `x += v` on a zeroed tile (only unrolled loops
             # entered since): x = v, written straight into x, and no fill at all
+            x_sizes = (cur.rows, cur.cols)
             v = expressions.ev(lw, s.value, dest=cur)
+            v_sizes = expressions.tile_sizes(v)  # as written, x = x + v (frontend/dsl/work.py)
+            lw.tally.binary("add", x_sizes[0] * x_sizes[1], 2 if v_sizes == x_sizes else 1)
             if not (isinstance(v, Value) and v.buf is cur.buf):
                 write_into(lw, s, cur, v)
             return

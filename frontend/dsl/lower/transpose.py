@@ -62,9 +62,11 @@ def scaled_transpose(lw: KernelLowering, e: A.BinOp, dest: Value | None) -> Valu
         return out
     lw.evac_scale = (fn, float(c))
     try:
-        return transpose(lw, v, t, None)
+        out = transpose(lw, v, t, None)
     finally:
         lw.evac_scale = None
+    lw.tally.binary(fn, out.rows * out.cols, 1)  # the scale, by a number
+    return out
 
 
 def cse_prefix(lw: KernelLowering, key: tuple, v: Lazy) -> Value | None:
