@@ -54,6 +54,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from tilecc.ir.dtypes import element_size
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.timing import TimingRules
 
 ALIGN = 64
 G_EXP = 4  # key tiles per pass-2 group (one exp instruction)
@@ -327,14 +328,15 @@ def heads_adjacent(shape: Sequence[int], strides: Sequence[int], out_shape: Sequ
 
 def group_sizes(cfg: HardwareConfig, out_shape: Shape, D: int, Dv: int, isz: int,
                  group_ok: tuple[bool, ...]) -> list[int]:
-    """Heads per grouped DMA to try: divisors of the head count whose rows reach an
-    efficient DMA chunk (the smallest such, and the largest two: fewer transfers), or
-    every divisor where none does."""
+    """Heads per grouped DMA to try: divisors of the head count whose rows reach a DMA
+    chunk that saturates HBM (`TimingRules.dma_saturating_chunk`): the smallest such, and
+    the largest two (fewer transfers), or every divisor where none does."""
     if not any(group_ok) or len(out_shape) < 3:
         return []
     H = out_shape[-3]
     divs = [g for g in range(2, H + 1) if H % g == 0]
-    long = [g for g in divs if g * min(D, Dv) * isz >= cfg.dma.efficient_chunk_bytes]
+    sat = TimingRules(cfg).dma_saturating_chunk()
+    long = [g for g in divs if g * min(D, Dv) * isz >= sat]
     if not long:
         return divs[-2:]
     return sorted({long[0], *long[-2:]})
