@@ -13,10 +13,11 @@ and the buffer counts, checked against SRAM and the accumulator. For example, on
              chunks=[(0, 8)], fold_row=8, vchunks=[(0, 9)], rowsum_fused=True,
              pairs=[[(0, 0)], [(0, None), (1, 0)], [(0, None), (1, None), (2, 0)]], ...)
 
-Tilings: a row of D bf16 elements is shorter than an efficient DMA chunk at D <= 128 on
-``cloud``, and each transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view
-``[N / f, f * D]`` (f = 2 or 4) loads f tiles per DMA, tile t of a block holding rows
-``f (b T + r) + t``; the causal patterns follow. Paired tiles cost more diagonal tiles
+Tilings: a row of D bf16 elements is shorter than the DMA payload that saturates HBM
+(`TimingRules.dma_saturating_chunk`, ~4 KiB on ``cloud``) at D <= 128, and each
+transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view ``[N / f, f * D]``
+(f = 2 or 4) loads f tiles per DMA, tile t of a block holding rows ``f (b T + r) + t``;
+the causal patterns follow. Paired tiles cost more diagonal tiles
 (and mask matmuls) under a causal mask. Pairing needs dense rows; the *strided views*
 of a real model's attention (GPT-2: q, k, v sliced out of one ``[s, 3 d]`` projection
 and viewed as heads, strides ``[.., D, 3 d, 1]``; the output written through its
