@@ -138,7 +138,9 @@ def _dma_closed(cfg: HardwareConfig, rows: int, cols: int, isz: int, kind: str) 
     else:  # element-strided: one element per descriptor
         chunk, descriptors = isz, rows * cols
     engines = min(d.engines, rows)
-    rate = min(cfg.hbm.bytes_per_cycle, engines * d.engine_bytes_per_cycle * min(1.0, chunk / d.efficient_chunk_bytes))
+    # an engine spends packet_overhead_cycles per packet, then chunk / engine_bytes_per_cycle
+    packet = d.packet_overhead_cycles + chunk / d.engine_bytes_per_cycle
+    rate = min(cfg.hbm.bytes_per_cycle, engines * chunk / packet)
     fixed = d.latency_cycles + cfg.hbm.latency_cycles + descriptors * d.per_descriptor_cycles
     return fixed + rows * cols * isz / rate
 

@@ -10,6 +10,7 @@ value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -56,7 +57,10 @@ class DmaConfig:
     engine_bytes_per_cycle: float  # one engine's peak, bytes per core clock cycle
     latency_cycles: int  # fixed cost of one transfer (descriptor fetch, setup), cycles
     per_descriptor_cycles: float  # cycles per descriptor (one per contiguous chunk)
-    efficient_chunk_bytes: int  # contiguous bytes per partition at which an engine reaches its peak
+    # core cycles an engine spends per packet before its bytes move (descriptor processing,
+    # packet setup): a packet of `chunk` bytes takes packet_overhead_cycles + chunk /
+    # engine_bytes_per_cycle, so large packets amortise it (timing.TimingRules.dma_efficiency)
+    packet_overhead_cycles: float
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,6 @@ _POSITIVE = [
     "dma.queues",
     "dma.engines",
     "dma.engine_bytes_per_cycle",
-    "dma.efficient_chunk_bytes",
     "matrix.clock_ghz",
     "matrix.rows",
     "matrix.cols",
@@ -241,6 +244,9 @@ def validate(cfg: HardwareConfig) -> HardwareConfig:
             f"'sram.bytes_per_partition' = {cfg.sram.bytes_per_partition} cannot hold one fp32 row "
             f"of the array's {cfg.matrix.cols} columns (need >= {4 * cfg.matrix.cols})"
         )
+    overhead = cfg.dma.packet_overhead_cycles
+    if not math.isfinite(overhead):
+        raise ConfigError(f"'dma.packet_overhead_cycles' must be a finite number >= 0, got {overhead!r}")
     if cfg.semaphores > 32767:
         raise ConfigError(f"'semaphores' = {cfg.semaphores} exceeds the encodable 32767")
     return cfg

@@ -13,12 +13,17 @@ bit. Every constant is a config key. In cycles:
   dma.per_descriptor_cycles`` (`dma_fixed`), then the transfer ``rows * cols * itemsize
   / rate`` (`dma_transfer`) at the transfer's rate alone (`dma_rate`)::
 
-      rate = min(hbm.bytes_per_cycle,
-                 n_eng * dma.engine_bytes_per_cycle * min(1, chunk / dma.efficient_chunk_bytes))
+      rate = min(hbm.bytes_per_cycle, n_eng * dma.engine_bytes_per_cycle * eff(chunk))
       n_eng = min(dma.engines, rows)
+      eff(chunk) = chunk / (chunk + dma.packet_overhead_cycles * dma.engine_bytes_per_cycle)
 
-  (NKI: a transfer is spread over up to 16 DMA engines, one packet per engine per group
-  of partitions; below ~4 KiB contiguous per partition the packet rate, not HBM, limits.)
+  An engine moving a packet of ``chunk`` bytes spends ``dma.packet_overhead_cycles``
+  before its bytes move, then ``chunk / dma.engine_bytes_per_cycle``: a fixed per-packet
+  overhead that large packets amortise (`dma_efficiency`). (NKI DMA bandwidth guide: a
+  transfer is spread over up to 16 DMA engines, one packet per engine per group of
+  partitions; with small payloads the packet rate, not HBM, limits, and >= 4 KiB per
+  partition amortises the per-packet overhead.) `dma_saturating_chunk` is the payload
+  per partition at which a transfer over all the engines reaches the HBM peak.
   The access pattern (`dma_pattern`, a `DmaPattern`) sets ``chunk`` (contiguous bytes
   per partition) and the descriptors: *contiguous* rows (HBM column stride 1, and a
   gather's indexed rows) move ``cols * itemsize`` per row, one descriptor per row; a
@@ -180,7 +185,7 @@ class TimingRules:
         self.pipelined = mx.mode == "pipelined"
         # the config values the rules read, looked up once (estimators call them often)
         self._per_descriptor = cfg.dma.per_descriptor_cycles
-        self._efficient_chunk = cfg.dma.efficient_chunk_bytes
+        self._overhead_bytes = cfg.dma.packet_overhead_cycles * cfg.dma.engine_bytes_per_cycle
         self._engines = cfg.dma.engines
         self._engine_bw = cfg.dma.engine_bytes_per_cycle
         self._fp32_slowdown = mx.fp32_slowdown
@@ -219,9 +224,23 @@ class TimingRules:
         return _minimum(self._engines, rows)
 
     def dma_efficiency(self, chunk_bytes: Num) -> Num:
-        """The fraction of an engine's peak reached with `chunk_bytes` contiguous per
-        partition: ``min(1, chunk / dma.efficient_chunk_bytes)``."""
-        return _minimum(1.0, chunk_bytes / self._efficient_chunk)
+        """The fraction of an engine's peak reached with packets of `chunk_bytes`
+        (contiguous bytes per partition): a packet takes ``dma.packet_overhead_cycles +
+        chunk / dma.engine_bytes_per_cycle``, so ``eff = chunk / (chunk +
+        dma.packet_overhead_cycles * dma.engine_bytes_per_cycle)``."""
+        return chunk_bytes / (chunk_bytes + self._overhead_bytes)
+
+    def dma_saturating_chunk(self) -> float:
+        """The contiguous bytes per partition at which a transfer over all the DMA engines
+        reaches the HBM peak: with ``r = hbm.bytes_per_cycle / (dma.engines *
+        dma.engine_bytes_per_cycle) < 1``, ``overhead_bytes * r / (1 - r)`` (``overhead_bytes
+        = dma.packet_overhead_cycles * dma.engine_bytes_per_cycle``). When the engines
+        together cannot saturate HBM (``r >= 1``), the payload at which an engine reaches
+        90% of its own peak, ``9 * overhead_bytes``. 0 without a packet overhead."""
+        r = self.bw / (self._engines * self._engine_bw)
+        if r < 1.0:
+            return self._overhead_bytes * r / (1.0 - r)
+        return 9.0 * self._overhead_bytes
 
     def dma_rate(self, rows: Num, cols: Num, itemsize: Num, pattern: Num = DmaPattern.CONTIGUOUS) -> Num:
         """Bytes per cycle of a transfer alone: its engines at the chunk-derated engine

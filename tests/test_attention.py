@@ -220,8 +220,9 @@ def test_strided_qkv_views_tiny(heads, s, dh, batch, causal, dtype):
 
 def test_strided_views_group_heads_per_dma_cloud():
     """The GPT-2 layout on cloud (12 heads of 64: 128-byte rows per head): q, k and the
-    output move several heads per DMA ([T x g 64] blocks, g >= 4: rows of at least the
-    512-byte efficient chunk), so there are far fewer transfers than one per head and tile."""
+    output move several heads per DMA ([T x g 64] blocks, g >= 4: no group of the 12 heads
+    reaches the ~4 KiB payload that saturates HBM, so the largest groups are tried), so
+    there are far fewer transfers than one per head and tile."""
     heads, s, dh = 12, 256, 64
     qkv = torch.randn(1, s, 3 * heads * dh, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     cm = run_and_compare(_QkvSplit(heads), (qkv,), "cloud")

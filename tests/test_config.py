@@ -1,5 +1,6 @@
 """Hardware configs: presets load and validate; bad configs name key, value and what is allowed."""
 
+import re
 import tomllib
 
 import pytest
@@ -81,3 +82,32 @@ def test_toml_file_target(tmp_path):
     p.write_text("name = ")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(str(p))
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (-0.5, "'dma.packet_overhead_cycles' must be >= 0, got -0.5"),
+        ("72.3", "'dma.packet_overhead_cycles' must be a number, got '72.3'"),
+        (True, "'dma.packet_overhead_cycles' must be a number, got True"),
+        (float("nan"), "'dma.packet_overhead_cycles' must be a finite number >= 0, got nan"),
+        (float("inf"), "'dma.packet_overhead_cycles' must be a finite number >= 0, got inf"),
+    ],
+)
+def test_bad_packet_overhead_names_the_key(value, message):
+    d = _tiny()
+    d["dma"]["packet_overhead_cycles"] = value
+    with pytest.raises(ConfigError, match="^my.toml: " + re.escape(message)):
+        from_dict(d, "my.toml")
+
+
+def test_packet_overhead_replaces_the_efficient_chunk():
+    """`dma.packet_overhead_cycles` is a float >= 0 (0: no overhead, every packet at the
+    engine's peak); the former `dma.efficient_chunk_bytes` is an unknown key."""
+    d = _tiny()
+    d["dma"]["packet_overhead_cycles"] = 0
+    cfg = from_dict(d, "my.toml")
+    assert cfg.dma.packet_overhead_cycles == 0.0 and isinstance(cfg.dma.packet_overhead_cycles, float)
+    d["dma"]["efficient_chunk_bytes"] = 64
+    with pytest.raises(ConfigError, match="^my.toml: unknown key 'dma.efficient_chunk_bytes'"):
+        from_dict(d, "my.toml")

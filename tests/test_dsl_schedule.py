@@ -6,6 +6,7 @@ torch) on the simulator, with the sanitisers on."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tilecc.runtime import kernel as api
 from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import load_config
 from tilecc.simulator.machine import simulate
+from tilecc.simulator.timing import TimingRules
 
 KERNELS = Path(__file__).resolve().parent.parent / "examples" / "kernels"
 
@@ -54,12 +56,13 @@ def test_tall_transposes_are_exact_with_interleaved_loads(R, D):
 
 @pytest.mark.parametrize("target, R, D, g", [("tiny", 128, 16, 2), ("tiny", 128, 1, 4), ("cloud", 512, 128, 4)])
 def test_interleaved_load_in_the_tile_ir(target, R, D, g):
-    """g rows per partition: the fewest that make a DMA chunk of `dma.efficient_chunk_bytes`
-    (tiny: 64 B, cloud: 4096 B), at most 4; each slice of 4 array heights is 4 / g DMAs
-    and 4 * g selection matmuls of n0 / g contraction rows."""
+    """g rows per partition: the fewest that make a DMA chunk of at least the payload that
+    saturates HBM (`TimingRules.dma_saturating_chunk`; tiny: 63.99 B, cloud: 4085 B), at
+    most 4; each slice of 4 array heights is 4 / g DMAs and 4 * g selection matmuls of
+    n0 / g contraction rows."""
     cfg = load_config(target)
     n0 = min(cfg.matrix.rows, cfg.matrix.cols, cfg.sram.partitions)
-    assert g == min(4, -(-cfg.dma.efficient_chunk_bytes // (2 * D)))
+    assert g == min(4, math.ceil(TimingRules(cfg).dma_saturating_chunk() / (2 * D)))
     k = tilecc.kernel(TALL_T)
     x = _bf(R, D)
     torch.testing.assert_close(k(x, target=target), x.t().contiguous(), rtol=0, atol=0)

@@ -473,10 +473,11 @@ def test_vector_reads_the_accumulator_and_writes_in_place():
 
 def dma_rate(cfg: HardwareConfig, rows: int, chunk: float) -> float:
     """Bytes per cycle of a DMA alone spanning `rows` partitions with `chunk` contiguous
-    bytes per partition: its engines at the chunk-derated engine peak, at most HBM's."""
+    bytes per partition: its engines, each moving a packet of `chunk` bytes in
+    ``packet_overhead_cycles + chunk / engine_bytes_per_cycle``, at most HBM's."""
     engines = min(cfg.dma.engines, rows)
-    return min(cfg.hbm.bytes_per_cycle,
-               engines * cfg.dma.engine_bytes_per_cycle * min(1.0, chunk / cfg.dma.efficient_chunk_bytes))
+    packet = cfg.dma.packet_overhead_cycles + chunk / cfg.dma.engine_bytes_per_cycle
+    return min(cfg.hbm.bytes_per_cycle, engines * chunk / packet)
 
 
 def dma_cycles(cfg: HardwareConfig, rows: int, cols: int, itemsize: int) -> float:
@@ -592,15 +593,17 @@ def test_hbm_sharing_recomputes_finish_times():
     cfg = TINY
     lat = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
     join_small, join_big = lat + cfg.dma.per_descriptor_cycles, lat + 16 * cfg.dma.per_descriptor_cycles
-    # the 1-row load runs on one engine (19.2 B/cycle, 0.6 of HBM), the big one at the HBM
-    # peak on both engines: together sum(rates)/HBM = 1.6 > sum(engines)/engines = 1.5,
-    # so each progresses at 1/1.6 of its alone rate
-    w_small, w_big = 4096 / 19.2, 16 * 4096 / cfg.hbm.bytes_per_cycle
+    # the 1-row load runs on one engine: one 4096 B packet in 0.6666 + 4096 / 19.2 = 214.0
+    # cycles (19.14 B/cycle, 0.598 of HBM); the big one at the HBM peak on both engines:
+    # together sum(rates)/HBM = 1.598 > sum(engines)/engines = 1.5, so each progresses at
+    # 1/1.598 of its alone rate
+    w_small, w_big = 0.6666 + 4096 / 19.2, 16 * 4096 / cfg.hbm.bytes_per_cycle
+    slow = 1 + 4096 / w_small / cfg.hbm.bytes_per_cycle
     alone = join_big - join_small
-    end_small = join_big + 1.6 * (w_small - alone)
-    assert r.end[1] == pytest.approx(end_small) == pytest.approx(597.0 + 1 / 3)
-    assert r.end[0] == pytest.approx(end_small + w_big - (end_small - join_big) / 1.6)
-    assert r.end[0] == pytest.approx(2447.0)
+    end_small = join_big + slow * (w_small - alone)
+    assert r.end[1] == pytest.approx(end_small) == pytest.approx(598.028, abs=1e-3)
+    assert r.end[0] == pytest.approx(end_small + w_big - (end_small - join_big) / slow)
+    assert r.end[0] == pytest.approx(2447.028, abs=1e-3)
 
 
 def test_barrier_drains_and_resets_semaphores():

@@ -116,7 +116,12 @@ def _tiny_dict() -> dict:
          "'matrix.dataflow' = 'rs' is not allowed (allowed: is, os, ws)"),
         (lambda d: d["matrix"].update(min_interval_cycles=0),
          "'matrix.min_interval_cycles' must be > 0"),
-        (lambda d: d["dma"].update(efficient_chunk_bytes=0), "'dma.efficient_chunk_bytes' must be > 0"),
+        (lambda d: d["dma"].update(packet_overhead_cycles=-1.5), "'dma.packet_overhead_cycles' must be >= 0, got -1.5"),
+        (lambda d: d["dma"].update(packet_overhead_cycles="72"), "'dma.packet_overhead_cycles' must be a number"),
+        (lambda d: d["dma"].update(packet_overhead_cycles=math.inf),
+         "'dma.packet_overhead_cycles' must be a finite number >= 0, got inf"),
+        (lambda d: d["dma"].pop("packet_overhead_cycles"), "missing key 'dma.packet_overhead_cycles'"),
+        (lambda d: d["dma"].update(efficient_chunk_bytes=64), "unknown key 'dma.efficient_chunk_bytes'"),
         (lambda d: d["dma"].update(engines=0), "'dma.engines' must be > 0, got 0"),
         (lambda d: d["dma"].update(engines=2.5), "'dma.engines' must be an integer, got 2.5"),
         (lambda d: d["dma"].update(engine_bytes_per_cycle=0.0), "'dma.engine_bytes_per_cycle' must be > 0, got 0.0"),
@@ -146,7 +151,7 @@ def test_presets_default_to_pipelined_weight_stationary(name):
     cfg = load_config(name)
     assert (cfg.matrix.mode, cfg.matrix.dataflow) == ("pipelined", "ws")
     text = (PRESET_DIR / f"{name}.toml").read_text()
-    for key in ("mode", "dataflow", "min_interval_cycles", "efficient_chunk_bytes", "engines", "engine_bytes_per_cycle",
+    for key in ("mode", "dataflow", "min_interval_cycles", "packet_overhead_cycles", "engines", "engine_bytes_per_cycle",
                 "per_descriptor_cycles", "access_cycles", "pj_per_acc_byte"):
         line = next(ln for ln in text.splitlines() if ln.startswith(key))
         assert "#" in line, f"{name}: '{key}' has no comment with its unit or source"
@@ -310,13 +315,14 @@ def test_gemm_api():
 
 def dma_alone(cfg: HardwareConfig, rows: int, cols: int, isz: int, pattern: str = "contiguous") -> float:
     """A DMA alone, by hand: its descriptors and contiguous bytes per partition (chunk)
-    by access pattern, its rate the engines it spans at the chunk-derated engine peak,
-    at most the HBM peak."""
+    by access pattern, its rate the engines it spans, each moving a packet of `chunk`
+    bytes in ``packet_overhead_cycles + chunk / engine_bytes_per_cycle``, at most the
+    HBM peak."""
     descriptors, chunk = {"contiguous": (rows, cols * isz), "transpose": (cols, rows * isz),
                           "strided": (rows * cols, isz)}[pattern]
     engines = min(cfg.dma.engines, rows)
-    rate = min(cfg.hbm.bytes_per_cycle,
-               engines * cfg.dma.engine_bytes_per_cycle * min(1.0, chunk / cfg.dma.efficient_chunk_bytes))
+    packet = cfg.dma.packet_overhead_cycles + chunk / cfg.dma.engine_bytes_per_cycle
+    rate = min(cfg.hbm.bytes_per_cycle, engines * chunk / packet)
     return (cfg.dma.latency_cycles + cfg.hbm.latency_cycles + descriptors * cfg.dma.per_descriptor_cycles
             + rows * cols * isz / rate)
 
@@ -338,19 +344,22 @@ def test_dma_closed_form(preset):
 
 
 def test_short_chunks_are_slow():
-    cfg = TINY  # 64-byte efficient chunk, 2 engines of 19.2 B/cycle, HBM 32 B/cycle
-    contiguous = timing(program(load(16, 64))).cycles  # 128-byte rows
-    short = timing(program(load(16, 16))).cycles  # 32-byte rows: each engine at half its peak
+    # 2 engines of 19.2 B/cycle, 0.6666 cycles per packet, HBM 32 B/cycle
+    cfg = TINY
+    contiguous = timing(program(load(16, 64))).cycles  # 128-byte rows: at the HBM peak
+    short = timing(program(load(16, 16))).cycles  # 32-byte rows: the packet rate limits
     fixed = cfg.dma.latency_cycles + cfg.hbm.latency_cycles + 16 * cfg.dma.per_descriptor_cycles
-    assert short - fixed == pytest.approx(16 * 32 / 19.2)  # 2 engines x 19.2 x 32/64 B/cycle
+    assert contiguous - fixed == pytest.approx(16 * 128 / 32)  # 2 x 19.2 x 128 / 140.8 = 34.9 > 32
+    # 16 packets of 32 B over 2 engines: 8 each of 0.6666 + 32 / 19.2 cycles (27.4 B/cycle)
+    assert short - fixed == pytest.approx(8 * (0.6666 + 32 / 19.2))
     # bf16 read from a transposed view: a DMA transpose, one 32-byte column run per
     # descriptor (64 of them); an element-strided view: 1024 descriptors of 2 bytes
     transpose = timing(program(load(16, 64, cs=16, rs=1))).cycles
     strided = timing(program(load(16, 64, cs=16, rs=2))).cycles
     base = cfg.dma.latency_cycles + cfg.hbm.latency_cycles
-    assert transpose == pytest.approx(base + 64 * 1.0 + 16 * 64 * 2 / 19.2)
-    assert strided == pytest.approx(base + 1024 * 1.0 + 16 * 64 * 2 / (2 * 19.2 * 2 / 64))
-    assert contiguous < transpose < strided / 5
+    assert transpose == pytest.approx(base + 64 * 1.0 + 32 * (0.6666 + 32 / 19.2))  # 32 packets per engine
+    assert strided == pytest.approx(base + 1024 * 1.0 + 512 * (0.6666 + 2 / 19.2))  # 512 2-byte packets per engine
+    assert contiguous < transpose < strided / 4
 
 
 def test_two_concurrent_dmas_take_twice_as_long():
@@ -366,11 +375,13 @@ def test_two_concurrent_dmas_take_twice_as_long():
 def test_finish_times_are_recomputed_on_every_join_and_leave():
     """Three transfers of alone-times 100, 200, 300 joining at 0, 30, 60 (after fixed
     parts made equal): shares 1, 1/2, 1/3 as they come and go."""
-    # engines as fast as HBM, so that even the 1-row transfer runs at the HBM peak alone
+    # engines as fast as HBM and no packet overhead, so that even the 1-row transfer runs
+    # at the HBM peak alone
     # and every transfer in flight gets 1/n (n full-rate transfers)
     cfg = dataclasses.replace(
         tall(TINY), dma=dataclasses.replace(TINY.dma, queues=3, latency_cycles=0, per_descriptor_cycles=1.0,
-                                            engine_bytes_per_cycle=TINY.hbm.bytes_per_cycle),
+                                            engine_bytes_per_cycle=TINY.hbm.bytes_per_cycle,
+                                            packet_overhead_cycles=0.0),
         hbm=dataclasses.replace(TINY.hbm, latency_cycles=0),
     )
     bpc = cfg.hbm.bytes_per_cycle

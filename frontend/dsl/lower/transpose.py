@@ -18,6 +18,7 @@ back to SRAM (which scales on the way for ``transpose(x) * c``).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
@@ -29,6 +30,7 @@ from tilecc.frontend.dsl.lower import constants, expressions, tiles
 from tilecc.frontend.dsl.lower.analysis import dead_after, reads_of
 from tilecc.frontend.dsl.lower.values import BIN, FLOATS, INTERLEAVE_MAX, ITEM, Lazy, Value
 from tilecc.ir import tile
+from tilecc.simulator.timing import TimingRules
 
 if TYPE_CHECKING:
     from tilecc.frontend.dsl.lower.kernel import KernelLowering
@@ -125,7 +127,8 @@ def interleaved_transpose(lw: KernelLowering, v: Lazy, node: A.Node, n0: int) ->
     interleave: fold f of x^T is sum_i L[f*n0/g .., i*D ..]^T @ E_i, with E_i the
     [n0/g x n0] selection E_i[q, c] = (c == g*q + i), so g matmuls of n0/g contraction
     rows per fold instead of one of n0 (the matrix engine's extra work buys the DMAs).
-    g is the smallest that makes a chunk at least the DMA's efficient size."""
+    g is the smallest that makes a chunk at least the DMA's saturating payload
+    (`TimingRules.dma_saturating_chunk`)."""
     if len(v.kept) != 2 or v.cast_to is not None or not isinstance(v.indices[v.kept[0]], int):
         return None
     if v.param not in lw.tensors or v.dtype not in FLOATS:
@@ -139,7 +142,7 @@ def interleaved_transpose(lw: KernelLowering, v: Lazy, node: A.Node, n0: int) ->
     if (rd, cd) != (len(dims) - 2, len(dims) - 1) or v.sizes != [R, D] or D != dims[cd] or D > n0 or R % n0:
         return None
     row_bytes = D * ITEM[v.dtype]
-    g = min(R // n0, INTERLEAVE_MAX, -(-lw.cfg.dma.efficient_chunk_bytes // row_bytes))
+    g = min(R // n0, INTERLEAVE_MAX, math.ceil(TimingRules(lw.cfg).dma_saturating_chunk() / row_bytes))
     if g < 2 or n0 % g or (R // n0) % g:
         return None
     dtype, kq, chunks = v.dtype, n0 // g, R // (g * n0)

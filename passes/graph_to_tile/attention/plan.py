@@ -13,10 +13,11 @@ and the buffer counts, checked against SRAM and the accumulator. For example, on
              chunks=[(0, 8)], fold_row=8, vchunks=[(0, 9)], rowsum_fused=True,
              pairs=[[(0, 0)], [(0, None), (1, 0)], [(0, None), (1, None), (2, 0)]], ...)
 
-Tilings: a row of D bf16 elements is shorter than an efficient DMA chunk at D <= 128 on
-``cloud``, and each transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view
-``[N / f, f * D]`` (f = 2 or 4) loads f tiles per DMA, tile t of a block holding rows
-``f (b T + r) + t``; the causal patterns follow. Paired tiles cost more diagonal tiles
+Tilings: a row of D bf16 elements is shorter than the DMA payload that saturates HBM
+(`TimingRules.dma_saturating_chunk`, ~4 KiB on ``cloud``) at D <= 128, and each
+transfer pays ~2,000 cycles, so rows can be *paired*: the HBM view ``[N / f, f * D]``
+(f = 2 or 4) loads f tiles per DMA, tile t of a block holding rows ``f (b T + r) + t``;
+the causal patterns follow. Paired tiles cost more diagonal tiles
 (and mask matmuls) under a causal mask. Pairing needs dense rows; the *strided views*
 of a real model's attention (GPT-2: q, k, v sliced out of one ``[s, 3 d]`` projection
 and viewed as heads, strides ``[.., D, 3 d, 1]``; the output written through its
@@ -54,6 +55,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from tilecc.ir.dtypes import element_size
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.timing import TimingRules
 
 ALIGN = 64
 G_EXP = 4  # key tiles per pass-2 group (one exp instruction)
@@ -327,14 +329,15 @@ def heads_adjacent(shape: Sequence[int], strides: Sequence[int], out_shape: Sequ
 
 def group_sizes(cfg: HardwareConfig, out_shape: Shape, D: int, Dv: int, isz: int,
                  group_ok: tuple[bool, ...]) -> list[int]:
-    """Heads per grouped DMA to try: divisors of the head count whose rows reach an
-    efficient DMA chunk (the smallest such, and the largest two: fewer transfers), or
-    every divisor where none does."""
+    """Heads per grouped DMA to try: divisors of the head count whose rows reach a DMA
+    chunk that saturates HBM (`TimingRules.dma_saturating_chunk`): the smallest such, and
+    the largest two (fewer transfers), or every divisor where none does."""
     if not any(group_ok) or len(out_shape) < 3:
         return []
     H = out_shape[-3]
     divs = [g for g in range(2, H + 1) if H % g == 0]
-    long = [g for g in divs if g * min(D, Dv) * isz >= cfg.dma.efficient_chunk_bytes]
+    sat = TimingRules(cfg).dma_saturating_chunk()
+    long = [g for g in divs if g * min(D, Dv) * isz >= sat]
     if not long:
         return divs[-2:]
     return sorted({long[0], *long[-2:]})

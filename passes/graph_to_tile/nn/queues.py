@@ -9,6 +9,8 @@ of the queues, and how the resident weights are cut into pieces over them.
 
 from __future__ import annotations
 
+import math
+
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.timing import TimingRules
 
@@ -25,13 +27,15 @@ class QueueModel:
         self.rules = TimingRules(cfg)
         self.share = share
         self.rows = cfg.sram.partitions
+        # a long row: the payload at which a transfer over all the engines reaches the HBM peak
+        self.long_row = max(1, math.ceil(self.rules.dma_saturating_chunk()))
 
     def next(self, nbytes: int = 0, chunk: int | None = None) -> int:
         """The queue for a DMA of `nbytes` in rows of `chunk` contiguous bytes (None: long rows)."""
         q = min(range(len(self.free)), key=lambda i: (self.free[i], i))
         if nbytes:
             rows = self.rows if chunk is None else max(1, min(self.rows, nbytes // max(chunk, 1)))
-            per_row = self.rules.cfg.dma.efficient_chunk_bytes if chunk is None else chunk
+            per_row = self.long_row if chunk is None else chunk
             rate = self.rules.dma_rate(rows, per_row, 1)
             self.free[q] += nbytes / (rate / self.share)
         self.free[q] += self.lat
