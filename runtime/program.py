@@ -125,7 +125,7 @@ class Program:
             raise ProgramFormatError(f"{source}: not a tilecc program file (magic {magic!r})")
         if version != PROGRAM_VERSION:
             old = (" (an older tilecc's: its roofline figures were the program's own work; "
-                   "recompile the model)" if version < PROGRAM_VERSION else "")
+                   "recompile the model)" if version == 1 else "")
             raise ProgramFormatError(
                 f"{source}: program format version {version}, this tilecc reads version "
                 f"{PROGRAM_VERSION}{old}"
