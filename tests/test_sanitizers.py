@@ -300,7 +300,7 @@ def test_read_of_never_written_sram():
     assert e.value.instruction == 1
     assert re.fullmatch(
         instr_re(s, 1) + r": reads uninitialised SRAM partitions \[0, 16\) bytes "
-        r"\[0x20, 0x40\) \(lhsT\): nothing wrote those bytes before cycle \d+",
+        r"\[0x20, 0x40\) \(lhsT\): nothing wrote those bytes before cycle [\d.]+",
         str(e.value),
     ), str(e.value)
 

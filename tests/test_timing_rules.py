@@ -271,7 +271,7 @@ def test_odd_clocks_keep_the_machine_and_the_rules_equal() -> None:
 def test_reports_and_traces_count_time_at_the_core_clock() -> None:
     """Cycles are core cycles: the report's and the trace's microseconds divide them by
     the top-level clock_ghz, never by an engine's clock."""
-    from tilecc.runtime.report import make_report, stream_work
+    from tilecc.runtime.report import make_report, program_work, stream_work
     from tilecc.simulator.trace import chrome_trace
 
     cfg = _clocks("cloud", vector=0.48)
@@ -280,7 +280,7 @@ def test_reports_and_traces_count_time_at_the_core_clock() -> None:
     stream = _stream(op)
     sim = simulate(stream, cfg, None, functional=False)
     assert sim.cycles == 700.0  # (76 + 64) VectorE cycles at 0.48 GHz, 5 core cycles each
-    rep = make_report(sim, {**stream_work(stream, cfg), "compulsory_hbm_bytes": 0.0}, cfg, 0.0)
+    rep = make_report(sim, {**stream_work(stream, cfg), "compulsory_hbm_bytes": 0.0, **program_work(stream, cfg)}, cfg, 0.0)
     assert rep.time_us == pytest.approx(700.0 / 2400.0)  # 700 cycles at 2.4 GHz: 0.2917 us
     assert sim.start is not None and sim.end is not None
     trace = chrome_trace(stream, cfg, sim.start, sim.end)
