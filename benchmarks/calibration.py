@@ -56,13 +56,7 @@ class Row:
     extra: str = ""
 
 
-def _stream(*instrs: dict[str, Any]) -> np.ndarray:
-    s = isa.empty_stream(len(instrs))
-    for i, fields in enumerate(instrs):
-        s[i]["engine"] = isa.OPCODE_ENGINE[fields["opcode"]]
-        for key, value in fields.items():
-            s[i][key] = value
-    return s
+_stream = isa.stream_of
 
 
 def _span(stream: np.ndarray, cfg: HardwareConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -196,3 +196,14 @@ def empty_stream(n: int) -> np.ndarray:
     s["signal_sem"] = -1
     s["wait_sem"] = -1
     return s
+
+
+def stream_of(*instrs: dict) -> np.ndarray:
+    """A stream from one dict of fields per instruction (the engine follows the opcode;
+    fields not named stay as `empty_stream` clears them): hand-written microbenchmarks."""
+    s = empty_stream(len(instrs))
+    for i, fields in enumerate(instrs):
+        s[i]["engine"] = OPCODE_ENGINE[fields["opcode"]]
+        for key, value in fields.items():
+            s[i][key] = value
+    return s

@@ -68,13 +68,7 @@ def _config(target: str, **matrix: Any) -> HardwareConfig:
     return dataclasses.replace(cfg, matrix=dataclasses.replace(cfg.matrix, **matrix)) if matrix else cfg
 
 
-def _stream(*instrs: dict[str, Any]) -> np.ndarray:
-    s = isa.empty_stream(len(instrs))
-    for i, fields in enumerate(instrs):
-        s[i]["engine"] = isa.OPCODE_ENGINE[fields["opcode"]]
-        for key, value in fields.items():
-            s[i][key] = value
-    return s
+_stream = isa.stream_of
 
 
 def _charged(stream: np.ndarray, cfg: HardwareConfig) -> tuple[np.ndarray, np.ndarray]:
