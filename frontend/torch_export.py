@@ -606,6 +606,12 @@ class _Importer:
         except ShapeError as e:
             self.record(node, str(e))
             self.env[node] = _Poison("unsupported")
+        except TileccError:
+            raise
+        except Exception as e:  # noqa: BLE001 (a handler's bug still names the op and its place)
+            text = str(e).splitlines()[0] if str(e) else ""
+            self.record(node, f"internal error in its importer: {type(e).__name__}{': ' + text if text else ''}")
+            self.env[node] = _Poison("unsupported")
 
     def annotate_symbolic(self, node: Node, v: Any) -> None:
         """Record the node's symbolic sizes (sympy, e.g. ``"[s0, 8*s1, 48]"``) on the op

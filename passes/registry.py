@@ -47,7 +47,7 @@ def default_pipeline(
     if opt_level >= 2:
         graph = [
             ("canonicalize-graph", lambda m: _each_function(m, canonicalize)),
-            ("fuse-graph", lambda m: _each_function(m, fuse)),
+            ("fuse-graph", lambda m: _each_function(m, lambda f: fuse(f, session))),
         ]
 
     return graph + [
