@@ -120,3 +120,20 @@ def _matmul_class():
     from tilecc.ir import graph as g
 
     return g.MatmulOp
+
+
+class PositionIds(torch.nn.Module):
+    """RoBERTa's position ids: a cumsum (a matmul with a triangular constant) of a mask,
+    times the mask. The mask's elementwise group feeds the matmul's operand: it must not
+    merge into the matmul's epilogue group (it did, for batch > 1, and the fused kernel
+    failed on a value used before it was lowered)."""
+
+    def forward(self, ids):
+        mask = ids.ne(1).int()
+        return (torch.cumsum(mask, dim=1).type_as(mask) + 2) * mask + 1
+
+
+def test_a_producer_of_a_matmul_operand_is_not_fused_into_its_epilogue():
+    ids = torch.randint(0, 6, (2, 16), generator=torch.Generator().manual_seed(0))
+    cm = run_and_compare(PositionIds(), (ids,))
+    assert "fallbacks" not in cm.program.meta

@@ -287,6 +287,8 @@ class Fuser:
                 continue
             if c.space != target.space:
                 continue
+            if target.kind == "matmul" and _feeds(c.ops, target.anchor, self.pos):
+                continue  # it computes the matmul's operands: a kernel before it, not its epilogue
             if self.legal(set(c.ops) | set(target.ops)):
                 self.merge(target, c)
         target.ops.sort(key=self.pos.__getitem__)
@@ -405,6 +407,25 @@ class Fuser:
         for v, r in zip(outputs, fused.results):
             v.replace_all_uses_with(r)
         return fused
+
+
+def _feeds(ops: list[Operation], anchor: Operation | None, pos: dict[Operation, int]) -> bool:
+    """Whether any of `ops` computes an operand of `anchor`, directly or through other
+    ops (the walk stops at ops placed before the earliest of `ops`)."""
+    if anchor is None or not ops:
+        return False
+    inside, first = set(ops), min(pos[o] for o in ops)
+    frontier = [v.owner for v in anchor.operands]
+    seen: set[Operation] = set()
+    while frontier:
+        p = frontier.pop()
+        if not isinstance(p, Operation) or p in seen or pos.get(p, -1) < first:
+            continue
+        if p in inside:
+            return True
+        seen.add(p)
+        frontier.extend(v.owner for v in p.operands)
+    return False
 
 
 def _describe(ops: list[Operation], most: int = 8) -> str:
