@@ -544,7 +544,7 @@ OK = "vec.exp sram[p0 +0x0]:f32 -> sram[p0 +0x0]:f32 16x16"
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("foo", "1: expected an instruction (barrier, dma.load, dma.store, dma.gather, matmul or "
+        ("foo", "1: expected an instruction (barrier, dma.load, dma.store, dma.gather, dma.scatter, matmul or "
          "vec.<function>), got 'foo'"),
         ("dma.load sram[p0 +0x0]:f32", "10: expected a DMA queue (q0, q1, ...), got 'sram'"),
         ("dma.load q0 hbm[0x0 rs=1 cs=1]:f32 sram[p0 +0x0]:f32 1x1",
