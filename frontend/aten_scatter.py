@@ -90,10 +90,11 @@ class _ScatterHandlers:
             return x
         return self.emit(g.ReshapeOp.make(x, shape))
 
-    def dest(self, node: Node, a: dict[str, Any]) -> tuple[SSAValue, DType]:
+    def dest(self, node: Node, a: dict[str, Any], zero_d: bool = False) -> tuple[SSAValue, DType]:
+        """The destination in the result's dtype; `zero_d`: a 0-d one allowed."""
         _, dt = self.imp.out_meta(node)
         x = self.imp.cast_to(self.imp.tensor(a["self"]), dt)
-        if not g.shape_of(x):
+        if not g.shape_of(x) and not zero_d:
             raise self._Unsupported("a scatter into a 0-d tensor")
         return x, dt
 
@@ -210,7 +211,10 @@ class _ScatterHandlers:
         of element p of `index` is x[p with dim replaced by index[p]]."""
         xs = list(g.shape_of(x))
         rank = len(xs)
-        idx = self.index(index, xs[dim], wrap=False)
+        idx = self.index(index, xs[dim] if xs else 1, wrap=False)
+        if not xs:  # a 0-d tensor: a 1-element vector
+            xs, rank = [1], 1
+            idx = self.reshape(idx, [1])
         ish = list(g.shape_of(idx))
         if len(ish) != rank:
             raise self._Unsupported(f"scatter with an index of rank {len(ish)} into a tensor of rank {rank}")
@@ -232,6 +236,8 @@ class _ScatterHandlers:
         v = self.imp.value(src)
         if isinstance(v, SSAValue):
             v = self.imp.cast_to(v, dt)
+            if not g.shape_of(v):
+                v = self.reshape(v, [1] * rank)
             for j, size in enumerate(ish):  # torch reads src at the index's positions
                 if g.shape_of(v)[j] != size:
                     v = self.emit(gi.SliceOp.make(v, j, 0, size))
@@ -241,8 +247,9 @@ class _ScatterHandlers:
 
     def element_scatter(self, node: Node, src_key: str, reduce: str, include_self: bool = True) -> SSAValue:
         a = self._bind(node)
-        x, dt = self.dest(node, a)
-        dim = int(a["dim"]) % len(g.shape_of(x))
+        x, dt = self.dest(node, a, zero_d=True)
+        shape = list(g.shape_of(x))
+        dim = int(a["dim"]) % max(len(shape), 1)
         flat, v, xs = self.elements(node, x, dim, a["index"], a[src_key], dt)
         n = g.shape_of(flat)[0]
         base = self.reshape(x, [_numel(xs)])
@@ -255,10 +262,10 @@ class _ScatterHandlers:
                 ones = self.scatter(ones, flat, self.full([n], 0.0, dt), 0, "none")
             total = self.scatter(base, flat, v, 0, "sum")
             count = self.scatter(ones, flat, self.full([n], 1.0, dt), 0, "sum")
-            return self.reshape(self.emit(g.DivOp.make(total, count)), xs)
+            return self.reshape(self.emit(g.DivOp.make(total, count)), shape)
         if not include_self and reduce != "none":
             base = self.scatter(base, flat, self.full([n], _IDENTITY[reduce], dt), 0, "none")
-        return self.reshape(self.scatter(base, flat, v, 0, reduce), xs)
+        return self.reshape(self.scatter(base, flat, v, 0, reduce), shape)
 
     def h_scatter(self, node: Node) -> SSAValue:
         a = self._bind(node)
