@@ -52,6 +52,13 @@ TORCH_INT_DTYPES: dict[torch.dtype, DType] = {
     torch.bool: DType.I32,
 }
 
+# A registered buffer that forward() updates in place (a static KV cache) is program
+# state: an input and an output named STATE_PREFIX + its name (its value before and
+# after the call; the API keeps it between calls). A user input forward() updates in
+# place gives an output named MUTATED_INPUT_PREFIX + the input's name (its new value).
+STATE_PREFIX = "buffer:"
+MUTATED_INPUT_PREFIX = "mutated:"
+
 # ---------------------------------------------------------------------------
 # Importer
 # ---------------------------------------------------------------------------
@@ -268,10 +275,11 @@ class _Importer:
             operator.mod: self.size_arith(operator.mod),
             operator.neg: self.size_arith(operator.neg),
         }
-        from tilecc.frontend import aten_index, aten_nn
+        from tilecc.frontend import aten_index, aten_nn, aten_scatter
 
         h.update(aten_nn.handlers(self))
         h.update(aten_index.handlers(self))
+        h.update(aten_scatter.handlers(self))
         return h
 
     def binary(self, cls: type[g.BinaryElementwiseOp], alpha: bool = False, swap: bool = False):
@@ -475,8 +483,11 @@ class _Importer:
         return node.name
 
     def placeholder(self, node: Node, spec: InputSpec) -> None:
-        if spec.kind == InputKind.USER_INPUT:
-            name = node.name
+        mutated = set(self.ep.graph_signature.buffers_to_mutate.values())
+        if spec.kind == InputKind.USER_INPUT or (spec.kind == InputKind.BUFFER and spec.target in mutated):
+            # a buffer the program updates is state: an input named "buffer:<name>" (its
+            # value before the call) and an output of that name (after it), see STATE_PREFIX
+            name = node.name if spec.kind == InputKind.USER_INPUT else f"{STATE_PREFIX}{spec.target}"
             self.input_names.append(name)
             t = _meta_tensor(node)
             try:
@@ -651,7 +662,11 @@ class _Importer:
         outs = list(out_node.args[0]) if out_node is not None else []
         for spec, a in zip(ep.graph_signature.output_specs, outs):
             name = getattr(spec.arg, "name", str(spec.arg))
-            if spec.kind != OutputKind.USER_OUTPUT:
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                name = f"{STATE_PREFIX}{spec.target}"
+            elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                name = f"{MUTATED_INPUT_PREFIX}{spec.target}"
+            elif spec.kind != OutputKind.USER_OUTPUT:
                 self.unsupported.append(
                     (f"{spec.kind.name.lower()} '{spec.target or name}'", "<output>")
                 )

@@ -53,6 +53,8 @@ group of function f; `n` the result's elements, `n_in` the input's)::
     permute, reshape, expand, slice, concat, pad, upsample_nearest2d, gather_rows,
     cast, weight, constant: 0 (DMA patterns; a cast folds into the vector op that
                       produces or consumes the value)
+    index_scatter     none: 0 (indirect DMA); sum / prod / amax / amin: n_src * cost(f) * 2
+    as_strided        0 (a view)
 
 Per-row statistics (one value per row: the reciprocal of a sum, rsqrt of a variance,
 eps) are not counted: they are O(rows), and a lower bound stays one without them.
@@ -108,7 +110,10 @@ parameter keeps the parameter's name and counts, once with the parameter it came
 "e.weight.permute" and "e.weight" are one tensor), and a pure compile-time attention
 mask (a causal buffer: the program skips its masked pairs instead). A table that only
 `gather_rows` reads (an embedding) counts min(table bytes, gathered rows * row bytes):
-the indices are run-time values, so the rows gathered are counted as distinct.
+the indices are run-time values, so the rows gathered are counted as distinct. A
+scatter updates its destination in place: an input that only `index_scatter` reads as
+its destination counts no bytes, and an output that a scatter into an input produces
+counts the rows written (the source's bytes), not the whole tensor.
 
 `by_op` breaks the work down by op name (`"attention"` for both attention forms;
 `"hbm inputs"`, `"hbm outputs"`, `"hbm weights"` for the bytes) for explanations.
@@ -129,6 +134,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import graph_nn as nn
+from tilecc.ir import graph_scatter as gs
 from tilecc.ir.dtypes import masked_value
 from tilecc.ir.graph_dsl import DslCallOp
 from tilecc.ir.graph_patterns import match_gelu, match_silu
@@ -286,7 +292,7 @@ class _Counter:
         fn = self.gp.func
         ins = sum(self.read_bytes([a]) for a in fn.body.block.args)
         ret = fn.body.block.last_op
-        outs = sum(_nbytes(v) for v in ret.operands) if isinstance(ret, func.ReturnOp) else 0
+        outs = sum(_written_bytes(v) for v in ret.operands) if isinstance(ret, func.ReturnOp) else 0
         by_name: dict[str, list[SSAValue]] = {}
         for op in fn.body.block.ops:
             if isinstance(op, g.WeightOp) and not op.weight.startswith(FOLDED_PREFIX):
@@ -309,6 +315,8 @@ class _Counter:
         if all(u.operation in self.mask_ops or u.operation.operands[u.index] in self.mask_values for u in uses):
             return 0  # unused, or a compile-time attention mask (its pairs are skipped)
         full = _nbytes(values[0])
+        if all(isinstance(u.operation, gs.IndexScatterOp) and u.index == 0 for u in uses):
+            return 0  # a scatter's destination: updated in place, never read whole
         if not all(isinstance(u.operation, gi.GatherRowsOp) and u.index == 0 for u in uses):
             return full
         shape = g.shape_of(values[0])
@@ -367,6 +375,21 @@ def _weight_root(v: SSAValue) -> bool:
 # ---------------------------------------------------------------------------
 # Rules
 # ---------------------------------------------------------------------------
+
+
+def _written_bytes(v: SSAValue) -> int:
+    """An output's compulsory bytes: a scatter into an input writes only its rows."""
+    op = v.owner
+    if isinstance(op, gs.IndexScatterOp) and not isinstance(op.dest.owner, Operation):
+        return _nbytes(op.src)
+    return _nbytes(v)
+
+
+def _index_scatter(c: _Counter, op: Operation) -> None:
+    s = cast(gs.IndexScatterOp, op)
+    reduce = s.params()[1]
+    fn = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}.get(reduce)
+    c.add(op.name, vector=0.0 if fn is None else numel(s.src) * c.binary(fn) * 2)
 
 
 def _zero(c: _Counter, op: Operation) -> None:
@@ -712,8 +735,9 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
     DslCallOp: ("the kernel's own work (dsl_call_work)", _dsl_call),
     **{t: (_ZERO, _zero) for t in (
         g.WeightOp, g.ConstantOp, g.PermuteOp, g.ReshapeOp, g.ExpandOp, g.CastOp, gi.SliceOp,
-        gi.ConcatOp, gi.GatherRowsOp, nn.PadOp, nn.UpsampleNearest2dOp,
+        gi.ConcatOp, gi.GatherRowsOp, nn.PadOp, nn.UpsampleNearest2dOp, gs.AsStridedOp,
     )},
+    gs.IndexScatterOp: ("none: 0; a reduction: n_src * cost(f) * 2", _index_scatter),
 }
 
 # ops whose rule has a vector pass reading its operands (they can read the accumulator)

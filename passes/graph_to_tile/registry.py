@@ -38,6 +38,8 @@ FAMILIES = (
     "index",  # gather, slice, concat, where, log-softmax, attention
     "nn",  # convolution, pooling, resize, pad, reductions
     "dsl_call",  # tile-DSL kernels called from a graph
+    "scatter",  # index_put / index_copy / scatter*: DMA scatters into a copy of the destination
+    "as_strided",  # torch.as_strided: a strided view, or a strided DMA copy
 )
 
 
