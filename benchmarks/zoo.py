@@ -73,7 +73,8 @@ def main() -> int:
         print(f"| `{m.name}` | {m.kind} | {m.source} | {r['cycles']:,.0f} | {r['bound']:,.0f} ({r['resource']}) | "
               f"{r['ratio']:.1f} | {r['fallbacks']} | {r['compile_s']:.1f} | {r['simulate_s']:.1f} | "
               f"{r['status']} |", flush=True)
-    print(f"\n{args.target}: {failed} of the zoo's models failed" if failed else f"\n{args.target}: every model matches eager")
+    verdict = f"{failed} of the zoo's models failed" if failed else "every model matches eager"
+    print(f"\n{args.target}: {verdict}")
     return 1 if failed else 0
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import run_and_compare
 
 import tilecc
 from tilecc.errors import InternalError, TileccError
 from tilecc.passes.graph_to_tile import matmul as blocked
-
-from helpers import run_and_compare
 
 
 class BroadcastPrologue(torch.nn.Module):

@@ -15,8 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import zoo  # noqa: E402
-
 from helpers import run_and_compare  # noqa: E402
+
 from tilecc.errors import InternalError, TileccError  # noqa: E402
 
 
