@@ -69,6 +69,8 @@ class AttentionChain:
     ops: set[Operation] = field(default_factory=set[Operation])
     # the views and casts between the matmuls and the softmax, in chain order
     views: list[Operation] = field(default_factory=list[Operation])
+    # the scale multiplies the masked scores ((s + mask) * c), not the scores alone
+    scale_after_mask: bool = False
 
 
 def match_attention(sm: g.SoftmaxOp, const: ConstFn) -> AttentionChain | None:
@@ -98,7 +100,7 @@ def match_attention(sm: g.SoftmaxOp, const: ConstFn) -> AttentionChain | None:
     # backward: softmax <- views, mask, scale <- matmul(q, k^T)
     scale: float = 1.0
     mask: MaskStep | None = None
-    seen_scale = False
+    seen_scale = scale_first = False
     while True:
         if not x.has_one_use():
             return None
@@ -114,6 +116,7 @@ def match_attention(sm: g.SoftmaxOp, const: ConstFn) -> AttentionChain | None:
                 return None
             scale = (1.0 / k) if isinstance(owner, g.DivOp) else k
             seen_scale, x = True, x_next
+            scale_first = mask is None
         elif isinstance(owner, g.AddOp) and mask is None:
             i = _chain_operand(owner, x)
             if i is None:
@@ -134,7 +137,7 @@ def match_attention(sm: g.SoftmaxOp, const: ConstFn) -> AttentionChain | None:
     ops.add(qk)
     if g.shape_of(qk.result)[-2:] != g.shape_of(sm.result)[-2:]:
         return None
-    return AttentionChain(qk, pv, sm, scale, mask, ops, views)
+    return AttentionChain(qk, pv, sm, scale, mask, ops, views, scale_first and mask is not None)
 
 
 def _scalar(const: ConstFn, v: SSAValue) -> float | None:
