@@ -152,7 +152,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
     session = CompileSession()
     if plan is not None:
         session.fallback = plan
-    for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels()):
+    for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels(), gp.weights):
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":
