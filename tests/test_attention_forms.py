@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-
 from helpers import run_and_compare
 
 L, D, H = 24, 16, 2
@@ -100,3 +99,35 @@ def test_gpt2_eager_attention_runs_as_the_flash_kernel():
     cm = run_and_compare(*gpt2.gpt2())
     remarks = _attention_remarks(cm)
     assert len(remarks) == 2 and all(k == "passed" and "causal" in m for k, m in remarks)
+
+
+class GroupedQuery(torch.nn.Module):
+    """Llama's eager attention: k and v heads repeated over groups of query heads
+    (`repeat_kv`: expand + reshape), a [B, 1, 1, S] padding mask or a per-head mask."""
+
+    def __init__(self, n_rep: int, per_head: bool):
+        super().__init__()
+        self.n_rep, self.per_head = n_rep, per_head
+
+    def forward(self, q, k, v, mask):
+        def repeat_kv(x):
+            b, h, s, d = x.shape
+            return x[:, :, None, :, :].expand(b, h, self.n_rep, s, d).reshape(b, h * self.n_rep, s, d)
+
+        s = torch.matmul(q, repeat_kv(k).transpose(2, 3)) * (D ** -0.5) + mask
+        return torch.matmul(torch.softmax(s, dim=-1), repeat_kv(v))
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_grouped_query_attention_broadcasts_k_and_v(per_head):
+    g = torch.Generator().manual_seed(3)
+    B, KV, n = 2, 2, 3
+    q = torch.randn(B, KV * n, L, D, generator=g)
+    k, v = (torch.randn(B, KV, L, D, generator=g) for _ in range(2))
+    mask = torch.zeros(B, KV * n if per_head else 1, 1, L)
+    mask[0, ..., -4:] = torch.finfo(torch.float32).min
+    if per_head:
+        mask = mask + 0.1 * torch.randn(B, KV * n, 1, L, generator=g)
+    cm = run_and_compare(GroupedQuery(n, per_head), (q, k, v, mask))
+    ((kind, msg),) = _attention_remarks(cm)
+    assert kind == "passed" and f"serves {n} query heads" in msg

@@ -66,12 +66,13 @@ def recognise_attention(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | Non
         if why is not None:
             remarks.emit(PASS, "missed", f"explicit attention left decomposed: {why}", loc)
             continue
-        causal = _rewrite(fn, chain, const, loc)
+        causal, grouped = _rewrite(fn, chain, const, loc)
         count += 1
-        remarks.emit(PASS, "passed", lambda c=causal, ch=chain: (
+        remarks.emit(PASS, "passed", lambda c=causal, gr=grouped, ch=chain: (
             f"explicit attention (matmul, {'scale, ' if ch.scale != 1.0 else ''}"
             f"{(ch.mask.kind + ' mask, ') if ch.mask is not None else ''}softmax, matmul) -> graph.sdpa"
-            f"{' causal (the mask is the causal pattern)' if c else ''}"), loc)
+            f"{' causal (the mask is the causal pattern)' if c else ''}"
+            f"{f'; grouped-query: each k/v head serves {gr} query heads (no repeat_kv copies)' if gr else ''}"), loc)
     return count
 
 
@@ -101,8 +102,9 @@ def _not_rewritable(ch: AttentionChain) -> str | None:
     return None
 
 
-def _rewrite(fn: func.FuncOp, ch: AttentionChain, const: ConstValues, loc: str) -> bool:
-    """Insert the sdpa before the second matmul and use it; whether it is causal."""
+def _rewrite(fn: func.FuncOp, ch: AttentionChain, const: ConstValues, loc: str) -> tuple[bool, int]:
+    """Insert the sdpa before the second matmul and use it; (whether it is causal, the
+    query heads per k/v head of a grouped-query attention, else 0)."""
     block = fn.body.block
     anchor = ch.pv
 
@@ -116,13 +118,56 @@ def _rewrite(fn: func.FuncOp, ch: AttentionChain, const: ConstValues, loc: str) 
     scores = list(g.shape_of(ch.softmax.input))
     batch, L, S = scores[:-2], scores[-2], scores[-1]
     E, Ev = g.shape_of(ch.qk.lhs)[-1], g.shape_of(ch.pv.rhs)[-1]
-    q = reshaped(ch.qk.lhs, [*batch, L, E])
     k = reshaped(_untransposed(ch.qk.rhs, emit, loc), [*batch, S, E])
     v = reshaped(ch.pv.rhs, [*batch, S, Ev])
     mask, causal = _mask(ch, const, scores, emit, loc)
+    groups, n = _kv_groups(k, v, batch), 0
+    if groups is not None:  # grouped-query: k and v broadcast over each group's heads
+        (k, v), batch = groups
+        n = batch[-1]
+        if mask is not None:
+            mask = _split_head_dim(mask, batch[-1], reshaped)
+    q = reshaped(ch.qk.lhs, [*batch, L, E])
     out = emit(gi.SdpaOp.make(q, k, v, mask, scale=ch.scale, causal=causal, loc=loc))
     ch.pv.result.replace_all_uses_with(reshaped(out, g.shape_of(ch.pv.result)))
-    return causal
+    return causal, n
+
+
+def _kv_groups(k: SSAValue, v: SSAValue, batch: list[int]) -> tuple[tuple[SSAValue, SSAValue], list[int]] | None:
+    """Grouped-query attention's `repeat_kv`: k and v ``reshape(expand(x))`` with x
+    ``[*b, g, 1, S, E]`` expanded to ``[*b, g, n, S, E]`` and the heads merged (g n = the
+    softmax's head dim). Returns ((x_k, x_v), the batch dims ``[*b, g, n]``), so sdpa
+    broadcasts each group's k and v over its n heads instead of materialising copies."""
+    found = []
+    for t in (k, v):
+        e = t.owner
+        while isinstance(e, g.ReshapeOp):
+            e = e.operands[0].owner
+        if not isinstance(e, g.ExpandOp):
+            return None
+        src, full = g.shape_of(e.operands[0]), g.shape_of(e.results[0])
+        if len(full) != len(batch) + 3 or list(full[:-4]) != list(batch[:-1]) or src[-3] != 1 or full[-3] == 1:
+            return None
+        if full[-4] * full[-3] != batch[-1] or list(src[:-3]) != list(full[:-3]) or src[-2:] != full[-2:]:
+            return None
+        found.append((e.operands[0], list(full[:-2])))
+    (xk, bk), (xv, bv) = found
+    if bk != bv:
+        return None
+    return (xk, xv), bk
+
+
+def _split_head_dim(mask: SSAValue, n: int, reshaped) -> SSAValue:
+    """The mask in the grouped batch dims: its head dim (the one before ``[L, S]``, which
+    lines up with the scores' head dim) split into (groups, n), or a unit dim added beside
+    it when the mask broadcasts over heads."""
+    shape = list(g.shape_of(mask))
+    i = len(shape) - 3  # the head dim
+    if i < 0:  # no head dim: broadcasting from the right covers the groups
+        return mask
+    d = shape[i]
+    new = shape[:i] + ([1, 1] if d == 1 else [d // n, n]) + shape[i + 1:]
+    return reshaped(mask, new)
 
 
 def _untransposed(kt: SSAValue, emit, loc: str) -> SSAValue:
