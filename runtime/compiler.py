@@ -35,7 +35,7 @@ from tilecc.passes.session import CompileSession
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import program_work
-from tilecc.simulator import numerics
+from tilecc.simulator import numerics, progress
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType
 from tilecc.simulator.roofline import IntrinsicWork
@@ -107,6 +107,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
     if opt_level >= 2 and "fold-norm-affine" not in disabled:  # needs the weights' data (not a module pass)
         if before_pass is not None:
             before_pass("fold-norm-affine", module)
+        progress.report("fold-norm-affine")
         ts = time.perf_counter()
         weights = dict(gp.weights)
         if fold_norm_affine(module, weights):
@@ -124,6 +125,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             layout = read_layout(module, gp)
         if before_pass is not None:
             before_pass(name, module)
+        progress.report(name)
         ts = time.perf_counter()
         run(module)
         if name == broken:
