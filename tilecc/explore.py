@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tilecc.errors import ModelLoadError, TileccError
+from tilecc.simulator import progress
 
 STAGES = ("graph", "tile", "npu", "asm")
 # the first pass of the next level: the stage's IR is the IR this pass receives
@@ -106,10 +107,12 @@ class Exploration:
 def load_python(spec: str) -> Source:
     import torch
 
-    from tilecc.cli import load_factory
+    from tilecc.cli import load_factory, run_eager
     from tilecc.frontend.torch_export import export_model, import_exported_program
 
     model, inputs = load_factory(spec)
+    run_eager(model, inputs)  # a model that fails in eager is reported as such
+    progress.report("export")
     t0 = time.perf_counter()
     ep = export_model(model, inputs)
     t1 = time.perf_counter()

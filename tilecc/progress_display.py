@@ -30,7 +30,7 @@ class ProgressDisplay:
         self.enabled = enabled and callable(isatty) and bool(isatty())
         self.delay_s = delay_s
         self.phase = ""
-        self._t0 = 0.0
+        self._t0 = self._drawn = 0.0
         self._bar: Any = None  # rich.progress.Progress, created once the delay has passed
         self._task: Any = None
         self._stack = contextlib.ExitStack()
@@ -47,13 +47,18 @@ class ProgressDisplay:
             self._bar = None
 
     def on_event(self, event: progress.Event) -> None:
-        self.phase = event.phase
-        if not self.enabled or time.monotonic() - self._t0 < self.delay_s:
+        changed, self.phase = event.phase != self.phase, event.phase
+        now = time.monotonic()
+        if not self.enabled or now - self._t0 < self.delay_s:
             return
         if self._bar is None:
             self._start()
+        # drawn at once on a new phase, else by rich's own refresh (at most ~10 times a second)
+        redraw = changed or now - self._drawn >= 0.1
+        if redraw:
+            self._drawn = now
         total = event.total if event.total > 0 else None
-        self._bar.update(self._task, description=str(event), completed=event.done, total=total)
+        self._bar.update(self._task, description=str(event), completed=event.done, total=total, refresh=redraw)
 
     def _start(self) -> None:
         from rich.console import Console
