@@ -55,6 +55,9 @@ FILES = {
     "prog.json": "{\"format\": 2, \"kernels\": [",
     "bad.npz": "not a zip",
     "text.txt": "hello",
+    "latin.toml": "name = \"\xe9\xff\"\n",  # not UTF-8
+    "latin.tdsl": "kernel k(x: f32[R]) -> f32[R]:  # \xff\n",
+    "latin.mlir": "\xfe\xff",
 }
 
 GARBAGE_FLAGS = ["--", "-", "--nosuch", "-x", "--json=1", "--target", "-O", "-O3", "-O0", "--help=no", "-qq"]
@@ -82,6 +85,9 @@ def make_files(d: Path) -> dict[str, str]:
     out["good.tcp"] = str(prog)
     out["missing"] = str(d / "nosuch" / "file.py")
     out["dir"] = str(d)
+    for name in ("dir.toml", "dir.tdsl", "dir.mlir", "dir.tcp"):  # directories named like files
+        (d / name).mkdir()
+        out[name] = str(d / name)
     return out
 
 
@@ -107,7 +113,8 @@ def _value(files: dict[str, str]) -> st.SearchStrategy[str]:
         _specs(files),
         st.sampled_from(NUMBERS),
         st.sampled_from(["tiny", "cloud", "nosuch", files["bad.toml"], files["values.toml"],
-                         files["unknown.toml"], "ws", "os", "compatible", "f32", "asm", "graph"]),
+                         files["unknown.toml"], files["latin.toml"], files["dir.toml"], "ws", "os", "compatible",
+                         "f32", "asm", "graph"]),
         st.sampled_from(["4x8", "8x16", "x", "4x", "-4x8", "0x0", "4x8,8", "scalar", ",,", "99999999x99999999"]),
         _text(),
     )

@@ -125,7 +125,7 @@ def load_python(spec: str) -> Source:
             out = model.eval()(*args)
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
-    return Source(spec, Path(path).read_text(), gp, inputs, reference,
+    return Source(spec, _read(path), gp, inputs, reference,
                   {"torch.export": t1 - t0, "import": t2 - t1}, path)
 
 
@@ -257,9 +257,11 @@ def load_source(spec: str) -> Source:
 
 def _read(path: str) -> str:
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ExploreError(f"'{path}': {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ExploreError(f"'{path}': not UTF-8 text") from None
 
 
 # ----------------------------------------------------------------------------- running
