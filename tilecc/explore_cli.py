@@ -8,7 +8,7 @@ import sys
 from tilecc.cli_args import add_quiet, output_file
 
 
-def add_explore_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_explore_parser(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser(
         "explore", help="show every stage of a compile, the passes' remarks, timings (compiler explorer)",
         description="Compile SOURCE and show the IR around each pass (with source locations), "

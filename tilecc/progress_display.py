@@ -51,16 +51,15 @@ class ProgressDisplay:
         now = time.monotonic()
         if not self.enabled or now - self._t0 < self.delay_s:
             return
-        if self._bar is None:
-            self._start()
+        bar = self._bar if self._bar is not None else self._start()
         # drawn at once on a new phase, else by rich's own refresh (at most ~10 times a second)
         redraw = changed or now - self._drawn >= 0.1
         if redraw:
             self._drawn = now
         total = event.total if event.total > 0 else None
-        self._bar.update(self._task, description=str(event), completed=event.done, total=total, refresh=redraw)
+        bar.update(self._task, description=str(event), completed=event.done, total=total, refresh=redraw)
 
-    def _start(self) -> None:
+    def _start(self) -> Any:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -69,3 +68,4 @@ class ProgressDisplay:
                              TimeElapsedColumn(), console=console, transient=True)
         self._task = self._bar.add_task("", total=None)
         self._bar.start()
+        return self._bar
