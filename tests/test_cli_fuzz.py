@@ -60,6 +60,16 @@ FILES = {
     "latin.mlir": "\xfe\xff",
 }
 
+TOY_IR = """builtin.module {
+  func.func @forward(%x: tensor<4x8xf32>) -> tensor<4x5xf32> {
+    %w = graph.weight "fc.weight" : tensor<8x5xf32>
+    %m = graph.matmul %x, %w : tensor<4x8xf32>, tensor<8x5xf32> -> tensor<4x5xf32>
+    %r = graph.relu %m : tensor<4x5xf32>
+    func.return %r : tensor<4x5xf32>
+  }
+}
+"""
+
 GARBAGE_FLAGS = ["--", "-", "--nosuch", "-x", "--json=1", "--target", "-O", "-O3", "-O0", "--help=no", "-qq"]
 NUMBERS = ["0", "-1", "1", "3", "17", "99999999", "1e3", "nan", "0x10", "", " ", "-0", "2" * 40]
 
@@ -83,6 +93,9 @@ def make_files(d: Path) -> dict[str, str]:
     prog = d / "good.tcp"
     assert main(["run", f"{out['model.py']}:factory", "--save", str(prog), "--quiet"]) == 0
     out["good.tcp"] = str(prog)
+    (d / "toy.mlir").write_text(TOY_IR)
+    out["toy.mlir"] = str(d / "toy.mlir")
+    (d / "drawn").mkdir()
     out["missing"] = str(d / "nosuch" / "file.py")
     out["dir"] = str(d)
     for name in ("dir.toml", "dir.tdsl", "dir.mlir", "dir.tcp"):  # directories named like files
@@ -110,6 +123,7 @@ def _value(files: dict[str, str]) -> st.SearchStrategy[str]:
     plain = sorted(k for k in files if k not in ("model.py", "softmax.tdsl", "good.tcp"))
     return st.one_of(
         st.sampled_from([files[k] for k in plain]),
+        _mutated(files),
         _specs(files),
         st.sampled_from(NUMBERS),
         st.sampled_from(["tiny", "cloud", "nosuch", files["bad.toml"], files["values.toml"],
@@ -118,6 +132,39 @@ def _value(files: dict[str, str]) -> st.SearchStrategy[str]:
         st.sampled_from(["4x8", "8x16", "x", "4x", "-4x8", "0x0", "4x8,8", "scalar", ",,", "99999999x99999999"]),
         _text(),
     )
+
+
+# valid files that `_mutated` corrupts: (suffix, the file's bytes)
+def _bases(files: dict[str, str]) -> list[tuple[str, bytes]]:
+    return [(".toml", (ROOT / "simulator/presets/tiny.toml").read_bytes()),
+            (".tdsl", Path(files["softmax.tdsl"]).read_bytes()),
+            (".tcp", Path(files["good.tcp"]).read_bytes()),
+            (".mlir", TOY_IR.encode()),
+            (".npz", Path(files["wrong.npz"]).read_bytes())]
+
+
+@st.composite
+def _mutated(draw, files: dict[str, str], suffixes: tuple[str, ...] = ()) -> str:
+    """A file whose contents hypothesis draws: a valid target TOML, tile-DSL kernel,
+    program, graph IR or .npz, truncated, with a slice replaced by drawn bytes, or with
+    one number replaced by a drawn one (0, negative, huge, not a number)."""
+    suffix, data = draw(st.sampled_from([b for b in _bases(files) if not suffixes or b[0] in suffixes]))
+    how = draw(st.sampled_from(["truncate", "splice", "number"]))
+    if how == "truncate":
+        data = data[: draw(st.integers(0, len(data)))]
+    elif how == "splice":
+        i = draw(st.integers(0, len(data)))
+        data = data[:i] + draw(st.binary(max_size=16)) + data[i + draw(st.integers(0, 16)):]
+    else:
+        import re
+
+        spans = [m.span() for m in re.finditer(rb"\d+(\.\d+)?", data)][:400]
+        if spans:
+            a, b = draw(st.sampled_from(spans))
+            data = data[:a] + draw(st.sampled_from([b"0", b"-1", b"1e30", b"99999999999", b"x", b"0.5", b""])) + data[b:]
+    path = Path(files["dir"]) / "drawn" / f"f{draw(st.integers(0, 10**9))}{suffix}"
+    path.write_bytes(data)
+    return str(path)
 
 
 def _specs(files: dict[str, str]) -> st.SearchStrategy[str]:
@@ -145,8 +192,10 @@ def _for(action: argparse.Action, value: st.SearchStrategy[str], files: dict[str
     source or file, any value otherwise."""
     if action.type is int:
         return st.one_of(st.integers(-3, 200).map(str), st.integers(1, 2**70).map(str), st.sampled_from(NUMBERS))
-    if action.dest in ("source", "file", "program"):
-        return st.one_of(_specs(files), value)
+    kinds = {"source": (".mlir", ".tdsl"), "file": (".tdsl",), "program": (".tcp",), "inputs": (".npz",),
+             "target": (".toml",)}
+    if action.dest in kinds:  # mostly a drawn file of the kind the argument takes
+        return st.one_of(_mutated(files, kinds[action.dest]), _specs(files), value)
     return value
 
 
