@@ -10,8 +10,8 @@ random data and the run is checked against the graph interpreter), or a tile-DSL
 (``SOURCE_LOADERS``: the DSL front end registers its suffix there). The pipeline is
 the compiler's own (`runtime.compiler.compile_graph`), observed through its
 `before_pass` / `after_pass` instrumentation; the IR after each pass is printed with
-every op's ``tilecc.loc`` (the user's ``file:line``), the asm listing ends each line
-with ``# file:line``, and the passes' remarks (`passes/remarks.py`) say what was
+every op's ``tilecc.loc`` (its layer and the user's line, ``fc1 (Linear) @ model.py:12``),
+the asm listing ends each line with ``# <that location>``, and the passes' remarks (`passes/remarks.py`) say what was
 decided and why. `tilecc/explore_html.py` renders the same `Exploration` as one
 self-contained HTML page.
 """
