@@ -156,6 +156,7 @@ def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
             continue
         if name == "lower-tile-to-npu":
             layout = read_layout(module, gp)
+        progress.report(name)
         run(module)
         if after_pass is not None:
             after_pass(name, module)
