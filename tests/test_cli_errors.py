@@ -124,3 +124,11 @@ def test_usage_errors_are_one_line(capsys):
     assert "--nosuch" in _one_error(capsys)
     assert main(["run", "a\x1cb.py:f"]) == 2  # a control character in the user's text is escaped
     assert "a\\x1cb.py" in _one_error(capsys)
+
+
+def test_zero_size_graph_ir_is_a_clear_error(tmp_path, capsys):
+    ir = tmp_path / "zero.mlir"
+    ir.write_text("builtin.module {\n  func.func @forward(%x: tensor<0x8xf32>) -> tensor<0x8xf32> {\n"
+                  "    %r = graph.relu %x : tensor<0x8xf32>\n    func.return %r : tensor<0x8xf32>\n  }\n}\n")
+    assert main(["explore", str(ir), "--quiet"]) == 2
+    assert "has the zero-size type tensor<0x8xf32>: tilecc compiles non-empty tensors" in _one_error(capsys)

@@ -149,6 +149,7 @@ def load_ir(path: str, seed: int = 0) -> Source:
     if fn is None:
         raise ExploreError(f"{path}: explore takes graph-level IR (a func.func @forward); "
                            "run tile or npu IR through tilecc-opt")
+    _check_non_empty(path, fn)
     rng = np.random.default_rng(seed)
     for op in fn.walk():
         if isinstance(op, WeightOp):
@@ -169,6 +170,20 @@ def load_ir(path: str, seed: int = 0) -> Source:
         return [torch.from_numpy(np.asarray(y, dtype=np.float32)) for y in run_graph(gp, list(xs))]
 
     return Source(path, text, gp, tuple(inputs), reference, {"parse": time.perf_counter() - t0}, path)
+
+
+def _check_non_empty(path: str, fn: Any) -> None:
+    """`ExploreError` at the first value with a zero-size dimension (as the torch
+    importer's check: tilecc compiles non-empty tensors)."""
+    from xdsl.dialects.builtin import TensorType
+
+    from tilecc.ir.graph import source_loc
+
+    values = [(a, "an argument of @forward") for a in fn.body.block.args]
+    values += [(r, f"{op.name} at {source_loc(op)}") for op in fn.walk() for r in op.results]
+    for v, what in values:
+        if isinstance(v.type, TensorType) and 0 in tuple(v.type.get_shape()):
+            raise ExploreError(f"{path}: {what} has the zero-size type {v.type}: tilecc compiles non-empty tensors")
 
 
 def load_tile_dsl(spec: str) -> Source:
