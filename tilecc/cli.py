@@ -92,6 +92,15 @@ def load_factory(spec: str) -> tuple[Any, tuple]:
     return model, tuple(inputs)
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+        pass
+
+
 def _tilecc_cause(e: BaseException) -> TileccError | None:
     """The `TileccError` that `e` wraps (its ``__cause__`` / ``__context__`` chain, or
     dynamo's ``inner_exception``), if any."""
@@ -366,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `tilecc ... | head`: the reader has gone, nothing to report
+        _silence_stdout()
+        return 0
     except Exception as e:
         cause = _tilecc_cause(e)  # torch.compile wraps the backend's errors
         if cause is not None:
