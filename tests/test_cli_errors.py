@@ -79,6 +79,22 @@ def test_nan_where_eager_has_nan_matches(models, capsys):
     assert d["allclose"] is True and d["max_abs_error"] == 0.0
 
 
+def test_nan_where_eager_has_a_number_is_a_mismatch(models, capsys, monkeypatch):
+    from tilecc.runtime import executor
+
+    real = executor.run_program
+
+    def poisoned(*a, **k):
+        outputs, report = real(*a, **k)
+        outputs[0][0, 0] = float("nan")
+        return outputs, report
+
+    monkeypatch.setattr(executor, "run_program", poisoned)
+    assert main(["run", f"{models}:tiny", "--json", "--quiet"]) == 1
+    d = json.loads(capsys.readouterr().out)  # strict JSON: no NaN / Infinity literals
+    assert d["allclose"] is False and d["max_abs_error"] is None
+
+
 def test_compare_nan_and_inf():
     nan, inf = float("nan"), float("inf")
     t = torch.tensor

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import sys
 import time
@@ -150,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         d = report.to_dict()
         d.update(
             allclose=ok,
-            max_abs_error=worst,
+            max_abs_error=worst if math.isfinite(worst) else None,  # NaN against a number: strict JSON
             compile_seconds=compile_seconds,
             compile_cache=cm.compile_stats.cache if cm.compile_stats else "",
             simulate_seconds=report.simulate_seconds,
