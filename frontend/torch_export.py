@@ -7,7 +7,8 @@ The program is decomposed to Core ATen first (with ``scaled_dot_product_attentio
 kept whole: it is reported as unsupported rather than decomposed). Parameters,
 buffers and lifted constants become ``graph.weight`` ops whose float32 values go to
 `GraphProgram.weights`; user inputs become the arguments of ``@forward``. Every op
-carries ``"tilecc.loc"``: the user's ``file.py:LINE`` from the node's stack trace.
+carries ``"tilecc.loc"``: its layer and the user's line, ``"fc1 (Linear) @ model.py:12"``
+(`frontend.export.node_location`).
 
 Every node tilecc cannot import is collected, and one `UnsupportedOpError` lists all
 of them with their locations.

@@ -36,7 +36,7 @@ from tilecc.passes.session import CompileSession
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import program_work
-from tilecc.simulator import numerics
+from tilecc.simulator import numerics, progress
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType
 from tilecc.simulator.roofline import IntrinsicWork
@@ -91,14 +91,15 @@ def compile_graph(
             fallbacks.append({"op": e.op_name, "loc": e.loc, "fallback": what, "reason": e.reason})
             if len(fallbacks) > MAX_FALLBACKS - 1:
                 level = 0
-        except Exception as e:  # noqa: BLE001 (a later pass failed on the -O2 program)
+        except Exception as e:  # noqa: BLE001 (a pass failed on the program, not on one op)
+            where, cause = (e.pass_name, e.error) if isinstance(e, _PassFailed) else ("the compile", e)
             if level < 2:
-                if isinstance(e, TileccError):
-                    raise
-                raise InternalError(f"internal error while compiling at -O{level}: {describe_exception(e)} "
-                                   "(please report)") from e
+                if isinstance(cause, TileccError):
+                    raise cause from None
+                raise InternalError(f"internal error in {where}: {type(cause).__name__}: "
+                                    f"{str(cause).splitlines()[0] if str(cause) else ''} (please report)") from cause
             fallbacks.append({"op": "program", "loc": "", "fallback": "compiled at -O0",
-                              "reason": describe_exception(e)})
+                              "reason": f"{where}: {describe_exception(cause)}"})
             level = 0
     else:  # unreachable: the last attempt runs at -O0, which raises instead of falling back
         raise InternalError("the compile did not converge after its fallbacks (please report)")
@@ -125,6 +126,15 @@ def measure_program(gp: GraphProgram, sched: MatmulSchedule, cfg: HardwareConfig
 MAX_FALLBACKS = 8
 
 
+class _PassFailed(Exception):
+    """A pass of the pipeline raised `error` (the driver falls back or names the pass)."""
+
+    def __init__(self, pass_name: str, error: Exception):
+        super().__init__(f"{pass_name}: {error}")
+        self.pass_name = pass_name
+        self.error = error
+
+
 def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled,
              intrinsic: IntrinsicWork, plan: FallbackPlan | None = None) -> Program:
     broken = break_pass.broken_pass()  # test-only planted miscompilation (passes/break_pass.py)
@@ -139,6 +149,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
     if opt_level >= 2 and "fold-norm-affine" not in disabled:  # needs the weights' data (not a module pass)
         if before_pass is not None:
             before_pass("fold-norm-affine", module)
+        progress.report("fold-norm-affine")
         ts = time.perf_counter()
         weights = dict(gp.weights)
         if fold_norm_affine(module, weights):
@@ -159,8 +170,14 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             layout = read_layout(module, gp)
         if before_pass is not None:
             before_pass(name, module)
+        progress.report(name)
         ts = time.perf_counter()
-        run(module)
+        try:
+            run(module)
+        except OptimisationFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 (the driver falls back, or names the pass)
+            raise _PassFailed(name, e) from e
         if name == broken:
             break_pass.plant(module)
         if stats is not None:
@@ -189,6 +206,7 @@ def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
             continue
         if name == "lower-tile-to-npu":
             layout = read_layout(module, gp)
+        progress.report(name)
         run(module)
         if after_pass is not None:
             after_pass(name, module)

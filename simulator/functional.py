@@ -20,6 +20,7 @@ index column at its start (same check) and writes the rows at its end, in row or
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tilecc.errors import MemoryAccessError
+from tilecc.simulator import progress
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.decode import DecodedProgram
 from tilecc.simulator.isa import (
@@ -45,6 +47,8 @@ from tilecc.simulator.isa import (
 from tilecc.simulator.numerics import from_storage, to_storage
 
 __all__ = ["FunctionalMachine", "single_threaded_torch"]
+
+_PROGRESS_STEP = 1 << 13  # reads and writes executed between two progress reports
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -184,12 +188,15 @@ class FunctionalMachine:
         }
         pending: dict[int, Any] = {}
         reads, idx = is_read[order].tolist(), index[order].tolist()
-        for r, i in zip(reads, idx, strict=True):
-            inst.i = i
-            if r:
-                pending[i] = read[op[i]](inst)
-            else:
-                write[op[i]](inst, pending.pop(i))
+        events, n = zip(reads, idx, strict=True), len(idx)
+        for lo in range(0, n, _PROGRESS_STEP):  # the simulated fraction, for a listener
+            for r, i in itertools.islice(events, _PROGRESS_STEP):
+                inst.i = i
+                if r:
+                    pending[i] = read[op[i]](inst)
+                else:
+                    write[op[i]](inst, pending.pop(i))
+            progress.report("simulate", min(lo + _PROGRESS_STEP, n) // 2, n // 2, unit="instruction")
 
     # -- memory views -----------------------------------------------------------------
 

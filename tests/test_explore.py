@@ -47,8 +47,10 @@ def test_block_every_stage_with_locations(block):
     # every asm instruction ends in the model line that caused it
     asm = [ln for ln in block.asm.splitlines() if ln and not ln.startswith(("#", "barrier"))]
     assert len(asm) == sum(n for _, _, n in block.program.kernels)
-    lines_used = {int(m.group(1)) for ln in asm for m in [re.search(r"# transformer_block\.py:(\d+)$", ln)] if m}
-    assert all(re.search(r"# transformer_block\.py:\d+$", ln) for ln in asm)
+    lines_used = {int(m.group(1)) for ln in asm for m in [re.search(r"transformer_block\.py:(\d+)$", ln)] if m}
+    # "# attn.q (Linear) @ transformer_block.py:22": the layer, then the line
+    assert all(re.search(r"# ([\w.]+ \(\w+\) @ )?transformer_block\.py:\d+$", ln) for ln in asm)
+    assert any("# attn.proj (Linear) @ transformer_block.py:29" in ln for ln in asm)
     src = Path(ROOT / "examples/transformer_block.py").read_text().splitlines()
     assert {22, 26, 27, 28, 29, 41, 42} <= lines_used  # q/k/v, scores, softmax, probs @ v, proj, both residuals
     assert "softmax" in src[27 - 1] and "self.proj" in src[29 - 1]
@@ -59,7 +61,7 @@ def test_block_remarks_one_per_decision(block):
     fused_ops = block.stage("graph").count("graph.fused")
     by = lambda p, k: [r for r in block.remarks if r.pass_name == p and r.kind == k]  # noqa: E731
     assert len(by("fuse-graph", "passed")) == fused_ops == 6
-    assert all(r.loc.startswith("transformer_block.py:") for r in by("fuse-graph", "passed"))
+    assert all(re.fullmatch(r"([\w.]+ \(\w+\) @ )?transformer_block\.py:\d+", r.loc) for r in by("fuse-graph", "passed"))
     # the explicit attention (matmul, scale, softmax, matmul) is one graph.sdpa
     (attn,) = by("canonicalize-graph", "passed")
     assert "explicit attention" in attn.message and "graph.sdpa" in attn.message
@@ -141,7 +143,7 @@ def test_cli_explore_mlp_o0(capsys):
     assert main(["explore", f"{ROOT}/examples/mlp.py:mlp", "-O0", "--stage", "asm", "--remarks"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# kernel k0_")
-    assert re.search(r"^matmul .*# mlp\.py:\d+$", out, re.M)
+    assert re.search(r"^matmul .*# \w+ \(Linear\) @ mlp\.py:\d+$", out, re.M)
     assert "remark [lower-graph-to-tile]" in out and "remark [fuse-graph]" not in out  # no fusion at -O0
 
 

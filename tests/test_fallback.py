@@ -38,7 +38,7 @@ def test_a_fused_group_that_cannot_lower_is_left_unfused():
     (fb,) = cm.program.meta["fallbacks"]
     assert fb["fallback"] == "left unfused" and "graph.layer_norm" in fb["op"]
     assert "a broadcast operand across a reshape" in fb["reason"]
-    assert fb["loc"].startswith("test_fallback.py:")
+    assert fb["loc"].endswith(tuple(f"test_fallback.py:{n}" for n in range(200))) and "(Linear)" in fb["loc"]
     (msg,) = _fallback_remarks(cm)
     assert "left unfused" in msg and "broadcast operand" in msg
 
@@ -106,7 +106,7 @@ def test_a_failure_after_lowering_compiles_the_program_at_O0(monkeypatch):
     torch.manual_seed(0)
     cm = run_and_compare(TwoLinears(), (torch.randn(20, 48),))
     (fb,) = cm.program.meta["fallbacks"]
-    assert fb["fallback"] == "compiled at -O0" and "ZeroDivisionError" in fb["reason"]
+    assert fb["fallback"] == "compiled at -O0" and fb["reason"].startswith("plan-sram: internal error ZeroDivisionError")
 
 
 def _registry_lowerings():

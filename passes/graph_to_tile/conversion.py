@@ -53,6 +53,7 @@ from tilecc.passes.graph_to_tile.context import DslKernelSource, LoweringContext
 from tilecc.passes.graph_to_tile.registry import lowerings
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.session import CompileSession
+from tilecc.simulator import progress
 from tilecc.simulator.config import HardwareConfig, load_config
 
 
@@ -81,7 +82,8 @@ def convert(lw: LoweringContext, module: ModuleOp) -> None:
     outputs: list[SSAValue] = []
     # a snapshot: a lowering may fuse later ops into its kernel (erasing them) or lower
     # a later weight / constant ahead of time; both are skipped here
-    for op in list(forward.body.block.ops):
+    ops = list(forward.body.block.ops)
+    for done, op in enumerate(ops, 1):
         if op.parent is None or (
             op.results and (op.results[0] in lw.values or op.results[0] in lw.scalars)
         ):
@@ -91,6 +93,9 @@ def convert(lw: LoweringContext, module: ModuleOp) -> None:
             continue
         lw.request_layout(op)
         lower_op(lw, op)
+        if progress.listening():
+            progress.report("lower-graph-to-tile", done, len(ops), lw.kernels[-1].sym_name.data if lw.kernels else "",
+                            unit="op")
         if op.results:
             lw.layout_requests.pop(op.results[0], None)
     out_types = [v.type for v in outputs]
