@@ -131,3 +131,21 @@ def test_grouped_query_attention_broadcasts_k_and_v(per_head):
     cm = run_and_compare(GroupedQuery(n, per_head), (q, k, v, mask))
     ((kind, msg),) = _attention_remarks(cm)
     assert kind == "passed" and f"serves {n} query heads" in msg
+
+
+class SdpaWithCausalMask(torch.nn.Module):
+    """scaled_dot_product_attention given the causal pattern as an additive attn_mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", torch.full((L, L), torch.finfo(torch.float32).min).triu(1))
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+def test_sdpa_with_a_constant_causal_mask_becomes_causal():
+    cm = run_and_compare(SdpaWithCausalMask(), _qkv())
+    ((kind, msg),) = [(r["kind"], r["message"]) for r in cm.program.meta["remarks"]
+                      if r["pass_name"] == "canonicalize-graph"]
+    assert kind == "passed" and "-> causal" in msg

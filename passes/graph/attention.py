@@ -25,11 +25,14 @@ negative value above)::
 q, k and v are reshaped into the softmax's batch dims; k is found under its transpose
 (``reshape(permute(k, [.., -1, -2]))``: the permute is dropped, no copy) or transposed
 explicitly. A compile-time mask (with the weights' data) that is exactly causal becomes
-``causal``; any other additive mask is kept as sdpa's mask; ``where(cond, s, -big)``
-becomes the additive mask ``where(cond, 0, -big)``. A chain that cannot be rewritten (a
-cast inside it: softmax in another precision; a mask applied in another view of the
-scores; batch dims that differ, as a grouped-query expansion gives) stays as written,
-with a ``missed`` remark naming why.
+``causal`` (also on a `graph.sdpa` exported with such an ``attn_mask``);
+any other additive mask is kept as sdpa's mask; ``where(cond, s, -big)``
+becomes the additive mask ``where(cond, 0, -big)``. Grouped-query attention's
+`repeat_kv` (k and v expanded over each group's heads) becomes sdpa over
+``[*b, groups, n]`` batch dims with k and v broadcast, no copies. A chain that cannot be
+rewritten (a cast inside it: softmax in another precision; a mask applied in another view
+of the scores; batch dims that differ otherwise) stays as written, with a ``missed``
+remark naming why.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ def recognise_attention(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | Non
     const = ConstValues(weights)
     count = 0
     for op in list(fn.body.block.ops):
+        if isinstance(op, gi.SdpaOp) and op.mask is not None and not op.is_causal:
+            count += _causal_sdpa(op, const)
+            continue
         if not isinstance(op, g.SoftmaxOp) or op.parent is None:
             continue
         chain = match_attention(op, const)
@@ -74,6 +80,28 @@ def recognise_attention(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | Non
             f"{' causal (the mask is the causal pattern)' if c else ''}"
             f"{f'; grouped-query: each k/v head serves {gr} query heads (no repeat_kv copies)' if gr else ''}"), loc)
     return count
+
+
+def _causal_sdpa(op: gi.SdpaOp, const: ConstValues) -> int:
+    """`graph.sdpa` with a compile-time mask that is exactly the causal pattern (what
+    `scaled_dot_product_attention(q, k, v, attn_mask=causal_mask)` exports) becomes
+    ``causal`` with no mask: the flash kernel then skips the masked tiles. 1 if rewritten."""
+    assert op.mask is not None
+    values = const(op.mask)
+    if values is None:
+        return 0
+    scores = [*g.shape_of(op.result)[:-1], g.shape_of(op.k)[-2]]
+    L, S = scores[-2], scores[-1]
+    dropped = masked(values, g.element_dtype(op.mask.type))
+    if bool(np.any(values[~dropped] != 0)) or not _is_tril(~dropped, scores, np.tril(np.ones((L, S), dtype=bool))):
+        return 0
+    loc = g.source_loc(op)
+    new = gi.SdpaOp.make(op.q, op.k, op.v, None, scale=float(op.scale.value.data), causal=True, loc=loc)
+    op.parent_block().insert_op_before(new, op)  # type: ignore[union-attr]
+    op.result.replace_all_uses_with(new.result)
+    remarks.emit(PASS, "passed", "graph.sdpa's compile-time mask is the causal pattern -> causal "
+                 "(masked tiles skipped)", loc)
+    return 1
 
 
 def _batch(shape: Sequence[int]) -> int:
