@@ -54,6 +54,8 @@ class _OutSpec:
 class _Signature:
     input_specs: list[_InSpec]
     output_specs: list[_OutSpec]
+    # an AOTAutograd graph is functional: it mutates no buffer (torch.export's field)
+    buffers_to_mutate: dict[str, str] = field(default_factory=dict[str, str])
 
 
 @dataclass
