@@ -268,10 +268,11 @@ class _Importer:
             operator.mod: self.size_arith(operator.mod),
             operator.neg: self.size_arith(operator.neg),
         }
-        from tilecc.frontend import aten_index, aten_nn
+        from tilecc.frontend import aten_index, aten_nn, aten_routing
 
         h.update(aten_nn.handlers(self))
         h.update(aten_index.handlers(self))
+        h.update(aten_routing.handlers(self))
         return h
 
     def binary(self, cls: type[g.BinaryElementwiseOp], alpha: bool = False, swap: bool = False):

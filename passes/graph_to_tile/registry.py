@@ -38,6 +38,8 @@ FAMILIES = (
     "index",  # gather, slice, concat, where, log-softmax, attention
     "nn",  # convolution, pooling, resize, pad, reductions
     "dsl_call",  # tile-DSL kernels called from a graph
+    "topk",  # topk / sort / argmax indices: selection by repeated extreme
+    "bincount",  # bincount / histc: one-hot compare, column sum on the array
 )
 
 
