@@ -48,7 +48,7 @@ class _Handlers:
         self._bind = te._bind
 
     def table(self) -> dict[Any, Any]:
-        return {
+        t = {
             aten.topk.default: self.h_topk,
             aten.sort.default: self.h_sort,
             aten.sort.stable: self.h_sort,
@@ -63,6 +63,10 @@ class _Handlers:
             aten.bincount.default: self.h_bincount,
             aten._assert_async.msg: self.h_assert_async,
         }
+        grouped = _transformers_grouped_mm()
+        if grouped is not None:
+            t[grouped] = self.h_grouped_mm
+        return t
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -236,7 +240,36 @@ class _Handlers:
         counts = self.emit(gr.BincountOp.make(x, out[0], wv, result_type=g.element_type(dt)))
         return counts
 
+    def h_grouped_mm(self, node: Node) -> SSAValue:
+        """transformers' ``grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E])``:
+        row s of the expert-sorted input times ``weight[e]`` for the group e holding it
+        (``offs`` the groups' cumulative ends; rows past ``offs[-1]`` are 0). Here: each
+        row's group is ``sum_e (s >= offs[e])``, its expert's weight gathered, one
+        batched matmul ``[S, 1, K] @ [S, K, N]`` (the batched_mm implementation's form)."""
+        x, w, offs = (self.imp.tensor(a) for a in node.args[:3])
+        (S, K), (E, _, N) = g.shape_of(x), g.shape_of(w)
+        out, dt = self.imp.out_meta(node)
+        offs = self.emit(g.ReshapeOp.make(self.imp.cast_to(offs, DType.I32), [1, E]))
+        rows = self.emit(g.ConstantOp.make(np.arange(S, dtype=np.float32).reshape(S, 1), DType.I32))
+        ended = self.imp.cast_to(self.emit(gi.GeOp.make(rows, offs)), DType.F32)
+        group = self.imp.cast_to(self.emit(nn.SumOp.make(ended, [1])), DType.I32)
+        valid = self.imp.cast_to(self.emit(gi.LtOp.make(group, self.const(E, DType.I32))), dt)
+        group = self.emit(gi.MinimumOp.make(group, self.const(E - 1, DType.I32)))
+        wg = self.emit(gi.GatherRowsOp.make(self.imp.cast_to(w, dt), group))
+        xs = self.emit(g.ReshapeOp.make(self.imp.cast_to(x, dt), [S, 1, K]))
+        y = self.emit(g.ReshapeOp.make(self.emit(g.MatmulOp.make(xs, wg)), [S, N]))
+        y = self.emit(g.MulOp.make(y, self.emit(g.ReshapeOp.make(valid, [S, 1]))))
+        return self.finish(y, out)
+
     def h_assert_async(self, node: Node) -> None:
         """A run-time check on data (one_hot's index range): the device has no way to
         raise; dropped like the importer's other run-time asserts."""
+        return None
+
+
+def _transformers_grouped_mm() -> Any:
+    """transformers' ``grouped_mm_fallback`` custom op, when transformers registered it."""
+    try:
+        return torch.ops.transformers.grouped_mm_fallback.default
+    except (AttributeError, RuntimeError):
         return None
