@@ -77,6 +77,7 @@ def test_mixtral_batched_experts_logits_match_eager():
     model, inputs = mixtral("batched_mm")
     cm = run_and_compare(model, inputs, "tiny")
     assert "topk" in _kernel_names(cm)
+    assert cm.report.roofline_ratio >= 1.0  # the intrinsic work stays a lower bound
 
 
 _GROUPED_NEEDS = (torch.ops.aten.div.Tensor_mode, torch.ops.aten.index_put.default)

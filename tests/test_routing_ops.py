@@ -184,6 +184,19 @@ def test_cumsum_with_an_int32_result_of_floats():
 # -- graph ops ------------------------------------------------------------------------
 
 
+def _topk_indices(x):
+    return [gr.TopkIndicesOp.make(x, 1, 2, loc="t.py:1"), gr.TopkIndicesOp.make(x, 0, 4, largest=False)]
+
+
+def _bincount(x):
+    ids = g.CastOp.make(x, DType.I32)
+    return [ids, gr.BincountOp.make(ids, 5, loc="b.py:2"), gr.BincountOp.make(ids, 3, x, loc="b.py:3")]
+
+
+ROUTING_BUILDERS = {"graph.topk_indices": _topk_indices, "graph.bincount": _bincount}
+"""One builder per op of the family (also used by test_graph_ir's round-trip test)."""
+
+
 def test_topk_indices_shape_inference_and_errors():
     x = g.ConstantOp.make(np.zeros((4, 6), np.float32), DType.F32)
     op = gr.TopkIndicesOp.make(x, -1, 3, largest=False)
