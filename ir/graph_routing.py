@@ -126,10 +126,11 @@ class BincountOp(GraphOp):
             raise ShapeError(f"{op}: the input must be i32, got {fmt_type(x)}")
         if length < 1:
             raise ShapeError(f"{op}: length must be >= 1, got {length}")
-        if w is not None:
-            w = check_tensor(w, op, "weights")
-            if tuple(w.get_shape()) != tuple(x.get_shape()):
-                raise ShapeError(f"{op}: weights {fmt_type(w)} and input {fmt_type(x)} differ in shape")
+        if w is None:
+            return
+        wt = check_tensor(w, op, "weights")
+        if tuple(wt.get_shape()) != tuple(x.get_shape()):
+            raise ShapeError(f"{op}: weights {fmt_type(wt)} and input {fmt_type(x)} differ in shape")
 
     def infer_result_type(self) -> TensorType:
         w = self.weights.type if self.weights is not None else None

@@ -17,6 +17,7 @@ import tilecc
 from tilecc.errors import ShapeError, TileccError, UnsupportedOpError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_routing as gr
+from tilecc.ir.graph_interp import run_graph
 from tilecc.simulator.isa import DType
 
 
@@ -221,3 +222,37 @@ def test_topk_indices_reference_is_stable():
 def test_sort_row_too_long_is_a_clear_error():
     with pytest.raises(TileccError, match="topk_indices.*does not fit"):
         tilecc.compile(Fn(lambda x: torch.sort(x)[0]), (torch.randn(1, 1200),), target="tiny")
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bincount_lowering_on_the_simulator(weighted):
+    """graph.bincount compiled directly (torch.export never gives bincount a static
+    length): 40 values (3 tiles of the 16-row array), 20 bins (2 chunks of its 16
+    columns), values outside [0, 20) ignored; counts and weighted sums exact."""
+    from xdsl.parser import Parser
+
+    from tilecc.runtime.compiler import compile_graph
+    from tilecc.runtime.executor import run_program
+    from tilecc.simulator.config import load_config
+
+    w_arg, w_use, w_type = (", %w: tensor<40xf32>", ", %w", ", tensor<40xf32>") if weighted else ("", "", "")
+    text = f"""
+    builtin.module {{
+      func.func @forward(%x: tensor<40xi32>{w_arg}) -> tensor<20xf32> {{
+        %c = graph.bincount %x{w_use} length 20 : tensor<40xi32>{w_type} -> tensor<20xf32>
+        func.return %c : tensor<20xf32>
+      }}
+    }}
+    """
+    m = Parser(g.graph_context(), text).parse_module()
+    gp = g.GraphProgram(m, {}, ["x", "w"][: 1 + weighted], ["c"])
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 24, 40)
+    w = rng.standard_normal(40).astype(np.float32)
+    inputs = (torch.from_numpy(x).to(torch.int32), torch.from_numpy(w))[: 1 + weighted]
+    (got,), _ = run_program(compile_graph(gp, load_config("tiny")), inputs, sanitize=True)
+    keep = (x >= 0) & (x < 20)
+    want = np.bincount(x[keep], weights=w[keep] if weighted else None, minlength=20)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-6, atol=1e-6)
+    (ref,) = run_graph(gp, [x.astype(np.float32), w][: 1 + weighted])
+    np.testing.assert_allclose(ref, want, rtol=1e-6, atol=1e-6)
