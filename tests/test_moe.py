@@ -168,3 +168,18 @@ def test_hand_written_moe_layer(k):
     model = HandMoE(k=k)
     x = torch.randn(1, 12, 32)
     run_and_compare(model, (x,), "tiny")
+
+
+def test_uninitialised_tensors_fold_to_zeros():
+    """The grouped experts' ``inv_perm = torch.empty_like(perm)``: torch leaves the values
+    unspecified (whatever memory held, often outside int32); folded as zeros, so the
+    program is deterministic and its integer constants fit the device's int32."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            junk = torch.empty(3, 4, dtype=torch.int64)
+            return x + junk.to(torch.float32) + torch.empty_like(x)
+
+    x = torch.randn(3, 4)
+    cm = tilecc.compile(M(), (x,), target="tiny")
+    torch.testing.assert_close(cm(x), x, rtol=0, atol=0)
