@@ -9,7 +9,9 @@ element was already taken, min-reduce), store that index, and knock the winner o
 false`` negates the row first; ties go to the lowest index either way, which is
 torch's ``sort(stable=True)`` / ``argmax`` order. Cost per row: about 12 vector element
 cycles per element and pass (k * C * 12 on the lanes of a row tile); fine for
-routing's small k and expert counts, quadratic for a full sort of a long row.
+routing's small k and expert counts, quadratic for a full sort of a long row. A row
+too long for one SRAM partition with its buffers streams from HBM instead, one pass
+per selected element (`topk_long.py`).
 
 Before (graph)::
 
@@ -34,14 +36,15 @@ import math
 
 import numpy as np
 from xdsl.dialects.builtin import f32
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
-from tilecc.errors import CompileError, TensorTooLargeError
+from tilecc.errors import CompileError
 from tilecc.ir import graph_routing as gr
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.context import LoweringContext
 from tilecc.passes.graph_to_tile.nn.common import HbmKernel, const_hbm, sram_budget, tiles
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
+from tilecc.passes.graph_to_tile.topk_long import topk_long_kernel
 
 _ROW_BUFFERS = 6  # fp32 row buffers: values, iota, free iota, hit, keep, log(keep); and the input's
 
@@ -60,13 +63,21 @@ def lower_topk_indices(lw: LoweringContext, op: Operation, loc: str) -> None:
     moved = [shape[d] for d in perm]
     C = moved[-1]
     R = math.prod(moved[:-1])
-    if 2 * (_ROW_BUFFERS + 1) * 4 * C > sram_budget(lw):
-        raise TensorTooLargeError(
-            f"graph.topk_indices at {loc}: a row of {C} elements does not fit one SRAM partition "
-            f"({sram_budget(lw)} bytes) with its {_ROW_BUFFERS} working buffers"
-        )
     x = lw.view(src, (R, C))
     out = lw.hbm((R, k), elem_of(res.type))
+    if 2 * (_ROW_BUFFERS + 1) * 4 * C <= sram_budget(lw):
+        _whole_rows_kernel(lw, loc, x, R, C, k, largest, out)
+    else:  # k passes streaming the row in chunks
+        topk_long_kernel(lw, loc, x, R, C, k, largest, out)
+    idx = lw.view(out, (*moved[:-1], k))
+    if perm != list(range(rank)):
+        idx = lw.permuted(idx, list(np.argsort(perm)), loc)
+    lw.values[res] = lw.view(idx, shape_of(res.type))
+
+
+def _whole_rows_kernel(lw: LoweringContext, loc: str, x: SSAValue, R: int, C: int, k: int, largest: bool,
+                       out: SSAValue) -> None:
+    """`out[r, j]` = the index of the j-th extreme of row r of `x` ([R, C]), rows on chip."""
     iota = const_hbm(lw, np.arange(C, dtype=np.float32) - C, f32)  # -C .. -1: the index minus C
     kern = HbmKernel(lw, "topk", loc, [x, iota, out])
     kb = kern.kb
@@ -81,7 +92,7 @@ def lower_topk_indices(lw: LoweringContext, op: Operation, loc: str) -> None:
     pen = kb.alloc([TR, C], f32, tile.SRAM, "pen")
     m = kb.alloc([TR, 1], f32, tile.SRAM, "max")
     i = kb.alloc([TR, 1], f32, tile.SRAM, "idx")
-    o = kb.alloc([TR, 1], elem_of(res.type), tile.SRAM, "out")
+    o = kb.alloc([TR, 1], elem_of(out.type), tile.SRAM, "out")
     zero, one, cols = kb.const(0), kb.const(1), kb.const(C)
     with tiles(kb, R, TR) as (_, r0, r):
         kb.add(tile.LoadOp(kern.arg(x), [r0, zero], xin if xin is not None else v, r, cols, 0, 1))
@@ -103,10 +114,6 @@ def lower_topk_indices(lw: LoweringContext, op: Operation, loc: str) -> None:
                 kb.add(tile.UnaryOp("log", keep, pen, r, cols))  # 0, or -inf at the winner
                 kb.add(tile.BinaryOp("add", v, pen, v, r, cols))
     kern.launch()
-    idx = lw.view(out, (*moved[:-1], k))
-    if perm != list(range(rank)):
-        idx = lw.permuted(idx, list(np.argsort(perm)), loc)
-    lw.values[res] = lw.view(idx, shape_of(res.type))
 
 
 LOWERINGS = {gr.TopkIndicesOp: lower_topk_indices}
