@@ -64,8 +64,8 @@ EXPECTED_FAILURES: dict[tuple[str, str], dict[str, str]] = {
         "tilecc by lowest index (a valid answer: the values and the gathered indices equal eager's)",
     },
     ("sort", ""): {
-        "(8000,)": "a row of 8000 elements does not fit one SRAM partition: the selection sort keeps whole "
-        "rows on chip (no sort across tiles yet); a clear TensorTooLargeError",
+        "(8000,)": "a sort of a row of 8000 elements: longer than an SRAM partition, the streaming selection "
+        "would read the row 8000 times (quadratic; no merge sort across tiles yet); a clear TensorTooLargeError",
     },
     ("argsort", ""): {
         "(8000,)": "a row of 8000 elements does not fit one SRAM partition (see sort)",

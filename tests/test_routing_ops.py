@@ -265,3 +265,8 @@ def test_bincount_lowering_on_the_simulator(weighted):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-6, atol=1e-6)
     (ref,) = run_graph(gp, [x.astype(np.float32), w][: 1 + weighted])
     np.testing.assert_allclose(ref, want, rtol=1e-6, atol=1e-6)
+
+
+def test_sort_of_a_very_long_row_is_a_clear_error():
+    with pytest.raises(TileccError, match="topk_indices.*streams the row 5000 times"):
+        tilecc.compile(Fn(lambda x: torch.sort(x)[0]), (torch.randn(1, 5000),), target="tiny")

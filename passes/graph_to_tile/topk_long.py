@@ -43,6 +43,7 @@ from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.nn.common import HbmKernel, const_hbm, fill, fill_row, sram_budget, tiles
 from tilecc.passes.graph_to_tile.shapes import elem_of
 
+MAX_STREAMED = 1 << 24  # k * C: a full sort of a 4096-element row; beyond, quadratic work is refused
 CHUNK_BUFFERS = 6  # [TR, CH] buffers: values, iota, allowed, two scratch; the input's own
 
 
@@ -56,6 +57,13 @@ def topk_long_kernel(lw: LoweringContext, loc: str, x: SSAValue, R: int, C: int,
     if C >= 1 << 24:
         raise TensorTooLargeError(f"graph.topk_indices at {loc}: a row of {C} elements: indices past 2**24 "
                                   "are not exact in the vector engine's fp32")
+    if k * C > MAX_STREAMED:
+        raise TensorTooLargeError(
+            f"graph.topk_indices at {loc}: selecting {k} of a row of {C} elements (longer than an SRAM "
+            f"partition holds with its buffers) streams the row {k} times ({k * C} element-passes, over the "
+            f"{MAX_STREAMED} limit); a sort of a long row is not lowered (no merge sort across tiles): "
+            "sort shorter rows, or select fewer (topk)"
+        )
     CH = chunk_columns(lw, C)
     iota = const_hbm(lw, np.arange(C, dtype=np.float32), f32)
     consts = {v: fill_row(lw, v, f32, 1) for v in (math.inf, -math.inf, -1.0, 0.0)}
