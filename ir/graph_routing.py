@@ -7,6 +7,9 @@ importer builds ``topk``, ``sort``, ``argsort``, ``argmax`` / ``argmin`` and
 ``max.dim`` / ``min.dim`` from it; their values are a gather of the input by these
 indices (exact: no arithmetic touches them).
 
+`graph.cumsum` is the running sum along a dim (the group offsets of grouped experts,
+positions from attention masks).
+
 `graph.bincount` counts (or sums weights of) the i32 values of its input that fall in
 ``[0, length)``; values outside are ignored. ``bincount`` with a static length and
 ``histc`` (after the importer computes each element's bin with torch's own formula)
@@ -17,6 +20,7 @@ Syntax::
     %i = graph.topk_indices %x dim 1 k 2 largest true : tensor<16x8xf32> -> tensor<16x2xi32>
     %c = graph.bincount %bins length 8 : tensor<32xi32> -> tensor<8xi32>
     %h = graph.bincount %bins, %w length 8 : tensor<32xi32>, tensor<32xf32> -> tensor<8xf32>
+    %s = graph.cumsum %h dim 0 : tensor<8xf32> -> tensor<8xf32>
 """
 
 from __future__ import annotations
@@ -161,4 +165,41 @@ class BincountOp(GraphOp):
         return np.bincount(x[keep], weights=w[keep], minlength=n)[:n].astype(np.float32)
 
 
-ROUTING_OPS: tuple[type[GraphOp], ...] = (TopkIndicesOp, BincountOp)
+@irdl_op_definition
+class CumsumOp(GraphOp):
+    """The running sum along `dim` (non-negative) of a float tensor (the importer casts
+    integers to f32: exact below 2**24); fp32 accumulation, each output rounded to the
+    element type."""
+
+    name = "graph.cumsum"
+    input = operand_def(TensorType)
+    dim = prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    assembly_format = "$input `dim` $dim attr-dict `:` type($input) `->` type($result)"
+
+    def infer_result_type(self) -> TensorType:
+        t = check_tensor(self.input.type, self.name, "input")
+        if not 0 <= self.dim.value.data < t.get_num_dims():
+            raise ShapeError(f"{self.name}: dim {self.dim.value.data} out of range for {fmt_type(t)}")
+        if element_dtype(t) == DType.I32:
+            raise ShapeError(f"{self.name}: the input must be a float tensor, got {fmt_type(t)}")
+        return t
+
+    @classmethod
+    def make(cls, x: SSAValue, dim: int, *, loc: str | None = None) -> CumsumOp:
+        x = as_value(x)
+        t = check_tensor(x.type, cls.name, "input")
+        rank = t.get_num_dims()
+        if not -rank <= dim < rank:
+            raise ShapeError(f"{cls.name}: dim {dim} out of range for rank {rank}")
+        op = cls.create(operands=[x], result_types=[t], properties={"dim": _int(dim % rank)})
+        op.infer_result_type()
+        set_loc(op, loc)
+        return op
+
+    def reference(self, *args: np.ndarray) -> np.ndarray:
+        return np.cumsum(np.asarray(args[0], np.float64), axis=self.dim.value.data).astype(np.float32)
+
+
+ROUTING_OPS: tuple[type[GraphOp], ...] = (TopkIndicesOp, BincountOp, CumsumOp)

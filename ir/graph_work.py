@@ -52,6 +52,7 @@ group of function f; `n` the result's elements, `n_in` the input's)::
                       k = 1: one max pass; k = C: the n log2 n of a sort)
     bincount          n_in * cost(eq): each value compared once (histc's bin arithmetic
                       is the elementwise ops the importer writes)
+    cumsum            n * cost(add): one add per element (a sequential scan)
     sdpa / attention  see below
     dsl_call          the kernel's own MACs and vector work (`dsl_call_work`); its HBM
                       bytes are the graph's values, counted by the graph
@@ -460,6 +461,10 @@ def _topk(c: _Counter, op: Operation) -> None:
     c.add(op.name, vector=numel(t.input) * math.ceil(math.log2(k + 1)) * c.reduce("max"))
 
 
+def _cumsum(c: _Counter, op: Operation) -> None:
+    c.add(op.name, vector=numel(op.results[0]) * c.binary("add"))
+
+
 def _bincount(c: _Counter, op: Operation) -> None:
     c.add(op.name, vector=numel(cast(gr.BincountOp, op).input) * c.binary("eq"))
 
@@ -726,6 +731,7 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
     nn.AdaptiveAvgPool2dOp: ("max(n_in, n) * cost(reduce sum) + n * cost(mul)", _adaptive_avg_pool),
     gr.TopkIndicesOp: ("rows * C * ceil(log2(k + 1)) * cost(reduce max)", _topk),
     gr.BincountOp: ("n_in * cost(eq)", _bincount),
+    gr.CumsumOp: ("n * cost(add)", _cumsum),
     gi.SdpaOp: ("attention: (d_k + d_v) MACs, max-reduce and exp per unmasked pair", _sdpa),
     DslCallOp: ("the kernel's own work (dsl_call_work)", _dsl_call),
     **{t: (_ZERO, _zero) for t in (

@@ -177,6 +177,15 @@ def test_cumsum_every_dim(dtype):
     run_and_compare(Fn(lambda x: tuple(torch.cumsum(x, d) for d in (0, 1, 2, -1))), (x,))
 
 
+@pytest.mark.parametrize("shape,dim", [((3, 40), 1), ((37, 5), 0), ((2, 19, 33), 1), ((100,), 0)])
+def test_cumsum_across_blocks_and_row_tiles(shape, dim):
+    """Rows longer than the array's 16 columns (the carry between blocks), more rows than
+    16 partitions, a middle dim; integers exact."""
+    x = torch.randn(shape)
+    ids = torch.randint(-50, 50, shape)
+    run_and_compare(Fn(lambda x, i: (torch.cumsum(x, dim), torch.cumsum(i, dim))), (x, ids))
+
+
 def test_cumsum_with_an_int32_result_of_floats():
     x = torch.tensor([1.0, 0.0, 2.0, 1.0])
     run_and_compare(Fn(lambda x: torch.cumsum(x, 0, dtype=torch.int32)), (x,))
@@ -194,7 +203,11 @@ def _bincount(x):
     return [ids, gr.BincountOp.make(ids, 5, loc="b.py:2"), gr.BincountOp.make(ids, 3, x, loc="b.py:3")]
 
 
-ROUTING_BUILDERS = {"graph.topk_indices": _topk_indices, "graph.bincount": _bincount}
+def _cumsum(x):
+    return [gr.CumsumOp.make(x, 1, loc="c.py:4"), gr.CumsumOp.make(x, -2)]
+
+
+ROUTING_BUILDERS = {"graph.topk_indices": _topk_indices, "graph.bincount": _bincount, "graph.cumsum": _cumsum}
 """One builder per op of the family (also used by test_graph_ir's round-trip test)."""
 
 

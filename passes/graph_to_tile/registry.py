@@ -40,6 +40,7 @@ FAMILIES = (
     "dsl_call",  # tile-DSL kernels called from a graph
     "topk",  # topk / sort / argmax indices: selection by repeated extreme
     "bincount",  # bincount / histc: one-hot compare, column sum on the array
+    "cumsum",  # running sums: triangular matmul per block, a carry between blocks
 )
 
 
