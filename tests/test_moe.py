@@ -80,6 +80,11 @@ def test_mixtral_batched_experts_logits_match_eager():
     assert cm.report.roofline_ratio >= 1.0  # the intrinsic work stays a lower bound
 
 
+def test_mixtral_bf16_on_edge():
+    model, inputs = mixtral("batched_mm")
+    run_and_compare(model.to(torch.bfloat16), inputs, "edge")
+
+
 _GROUPED_NEEDS = (torch.ops.aten.div.Tensor_mode, torch.ops.aten.index_put.default)
 
 
