@@ -283,3 +283,10 @@ def test_bincount_lowering_on_the_simulator(weighted):
 def test_sort_of_a_very_long_row_is_a_clear_error():
     with pytest.raises(TileccError, match="topk_indices.*streams the row 5000 times"):
         tilecc.compile(Fn(lambda x: torch.sort(x)[0]), (torch.randn(1, 5000),), target="tiny")
+
+
+def test_one_hot_without_num_classes_says_why():
+    from tilecc.errors import ExportError
+
+    with pytest.raises(ExportError, match="F.one_hot without num_classes"):
+        tilecc.compile(Fn(lambda x: F.one_hot(x)), (torch.tensor([0, 2, 1]),), target="tiny")
