@@ -12,7 +12,8 @@ Rates are instructions per second of CPU time (best of 3), robust to other load.
    matmuls, gelu, store per kernel) on the cloud preset, in both matrix modes.
 3. `simulator.gemm.gemm(1024, 1024, 1024)` on a 128 x 128 weight-stationary array in
    compatible mode: wall time, compute cycles (SCALE-Sim: 89,983 in ~130 s and ~1 GB),
-   peak traced Python memory and the process's peak-RSS growth.
+   peak traced Python memory and the process's peak-RSS growth (gemm is a closed form;
+   `simulate_folds` times the simulator on the same fold stream).
 4. record=False memory at 1x and 10x stream length (tracemalloc peak during the run,
    the stream itself excluded): it should not grow with the stream.
 """
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="smaller streams (a smoke run)")
     args = ap.parse_args(argv)
     from tilecc.simulator.config import load_config
-    from tilecc.simulator.gemm import gemm
+    from tilecc.simulator.gemm import gemm, simulate_folds
     from tilecc.simulator.machine import simulate
 
     copies = 4 if args.quick else args.copies
@@ -178,6 +179,13 @@ def main(argv: list[str] | None = None) -> None:
     big = gemm(16384, 16384, 16384, cloud, mode="pipelined")
     rows.append((f"gemm 16384^3 ({big['folds']:,} folds)", "wall time",
                   f"{big['wall_seconds']:.2f} s, {big['compute_cycles']:,.0f} cycles"))
+    # gemm is a closed form; the simulator's own time on the same fold stream:
+    ws = dataclasses.replace(cloud, matrix=dataclasses.replace(cloud.matrix, rows=128, cols=128, dataflow="ws",
+                                                                 mode="compatible"))
+    t0 = time.perf_counter()
+    cycles = simulate_folds(1024, 1024, 1024, ws)
+    rows.append(("gemm 1024^3 fold stream, simulated", "wall time",
+                 f"{(time.perf_counter() - t0) * 1e3:.1f} ms, {cycles - 1:,.0f} compute cycles (= the closed form)"))
 
     one = np.concatenate([base] * (2 if args.quick else 10))
     ten = np.concatenate([one] * 10)

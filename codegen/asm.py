@@ -12,6 +12,7 @@ cleared, as ``isa.empty_stream`` leaves them, and the parser restores them so)::
     vec.sub.swap acc[p0 +0x0]:f32, imm 0.5 -> sram[p0 +0x0]:f32 16x64 signal(s2)
     vec.reduce_max sram[p0 +0x0]:f32 -> sram[p0 +0x900]:f32 16x64
     dma.gather q0 hbm[0x1000 rs=768 bound=1000]:f32, index sram[p0 +0x0]:i32 -> sram[p0 +0x40]:f32 16x768
+    dma.scatter q3 sram[p0 +0x40]:f32, index sram[p0 +0x0]:i32 -> hbm[0x1000 rs=768 bound=1000]:f32 16x768
 
 The lines are those of `simulator.listing` (which the simulator's messages and traces
 use too); `print_asm` validates the stream first. The grammar is ``asm.lark`` (LALR).
@@ -298,7 +299,7 @@ class _Builder(lark.Transformer):
         if hbm.bound is not None:
             raise _SemanticError(
                 f"the hbm operand of {op_tok} is written hbm[ADDR rs=ROW_STRIDE cs=COL_STRIDE] "
-                "(bound=ROWS is for dma.gather)",
+                "(bound=ROWS is for dma.gather and dma.scatter)",
                 hbm.tok,
             )
         r = self._record(int(Opcode.DMA_LOAD if load else Opcode.DMA_STORE), sync)
@@ -327,6 +328,26 @@ class _Builder(lark.Transformer):
         r[_I["k"]] = table.bound
         self._put(r, "b", index)
         self._put(r, "o", o)
+        self._shape(r, shape)
+        return r
+
+    def scatter(self, c: list[Any]):
+        _, q_tok, a, index, table, shape, sync = c
+        if table.mem != Mem.HBM or table.bound is None:
+            raise _SemanticError(
+                "the destination of dma.scatter is an hbm table hbm[ADDR rs=ROW_STRIDE bound=ROWS]",
+                table.tok,
+            )
+        _need_chip(a, "the source of dma.scatter")
+        _need_chip(index, "the index operand of dma.scatter")
+        r = self._record(int(Opcode.DMA_SCATTER), sync)
+        r[_I["queue"]] = _num(q_tok, _U8, "queue", skip=1)
+        self._put(r, "a", a)
+        self._put(r, "b", index)
+        self._put(r, "o", table)
+        r[_I["o_part"]] = 0
+        r[_I["hbm_rs"]] = table.rs
+        r[_I["k"]] = table.bound
         self._shape(r, shape)
         return r
 
@@ -418,8 +439,9 @@ def _parser() -> lark.Lark:
 
 _GROUPS = [
     (
-        frozenset({"BARRIER", "MATMUL", "DMA_OP", "GATHER", "VEC_OP"}),
-        "an instruction (barrier, dma.load, dma.store, dma.gather, matmul or vec.<function>)",
+        frozenset({"BARRIER", "MATMUL", "DMA_OP", "GATHER", "SCATTER", "VEC_OP"}),
+        "an instruction (barrier, dma.load, dma.store, dma.gather, dma.scatter, matmul or "
+        "vec.<function>)",
         frozenset({"_NL", "$END"}),
     ),
     (
@@ -433,6 +455,7 @@ _WORDS = {
     "MATMUL": "'matmul'",
     "DMA_OP": "'dma.load' or 'dma.store'",
     "GATHER": "'dma.gather'",
+    "SCATTER": "'dma.scatter'",
     "VEC_OP": "a vector instruction vec.<function>",
     "QUEUE": "a DMA queue (q0, q1, ...)",
     "PART": "a start partition (p0, p1, ...)",
@@ -581,6 +604,11 @@ def _fast_patterns() -> dict[str, re.Pattern]:
             rf"rs=(?P<a_rs>{T['SNUM']}) bound=(?P<a_bound>{T['NUM']})\]:(?P<a_d>{T['DTYPE']}), "
             rf"index {chip('b')} -> {chip('o')}{shape}{sync}"
         ),
+        "dma.scatter": (
+            rf"(?P<op>dma\.scatter) (?P<q>{T['QUEUE']}) {chip('a')}, index {chip('b')} -> "
+            rf"(?P<o_m>hbm)\[(?P<o_a>{T['NUM']}) rs=(?P<o_rs>{T['SNUM']}) "
+            rf"bound=(?P<o_bound>{T['NUM']})\]:(?P<o_d>{T['DTYPE']}){shape}{sync}"
+        ),
         "matmul": (
             rf"matmul {chip('a')}, {chip('b')} -> {chip('o')} m=(?P<m>{T['NUM']}) "
             rf"k=(?P<k>{T['NUM']}) n=(?P<n>{T['NUM']})(?P<acc> accumulate)?{sync}"
@@ -635,6 +663,10 @@ def _fast_line(line: str, pats: dict[str, re.Pattern], b: _Builder) -> list | No
             place = b.table_place([g("a_a"), g("a_rs"), g("a_bound")])
             table = b.operand([g("a_m"), place, g("a_d")])
             return b.gather([g("op"), g("q"), table, chip("b"), chip("o"), g("shape"), sync])
+        if key == "dma.scatter":
+            place = b.table_place([g("o_a"), g("o_rs"), g("o_bound")])
+            table = b.operand([g("o_m"), place, g("o_d")])
+            return b.scatter([g("op"), g("q"), chip("a"), chip("b"), table, g("shape"), sync])
         if key == "matmul":
             acc = b.accumulate([g("acc")] if g("acc") else [])
             a, bb, o = chip("a"), chip("b"), chip("o")

@@ -78,6 +78,10 @@ USED_FIELDS: dict[Opcode, frozenset[str]] = {
     Opcode.DMA_GATHER: frozenset(
         ("queue", "a_dtype", "a_mem", "a_addr", "hbm_rs", *_B, *_O, "rows", "cols", "k", *_SYNC)
     ),
+    # a: the on-chip source tile; b: the on-chip i32 index column; o: the HBM table
+    Opcode.DMA_SCATTER: frozenset(
+        ("queue", *_A, *_B, "o_dtype", "o_mem", "o_addr", "hbm_rs", "rows", "cols", "k", *_SYNC)
+    ),
 }
 
 # flags each opcode may carry
@@ -238,7 +242,8 @@ def _validate_canonical(stream: np.ndarray) -> None:
     hbm = int(Mem.HBM)
     is_bin_tile_b = (opcode == Opcode.VEC_BINARY) & ((flags & Flag.B_IMM) == 0)
     gather = opcode == Opcode.DMA_GATHER
-    compute = (opcode >= Opcode.MATMUL) & ~gather
+    scatter = opcode == Opcode.DMA_SCATTER
+    compute = (opcode >= Opcode.MATMUL) & ~gather & ~scatter
     rules = [
         ("a_mem", opcode == Opcode.DMA_LOAD, True),
         ("o_mem", opcode == Opcode.DMA_LOAD, False),
@@ -250,6 +255,9 @@ def _validate_canonical(stream: np.ndarray) -> None:
         ("a_mem", gather, True),
         ("b_mem", gather, False),
         ("o_mem", gather, False),
+        ("a_mem", scatter, False),
+        ("b_mem", scatter, False),
+        ("o_mem", scatter, True),
     ]
     for name, sel, want_hbm in rules:
         bad = _first(sel & ((stream[name] == hbm) != want_hbm))

@@ -430,6 +430,9 @@ class _Handlers:
         shape, dt = self.out(node)
         x = self.imp.cast_to(self.imp.tensor(a["self"]), dt)
         idx = self.imp.tensor(a["index"], "index")
+        if not g.shape_of(x):  # a 0-d tensor is a 1-element vector (index 0 or -1)
+            x = self.emit(g.ReshapeOp.make(x, [1]))
+            idx = self.emit(g.ReshapeOp.make(idx, [1]))
         xs, ish = list(g.shape_of(x)), list(g.shape_of(idx))
         rank = len(xs)
         if rank == 0 or len(ish) != rank:
@@ -461,6 +464,9 @@ class _Handlers:
         idx = self.imp.tensor(a["index"], "index")
         if len(g.shape_of(idx)) == 0:
             idx = self.emit(g.ReshapeOp.make(idx, [1]))
+        if not g.shape_of(x):  # a 0-d tensor: a 1-element vector, the result 0-d again
+            y = self.gather_dim(self.emit(g.ReshapeOp.make(x, [1])), 0, idx, wrap=False)
+            return self.emit(g.ReshapeOp.make(y, list(self.out(node)[0])))
         return self.gather_dim(x, int(a["dim"]), idx, wrap=False)
 
     # -- slicing and joining ----------------------------------------------------------

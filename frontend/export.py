@@ -1,7 +1,7 @@
 """torch.export of a user's model, and the source location of an exported node.
 
     ep = export_model(model, (x,))       # ExportedProgram; torch's errors as ExportError
-    node_location(node)                  # "model.py:42": the user's line that made the node
+    node_location(node)                  # "net.0 (Linear) @ model.py:42": the layer and the user's line
 """
 
 from __future__ import annotations
@@ -93,17 +93,54 @@ def _moe_hint(model: torch.nn.Module, e: Exception) -> str:
 
 
 def node_location(node: Node) -> str:
-    """``"file.py:LINE"`` of the user code that produced `node`.
+    """Where `node` comes from: the layer that made it and the user's line.
 
-    The last frame of ``meta["stack_trace"]`` outside the torch package (so a
-    ``nn.Linear`` call points at the user's line, not at torch/nn/modules/linear.py);
-    the last frame if all are inside torch; the node's name without a stack trace.
+    ``"encoder.layer.3.attention.self.query (Linear) @ model.py:42"``: the innermost
+    entry of ``meta["nn_module_stack"]`` (module path and class; torch.export and
+    dynamo both record it) and the last frame of ``meta["stack_trace"]`` outside the
+    torch package. Only the layer (``"0 (Linear)"``) when every frame is inside torch
+    (an ``nn.Sequential`` exported directly: torch's own line would say nothing),
+    only the line (``"model.py:42"``) for an op of the root module's own ``forward``;
+    a torch frame when there is neither; the node's name without either.
     """
+    layer = node_layer(node)
+    user, frame = _user_frame(node)
+    if layer and user:
+        return f"{layer} @ {user}"
+    return layer or user or frame or node.name
+
+
+def node_layer(node: Node) -> str:
+    """``"net.0 (Linear)"``: the innermost submodule of ``meta["nn_module_stack"]``
+    (path relative to the root module, class name); "" for the root module's own ops."""
+    stack = node.meta.get("nn_module_stack")
+    if not isinstance(stack, dict) or not stack:
+        return ""
+    entry = list(stack.values())[-1]
+    if not (isinstance(entry, tuple | list) and len(entry) == 2):
+        return ""
+    path, cls = _module_path(str(entry[0])), entry[1]
+    if not path:
+        return ""
+    name = cls.__name__ if isinstance(cls, type) else str(cls).rpartition(".")[2]
+    return f"{path} ({name})" if name else path
+
+
+_ROOT_RE = re.compile(r"""^L\[['"][^'"]*['"]\]\.?""")  # dynamo's ``L['self']`` / ``L['fn']``
+_INDEX_RE = re.compile(r"""\[['"]?([^'"\]]*)['"]?\]""")  # ``[0]`` / ``['q']`` -> ``.0`` / ``.q``
+
+
+def _module_path(raw: str) -> str:
+    path = _INDEX_RE.sub(r".\1", _ROOT_RE.sub("", raw)).replace("._modules.", ".")
+    return path.strip(".")
+
+
+def _user_frame(node: Node) -> tuple[str, str]:
+    """(the last ``file.py:LINE`` outside torch or "", the last frame or "")."""
     trace = node.meta.get("stack_trace")
-    if trace:
-        frames = _FRAME_RE.findall(trace)
-        if frames:
-            user = [f for f in frames if not os.path.realpath(f[0]).startswith(_TORCH_DIR)]
-            path, line = (user or frames)[-1]
-            return f"{os.path.basename(path)}:{line}"
-    return node.name
+    frames = _FRAME_RE.findall(trace) if isinstance(trace, str) else []
+    if not frames:
+        return "", ""
+    user = [f for f in frames if not os.path.realpath(f[0]).startswith(_TORCH_DIR)]
+    fmt = [f"{os.path.basename(path)}:{line}" for path, line in (user[-1:] or frames[-1:])]
+    return (fmt[0] if user else ""), fmt[0]

@@ -7,7 +7,8 @@ The program is decomposed to Core ATen first (with ``scaled_dot_product_attentio
 kept whole: it is reported as unsupported rather than decomposed). Parameters,
 buffers and lifted constants become ``graph.weight`` ops whose float32 values go to
 `GraphProgram.weights`; user inputs become the arguments of ``@forward``. Every op
-carries ``"tilecc.loc"``: the user's ``file.py:LINE`` from the node's stack trace.
+carries ``"tilecc.loc"``: its layer and the user's line, ``"fc1 (Linear) @ model.py:12"``
+(`frontend.export.node_location`).
 
 Every node tilecc cannot import is collected, and one `UnsupportedOpError` lists all
 of them with their locations.
@@ -51,6 +52,13 @@ TORCH_INT_DTYPES: dict[torch.dtype, DType] = {
     torch.uint8: DType.I32,
     torch.bool: DType.I32,
 }
+
+# A registered buffer that forward() updates in place (a static KV cache) is program
+# state: an input and an output named STATE_PREFIX + its name (its value before and
+# after the call; the API keeps it between calls). A user input forward() updates in
+# place gives an output named MUTATED_INPUT_PREFIX + the input's name (its new value).
+STATE_PREFIX = "buffer:"
+MUTATED_INPUT_PREFIX = "mutated:"
 
 # ---------------------------------------------------------------------------
 # Importer
@@ -275,11 +283,12 @@ class _Importer:
             operator.mod: self.size_arith(operator.mod),
             operator.neg: self.size_arith(operator.neg),
         }
-        from tilecc.frontend import aten_index, aten_nn, aten_routing
+        from tilecc.frontend import aten_index, aten_nn, aten_routing, aten_scatter
 
         h.update(aten_nn.handlers(self))
         h.update(aten_index.handlers(self))
         h.update(aten_routing.handlers(self))
+        h.update(aten_scatter.handlers(self))
         return h
 
     def binary(self, cls: type[g.BinaryElementwiseOp], alpha: bool = False, swap: bool = False):
@@ -483,8 +492,11 @@ class _Importer:
         return node.name
 
     def placeholder(self, node: Node, spec: InputSpec) -> None:
-        if spec.kind == InputKind.USER_INPUT:
-            name = node.name
+        mutated = set(self.ep.graph_signature.buffers_to_mutate.values())
+        if spec.kind == InputKind.USER_INPUT or (spec.kind == InputKind.BUFFER and spec.target in mutated):
+            # a buffer the program updates is state: an input named "buffer:<name>" (its
+            # value before the call) and an output of that name (after it), see STATE_PREFIX
+            name = node.name if spec.kind == InputKind.USER_INPUT else f"{STATE_PREFIX}{spec.target}"
             self.input_names.append(name)
             t = _meta_tensor(node)
             try:
@@ -616,6 +628,12 @@ class _Importer:
         except ShapeError as e:
             self.record(node, str(e))
             self.env[node] = _Poison("unsupported")
+        except TileccError:
+            raise
+        except Exception as e:  # noqa: BLE001 (a handler's bug still names the op and its place)
+            text = str(e).splitlines()[0] if str(e) else ""
+            self.record(node, f"internal error in its importer: {type(e).__name__}{': ' + text if text else ''}")
+            self.env[node] = _Poison("unsupported")
 
     def annotate_symbolic(self, node: Node, v: Any) -> None:
         """Record the node's symbolic sizes (sympy, e.g. ``"[s0, 8*s1, 48]"``) on the op
@@ -655,7 +673,11 @@ class _Importer:
         outs = list(out_node.args[0]) if out_node is not None else []
         for spec, a in zip(ep.graph_signature.output_specs, outs):
             name = getattr(spec.arg, "name", str(spec.arg))
-            if spec.kind != OutputKind.USER_OUTPUT:
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                name = f"{STATE_PREFIX}{spec.target}"
+            elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                name = f"{MUTATED_INPUT_PREFIX}{spec.target}"
+            elif spec.kind != OutputKind.USER_OUTPUT:
                 self.unsupported.append(
                     (f"{spec.kind.name.lower()} '{spec.target or name}'", "<output>")
                 )

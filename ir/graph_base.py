@@ -95,7 +95,8 @@ def shape_of(v: SSAValue | TensorType) -> tuple[int, ...]:
 
 
 def source_loc(op: Operation) -> str:
-    """The op's ``"tilecc.loc"`` (``"file.py:LINE"``), or ``"<unknown>"``."""
+    """The op's ``"tilecc.loc"`` (``"fc1 (Linear) @ model.py:12"``, ``"file.py:LINE"``,
+    ``"file.tdsl:LINE:COL"``), or ``"<unknown>"``."""
     a = op.attributes.get(LOC_ATTR)
     if isinstance(a, StringAttr):
         return a.data

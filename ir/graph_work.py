@@ -59,6 +59,8 @@ group of function f; `n` the result's elements, `n_in` the input's)::
     permute, reshape, expand, slice, concat, pad, upsample_nearest2d, gather_rows,
     cast, weight, constant: 0 (DMA patterns; a cast folds into the vector op that
                       produces or consumes the value)
+    index_scatter     none: 0 (indirect DMA); sum / prod / amax / amin: n_src * cost(f) * 2
+    as_strided        0 (a view)
 
 Per-row statistics (one value per row: the reciprocal of a sum, rsqrt of a variance,
 eps) are not counted: they are O(rows), and a lower bound stays one without them.
@@ -114,7 +116,10 @@ parameter keeps the parameter's name and counts, once with the parameter it came
 "e.weight.permute" and "e.weight" are one tensor), and a pure compile-time attention
 mask (a causal buffer: the program skips its masked pairs instead). A table that only
 `gather_rows` reads (an embedding) counts min(table bytes, gathered rows * row bytes):
-the indices are run-time values, so the rows gathered are counted as distinct.
+the indices are run-time values, so the rows gathered are counted as distinct. A
+scatter updates its destination in place: an input that only `index_scatter` reads as
+its destination counts no bytes, and an output that a scatter into an input produces
+counts the rows written (the source's bytes), not the whole tensor.
 
 `by_op` breaks the work down by op name (`"attention"` for both attention forms;
 `"hbm inputs"`, `"hbm outputs"`, `"hbm weights"` for the bytes) for explanations.
@@ -136,7 +141,9 @@ from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import graph_nn as nn
 from tilecc.ir import graph_routing as gr
-from tilecc.ir.dtypes import masked_value
+from tilecc.ir import graph_scatter as gs
+from tilecc.ir.graph_attention import CHAIN_VIEWS, MASKED_AT_OR_BELOW, masked, match_attention, numel
+from tilecc.ir.graph_consts import ConstValues
 from tilecc.ir.graph_dsl import DslCallOp
 from tilecc.ir.graph_patterns import match_gelu, match_silu
 from tilecc.ir.vector_fns import BINARY, elementwise_fn
@@ -147,23 +154,11 @@ from tilecc.simulator.roofline import IntrinsicWork
 __all__ = ["graph_work", "WORK_TABLE", "FOLDED_PREFIX", "DslCallWork", "MASKED_AT_OR_BELOW"]
 
 FOLDED_PREFIX = "folded."  # the importer's name of a weight folded from constants alone
-MASKED_AT_OR_BELOW = -1e30  # an additive mask value that drops its key
-_FOLD_LIMIT = 1 << 24  # elements: the largest value evaluated at compile time (masks)
 
 DslCallWork = Callable[[DslCallOp, HardwareConfig], IntrinsicWork]
 Handler = Callable[["_Counter", Operation], None]
 
-# views and casts an attention chain may pass through (each value used once)
-_CHAIN_VIEWS = (g.ReshapeOp, g.CastOp, g.ExpandOp, g.PermuteOp)
-# ops whose value is cheap to evaluate at compile time (a mask built from constants)
-_FOLDABLE = (
-    g.ReshapeOp, g.PermuteOp, g.ExpandOp, g.CastOp, gi.SliceOp, gi.ConcatOp, nn.PadOp, gi.WhereOp,
-    g.UnaryElementwiseOp, g.BinaryElementwiseOp,
-)
-
-
-def numel(v: SSAValue) -> int:
-    return math.prod(g.shape_of(v))
+_CHAIN_VIEWS = CHAIN_VIEWS
 
 
 def _dtype(v: SSAValue) -> DType:
@@ -187,7 +182,7 @@ class _Counter:
     macs_fp32: float = 0.0
     vector: float = 0.0
     by_op: dict[str, dict[str, float]] = field(default_factory=dict[str, dict[str, float]])
-    consts: dict[SSAValue, np.ndarray | None] = field(default_factory=dict[SSAValue, "np.ndarray | None"])
+    consts: ConstValues | None = None
     # ops counted as part of an attention, and the ops computing its compile-time masks
     claimed: set[Operation] = field(default_factory=set[Operation])
     mask_ops: set[Operation] = field(default_factory=set[Operation])
@@ -220,27 +215,10 @@ class _Counter:
     # -- compile-time values ------------------------------------------------------------
 
     def const(self, v: SSAValue) -> np.ndarray | None:
-        """The value of `v` when it is known at compile time (weights, constants and cheap
-        ops of them), else None."""
-        if v in self.consts:
-            return self.consts[v]
-        self.consts[v] = None  # also breaks cycles (there are none in a graph)
-        owner = v.owner
-        value: np.ndarray | None = None
-        if isinstance(owner, g.WeightOp):
-            data = self.gp.weights.get(owner.weight)
-            if data is not None:
-                value = np.asarray(data, dtype=np.float32).reshape(g.shape_of(v))
-        elif isinstance(owner, g.ConstantOp):
-            value = owner.values()
-        elif isinstance(owner, _FOLDABLE) and numel(v) <= _FOLD_LIMIT:
-            args = [self.const(o) for o in owner.operands]
-            if all(a is not None for a in args):
-                value = np.asarray(
-                    cast(g.GraphOp, owner).reference(*cast(list[np.ndarray], args)), dtype=np.float32
-                )
-        self.consts[v] = value
-        return value
+        """The value of `v` when it is known at compile time (ir/graph_consts.py), else None."""
+        if self.consts is None:
+            self.consts = ConstValues(self.gp.weights)
+        return self.consts(v)
 
     # -- the walk -----------------------------------------------------------------------
 
@@ -293,7 +271,7 @@ class _Counter:
         fn = self.gp.func
         ins = sum(self.read_bytes([a]) for a in fn.body.block.args)
         ret = fn.body.block.last_op
-        outs = sum(_nbytes(v) for v in ret.operands) if isinstance(ret, func.ReturnOp) else 0
+        outs = sum(_written_bytes(v) for v in ret.operands) if isinstance(ret, func.ReturnOp) else 0
         by_name: dict[str, list[SSAValue]] = {}
         for op in fn.body.block.ops:
             if isinstance(op, g.WeightOp) and not op.weight.startswith(FOLDED_PREFIX):
@@ -316,6 +294,8 @@ class _Counter:
         if all(u.operation in self.mask_ops or u.operation.operands[u.index] in self.mask_values for u in uses):
             return 0  # unused, or a compile-time attention mask (its pairs are skipped)
         full = _nbytes(values[0])
+        if all(isinstance(u.operation, gs.IndexScatterOp) and u.index == 0 for u in uses):
+            return 0  # a scatter's destination: updated in place, never read whole
         if not all(isinstance(u.operation, gi.GatherRowsOp) and u.index == 0 for u in uses):
             return full
         shape = g.shape_of(values[0])
@@ -374,6 +354,21 @@ def _weight_root(v: SSAValue) -> bool:
 # ---------------------------------------------------------------------------
 # Rules
 # ---------------------------------------------------------------------------
+
+
+def _written_bytes(v: SSAValue) -> int:
+    """An output's compulsory bytes: a scatter into an input writes only its rows."""
+    op = v.owner
+    if isinstance(op, gs.IndexScatterOp) and not isinstance(op.dest.owner, Operation):
+        return _nbytes(op.src)
+    return _nbytes(v)
+
+
+def _index_scatter(c: _Counter, op: Operation) -> None:
+    s = cast(gs.IndexScatterOp, op)
+    reduce = s.params()[1]
+    fn = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}.get(reduce)
+    c.add(op.name, vector=0.0 if fn is None else numel(s.src) * c.binary(fn) * 2)
 
 
 def _zero(c: _Counter, op: Operation) -> None:
@@ -535,22 +530,15 @@ def _tril(L: int, S: int) -> np.ndarray:
     return np.tril(np.ones((L, S), dtype=bool))
 
 
-def _masked(values: np.ndarray, dt: DType) -> np.ndarray:
-    """Where an additive mask of element type `dt` drops its key: at or below -1e30, or
-    at the type's most negative finite value (f16's is -65504)."""
-    low = masked_value(dt) if dt != DType.I32 else MASKED_AT_OR_BELOW
-    return values <= max(MASKED_AT_OR_BELOW, low)
-
-
 def _additive_mask(c: _Counter, mask: SSAValue) -> np.ndarray | None:
     """The pairs an additive mask leaves (None: all, a run-time mask)."""
     m = c.const(mask)
     if m is None:
         return None
-    masked = _masked(m, _dtype(mask))
-    if not bool(np.any(m[~masked] != 0)):  # a pure mask: no values a program must read
+    dropped = masked(m, _dtype(mask))
+    if not bool(np.any(m[~dropped] != 0)):  # a pure mask: no values a program must read
         _mask_sources(c, mask)
-    return ~masked
+    return ~dropped
 
 
 def _mask_sources(c: _Counter, v: SSAValue) -> None:
@@ -597,116 +585,30 @@ def _sdpa(c: _Counter, op: Operation) -> None:
     ))
 
 
-def _one_use(v: SSAValue) -> bool:
-    return v.has_one_use()
-
-
 def _attention_chain(c: _Counter, sm: g.SoftmaxOp) -> set[Operation] | None:
-    """The ops of an explicit attention around softmax `sm` (matmul, scale, mask, softmax,
-    matmul, the views between), counted as one attention; None when `sm` is not in one."""
-    x = sm.input
-    if sm.axis != len(g.shape_of(x)) - 1:
+    """The ops of an explicit attention around softmax `sm` (ir/graph_attention.py),
+    counted as one attention; None when `sm` is not in one."""
+    chain = match_attention(sm, c.const)
+    if chain is None:
         return None
-    ops: set[Operation] = {sm}
-    # forward: softmax -> views -> matmul(p, v)
-    v = sm.result
-    while True:
-        if not _one_use(v):
-            return None
-        use = next(iter(v.uses))
-        nxt = use.operation
-        if isinstance(nxt, _CHAIN_VIEWS) and numel(nxt.results[0]) == numel(v):
-            ops.add(nxt)
-            v = nxt.results[0]
-            continue
-        if not (isinstance(nxt, g.MatmulOp) and use.index == 0):
-            return None
-        pv = nxt
-        break
-    ops.add(pv)
-    # backward: softmax <- views, mask, scale <- matmul(q, k^T)
-    scale: float = 1.0
     valid: np.ndarray | None = None
-    seen_scale = seen_mask = False
-    while True:
-        if not _one_use(x):
-            return None
-        owner = x.owner
-        if isinstance(owner, _CHAIN_VIEWS) and numel(owner.results[0]) == numel(owner.operands[0]):
-            x = owner.operands[0]
-        elif isinstance(owner, g.MulOp | g.DivOp) and not seen_scale:
-            k, x_next = _scalar(c, owner.operands[1]), owner.operands[0]
-            if k is None and isinstance(owner, g.MulOp):  # the scalar first: s * scores
-                k, x_next = _scalar(c, owner.operands[0]), owner.operands[1]
-            if k is None or k == 0:
-                return None
-            scale = (1.0 / k) if isinstance(owner, g.DivOp) else k
-            seen_scale, x = True, x_next
-        elif isinstance(owner, g.AddOp) and not seen_mask:
-            i = _chain_operand(owner, x)
-            if i is None:
-                return None
-            valid = _additive_mask(c, owner.operands[1 - i])
-            seen_mask, x = True, owner.operands[i]
-        elif isinstance(owner, gi.WhereOp) and not seen_mask:
-            found = _where_mask(c, owner, x)
-            if found is None:
-                return None
-            valid, x = found
-            seen_mask = True
-        elif isinstance(owner, g.MatmulOp):
-            break
-        else:
-            return None
-        ops.add(cast(Operation, owner))
-    qk = owner
-    ops.add(qk)
-    if g.shape_of(qk.result)[-2:] != g.shape_of(sm.result)[-2:]:
-        return None
+    m = chain.mask
+    if m is not None and m.kind == "add":
+        valid = _additive_mask(c, m.value)
+    elif m is not None:
+        cond = c.const(m.value)
+        if cond is not None:
+            assert m.fill is not None
+            _mask_sources(c, m.value)
+            _mask_sources(c, m.fill)
+            valid = (cond != 0) if m.keep_when else (cond == 0)
+    qk, pv = chain.qk, chain.pv
     _count_attention(c, _Attention(
         g.shape_of(qk.result), g.shape_of(qk.lhs)[-1], g.shape_of(pv.result)[-1],
         not (_is16(qk.lhs) and _is16(qk.rhs)), not (_is16(pv.lhs) and _is16(pv.rhs)),
-        scale, valid,
+        chain.scale, valid,
     ))
-    return ops
-
-
-def _scalar(c: _Counter, v: SSAValue) -> float | None:
-    if numel(v) != 1:
-        return None
-    k = c.const(v)
-    return None if k is None else float(k.reshape(-1)[0])
-
-
-def _chain_operand(op: Operation, x: SSAValue) -> int | None:
-    """Which operand of the binary `op` the chain value came through (its result is x)."""
-    n = numel(x)
-    full = [i for i, o in enumerate(op.operands) if numel(o) == n]
-    if len(full) == 1:
-        return full[0]
-    for i in full:  # both full: the one a matmul produced (through views and a scale)
-        owner = op.operands[i].owner
-        while isinstance(owner, (*_CHAIN_VIEWS, g.MulOp, g.DivOp)):
-            owner = max(owner.operands, key=numel).owner
-        if isinstance(owner, g.MatmulOp):
-            return i
-    return None
-
-
-def _where_mask(c: _Counter, w: gi.WhereOp, x: SSAValue) -> tuple[np.ndarray | None, SSAValue] | None:
-    """A `where` applying a mask: one branch the chain, the other a big negative constant."""
-    n = numel(x)
-    for keep, drop, when in ((w.x, w.y, True), (w.y, w.x, False)):
-        d = c.const(drop)
-        if numel(keep) != n or d is None or not bool(np.all(_masked(d, _dtype(drop)))):
-            continue
-        cond = c.const(w.cond)
-        if cond is None:
-            return None, keep
-        _mask_sources(c, w.cond)
-        _mask_sources(c, drop)
-        return ((cond != 0) if when else (cond == 0)), keep
-    return None
+    return chain.ops
 
 
 # ---------------------------------------------------------------------------
@@ -736,8 +638,9 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
     DslCallOp: ("the kernel's own work (dsl_call_work)", _dsl_call),
     **{t: (_ZERO, _zero) for t in (
         g.WeightOp, g.ConstantOp, g.PermuteOp, g.ReshapeOp, g.ExpandOp, g.CastOp, gi.SliceOp,
-        gi.ConcatOp, gi.GatherRowsOp, nn.PadOp, nn.UpsampleNearest2dOp,
+        gi.ConcatOp, gi.GatherRowsOp, nn.PadOp, nn.UpsampleNearest2dOp, gs.AsStridedOp,
     )},
+    gs.IndexScatterOp: ("none: 0; a reduction: n_src * cost(f) * 2", _index_scatter),
 }
 
 # ops whose rule has a vector pass reading its operands (they can read the accumulator)

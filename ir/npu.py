@@ -228,6 +228,19 @@ class DmaGatherOp(InstructionOp):
 
 
 @irdl_op_definition
+class DmaScatterOp(InstructionOp):
+    """Indirect store (`Opcode.DMA_SCATTER`): rows of an on-chip tile (`a_*`) to rows
+    ``index[r]`` of an HBM table (base `o_addr`, row stride `hbm_rs`, `k` rows); `b_*`
+    the index column."""
+
+    name = "npu.dma_scatter"
+    OPCODE: ClassVar[Opcode] = Opcode.DMA_SCATTER
+    REQUIRED: ClassVar[tuple[str, ...]] = (
+        "queue", *_A, *_B, "o_addr", "o_dtype", "hbm_rs", "k", *_SIZES,
+    )
+
+
+@irdl_op_definition
 class MatmulOp(InstructionOp):
     name = "npu.matmul"
     OPCODE: ClassVar[Opcode] = Opcode.MATMUL
@@ -259,6 +272,7 @@ INSTRUCTION_OPS: tuple[type[InstructionOp], ...] = (
     DmaLoadOp,
     DmaStoreOp,
     DmaGatherOp,
+    DmaScatterOp,
     MatmulOp,
     VecUnaryOp,
     VecBinaryOp,

@@ -486,13 +486,20 @@ class GatherOp(IRDLOperation):
     dst = operand_def(MemRefType)
     rows = operand_def(IndexType())
     cols = operand_def(IndexType())
+    # optional DMA queue (modulo the target's queue count); default: the loads' rotation
+    queue = opt_prop_def(IntegerAttr)
+    irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
         "$table `[` $col `]` `by` $index `into` $dst `sizes` `(` $rows `,` $cols `)` attr-dict "
         "`:` type($table) `,` type($index) `,` type($dst)"
     )
 
-    def __init__(self, table: Value, col: Value, index: Value, dst: Value, rows: Value, cols: Value):
-        super().__init__(operands=[table, col, index, dst, rows, cols])
+    def __init__(
+        self, table: Value, col: Value, index: Value, dst: Value, rows: Value, cols: Value,
+        queue: int | None = None,
+    ):
+        props: dict[str, Attribute] = {} if queue is None else {"queue": IntegerAttr(queue, i64)}
+        super().__init__(operands=[table, col, index, dst, rows, cols], properties=props)
 
     def verify_(self) -> None:
         _expect_space(self, "table", self.table, (HBM,))
@@ -508,6 +515,65 @@ class GatherOp(IRDLOperation):
         dt = _memref(self.dst.type)
         if dt.element_type != t.element_type:
             raise VerifyException(f"tile.gather: table {t} and destination {dt} element types differ")
+
+
+@irdl_op_definition
+class ScatterOp(IRDLOperation):
+    """Indirect store: rows of an on-chip tile to the HBM table rows an on-chip index
+    column selects (the mirror of `tile.gather`).
+
+    The table is the last two dimensions of an HBM tensor of rank >= 2; `indices` are
+    its leading indices then the column offset (one per dimension but the row
+    dimension). Row r of the tile (``rows x cols``) goes to
+    ``table[lead..., index[r, 0], col : col + cols]``, rows in order (of duplicate
+    indices the last row wins); an index outside ``[0, table rows)`` is a run-time
+    `MemoryAccessError`. `queue` (optional) names the DMA queue, default the last
+    (the stores' queue), so scatters and stores to one tensor stay in order. Example::
+
+        tile.scatter %rows by %ids into %cache[%h, %c0] sizes(%r, %c)
+            : memref<16x64xf32, #tile.space<"sram">>, memref<16x1xi32, ...>, memref<4x32x64xf32>
+    """
+
+    name = "tile.scatter"
+    src = operand_def(MemRefType)
+    index = operand_def(MemRefType)
+    table = operand_def(MemRefType)
+    indices = var_operand_def(IndexType())
+    rows = operand_def(IndexType())
+    cols = operand_def(IndexType())
+    queue = opt_prop_def(IntegerAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = (
+        "$src `by` $index `into` $table `[` $indices `]` `sizes` `(` $rows `,` $cols `)` "
+        "attr-dict `:` type($src) `,` type($index) `,` type($table)"
+    )
+
+    def __init__(
+        self, src: Value, index: Value, table: Value, indices: Sequence[Value], rows: Value,
+        cols: Value, queue: int | None = None,
+    ):
+        props: dict[str, Attribute] = {}
+        if queue is not None:
+            props["queue"] = IntegerAttr(queue, i64)
+        super().__init__(operands=[src, index, table, list(indices), rows, cols], properties=props)
+
+    def verify_(self) -> None:
+        _expect_space(self, "source", self.src, (SRAM, ACC))
+        _expect_space(self, "index", self.index, (SRAM, ACC))
+        _expect_space(self, "table", self.table, (HBM,))
+        t = _memref(self.table.type)
+        if t.get_num_dims() < 2 or len(self.indices) != t.get_num_dims() - 1:
+            raise VerifyException(
+                f"tile.scatter: a table of rank >= 2 takes one index per dimension but the "
+                f"row dimension; got {len(self.indices)} for {t}"
+            )
+        it = _memref(self.index.type)
+        et = it.element_type
+        if not (isinstance(et, IntegerType) and et.bitwidth == 32):
+            raise VerifyException(f"tile.scatter: indices must be i32, got {it}")
+        st = _memref(self.src.type)
+        if st.element_type != t.element_type:
+            raise VerifyException(f"tile.scatter: source {st} and table {t} element types differ")
 
 
 @irdl_op_definition
@@ -673,8 +739,8 @@ class ReduceOp(_VectorOp):
 Tile = Dialect(
     "tile",
     [
-        AllocOp, HbmAllocOp, ViewOp, SubviewOp, LoadOp, StoreOp, GatherOp, MatmulOp, UnaryOp,
-        BinaryOp, ScalarOp, ReduceOp,
+        AllocOp, HbmAllocOp, ViewOp, SubviewOp, LoadOp, StoreOp, GatherOp, ScatterOp, MatmulOp,
+        UnaryOp, BinaryOp, ScalarOp, ReduceOp,
     ],
     [MemSpaceAttr],
 )
@@ -693,6 +759,7 @@ __all__ = [
     "LoadOp",
     "StoreOp",
     "GatherOp",
+    "ScatterOp",
     "MatmulOp",
     "UnaryOp",
     "BinaryOp",

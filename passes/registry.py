@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
@@ -32,13 +33,15 @@ Stage = tuple[str, Callable[[ModuleOp], object]]  # (pass name, run on a module;
 def default_pipeline(
     cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None,
     session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None,
+    weights: Mapping[str, np.ndarray] | None = None,
 ) -> list[Stage]:
     """(pass name, function) in order; `hbm-layout` is read between plan-hbm and lowering.
 
     `opt_level` 0 is the baseline every figure is compared with (one single-buffered
     kernel per op, fixed tiles, strided operand loads); 2 (default) uses the optimised
     kernels (see `passes/graph_to_tile/matmul.py`). `matmul_policy` (problem -> schedule) picks
-    the -O2 matmul kernels' schedules instead of the cost model (autotuning).
+    the -O2 matmul kernels' schedules instead of the cost model (autotuning). `weights`
+    (the program's data) lets canonicalize-graph read compile-time masks.
     """
     if opt_level not in (0, 2):
         raise ValueError(f"optimisation level {opt_level}: tilecc has -O0 and -O2")
@@ -46,8 +49,8 @@ def default_pipeline(
     graph: list[Stage] = []
     if opt_level >= 2:
         graph = [
-            ("canonicalize-graph", lambda m: _each_function(m, canonicalize)),
-            ("fuse-graph", lambda m: _each_function(m, fuse)),
+            ("canonicalize-graph", lambda m: _each_function(m, lambda f: canonicalize(f, weights))),
+            ("fuse-graph", lambda m: _each_function(m, lambda f: fuse(f, session))),
         ]
 
     return graph + [

@@ -21,6 +21,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from tilecc.passes.fallback import FallbackPlan, OpNumbering
+
 V = TypeVar("V")
 
 
@@ -58,6 +60,9 @@ class CompileSession:
     """The caches of one compile, by name (one per concept that memoises)."""
 
     caches: dict[str, BoundedCache[Any]] = field(default_factory=dict[str, BoundedCache[Any]])
+    # what this compile gives up after an earlier attempt failed (passes/fallback.py)
+    fallback: FallbackPlan = field(default_factory=FallbackPlan)
+    numbering: OpNumbering = field(default_factory=OpNumbering)
 
     def cache(self, name: str, maxsize: int) -> BoundedCache[Any]:
         """The session's cache called `name`, created on first use with `maxsize` entries."""

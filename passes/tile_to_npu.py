@@ -324,8 +324,11 @@ def _gather(kl: KernelLowering, op: tile.GatherOp) -> npu.InstructionOp:
     if col_stride != 1:
         raise CompileError(f"{kl.name}: tile.gather needs a table with contiguous rows")
     addr = Affine(t.addr) + kl.affine(op.col).scale(element_size_of(t.dtype))
-    queue = kl.n_loads % kl.cfg.dma.queues
-    kl.n_loads += 1
+    if op.queue is not None:
+        queue = op.queue.value.data % kl.cfg.dma.queues
+    else:
+        queue = kl.n_loads % kl.cfg.dma.queues
+        kl.n_loads += 1
     fields = {
         "queue": queue,
         "a_addr": _field(addr),
@@ -337,6 +340,33 @@ def _gather(kl: KernelLowering, op: tile.GatherOp) -> npu.InstructionOp:
         **kl.sizes(op.rows, op.cols),
     }
     return npu.DmaGatherOp(fields, reads=[index.name], writes=[dst.name])
+
+
+def _scatter(kl: KernelLowering, op: tile.ScatterOp) -> npu.InstructionOp:
+    t = kl.env[op.table]
+    assert isinstance(t, HbmTensor)
+    src, index = kl.buf(op.src), kl.buf(op.index)
+    if src.dtype != t.dtype:
+        raise CompileError(f"{kl.name}: tile.scatter converts {src.dtype.name} to {t.dtype.name}; DMA cannot")
+    strides = t.strides()
+    if strides[-1] != 1:
+        raise CompileError(f"{kl.name}: tile.scatter needs a table with contiguous rows")
+    size = element_size_of(t.dtype)
+    addr = Affine(t.addr)
+    for idx, st in zip(op.indices, [*strides[:-2], 1], strict=True):
+        addr = addr + kl.affine(idx).scale(st * size)
+    queue = kl.cfg.dma.queues - 1 if op.queue is None else op.queue.value.data % kl.cfg.dma.queues
+    fields = {
+        "queue": queue,
+        **kl.operand("a", src),
+        **kl.operand("b", index),
+        "o_addr": _field(addr),
+        "o_dtype": int(t.dtype),
+        "hbm_rs": strides[-2],
+        "k": t.shape[-2],
+        **kl.sizes(op.rows, op.cols),
+    }
+    return npu.DmaScatterOp(fields, reads=[src.name, index.name], writes=[])
 
 
 def _matmul(kl: KernelLowering, op: tile.MatmulOp) -> npu.InstructionOp:
@@ -409,6 +439,7 @@ _HANDLERS = {
     tile.LoadOp: _load,
     tile.StoreOp: _store,
     tile.GatherOp: _gather,
+    tile.ScatterOp: _scatter,
     tile.MatmulOp: _matmul,
     tile.UnaryOp: _unary,
     tile.BinaryOp: _binary,

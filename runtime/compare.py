@@ -29,16 +29,25 @@ def tolerance(dtype: Any, scale: float = 1.0) -> tuple[float, float]:
 
 
 def compare(outputs: list, expected: list) -> tuple[bool, float]:
-    """(every output close to its expected tensor, the largest absolute error)."""
+    """(every output close to its expected tensor, the largest absolute error).
+
+    A NaN where eager also has a NaN (and an infinity where eager has the same one)
+    counts as equal; a NaN on one side only is a mismatch with error ``inf``. The
+    tolerance scales with the largest finite expected magnitude."""
     import torch
 
     ok, worst = True, 0.0
     for y, r in zip(outputs, expected, strict=True):
-        r = r.detach()
-        rtol, atol = tolerance(r.dtype, float(r.float().abs().max()) if r.numel() else 1.0)
-        diff = (y.float() - r.float()).abs()
+        dtype = r.dtype
+        y, r = y.detach().float(), r.detach().float()
+        if y.shape != r.shape:
+            return False, float("inf")
+        finite = r[r.isfinite()]
+        rtol, atol = tolerance(dtype, float(finite.abs().max()) if finite.numel() else 1.0)
+        same = (y == r) | (y.isnan() & r.isnan())
+        diff = torch.where(same, torch.zeros_like(y), (y - r).abs()).nan_to_num(nan=float("inf"), posinf=float("inf"))
         worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
-        ok &= bool(torch.allclose(y.float(), r.float(), rtol=rtol, atol=atol))
+        ok &= bool(torch.allclose(y, r, rtol=rtol, atol=atol, equal_nan=True))
     return ok, worst
 
 

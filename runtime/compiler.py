@@ -20,13 +20,14 @@ from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp
 from xdsl.ir import Attribute
 
 from tilecc.codegen.expand import expand_module
-from tilecc.errors import CompileError
+from tilecc.errors import CompileError, InternalError, TileccError
 from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.frontend.dsl.work import dsl_call_work
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.graph_work import graph_work
 from tilecc.passes import break_pass, remarks
+from tilecc.passes.fallback import FallbackPlan, OptimisationFailed, describe_exception
 from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
 from tilecc.passes.registry import default_pipeline
 from tilecc.passes.schedule.autotune import Autotuner
@@ -35,7 +36,7 @@ from tilecc.passes.session import CompileSession
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import program_work
-from tilecc.simulator import numerics
+from tilecc.simulator import numerics, progress
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType
 from tilecc.simulator.roofline import IntrinsicWork
@@ -76,10 +77,38 @@ def compile_graph(
     The roofline bound's work is counted on `gp` as given, before any pass
     (`ir/graph_work.py`), so it is the same at every opt level and schedule."""
     intrinsic = graph_work(gp, cfg, dsl_call_work)
-    with remarks.collecting() as collected:
-        program = _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy,
-                           disabled, intrinsic)
+    plan, level = FallbackPlan(), opt_level
+    fallbacks: list[dict[str, str]] = []
+    for _attempt in range(MAX_FALLBACKS + 2):
+        try:
+            with remarks.collecting() as collected:
+                program = _compile(gp, cfg, after_pass, before_pass, stats, level, autotune, matmul_policy,
+                                   disabled, intrinsic, plan)
+            break
+        except OptimisationFailed as e:  # an -O2 lowering failed on one op or group
+            plan = plan.without(e)
+            what = "left unfused" if e.kind == "unfuse" else "lowered by its -O0 kernel"
+            fallbacks.append({"op": e.op_name, "loc": e.loc, "fallback": what, "reason": e.reason})
+            if len(fallbacks) > MAX_FALLBACKS - 1:
+                level = 0
+        except Exception as e:  # noqa: BLE001 (a pass failed on the program, not on one op)
+            where, cause = (e.pass_name, e.error) if isinstance(e, _PassFailed) else ("the compile", e)
+            if level < 2:
+                if isinstance(cause, TileccError):
+                    raise cause from None
+                raise InternalError(f"internal error in {where}: {type(cause).__name__}: "
+                                    f"{str(cause).splitlines()[0] if str(cause) else ''} (please report)") from cause
+            fallbacks.append({"op": "program", "loc": "", "fallback": "compiled at -O0",
+                              "reason": f"{where}: {describe_exception(cause)}"})
+            level = 0
+    else:  # unreachable: the last attempt runs at -O0, which raises instead of falling back
+        raise InternalError("the compile did not converge after its fallbacks (please report)")
+    for f in fallbacks:
+        collected.add("fallback", "missed", f"{f['op']}: {f['fallback']} after the optimised kernel "
+                      f"failed: {f['reason']}", f["loc"])
     program.meta["remarks"] = collected.to_json()
+    if fallbacks:
+        program.meta["fallbacks"] = fallbacks
     return program
 
 
@@ -93,8 +122,21 @@ def measure_program(gp: GraphProgram, sched: MatmulSchedule, cfg: HardwareConfig
     return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
 
 
+# optimised lowerings given up one by one before the whole program goes to -O0
+MAX_FALLBACKS = 8
+
+
+class _PassFailed(Exception):
+    """A pass of the pipeline raised `error` (the driver falls back or names the pass)."""
+
+    def __init__(self, pass_name: str, error: Exception):
+        super().__init__(f"{pass_name}: {error}")
+        self.pass_name = pass_name
+        self.error = error
+
+
 def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled,
-             intrinsic: IntrinsicWork) -> Program:
+             intrinsic: IntrinsicWork, plan: FallbackPlan | None = None) -> Program:
     broken = break_pass.broken_pass()  # test-only planted miscompilation (passes/break_pass.py)
     t0 = time.perf_counter()
     module = gp.module.clone()
@@ -107,6 +149,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
     if opt_level >= 2 and "fold-norm-affine" not in disabled:  # needs the weights' data (not a module pass)
         if before_pass is not None:
             before_pass("fold-norm-affine", module)
+        progress.report("fold-norm-affine")
         ts = time.perf_counter()
         weights = dict(gp.weights)
         if fold_norm_affine(module, weights):
@@ -117,15 +160,24 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             break_pass.plant(module)
         if after_pass is not None:
             after_pass("fold-norm-affine", module)
-    for name, run in default_pipeline(cfg, opt_level, matmul_policy, CompileSession(), DslKernels()):
+    session = CompileSession()
+    if plan is not None:
+        session.fallback = plan
+    for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels(), gp.weights):
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":
             layout = read_layout(module, gp)
         if before_pass is not None:
             before_pass(name, module)
+        progress.report(name)
         ts = time.perf_counter()
-        run(module)
+        try:
+            run(module)
+        except OptimisationFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 (the driver falls back, or names the pass)
+            raise _PassFailed(name, e) from e
         if name == broken:
             break_pass.plant(module)
         if stats is not None:
@@ -154,6 +206,7 @@ def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
             continue
         if name == "lower-tile-to-npu":
             layout = read_layout(module, gp)
+        progress.report(name)
         run(module)
         if after_pass is not None:
             after_pass(name, module)

@@ -243,9 +243,14 @@ def kernel(path_or_source: str | Path, name: str | None = None) -> Kernel:
     text = str(path_or_source)
     if isinstance(path_or_source, Path) or ("\n" not in text and not text.lstrip().startswith("kernel")):
         p = Path(text)
-        if not p.exists():
-            raise TileccError(f"tile-DSL file not found: {p}")
-        return Kernel(p.read_text(encoding="utf-8"), str(p), name)
+        if not p.is_file():
+            raise TileccError(f"tile-DSL file {'is a directory' if p.is_dir() else 'not found'}: {p}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise TileccError(f"tile-DSL file {p}: cannot be read as text ({why})") from None
+        return Kernel(text, str(p), name)
     return Kernel(text, "<string>", name)
 
 

@@ -180,6 +180,10 @@ class Program:
     @staticmethod
     def load(path: str | Path) -> Program:
         p = Path(path)
-        if not p.exists():
-            raise ProgramFormatError(f"{path}: no such program file")
-        return Program.from_bytes(p.read_bytes(), str(path))
+        if not p.is_file():
+            raise ProgramFormatError(f"{path}: {'a directory, not' if p.is_dir() else 'no such'} program file")
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise ProgramFormatError(f"{path}: cannot be read ({e.strerror or e})") from None
+        return Program.from_bytes(data, str(path))

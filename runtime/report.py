@@ -48,8 +48,8 @@ def stream_work(stream: np.ndarray, cfg: HardwareConfig) -> dict[str, float]:
         cfg, vec["opcode"].astype(np.int64), vec["func"].astype(np.int64),
         vec["flags"].astype(np.int64),
     )
-    gather = int(getattr(Opcode, "DMA_GATHER", -1))
-    dma = stream[(op == Opcode.DMA_LOAD) | (op == Opcode.DMA_STORE) | (op == gather)]
+    indirect = (op == Opcode.DMA_GATHER) | (op == Opcode.DMA_SCATTER)
+    dma = stream[(op == Opcode.DMA_LOAD) | (op == Opcode.DMA_STORE) | indirect]
     isz = np.zeros(256, dtype=np.int64)
     for d in DType:
         isz[int(d)] = ITEMSIZE[d]

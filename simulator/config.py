@@ -271,12 +271,14 @@ def load_config(target: str | Path | HardwareConfig) -> HardwareConfig:
             raise ConfigError(
                 f"unknown target '{target}' (presets: {names}; or the path of a .toml file)"
             )
-    if not path.exists():
-        raise ConfigError(f"hardware config file '{target}' does not exist")
+    if not path.is_file():
+        raise ConfigError(f"hardware config file '{target}' {'is a directory' if path.is_dir() else 'does not exist'}")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read as TOML text ({getattr(e, 'strerror', None) or e})") from None
     return from_dict(data, str(path))
 
 

@@ -68,6 +68,9 @@ _ROLE = MappingProxyType(
         (Opcode.DMA_GATHER, "a"): "table",
         (Opcode.DMA_GATHER, "b"): "index column",
         (Opcode.DMA_GATHER, "o"): "destination",
+        (Opcode.DMA_SCATTER, "a"): "source",
+        (Opcode.DMA_SCATTER, "b"): "index column",
+        (Opcode.DMA_SCATTER, "o"): "table",
         (Opcode.MATMUL, "a"): "lhsT",
         (Opcode.MATMUL, "b"): "rhs",
         (Opcode.MATMUL, "o"): "output",
@@ -109,7 +112,10 @@ class DecodedProgram:
         self.k = col["k"].astype(np.int64)
         self.queues = config.dma.queues
         self.is_gather = self.op == Opcode.DMA_GATHER
-        is_dma = (self.op == Opcode.DMA_LOAD) | (self.op == Opcode.DMA_STORE) | self.is_gather
+        self.is_scatter = self.op == Opcode.DMA_SCATTER
+        # indirect DMAs: an HBM table of k rows and an on-chip i32 index column (b)
+        self.is_indirect = self.is_gather | self.is_scatter
+        is_dma = (self.op == Opcode.DMA_LOAD) | (self.op == Opcode.DMA_STORE) | self.is_indirect
         self.is_dma = is_dma
         self.is_vec = np.isin(self.op, _VECTOR_OPS)
         self.is_mm = self.op == Opcode.MATMUL
@@ -125,7 +131,7 @@ class DecodedProgram:
         b_col = (self.flags & Flag.B_COLUMN) != 0
         self.b_tile = (self.op == Opcode.VEC_BINARY) & ~b_imm & ~b_col
         self.b_column = (self.op == Opcode.VEC_BINARY) & b_col & ~b_imm
-        self.uses_b = self.is_mm | self.b_tile | self.b_column | self.is_gather
+        self.uses_b = self.is_mm | self.b_tile | self.b_column | self.is_indirect
         self.stream_records: np.ndarray | None = None  # the records, for messages
 
     def records(self) -> np.ndarray:
@@ -155,6 +161,9 @@ class DecodedProgram:
         else:
             engine = f"engine {int(self.col['engine'][i])}"
         return f"instruction {i + self.offset} ({engine} {name})"
+
+    def _indirect_name(self, i: int) -> str:
+        return "scatter" if self.is_scatter[i] else "gather"
 
     def role(self, i: int, slot: str) -> str:
         default = {"a": "operand a", "b": "operand b", "o": "output"}[slot]
@@ -283,8 +292,8 @@ class DecodedProgram:
         fail(problems, self.is_mm & (self.k == 0), lambda i: "empty contraction (k=0)")
         fail(
             problems,
-            self.is_gather & (self.k == 0),
-            lambda i: "empty gather table (k=0: the table has no rows to index)",
+            self.is_indirect & (self.k == 0),
+            lambda i: f"empty {self._indirect_name(i)} table (k=0: the table has no rows to index)",
         )
 
     def _check_dtypes(self, problems: _Problems) -> None:
@@ -306,8 +315,8 @@ class DecodedProgram:
         )
         fail(
             problems,
-            self.is_gather & (s["b_dtype"] != DType.I32),
-            lambda i: f"gather indices are i32 (b_dtype must be {int(DType.I32)})",
+            self.is_indirect & (s["b_dtype"] != DType.I32),
+            lambda i: f"{self._indirect_name(i)} indices are i32 (b_dtype must be {int(DType.I32)})",
         )
         fail(
             problems,
@@ -333,6 +342,9 @@ class DecodedProgram:
             (self.is_gather & (s["a_mem"] != Mem.HBM), "a DMA_GATHER reads an HBM table (a_mem)"),
             (self.is_gather & ~b_on, "a DMA_GATHER's indices are in SRAM or ACC (b_mem)"),
             (self.is_gather & ~o_on, "a DMA_GATHER writes SRAM or ACC (o_mem)"),
+            (self.is_scatter & ~a_on, "a DMA_SCATTER reads SRAM or ACC (a_mem)"),
+            (self.is_scatter & ~b_on, "a DMA_SCATTER's indices are in SRAM or ACC (b_mem)"),
+            (self.is_scatter & (s["o_mem"] != Mem.HBM), "a DMA_SCATTER writes an HBM table (o_mem)"),
             (self.is_mm & (s["a_mem"] != Mem.SRAM), "matmul lhsT must be in SRAM (a_mem)"),
             (self.is_mm & (s["b_mem"] != Mem.SRAM), "matmul rhs must be in SRAM (b_mem)"),
             (self.is_mm & (s["o_mem"] != Mem.ACC), "matmul output must be in ACC (o_mem)"),
@@ -349,12 +361,12 @@ class DecodedProgram:
         """(slot, mask, tile rows, tile cols) of each on-chip operand slot."""
         op, rows, cols, k = self.op, self.rows, self.cols, self.k
         mm, vec = self.is_mm, self.is_vec
-        a_mask = (op == Opcode.DMA_STORE) | mm | vec
+        a_mask = (op == Opcode.DMA_STORE) | mm | vec | self.is_scatter
         a_rows = np.where(mm, k, rows)
         a_cols = np.where(mm, rows, cols)
-        b_mask = mm | self.b_tile | self.b_column | self.is_gather  # gather: index column
+        b_mask = mm | self.b_tile | self.b_column | self.is_indirect  # indirect: index column
         b_rows = np.where(mm, k, rows)
-        b_cols = np.where(self.b_column | self.is_gather, 1, cols)
+        b_cols = np.where(self.b_column | self.is_indirect, 1, cols)
         o_mask = (op == Opcode.DMA_LOAD) | mm | vec | self.is_gather
         o_cols = np.where(op == Opcode.VEC_REDUCE, 1, cols)
         return [
@@ -405,25 +417,30 @@ class DecodedProgram:
 
     def hbm_operands(self) -> list[tuple[str, np.ndarray]]:
         """(slot, mask) of the HBM operand: the source of loads, the destination of stores.
-        (A DMA_GATHER's HBM rows depend on its indices: `_check_gather_tables` checks its
+        (An indirect DMA's HBM rows depend on its indices: `_check_gather_tables` checks its
         whole table statically, the functional run each index.)"""
         return [("a", self.op == Opcode.DMA_LOAD), ("o", self.op == Opcode.DMA_STORE)]
 
+    def table_addr(self) -> np.ndarray:
+        """The HBM table address of each indirect DMA (a gather's a_addr, a scatter's o_addr)."""
+        return np.where(self.is_scatter, self.col["o_addr"], self.col["a_addr"])
+
     def _check_gather_tables(self, problems: _Problems, hbm_size: int) -> None:
-        """A gather's table (k rows of `cols` contiguous elements) lies inside HBM, aligned."""
-        idx = np.flatnonzero(self.is_gather & self.checked & (self.k > 0))
+        """An indirect DMA's table (k rows of `cols` contiguous elements) lies inside HBM,
+        aligned."""
+        idx = np.flatnonzero(self.is_indirect & self.checked & (self.k > 0))
         if not idx.size:
             return
         s = self.col
         isz = itemsize_lut()[s["a_dtype"][idx]]
-        addr = s["a_addr"][idx]
+        addr = self.table_addr()[idx]
         misaligned = addr % np.maximum(isz, 1).astype(np.uint64) != 0
         ok = _hbm_in_bounds(
             addr, s["hbm_rs"][idx], np.ones(idx.size, np.int64), self.k[idx], self.cols[idx],
             isz, hbm_size,
         )
         for bad, message in (
-            (misaligned, lambda i: f"table HBM address {int(s['a_addr'][i]):#x} is not aligned "
+            (misaligned, lambda i: f"table HBM address {int(self.table_addr()[i]):#x} is not aligned "
              f"to its {ITEMSIZE[DType(int(s['a_dtype'][i]))]}-byte elements"),
             (~ok, lambda i: self._gather_table_message(i, hbm_size)),
         ):
@@ -434,7 +451,7 @@ class DecodedProgram:
     def _gather_table_message(self, i: int, hbm_size: int) -> str:
         s = self.col
         lo, hi = _hbm_extent(
-            int(s["a_addr"][i]), int(s["hbm_rs"][i]), 1, int(self.k[i]), int(self.cols[i]),
+            int(self.table_addr()[i]), int(s["hbm_rs"][i]), 1, int(self.k[i]), int(self.cols[i]),
             ITEMSIZE[DType(int(s["a_dtype"][i]))],
         )
         return (

@@ -6,7 +6,7 @@ REDUCE output, a B_COLUMN operand and a gather's index column are rows x 1; a ma
 with ACCUMULATE also reads its output). HBM operands have a bounding byte range
 (`hbm_bounding`) and, exactly, a set of contiguous byte intervals (`hbm_intervals`). A
 DMA_GATHER's rows depend on its index data, so it counts as reading its whole table (k
-rows).
+rows); a DMA_SCATTER likewise counts as writing its whole table.
 """
 
 from __future__ import annotations
@@ -112,14 +112,14 @@ def _hbm_shape(prog: DecodedProgram, idx: np.ndarray) -> tuple[np.ndarray, ...]:
     instructions `idx`. A DMA_GATHER may read any row of its table, so its footprint is
     the whole table (k rows of `cols` contiguous elements)."""
     s = prog.col
-    gather = prog.is_gather[idx]
+    gather = prog.is_indirect[idx]
     rows = np.where(gather, prog.k[idx], prog.rows[idx])
     cs = np.where(gather, 1, s["hbm_cs"][idx])
     return rows, prog.cols[idx], s["hbm_rs"][idx], cs
 
 
 def _hbm_operands(prog: DecodedProgram) -> list[tuple[str, np.ndarray]]:
-    return [*prog.hbm_operands(), ("a", prog.is_gather)]
+    return [*prog.hbm_operands(), ("a", prog.is_gather), ("o", prog.is_scatter)]
 
 
 def hbm_bounding(prog: DecodedProgram) -> Footprints:
@@ -153,7 +153,7 @@ def hbm_bounding(prog: DecodedProgram) -> Footprints:
 def hbm_intervals(prog: DecodedProgram, i: int) -> list[tuple[int, int]]:
     """The exact bytes of instruction i's HBM operand as merged [lo, hi) intervals."""
     s = prog.col
-    slot = "o" if prog.op[i] == Opcode.DMA_STORE else "a"
+    slot = "o" if prog.op[i] in (Opcode.DMA_STORE, Opcode.DMA_SCATTER) else "a"
     isz = ITEMSIZE[DType(int(s[f"{slot}_dtype"][i]))]
     addr = int(s[f"{slot}_addr"][i])
     rows, cols, rs, cs = (int(x[0]) for x in _hbm_shape(prog, np.array([i])))

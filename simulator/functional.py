@@ -12,12 +12,15 @@ accumulation; bf16 x bf16 products are exact in fp32), and ``ACCUMULATE`` adds t
 product to the accumulator when it is written. i32 operands are read as fp32 (exact
 below 2**24) and i32 outputs truncate toward zero, saturating. DMA_GATHER reads its
 index column at its start; an index outside ``[0, k)`` raises `MemoryAccessError`
-naming the instruction, the index and its row.
+naming the instruction, the index and its row. DMA_SCATTER reads its source tile and
+index column at its start (same check) and writes the rows at its end, in row order
+(of duplicate indices the last row wins).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tilecc.errors import MemoryAccessError
+from tilecc.simulator import progress
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.decode import DecodedProgram
 from tilecc.simulator.isa import (
@@ -43,6 +47,8 @@ from tilecc.simulator.isa import (
 from tilecc.simulator.numerics import from_storage, to_storage
 
 __all__ = ["FunctionalMachine", "single_threaded_torch"]
+
+_PROGRESS_STEP = 1 << 13  # reads and writes executed between two progress reports
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -168,6 +174,7 @@ class FunctionalMachine:
             Opcode.VEC_BINARY: self._read_vector,
             Opcode.VEC_REDUCE: self._read_vector,
             Opcode.DMA_GATHER: self._read_gather,
+            Opcode.DMA_SCATTER: self._read_scatter,
         }
         write = {
             Opcode.DMA_LOAD: self._write_tile,
@@ -177,15 +184,19 @@ class FunctionalMachine:
             Opcode.VEC_BINARY: self._write_tile,
             Opcode.VEC_REDUCE: self._write_tile,
             Opcode.DMA_GATHER: self._write_tile,
+            Opcode.DMA_SCATTER: self._write_scatter,
         }
-        pending: dict[int, np.ndarray] = {}
+        pending: dict[int, Any] = {}
         reads, idx = is_read[order].tolist(), index[order].tolist()
-        for r, i in zip(reads, idx, strict=True):
-            inst.i = i
-            if r:
-                pending[i] = read[op[i]](inst)
-            else:
-                write[op[i]](inst, pending.pop(i))
+        events, n = zip(reads, idx, strict=True), len(idx)
+        for lo in range(0, n, _PROGRESS_STEP):  # the simulated fraction, for a listener
+            for r, i in itertools.islice(events, _PROGRESS_STEP):
+                inst.i = i
+                if r:
+                    pending[i] = read[op[i]](inst)
+                else:
+                    write[op[i]](inst, pending.pop(i))
+            progress.report("simulate", min(lo + _PROGRESS_STEP, n) // 2, n // 2, unit="instruction")
 
     # -- memory views -----------------------------------------------------------------
 
@@ -205,18 +216,34 @@ class FunctionalMachine:
     def _read_load(self, f: _Fields) -> np.ndarray:
         return np.array(self.hbm_view(f.a_addr, f.rows, f.cols, f.hbm_rs, f.hbm_cs, f.a_dtype))
 
-    def _read_gather(self, f: _Fields) -> np.ndarray:
-        """Rows index[r] of the table; an index outside [0, k) is a MemoryAccessError."""
+    def _index_column(self, f: _Fields, what: str) -> np.ndarray:
+        """The indirect DMA's index column; an index outside [0, k) is a MemoryAccessError."""
         index = self.tile(f.b_mem, f.b_part, f.b_addr, f.rows, 1, DType.I32)[:, 0].astype(np.int64)
         bad = np.flatnonzero((index < 0) | (index >= f.k))
         if bad.size:
             r = int(bad[0])
             raise MemoryAccessError(
-                f"{self.prog.where(f.i)}: gather index {int(index[r])} (row {r} of the index "
+                f"{self.prog.where(f.i)}: {what} index {int(index[r])} (row {r} of the index "
                 f"column) out of range for a table of {f.k} rows"
             )
+        return index
+
+    def _read_gather(self, f: _Fields) -> np.ndarray:
+        """Rows index[r] of the table."""
+        index = self._index_column(f, "gather")
         table = self.hbm_view(f.a_addr, f.k, f.cols, f.hbm_rs, 1, f.a_dtype)
         return table[index]
+
+    def _read_scatter(self, f: _Fields) -> tuple[np.ndarray, np.ndarray]:
+        """(the distinct target rows, the source row written to each: the last of equals)."""
+        index = self._index_column(f, "scatter")
+        data = self.tile(f.a_mem, f.a_part, f.a_addr, f.rows, f.cols, f.a_dtype)
+        rows, last = np.unique(index[::-1], return_index=True)
+        return rows, data[len(index) - 1 - last].copy()
+
+    def _write_scatter(self, f: _Fields, data: tuple[np.ndarray, np.ndarray]) -> None:
+        rows, values = data
+        self.hbm_view(f.o_addr, f.k, f.cols, f.hbm_rs, 1, f.o_dtype)[rows] = values
 
     def _read_store(self, f: _Fields) -> np.ndarray:
         return self.tile(f.a_mem, f.a_part, f.a_addr, f.rows, f.cols, f.a_dtype).copy()

@@ -1,9 +1,10 @@
 """How many cycles does one GEMM layer take on a systolic array? (SCALE-Sim's question.)
 
 `gemm(M, N, K, cfg)` times ``A[M x K] @ B[K x N]`` on the config's R x C matrix engine
-with no memory stalls: it builds a matmul-only instruction stream, one MATMUL per fold of
-the array, with every operand already in SRAM and the accumulator, and runs the
-timing-only simulator on it (`machine.simulate(..., functional=False, record=False)`).
+with no memory stalls: the cycles the timing-only simulator gives a matmul-only
+instruction stream, one MATMUL per fold of the array, every operand already in SRAM and
+the accumulator (`simulate_folds`), computed in closed form from `simulator.timing`'s
+rules (every fold streams the same T), in O(1) time and memory for any sizes.
 
 Folds. The dataflow lays two operand dimensions (Sr, Sc) on the array's rows and
 columns and streams the third, T, in time: WS (K, N, M), OS (M, N, K), IS (K, M, N).
@@ -48,35 +49,84 @@ from tilecc.simulator.config import (
 )
 from tilecc.simulator.isa import DType, Mem, Opcode
 from tilecc.simulator.machine import simulate
-from tilecc.simulator.timing import core_cycles_per
+from tilecc.simulator.timing import TimingRules, core_cycles_per
 
-__all__ = ["gemm", "fold_shapes", "GEMM_DTYPES"]
+__all__ = ["gemm", "fold_shapes", "simulate_folds", "GEMM_DTYPES"]
 
 GEMM_DTYPES = {"bf16": DType.BF16, "f16": DType.F16, "fp16": DType.F16, "f32": DType.F32,
                "fp32": DType.F32}
 
 
+def _mapping(M: int, N: int, K: int, dataflow: str) -> tuple[int, int, int]:
+    """(Sr, Sc, T): the dimensions laid on the array's rows and columns, the one streamed."""
+    if dataflow == "ws":
+        return K, N, M
+    if dataflow == "os":
+        return M, N, K
+    return K, M, N
+
+
+def _unmap(a: int, b: int, t: int, dataflow: str) -> tuple[int, int, int]:
+    """(m, k, n) of a fold covering `a` array rows and `b` columns and streaming `t`."""
+    if dataflow == "ws":
+        return t, a, b  # m = T, k = Sr, n = Sc
+    if dataflow == "os":
+        return a, t, b  # m = Sr, k = T, n = Sc
+    return b, a, t  # is: m = Sc, k = Sr, n = T
+
+
 def fold_shapes(
     M: int, N: int, K: int, rows: int, cols: int, dataflow: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(m, k, n) of each fold's matmul, int64 arrays in fold order (row folds outer)."""
-    if dataflow == "ws":
-        sr, sc, t = K, N, M
-    elif dataflow == "os":
-        sr, sc, t = M, N, K
-    else:
-        sr, sc, t = K, M, N
+    """(m, k, n) of each fold's matmul, int64 arrays in fold order (row folds outer): the
+    instruction stream whose simulation `gemm` computes in closed form (tests compare)."""
+    sr, sc, t = _mapping(M, N, K, dataflow)
     fr, fc = math.ceil(sr / rows), math.ceil(sc / cols)
     r_sizes = np.minimum(rows, sr - rows * np.arange(fr, dtype=np.int64))
     c_sizes = np.minimum(cols, sc - cols * np.arange(fc, dtype=np.int64))
     a = np.repeat(r_sizes, fc)
     b = np.tile(c_sizes, fr)
     tt = np.full(fr * fc, t, dtype=np.int64)
-    if dataflow == "ws":
-        return tt, a, b  # m = T, k = Sr, n = Sc
-    if dataflow == "os":
-        return a, tt, b  # m = Sr, k = T, n = Sc
-    return b, a, tt  # is: m = Sc, k = Sr, n = T
+    return _unmap(a, b, tt, dataflow)  # type: ignore[arg-type]  # numpy arrays, elementwise
+
+
+def _cycles(rules: TimingRules, folds: int, m: int, k: int, n: int, fp32: bool) -> int | float:
+    """Simulated cycles of `folds` back-to-back matmuls that all stream the same T (a
+    fold's size on the array changes neither its preload L, nor its streaming S, nor its
+    fill and drain D: `simulator.timing`), in closed form: compatible mode runs them in
+    sequence, ``folds * (L + S + D)``; pipelined mode issues one every ``max(L, S')``
+    and pays L once before and ``S + D`` once after, ``L + (folds - 1) * max(L, S') + S
+    + D`` (`simulator.scheduler`). `simulate_folds` is the same on the simulator."""
+    stream = rules.matmul_stream(m, k, n, fp32)
+    interval = _exact(rules.matmul_interval(stream))  # an int on integral clocks: exact past 2**53
+    if not rules.pipelined:
+        return folds * interval
+    return _exact(rules.preload) + (folds - 1) * interval + _exact(rules.matmul_result_after_streaming(stream))
+
+
+def _exact(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def simulate_folds(
+    M: int, N: int, K: int, cfg: HardwareConfig, *, dtype: str = "bf16"
+) -> float:
+    """The timing-only simulator's cycles for the fold stream of `gemm` on `cfg` (its
+    ``[matrix]`` as given; per-fold arrays, O(folds) memory): the reference of the
+    closed form, for tests."""
+    d = GEMM_DTYPES[dtype]
+    mx = cfg.matrix
+    m, k, n = fold_shapes(M, N, K, mx.rows, mx.cols, mx.dataflow)
+    config = _array_config(cfg, mx.rows, mx.cols, mx.dataflow, mx.mode, int(m.max()), int(k.max()), int(n.max()), d)
+    stream = isa.empty_stream(len(m))
+    stream["opcode"] = Opcode.MATMUL
+    stream["engine"] = isa.Engine.MATRIX
+    stream["rows"], stream["k"], stream["cols"] = m, k, n
+    stream["a_mem"] = stream["b_mem"] = Mem.SRAM
+    stream["o_mem"] = Mem.ACC
+    stream["a_dtype"] = stream["b_dtype"] = d
+    stream["o_dtype"] = DType.F32
+    return float(simulate(stream, config, None, functional=False, record=False).cycles)
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -126,22 +176,13 @@ def gemm(
             f"gemm: dtype {dtype!r} is not allowed (allowed: {', '.join(GEMM_DTYPES)})"
         )
     d = GEMM_DTYPES[dtype]
-    m, k, n = fold_shapes(M, N, K, R, C, flow)
-    folds = len(m)
-    config = _array_config(base, R, C, flow, how, int(m.max()), int(k.max()), int(n.max()), d)
-    stream = isa.empty_stream(folds)
-    stream["opcode"] = Opcode.MATMUL
-    stream["engine"] = isa.Engine.MATRIX
-    stream["rows"], stream["k"], stream["cols"] = m, k, n
-    stream["a_mem"] = stream["b_mem"] = Mem.SRAM
-    stream["o_mem"] = Mem.ACC
-    stream["a_dtype"] = stream["b_dtype"] = d
-    stream["o_dtype"] = DType.F32
-    sim = simulate(stream, config, None, functional=False, record=False)
-    del stream
-    cycles = float(sim.cycles)
-    compute = cycles - 1 if how == "compatible" else cycles
-    compute = int(compute) if float(compute).is_integer() else compute
+    sr, sc, t = _mapping(M, N, K, flow)
+    folds = math.ceil(sr / R) * math.ceil(sc / C)
+    m, k, n = _unmap(min(sr, R), min(sc, C), t, flow)  # the largest fold
+    config = _array_config(base, R, C, flow, how, m, k, n, d)
+    exact = _cycles(TimingRules(config), folds, m, k, n, d == DType.F32)
+    cycles = float(exact)
+    compute = exact - 1 if how == "compatible" else exact
     macs = M * N * K
     passes = base.matrix.fp32_slowdown if d == DType.F32 else 1
     return {

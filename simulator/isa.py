@@ -11,6 +11,12 @@ array, `RECORD`), in program order. Each record runs on one engine queue:
   on-chip i32 column (``b_*``: element r at partition ``b_part + r``, byte ``b_addr``);
   ``cols`` contiguous elements are copied per row. An index outside ``[0, k)`` is a
   `MemoryAccessError`. Source and destination dtypes are equal (a DMA does not convert).
+  ``DMA_SCATTER`` (indirect store) is its mirror: row r of an on-chip tile (``a_*``,
+  ``rows x cols``) goes to row ``index[r]`` of an HBM table at ``o_addr`` (rows
+  ``hbm_rs`` elements apart, ``k`` of them, ``cols`` contiguous elements written per
+  row); the indices are an on-chip i32 column (``b_*``). Rows are written in order r, so
+  of duplicate indices the last row wins; an index outside ``[0, k)`` is a
+  `MemoryAccessError`.
 - MATRIX: ``MATMUL`` ``out[M x N] (+)= lhsT[K x M]^T @ rhs[K x N]``: both operands in
   SRAM with the contraction dimension K on partitions (K <= array rows, the stationary
   operand ``rhs`` has N <= array columns), output in the accumulator (fp32), M rows on
@@ -59,6 +65,7 @@ class Opcode(enum.IntEnum):
     VEC_BINARY = 5
     VEC_REDUCE = 6
     DMA_GATHER = 7
+    DMA_SCATTER = 8
 
 
 OPCODE_ENGINE = {
@@ -70,6 +77,7 @@ OPCODE_ENGINE = {
     Opcode.VEC_BINARY: Engine.VECTOR,
     Opcode.VEC_REDUCE: Engine.VECTOR,
     Opcode.DMA_GATHER: Engine.DMA,
+    Opcode.DMA_SCATTER: Engine.DMA,
 }
 
 

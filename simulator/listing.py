@@ -141,7 +141,7 @@ def instruction_lines(stream: np.ndarray) -> Iterator[str]:
     imm_bits = stream["imm"].view(np.uint32).tolist()
     load, store, matmul = int(Opcode.DMA_LOAD), int(Opcode.DMA_STORE), int(Opcode.MATMUL)
     unary, binary, reduce = int(Opcode.VEC_UNARY), int(Opcode.VEC_BINARY), int(Opcode.VEC_REDUCE)
-    gather = int(Opcode.DMA_GATHER)
+    gather, scatter = int(Opcode.DMA_GATHER), int(Opcode.DMA_SCATTER)
     f_acc, f_col = int(Flag.ACCUMULATE), int(Flag.B_COLUMN)
     f_imm, f_swap = int(Flag.B_IMM), int(Flag.SWAP)
     for (
@@ -162,6 +162,12 @@ def instruction_lines(stream: np.ndarray) -> Iterator[str]:
             yield (
                 f"dma.gather q{queue} {_table(aaddr, rs, k, adt)}, index "
                 f"{_chip(bmem, bpart, baddr, bdt)} -> {_chip(omem, opart, oaddr, odt)}"
+                f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
+            )
+        elif op == scatter:
+            yield (
+                f"dma.scatter q{queue} {_chip(amem, apart, aaddr, adt)}, index "
+                f"{_chip(bmem, bpart, baddr, bdt)} -> {_table(oaddr, rs, k, odt)}"
                 f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
             )
         elif op == matmul:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from tilecc.errors import SimulatorError
+from tilecc.simulator import progress
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.decode import DecodedProgram
 from tilecc.simulator.functional import FunctionalMachine, single_threaded_torch
@@ -75,9 +76,11 @@ def simulate(
     if functional or record or sanitize:
         prog = DecodedProgram(stream, config)
         prog.check(hbm_size)
+        progress.report("simulate", 0, len(stream), "timing", unit="instruction")
         with gc_paused():  # the scheduler allocates millions of short-lived tuples
             sched = schedule(prog, record=True)
         if sanitize:
+            progress.report("simulate", 0, len(stream), "sanitizers", unit="instruction")
             from tilecc.simulator.sanitizers import sanitize as run_sanitizers
 
             run_sanitizers(stream, config, sched.start, sched.end, hbm_size=hbm_size)
@@ -94,6 +97,7 @@ def simulate(
     names: list[str] = []
     t, kernel = 0.0, 0
     for lo, hi in _chunks(stream):
+        progress.report("simulate", lo, len(stream), "timing", unit="instruction")
         prog = DecodedProgram(stream[lo:hi], config, offset=lo)
         prog.check(hbm_size)
         with gc_paused():

@@ -79,8 +79,8 @@ def durations(prog: DecodedProgram) -> Durations:
     if dma.any():
         isz = itemsize[s["a_dtype"][dma]].astype(np.float64)
         r, c = rows[dma], cols[dma]
-        # a gather copies `cols` contiguous elements per indexed row
-        pattern = rules.dma_pattern(s["hbm_rs"][dma], s["hbm_cs"][dma], isz, op[dma] == Opcode.DMA_GATHER)
+        # a gather / scatter copies `cols` contiguous elements per indexed row
+        pattern = rules.dma_pattern(s["hbm_rs"][dma], s["hbm_cs"][dma], isz, prog.is_indirect[dma])
         first[dma] = rules.dma_fixed(rules.dma_descriptors(r, c, pattern))
         second[dma] = rules.dma_transfer(r, c, isz, pattern)
         share[dma] = rules.dma_hbm_share(rules.dma_rate(r, c, isz, pattern))

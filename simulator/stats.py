@@ -78,7 +78,8 @@ def counts(prog: DecodedProgram) -> dict[str, int]:
     isz_a, isz_b, isz_o = (itemsize[s[f]] for f in ("a_dtype", "b_dtype", "o_dtype"))
     rows, cols, k = prog.rows, prog.cols, prog.k
     load = (prog.op == Opcode.DMA_LOAD) | (prog.op == Opcode.DMA_GATHER)  # HBM -> on chip
-    store, mm, vec = prog.op == Opcode.DMA_STORE, prog.is_mm, prog.is_vec
+    store = (prog.op == Opcode.DMA_STORE) | prog.is_scatter  # on chip -> HBM
+    mm, vec = prog.is_mm, prog.is_vec
     tile = rows * cols
     # bytes each operand slot moves, and the memory it is in (HBM, SRAM, ACC)
     a_bytes = np.where(mm, k * rows * isz_a, tile * isz_a)

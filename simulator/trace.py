@@ -91,6 +91,8 @@ def _op_name_table() -> dict[int, str]:
     names = {
         int(Opcode.DMA_LOAD) * 256: "dma.load",
         int(Opcode.DMA_STORE) * 256: "dma.store",
+        int(Opcode.DMA_GATHER) * 256: "dma.gather",
+        int(Opcode.DMA_SCATTER) * 256: "dma.scatter",
         int(Opcode.MATMUL) * 256: "matmul",
     }
     for op in Opcode:
@@ -255,7 +257,7 @@ def _on_chip_footprints(
     vec = _ENGINE[op] == Engine.VECTOR
     dma = _ENGINE[op] == Engine.DMA
     binary = op == Opcode.VEC_BINARY
-    gather = op == getattr(Opcode, "DMA_GATHER", -1)  # b: an on-chip i32 index column
+    gather = (op == Opcode.DMA_GATHER) | (op == Opcode.DMA_SCATTER)  # b: an i32 index column
     b_imm = (flags & Flag.B_IMM) != 0
     b_col = (binary & ((flags & Flag.B_COLUMN) != 0) & ~b_imm) | gather
     # operand slots that may be on chip (slots in HBM are filtered out below by a_/o_mem)
@@ -458,7 +460,7 @@ def _trace_text(
     )
     dma = np.flatnonzero(is_dma & (end > start))
     rate = nbytes[dma] / ((end[dma] - start[dma]) / ghz)  # bytes per ns = GB/s
-    load = op[dma] != Opcode.DMA_STORE  # loads and gathers read HBM
+    load = (op[dma] != Opcode.DMA_STORE) & (op[dma] != Opcode.DMA_SCATTER)  # loads, gathers
     zero = np.zeros_like(rate)
     bw_t, (bw_load, bw_store) = _step_counter(
         np.concatenate([s_ns[dma], e_ns[dma]]),

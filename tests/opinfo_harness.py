@@ -45,6 +45,10 @@ CLAIMED: dict[str, tuple[str, ...]] = {
     # indexing and creation
     "index_select": ("",), "gather": ("",), "nn.functional.embedding": ("",),
     "zeros_like": ("",), "full_like": ("",),
+    # scatters and strided views
+    "index_put": ("",), "index_copy": ("",), "index_add": ("",), "slice_scatter": ("",),
+    "select_scatter": ("",), "scatter": ("",), "scatter_add": ("",),
+    "scatter_reduce": ("sum", "prod", "amax", "amin", "mean"), "as_strided": ("",),
     # convolutional networks
     "nn.functional.conv2d": ("",), "nn.functional.max_pool2d": ("",),
     "nn.functional.avg_pool2d": ("",), "nn.functional.adaptive_avg_pool2d": ("",),
@@ -77,8 +81,9 @@ EXPECTED_FAILURES: dict[tuple[str, str], dict[str, str]] = {
     ("narrow", ""): {
         "(), ": "a tensor `start` makes the result size data-dependent: torch.export cannot trace it",
     },
-    ("gather", ""): {"(), 0": "gather on a rank-0 tensor is not supported"},
-    ("index_select", ""): {"(), 0": "index_select on a rank-0 tensor is not supported"},
+    ("index_put", ""): {
+        "(tensor([": "a boolean mask index selects a data-dependent set of elements (not imported)",
+    },
     ("zeros_like", ""): {"float64": "float64 results: tilecc computes in fp32 / bf16"},
     ("full_like", ""): {"float64": "float64 results: tilecc computes in fp32 / bf16"},
     ("nn.functional.max_pool2d", ""): {

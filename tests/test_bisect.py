@@ -54,13 +54,13 @@ def test_planted_miscompilation_names_the_op_and_the_pass(model_file, monkeypatc
     r = bisect(model, inputs, load_config("tiny"))
     assert not r.matches and r.max_error > 0.1
     # the first graph.add is the Linear's bias add (line 10): the planted fault turned it into a sub
-    assert r.first_op_name == "graph.add" and "model.py:10" in r.first_op
+    assert r.first_op_name == "graph.add" and "fc (Linear) @ model.py:10" in r.first_op
     assert r.culprit == broken
     by_name = {t.name.strip(): t.ok for t in r.trials}
     assert by_name[f"-O2 without {broken}"] is True and by_name["-O2"] is False
     assert main(["bisect", f"{model_file}:factory"]) == 1
     out = capsys.readouterr().out
-    assert "first op           graph.add at model.py:10" in out and f"first pass         {broken}" in out
+    assert "first op           graph.add at fc (Linear) @ model.py:10" in out and f"first pass         {broken}" in out
 
 
 def test_every_cut_of_a_correct_model_matches_the_interpreter(model_file, monkeypatch):

@@ -91,6 +91,12 @@ def records(draw, opcode=None) -> np.ndarray:
         operand("b")
         operand("o")
         r["hbm_rs"], r["k"] = draw(i64), draw(u32)
+    elif op == Opcode.DMA_SCATTER:
+        r["queue"] = draw(u8)
+        operand("a")
+        operand("b")
+        operand("o", hbm)
+        r["hbm_rs"], r["k"] = draw(i64), draw(u32)
     elif op == Opcode.MATMUL:
         for p in "abo":
             operand(p)
@@ -437,7 +443,8 @@ def _bad(field: str, value, index: int = 1) -> np.ndarray:
     "stream, message",
     [
         (_bad("opcode", 9), "record 1: unknown opcode 9 (known: 0 (BARRIER), 1 (DMA_LOAD), "
-         "2 (DMA_STORE), 3 (MATMUL), 4 (VEC_UNARY), 5 (VEC_BINARY), 6 (VEC_REDUCE), 7 (DMA_GATHER))"),
+         "2 (DMA_STORE), 3 (MATMUL), 4 (VEC_UNARY), 5 (VEC_BINARY), 6 (VEC_REDUCE), 7 (DMA_GATHER), "
+         "8 (DMA_SCATTER))"),
         (_bad("engine", 7), "record 1: unknown engine 7 (known: 0 (DMA), 1 (MATRIX), "
          "2 (VECTOR), 255 (ALL))"),
         (_bad("engine", 2), "record 1: opcode MATMUL runs on engine MATRIX, "
@@ -544,7 +551,7 @@ OK = "vec.exp sram[p0 +0x0]:f32 -> sram[p0 +0x0]:f32 16x16"
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("foo", "1: expected an instruction (barrier, dma.load, dma.store, dma.gather, matmul or "
+        ("foo", "1: expected an instruction (barrier, dma.load, dma.store, dma.gather, dma.scatter, matmul or "
          "vec.<function>), got 'foo'"),
         ("dma.load sram[p0 +0x0]:f32", "10: expected a DMA queue (q0, q1, ...), got 'sram'"),
         ("dma.load q0 hbm[0x0 rs=1 cs=1]:f32 sram[p0 +0x0]:f32 1x1",

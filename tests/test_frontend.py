@@ -251,15 +251,16 @@ def test_locations_on_imported_ops():
     locs = {op.name: set() for op in graph_ops(p)}
     for op in graph_ops(p):
         loc = g.source_loc(op)
-        assert re.fullmatch(r"[\w.]+\.py:\d+", loc), (op.name, loc)
+        # "fc1 (Linear) @ test_frontend.py:51": the layer, then the user's line
+        assert re.fullmatch(r"([\w.]+ \(\w+\) @ )?[\w.]+\.py:\d+", loc), (op.name, loc)
         locs[op.name].add(loc)
-    assert locs["graph.gelu"] == {f"{THIS}:{line_of('mlp-gelu')}"}
+    assert locs["graph.gelu"] == {f"act (GELU) @ {THIS}:{line_of('mlp-gelu')}"}
     assert locs["graph.matmul"] == {
-        f"{THIS}:{line_of('mlp-fc1')}", f"{THIS}:{line_of('mlp-fc2')}"
+        f"fc1 (Linear) @ {THIS}:{line_of('mlp-fc1')}", f"fc2 (Linear) @ {THIS}:{line_of('mlp-fc2')}"
     }
     # a weight is located at its first use
     w = next(op for op in graph_ops(p) if isinstance(op, g.WeightOp) and op.weight == "fc2.weight.permute")
-    assert g.source_loc(w) == f"{THIS}:{line_of('mlp-fc2')}"
+    assert g.source_loc(w) == f"fc2 (Linear) @ {THIS}:{line_of('mlp-fc2')}"
 
 
 def test_attention_locations():

@@ -19,6 +19,7 @@ from tilecc.runtime.compiler import CompileStats, compile_graph  # noqa: F401 (r
 from tilecc.runtime.executor import run_program
 from tilecc.runtime.program import Program
 from tilecc.runtime.report import Report
+from tilecc.runtime.state import ModelState
 from tilecc.simulator.config import HardwareConfig, load_config
 
 
@@ -28,6 +29,10 @@ class CompiledModel:
     A model exported with dynamic sizes compiles once per concrete input shape, at call
     time, into a cache (`programs`), so one `tilecc.compile` serves every shape in the
     declared ranges.
+
+    Buffers that forward() updates in place (a static KV cache) live in `state`
+    (`state.buffers[name]`): each call reads them and stores their new values, so a
+    second call sees what the first wrote, as with the eager module.
     """
 
     def __init__(
@@ -54,6 +59,7 @@ class CompiledModel:
         # dynamic shapes: the graph IR imported at the example shapes, with the symbolic
         # sizes (sympy) and their ranges as attributes
         self.graph: GraphProgram | None = None
+        self.state = ModelState()
 
     def program_for(self, inputs: tuple) -> Program:
         if self._dynamic is None:
@@ -71,7 +77,10 @@ class CompiledModel:
         return self.program
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
-        outputs, self.report = run_program(self.program_for(inputs), inputs, sanitize=self.sanitize)
+        program = self.program_for(inputs)
+        args = self.state.program_inputs(program, inputs)
+        outputs, self.report = run_program(program, args, sanitize=self.sanitize)
+        outputs = self.state.absorb(program, outputs, inputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def save(self, path: str | Path) -> None:
@@ -122,10 +131,13 @@ def compile(
             # expression (`tilecc.symbols`, `tilecc.shape`): unsupported ops and bad
             # shapes are reported now, not at the first call
             cm.graph = import_exported_program(core, specialize.bind(core, tuple(examples)), decomposed=True)
+        cm.state = ModelState(source=ep)
         return cm
     stats = CompileStats()
     program = compile_cached(ep, cfg, cache, stats=stats, opt_level=opt_level, autotune=autotune)
-    return CompiledModel(program, stats, opt_level=opt_level, autotune=autotune, cache=cache)
+    cm = CompiledModel(program, stats, opt_level=opt_level, autotune=autotune, cache=cache)
+    cm.state = ModelState(source=ep)
+    return cm
 
 
 def _example_args(ep: torch.export.ExportedProgram) -> tuple | None:

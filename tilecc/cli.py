@@ -5,9 +5,16 @@
     tilecc explore SOURCE [--print-ir-after-all] [--remarks] [--html PAGE] ...  (tilecc/explore.py)
     tilecc bisect FILE.py:FACTORY [--target NAME_OR_TOML]   (docs/reliability.md)
 
-`FACTORY()` returns `(model, example_inputs)`. The model is exported, compiled for the
-target, run on the simulator and compared with torch eager on the same inputs.
-Errors print one line (`error: ...`) and exit with status 2.
+`FACTORY()` returns `(model, example_inputs)`. The model is run in eager PyTorch (a model
+that fails there is reported as such), exported, compiled for the target, run on the
+simulator and compared with the eager result.
+
+No traceback reaches the user: a bad argument, a missing or unwritable output path
+(checked before anything is compiled) and every `TileccError` print one line
+(``error: ...``) and exit with status 2; any other exception prints ``error: internal
+error in <phase>: <Type>: <msg> (please report; ...)`` and exits 2 (``TILECC_DEBUG=1``
+re-raises it). Long compiles and simulations show a progress line on a terminal's stderr
+(`tilecc/progress_display.py`; ``--quiet`` silences it).
 """
 
 from __future__ import annotations
@@ -15,24 +22,48 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import os
 import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from tilecc.cli_args import ArgumentParser, add_quiet, one_line, output_file
 from tilecc.errors import ModelLoadError, TileccError
+from tilecc.progress_display import ProgressDisplay
 from tilecc.runtime.compare import compare
+from tilecc.simulator import progress
+
+DEBUG_ENV = "TILECC_DEBUG"  # set: unexpected exceptions keep their traceback
+
+
+def run_eager(model: Any, inputs: tuple) -> list:
+    """The model's outputs in eager PyTorch (eval mode, no grad), as a list;
+    `ModelLoadError` ("the model fails in eager PyTorch: ...") if it raises."""
+    import torch
+
+    progress.report("eager")
+    try:
+        with torch.no_grad():
+            out = model.eval()(*inputs)
+    except Exception as e:  # the user's model: report it in one line
+        raise ModelLoadError(f"the model fails in eager PyTorch: {type(e).__name__}: {_first_line(e)}") from None
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def load_factory(spec: str) -> tuple[Any, tuple]:
     """Run `FILE.py:FACTORY` and return (model, example_inputs)."""
+    progress.report("load")
     if ":" not in spec:
         raise ModelLoadError(f"'{spec}': expected FILE.py:FACTORY")
     path_s, _, name = spec.rpartition(":")
     path = Path(path_s)
     if not path.is_file():
         raise ModelLoadError(f"'{path_s}': no such file")
+    if path.suffix != ".py":
+        raise ModelLoadError(f"'{path_s}': expected a Python file (FILE.py:FACTORY)")
     mod_name = f"tilecc_user_{path.stem}"
     loader_spec = importlib.util.spec_from_file_location(mod_name, path)
     if loader_spec is None or loader_spec.loader is None:
@@ -41,21 +72,52 @@ def load_factory(spec: str) -> tuple[Any, tuple]:
     sys.modules[mod_name] = module
     try:
         loader_spec.loader.exec_module(module)
-    except Exception as e:  # the user's file failed: report it, in one line
-        raise ModelLoadError(f"'{path_s}' raised {type(e).__name__}: {e}") from None
+    except BaseException as e:  # the user's file failed (a SyntaxError, a sys.exit): one line
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ModelLoadError(f"'{path_s}' raised {type(e).__name__}: {_first_line(e)}") from None
     factory = getattr(module, name, None)
     if not callable(factory):
         raise ModelLoadError(f"'{path_s}' has no callable '{name}'")
     try:
         result = factory()
-    except Exception as e:
-        raise ModelLoadError(f"{spec}() raised {type(e).__name__}: {e}") from None
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ModelLoadError(f"{spec}() raised {type(e).__name__}: {_first_line(e)}") from None
     if not (isinstance(result, tuple) and len(result) == 2):
         raise ModelLoadError(f"{spec}() must return (model, example_inputs)")
     model, inputs = result
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)
     return model, tuple(inputs)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+        pass
+
+
+def _tilecc_cause(e: BaseException) -> TileccError | None:
+    """The `TileccError` that `e` wraps (its ``__cause__`` / ``__context__`` chain, or
+    dynamo's ``inner_exception``), if any."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, TileccError):
+            return cur
+        seen.add(id(cur))
+        inner = getattr(cur, "inner_exception", None)
+        cur = inner if isinstance(inner, BaseException) else (cur.__cause__ or cur.__context__)
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    return one_line(str(e))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -67,6 +129,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.target)
     model, inputs = load_factory(args.source)
+    expected = run_eager(model, inputs)
+    progress.report("export")
     t0 = time.perf_counter()
     cm = tilecc.compile(model, inputs, target=cfg, opt_level=args.opt_level, autotune=args.autotune,
                         cache=False if args.no_cache else None)
@@ -75,10 +139,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise TileccError(f"{args.source}: compiled with dynamic shapes; `tilecc run` takes static ones")
     outputs, report = run_program(cm.program, inputs, trace=args.trace, sanitize=not args.no_sanitize)
     cm.report = report
-    with torch.no_grad():
-        ref = model.eval()(*inputs)
-    expected = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-    ok, worst = compare(outputs, expected)
+    progress.report("compare")
+    if len(outputs) != len(expected):
+        raise TileccError(f"{args.source}: the compiled program has {len(outputs)} output(s), eager {len(expected)}")
+    ok, worst = compare(outputs, [torch.as_tensor(r) for r in expected])
     if args.save:
         cm.save(args.save)
     report = cm.report
@@ -87,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         d = report.to_dict()
         d.update(
             allclose=ok,
-            max_abs_error=worst,
+            max_abs_error=worst if math.isfinite(worst) else None,  # NaN against a number: strict JSON
             compile_seconds=compile_seconds,
             compile_cache=cm.compile_stats.cache if cm.compile_stats else "",
             simulate_seconds=report.simulate_seconds,
@@ -189,6 +253,8 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     from tilecc.frontend.torch_export import export_model
 
     model, inputs = load_factory(args.source)
+    run_eager(model, inputs)
+    progress.report("coverage")
     report = coverage(export_model(model, inputs))
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))
@@ -199,17 +265,25 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from tilecc.explanation import explain
+    from tilecc.simulator.config import load_config
 
+    load_config(args.target)  # a bad target is reported before torch.compile wraps the error
     model, inputs = load_factory(args.source)
+    run_eager(model, inputs)
+    progress.report("torch.compile")
     e = explain(model, *inputs, target=args.target, training=args.training)
     print(json.dumps(e.to_dict(), sort_keys=True) if args.json else e)
     return 0
+
+
 def cmd_bisect(args: argparse.Namespace) -> int:
     from tilecc.runtime.bisect import bisect
     from tilecc.simulator.config import load_config
 
     cfg = load_config(args.target)
     model, inputs = load_factory(args.source)
+    run_eager(model, inputs)
+    progress.report("bisect")
     result = bisect(model, inputs, cfg, opt_level=args.opt_level)
     print(f"model              {args.source} (target {cfg.name}, -O{args.opt_level})")
     print(result)
@@ -217,7 +291,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tilecc", description="A tensor compiler for tile-based NPUs.")
+    ap = ArgumentParser(prog="tilecc", description="A tensor compiler for tile-based NPUs.")
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="compile a model, run it on the simulator, compare with eager")
     run.add_argument("source", help="FILE.py:FACTORY, FACTORY() returns (model, example_inputs)")
@@ -230,17 +304,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "$TILECC_CACHE_DIR or ~/.cache/tilecc; a second run skips the search)")
     run.add_argument("--no-cache", action="store_true",
                      help="compile afresh, without the compile cache ($TILECC_CACHE_DIR or ~/.cache/tilecc)")
-    run.add_argument("--save", help="write the compiled program to this file")
-    run.add_argument("--trace", help="write a Perfetto / Chrome-trace timeline (JSON) here")
+    run.add_argument("--save", type=output_file, help="write the compiled program to this file")
+    run.add_argument("--trace", type=output_file, help="write a Perfetto / Chrome-trace timeline (JSON) here")
     run.add_argument("--no-sanitize", action="store_true", help="skip the race / uninitialised-read checks")
+    add_quiet(run)
     run.set_defaults(fn=cmd_run)
     sim = sub.add_parser("sim", help="run a saved program on the simulator")
     sim.add_argument("program", help="a program file written by `tilecc run --save`")
     sim.add_argument("--target", help="simulate on another config (preset or TOML)")
     sim.add_argument("--inputs", help=".npz file with one array per input name (default: random)")
     sim.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    sim.add_argument("--trace", help="write a Perfetto / Chrome-trace timeline (JSON) here")
+    sim.add_argument("--trace", type=output_file, help="write a Perfetto / Chrome-trace timeline (JSON) here")
     sim.add_argument("--json", action="store_true")
+    add_quiet(sim)
     sim.set_defaults(fn=cmd_sim)
     gm = sub.add_parser("gemm", help="cycles of one GEMM layer on a systolic array (SCALE-Sim's question)")
     gm.add_argument("M", type=int)
@@ -267,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--target", default="tiny", help="preset name (tiny, edge, cloud) or a TOML file")
     ex.add_argument("--training", action="store_true", help="also run a backward pass and explain its graph")
     ex.add_argument("--json", action="store_true")
+    add_quiet(ex)
     ex.set_defaults(fn=cmd_explain)
     from tilecc.explore_cli import add_explore_parser
 
@@ -276,20 +353,43 @@ def build_parser() -> argparse.ArgumentParser:
     bis.add_argument("source", help="FILE.py:FACTORY")
     bis.add_argument("--target", default="tiny", help="preset name or a TOML file")
     bis.add_argument("-O", dest="opt_level", type=int, choices=[0, 2], default=2)
+    add_quiet(bis)
     bis.set_defaults(fn=cmd_bisect)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    warnings.filterwarnings("ignore", category=FutureWarning)
+    """Run the command line `argv`; the exit status (0 ok, 1 a finding such as "does not
+    match eager", 2 an error reported in one line on stderr, 130 interrupted)."""
     try:
-        return args.fn(args)
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error, already printed in one line
+        return e.code if isinstance(e.code, int) else 2
+    debug = bool(os.environ.get(DEBUG_ENV))
+    display = ProgressDisplay(enabled=not getattr(args, "quiet", False))
+    try:
+        with warnings.catch_warnings(), display:
+            warnings.simplefilter("default" if debug else "ignore")  # a library's warning is no error line
+            return args.fn(args)
     except TileccError as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"error: {_first_line(e) or type(e).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `tilecc ... | head`: the reader has gone, nothing to report
+        _silence_stdout()
+        return 0
+    except Exception as e:
+        cause = _tilecc_cause(e)  # torch.compile wraps the backend's errors
+        if cause is not None:
+            print(f"error: {_first_line(cause) or type(cause).__name__}", file=sys.stderr)
+            return 2
+        if debug:
+            raise
+        phase = display.phase or f"tilecc {args.command}"
+        print(f"error: internal error in {phase}: {type(e).__name__}: {_first_line(e)} "
+              f"(please report; rerun with {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

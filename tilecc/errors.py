@@ -51,6 +51,12 @@ class CompileError(TileccError):
     """The compiler could not lower a valid program (names the op and the reason)."""
 
 
+class InternalError(CompileError):
+    """A compiler bug reached the user after every fallback (passes/fallback.py): names
+    the phase, the op and its location, and asks for a report. The zoo and fuzz tests
+    fail on it."""
+
+
 class SramOverflowError(CompileError):
     """On-chip buffers of a kernel do not fit the target's memory."""
 

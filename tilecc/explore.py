@@ -10,8 +10,8 @@ random data and the run is checked against the graph interpreter), or a tile-DSL
 (``SOURCE_LOADERS``: the DSL front end registers its suffix there). The pipeline is
 the compiler's own (`runtime.compiler.compile_graph`), observed through its
 `before_pass` / `after_pass` instrumentation; the IR after each pass is printed with
-every op's ``tilecc.loc`` (the user's ``file:line``), the asm listing ends each line
-with ``# file:line``, and the passes' remarks (`passes/remarks.py`) say what was
+every op's ``tilecc.loc`` (its layer and the user's line, ``fc1 (Linear) @ model.py:12``),
+the asm listing ends each line with ``# <that location>``, and the passes' remarks (`passes/remarks.py`) say what was
 decided and why. `tilecc/explore_html.py` renders the same `Exploration` as one
 self-contained HTML page.
 """
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tilecc.errors import ModelLoadError, TileccError
+from tilecc.simulator import progress
 
 STAGES = ("graph", "tile", "npu", "asm")
 # the first pass of the next level: the stage's IR is the IR this pass receives
@@ -106,10 +107,12 @@ class Exploration:
 def load_python(spec: str) -> Source:
     import torch
 
-    from tilecc.cli import load_factory
+    from tilecc.cli import load_factory, run_eager
     from tilecc.frontend.torch_export import export_model, import_exported_program
 
     model, inputs = load_factory(spec)
+    run_eager(model, inputs)  # a model that fails in eager is reported as such
+    progress.report("export")
     t0 = time.perf_counter()
     ep = export_model(model, inputs)
     t1 = time.perf_counter()
@@ -122,7 +125,7 @@ def load_python(spec: str) -> Source:
             out = model.eval()(*args)
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
-    return Source(spec, Path(path).read_text(), gp, inputs, reference,
+    return Source(spec, _read(path), gp, inputs, reference,
                   {"torch.export": t1 - t0, "import": t2 - t1}, path)
 
 
@@ -146,6 +149,7 @@ def load_ir(path: str, seed: int = 0) -> Source:
     if fn is None:
         raise ExploreError(f"{path}: explore takes graph-level IR (a func.func @forward); "
                            "run tile or npu IR through tilecc-opt")
+    _check_non_empty(path, fn)
     rng = np.random.default_rng(seed)
     for op in fn.walk():
         if isinstance(op, WeightOp):
@@ -166,6 +170,20 @@ def load_ir(path: str, seed: int = 0) -> Source:
         return [torch.from_numpy(np.asarray(y, dtype=np.float32)) for y in run_graph(gp, list(xs))]
 
     return Source(path, text, gp, tuple(inputs), reference, {"parse": time.perf_counter() - t0}, path)
+
+
+def _check_non_empty(path: str, fn: Any) -> None:
+    """`ExploreError` at the first value with a zero-size dimension (as the torch
+    importer's check: tilecc compiles non-empty tensors)."""
+    from xdsl.dialects.builtin import TensorType
+
+    from tilecc.ir.graph import source_loc
+
+    values = [(a, "an argument of @forward") for a in fn.body.block.args]
+    values += [(r, f"{op.name} at {source_loc(op)}") for op in fn.walk() for r in op.results]
+    for v, what in values:
+        if isinstance(v.type, TensorType) and 0 in tuple(v.type.get_shape()):
+            raise ExploreError(f"{path}: {what} has the zero-size type {v.type}: tilecc compiles non-empty tensors")
 
 
 def load_tile_dsl(spec: str) -> Source:
@@ -254,9 +272,11 @@ def load_source(spec: str) -> Source:
 
 def _read(path: str) -> str:
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ExploreError(f"'{path}': {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ExploreError(f"'{path}': not UTF-8 text") from None
 
 
 # ----------------------------------------------------------------------------- running

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tilecc.cli_args import add_quiet, output_file
 
-def add_explore_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+
+def add_explore_parser(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser(
         "explore", help="show every stage of a compile, the passes' remarks, timings (compiler explorer)",
         description="Compile SOURCE and show the IR around each pass (with source locations), "
@@ -24,8 +26,9 @@ def add_explore_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     ex.add_argument("--diff", action="store_true", help="a unified diff of what each pass changed")
     ex.add_argument("--timing", action="store_true", help="pass timing (MLIR's execution time report)")
     ex.add_argument("--remarks", action="store_true", help="what each optimisation pass decided and why")
-    ex.add_argument("--html", metavar="PAGE", help="write one self-contained HTML page here")
+    ex.add_argument("--html", metavar="PAGE", type=output_file, help="write one self-contained HTML page here")
     ex.add_argument("--no-run", action="store_true", help="compile only (no simulation, no timeline)")
+    add_quiet(ex)
     ex.set_defaults(fn=cmd_explore)
 
 

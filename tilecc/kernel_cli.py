@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tilecc.cli_args import add_quiet
 from tilecc.errors import InputMismatchError, TileccError
 
 
@@ -20,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--emit", choices=["report", "tile", "npu", "asm"], default="report")
     k.add_argument("--seed", type=int, default=0)
     k.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_quiet(k)
     k.set_defaults(fn=cmd_kernel)
 
 

@@ -7,6 +7,8 @@ commutative ops in either order, constants compared to 1 %, as bf16 rounds them)
 - ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``  ->  ``gelu(x, "tanh")``
 - ``0.5 * x * (1 + erf(x * (1/sqrt(2))))`` (or ``x / sqrt(2)``)  ->  ``gelu(x, "none")``
 - ``x * sigmoid(x)``                                              ->  ``silu(x)``
+- ``matmul(q, k^T)``, scale, mask, softmax, ``matmul(p, v)``       ->  ``sdpa(q, k, v)``
+  (passes/graph/attention.py, which shows its IR before and after)
 
 (the matchers live in `ir/graph_patterns.py`, which the roofline bound reads too)
 
@@ -27,6 +29,7 @@ the whole function).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,8 +43,12 @@ from tilecc.ir import graph as g
 from tilecc.ir.graph_patterns import match_gelu, match_silu
 
 
-def canonicalize(fn: func.FuncOp) -> int:
-    """Rewrite the patterns in `fn`; the number of rewrites."""
+def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = None) -> int:
+    """Rewrite the patterns in `fn`; the number of rewrites. Explicit attentions become
+    `graph.sdpa` (passes/graph/attention.py; with `weights`, a constant causal mask is
+    recognised as causal)."""
+    from tilecc.passes.graph.attention import recognise_attention
+
     count = 0
     for op in list(fn.body.block.ops):
         new: Operation | None = None
@@ -57,6 +64,7 @@ def canonicalize(fn: func.FuncOp) -> int:
         fn.body.block.insert_op_before(new, op)
         op.results[0].replace_all_uses_with(new.results[0])
         count += 1
+    count += recognise_attention(fn, weights)
     dead_code(fn)
     return count
 

@@ -58,6 +58,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes import remarks
+from tilecc.passes.session import CompileSession
 from tilecc.passes.vector_fns import elementwise_fn
 
 
@@ -148,10 +149,17 @@ class _Group:
 
 
 class Fuser:
-    def __init__(self, fn: func.FuncOp):
+    def __init__(self, fn: func.FuncOp, session: CompileSession | None = None):
         self.fn = fn
         self.pos = {op: i for i, op in enumerate(fn.body.block.ops)}
         self.group: dict[Operation, _Group] = {}
+        self.session = session
+        # ops an earlier attempt failed to lower fused (passes/fallback.py): left alone
+        self.excluded: set[Operation] = set()
+        if session is not None and fn.sym_name.data == "forward":
+            session.numbering.number(list(fn.body.block.ops))
+            no_fuse = session.fallback.no_fuse
+            self.excluded = {op for op, i in session.numbering.ordinal.items() if i in no_fuse}
 
     # ---- legality ---------------------------------------------------------------
     def legal(self, ops: set[Operation]) -> bool:
@@ -187,7 +195,7 @@ class Fuser:
     def run(self) -> int:
         owned = _conv_epilogues(self.fn)
         for op in list(self.fn.body.block.ops):
-            if op in owned:
+            if op in owned or op in self.excluded:
                 continue
             if is_matmul(op):
                 grp = _Group("matmul", op, [op], set(op.results))
@@ -232,6 +240,8 @@ class Fuser:
             chain.append(a.owner)
             a = a.owner.operands[0]
         ln = a.owner
+        if any(c in self.excluded for c in chain):
+            return
         prod = self.group.get(ln) if isinstance(ln, Operation) else None
         if prod is None or prod.kind != "rowwise" or not isinstance(ln, g.LayerNormOp) or not a.has_one_use():
             return
@@ -277,6 +287,8 @@ class Fuser:
                 continue
             if c.space != target.space:
                 continue
+            if target.kind == "matmul" and _feeds(c.ops, target.anchor, self.pos):
+                continue  # it computes the matmul's operands: a kernel before it, not its epilogue
             if self.legal(set(c.ops) | set(target.ops)):
                 self.merge(target, c)
         target.ops.sort(key=self.pos.__getitem__)
@@ -384,6 +396,9 @@ class Fuser:
                 mapping[a] = b
         body.add_op(YieldOp(*[mapping[v] for v in outputs]))
         fused = FusedOp(grp.kind, inputs, [v.type for v in outputs], Region(body))
+        if self.session is not None:
+            numbering = self.session.numbering
+            numbering.members[fused] = frozenset(numbering.ordinal[o] for o in grp.ops if o in numbering.ordinal)
         anchor = grp.anchor if grp.anchor is not None else grp.ops[0]
         g.set_loc(fused, g.source_loc(anchor))
         remarks.emit("fuse-graph", "passed", lambda: (
@@ -392,6 +407,25 @@ class Fuser:
         for v, r in zip(outputs, fused.results):
             v.replace_all_uses_with(r)
         return fused
+
+
+def _feeds(ops: list[Operation], anchor: Operation | None, pos: dict[Operation, int]) -> bool:
+    """Whether any of `ops` computes an operand of `anchor`, directly or through other
+    ops (the walk stops at ops placed before the earliest of `ops`)."""
+    if anchor is None or not ops:
+        return False
+    inside, first = set(ops), min(pos[o] for o in ops)
+    frontier = [v.owner for v in anchor.operands]
+    seen: set[Operation] = set()
+    while frontier:
+        p = frontier.pop()
+        if not isinstance(p, Operation) or p in seen or pos.get(p, -1) < first:
+            continue
+        if p in inside:
+            return True
+        seen.add(p)
+        frontier.extend(v.owner for v in p.operands)
+    return False
 
 
 def _describe(ops: list[Operation], most: int = 8) -> str:
@@ -474,11 +508,12 @@ def _topological(
     return order
 
 
-def fuse(fn: func.FuncOp) -> int:
-    """Fuse the ops of `fn` in place; the number of groups formed."""
+def fuse(fn: func.FuncOp, session: CompileSession | None = None) -> int:
+    """Fuse the ops of `fn` in place; the number of groups formed. With a `session`, the
+    ops of @forward are numbered for fallbacks and those its plan excludes stay unfused."""
     from tilecc.passes.graph.canonicalize import dead_code
 
-    n = Fuser(fn).run()
+    n = Fuser(fn, session).run()
     dead_code(fn)
     return n
 

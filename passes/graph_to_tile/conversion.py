@@ -44,13 +44,16 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
-from tilecc.errors import CompileError
+from tilecc.errors import CompileError, InternalError, TileccError
 from tilecc.ir import graph as g
+from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes import remarks
+from tilecc.passes.fallback import OptimisationFailed, describe_exception
 from tilecc.passes.graph_to_tile.context import DslKernelSource, LoweringContext
 from tilecc.passes.graph_to_tile.registry import lowerings
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.session import CompileSession
+from tilecc.simulator import progress
 from tilecc.simulator.config import HardwareConfig, load_config
 
 
@@ -75,10 +78,12 @@ def convert(lw: LoweringContext, module: ModuleOp) -> None:
         raise CompileError("lower-graph-to-tile: the module has no func.func @forward")
     for i, arg in enumerate(forward.body.block.args):
         lw.values[arg] = lw.hbm(shape_of(arg.type), elem_of(arg.type), input=i)
+    lw.session.numbering.number(list(forward.body.block.ops))  # unless fuse-graph did
     outputs: list[SSAValue] = []
     # a snapshot: a lowering may fuse later ops into its kernel (erasing them) or lower
     # a later weight / constant ahead of time; both are skipped here
-    for op in list(forward.body.block.ops):
+    ops = list(forward.body.block.ops)
+    for done, op in enumerate(ops, 1):
         if op.parent is None or (
             op.results and (op.results[0] in lw.values or op.results[0] in lw.scalars)
         ):
@@ -88,6 +93,9 @@ def convert(lw: LoweringContext, module: ModuleOp) -> None:
             continue
         lw.request_layout(op)
         lower_op(lw, op)
+        if progress.listening():
+            progress.report("lower-graph-to-tile", done, len(ops), lw.kernels[-1].sym_name.data if lw.kernels else "",
+                            unit="op")
         if op.results:
             lw.layout_requests.pop(op.results[0], None)
     out_types = [v.type for v in outputs]
@@ -104,16 +112,46 @@ def convert(lw: LoweringContext, module: ModuleOp) -> None:
 
 
 def lower_op(lw: LoweringContext, op: Operation) -> None:
-    """Lower one graph op through the registry, with its location on remarks and @main ops."""
-    saved, lw.lowering = lw.lowering, op
+    """Lower one graph op through the registry, with its location on remarks and @main ops.
+
+    An op the session's fallback plan names is lowered at -O0. Where an -O2 lowering
+    fails, `OptimisationFailed` asks the driver to compile again without that
+    optimisation (passes/fallback.py); a failure of the general kernel is a
+    `TileccError` naming the op and its location."""
+    loc = g.source_loc(op)
+    numbering, plan = lw.session.numbering, lw.session.fallback
+    ordinal = numbering.ordinal.get(op)
+    saved, saved_level, lw.lowering = lw.lowering, lw.opt_level, op
+    if ordinal is not None and ordinal in plan.baseline:
+        lw.opt_level = 0
     try:
-        with remarks.at(g.source_loc(op)):
+        with remarks.at(loc):
             lowering = lowerings().get(type(op))
             if lowering is None:
-                raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {g.source_loc(op)}")
-            lowering(lw, op, g.source_loc(op))
+                raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {loc}")
+            lowering(lw, op, loc)
+    except OptimisationFailed:
+        raise
+    except Exception as e:  # noqa: BLE001 (every failure is either a fallback or a TileccError)
+        members = numbering.members.get(op)
+        what = describe_exception(e)
+        if members:
+            raise OptimisationFailed("unfuse", members, _describe(op), loc, what) from e
+        if lw.opt_level >= 2 and ordinal is not None:
+            raise OptimisationFailed("baseline", frozenset({ordinal}), op.name, loc, what) from e
+        if isinstance(e, TileccError):
+            raise
+        raise InternalError(f"internal error lowering {op.name} at {loc}: {what} (please report)") from e
     finally:
-        lw.lowering = saved
+        lw.lowering, lw.opt_level = saved, saved_level
+
+
+def _describe(op: Operation) -> str:
+    """``graph.fused "matmul" (graph.matmul, graph.add)``: a fused group and its ops."""
+    if isinstance(op, FusedOp):
+        inner = [o.name for o in op.body.block.ops if not isinstance(o, YieldOp | g.ConstantOp)]
+        return f"graph.fused \"{op.kind.data}\" ({', '.join(inner)})"
+    return op.name
 
 
 @dataclass(frozen=True)

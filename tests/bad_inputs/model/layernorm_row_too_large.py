@@ -1,7 +1,7 @@
 import torch
 
 ERROR = "TensorTooLargeError"
-EXPECT = ("graph.layer_norm at layernorm_row_too_large.py:{line:layer_norm}: a row of 65536 elements does not "
+EXPECT = ("graph.layer_norm at ln (LayerNorm) @ layernorm_row_too_large.py:{line:layer_norm}: a row of 65536 elements does not "
           "fit one SRAM partition (65536 bytes) with its working buffers")
 
 

@@ -1,0 +1,168 @@
+"""lower-graph-to-tile for ``graph.index_scatter``: DMA scatters into an HBM tensor.
+
+The result is the destination itself when the scatter may write it in place (its HBM
+tensor is a whole intermediate or program input, not a view, a weight or a constant,
+and the scatter is the only reader of the old value), else a copy of it (one DMA copy
+kernel). With the destination viewed as ``[A, V, R]`` (dims before `dim`, `dim`, dims
+after) and the source as ``[A, N, R]``:
+
+- ``reduce "none"``: per outer index a and tile of up to P indices, one DMA loads the
+  i32 indices onto partitions, and per column tile a DMA loads the source rows and an
+  indirect store (``tile.scatter`` -> ``DMA_SCATTER``) writes them to rows
+  ``index[r]`` of the table ``out[a]``. Every scatter runs on one DMA queue, in order,
+  so of duplicate indices the last wins (torch's CPU order).
+- ``sum`` / ``prod`` / ``amax`` / ``amin``: a read-modify-write per index, in index
+  order, on one DMA queue: gather row ``a*V + index[n]`` of the table ``[A*V, R]``,
+  combine it with source row n on the vector engine, scatter it back. The queue's
+  order makes duplicates exact (each one reads the row its predecessor wrote). The
+  one-hot matmul (``out += onehot(index)^T @ src``) would batch P indices per matmul,
+  but only for sums, with fp32 accumulation instead of torch's per-add rounding and
+  ``V x N x R`` MACs; the sequential form serves every reduction exactly.
+
+Example (``cache[:, :, pos] = k``, in place)::
+
+    %r = graph.index_scatter %cache, %pos, %k dim 2 reduce "none"
+        : tensor<1x2x8x4xf32>, tensor<1xi32>, tensor<1x2x1x4xf32> -> tensor<1x2x8x4xf32>
+
+becomes::
+
+    func.func @k0_scatter(%src: memref<2x1x4xf32>, %idx: memref<1x1xi32>, %t: memref<2x8x4xf32>) {
+      scf.for %a = %c0 to %c2 step %c1 {
+        tile.load %idx[%c0, %c0] into %index sizes(%c1, %c1) ...
+        tile.load %src[%a, %c0, %c0] into %rows sizes(%c1, %c4) ...
+        tile.scatter %rows by %index into %t[%a, %c0] sizes(%c1, %c4) ...
+      }
+    }
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import i32
+from xdsl.ir import SSAValue
+
+from tilecc.ir import graph_scatter as gs
+from tilecc.ir import tile
+from tilecc.passes import remarks
+from tilecc.passes.graph_to_tile.context import LoweringContext
+from tilecc.passes.graph_to_tile.index import _copy_nest
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.shapes import dense_attr, elem_of, shape_of
+
+_VECTOR_FN = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+def _prod(xs: Any) -> int:
+    return int(np.prod(xs, dtype=np.int64)) if len(xs) else 1
+
+
+def in_place(lw: LoweringContext, dest: SSAValue, hbm: SSAValue) -> bool:
+    """Whether a scatter may write graph value `dest` (HBM tensor `hbm`) in place: the
+    scatter is its only user and `hbm` is a whole intermediate or input allocation."""
+    if not dest.has_one_use():
+        return False
+    alloc = hbm.owner
+    if not isinstance(alloc, tile.HbmAllocOp):
+        return False  # a view: its root may have other readers
+    return alloc.weight is None and alloc.value is None and alloc.zeroed is None
+
+
+def destination(lw: LoweringContext, op: gs.IndexScatterOp, loc: str) -> SSAValue:
+    """The dense HBM tensor the scatter writes: the destination, or a copy of it."""
+    hbm = lw.materialise(op.dest)
+    if in_place(lw, op.dest, hbm):
+        remarks.emit("lower-graph-to-tile", "passed", lambda: "scatter writes its destination in place", loc)
+        return hbm
+    shape = shape_of(op.dest.type)
+    out = lw.hbm(shape, elem_of(op.dest.type))
+    if _prod(shape) == 0:
+        return out
+    full = (1,) * max(0, 2 - len(shape)) + tuple(shape)
+    src, dst = lw.view(hbm, full), lw.view(out, full)
+    kb = KernelBuilder(lw.kernel_name("scatter_copy"), [src.type, dst.type], loc)
+    _copy_nest(lw, kb, kb.args[0], [0] * len(full), kb.args[1], [0] * len(full), full, "copy")
+    lw.launch(kb, [src, dst])
+    return out
+
+
+def lower_index_scatter(lw: LoweringContext, op: gs.IndexScatterOp, loc: str) -> None:
+    res = op.results[0]
+    dim, reduce = op.params()
+    shape = shape_of(res.type)
+    A, V, R = _prod(shape[:dim]), shape[dim], _prod(shape[dim + 1 :])
+    N = shape_of(op.index.type)[0]
+    out = destination(lw, op, loc)
+    lw.values[res] = out
+    if N == 0 or A * R == 0:
+        return
+    src = lw.view(lw.materialise(op.src), (A, N, R))
+    idx = lw.view(lw.materialise(op.index), (N, 1))
+    if reduce == "none":
+        _scatter_rows(lw, loc, src, idx, lw.view(out, (A, V, R)), N, R)
+    else:
+        _combine_rows(lw, loc, src, idx, lw.view(out, (A * V, R)), A, V, N, R, _VECTOR_FN[reduce])
+
+
+def _scatter_rows(
+    lw: LoweringContext, loc: str, src: SSAValue, idx: SSAValue, table: SSAValue, N: int, R: int
+) -> None:
+    A = shape_of(table.type)[0]
+    elem = elem_of(table.type)
+    TR, TC = min(lw.P, N), lw.col_tile(R, 2)
+    kb = KernelBuilder(lw.kernel_name("scatter"), [src.type, idx.type, table.type], loc)
+    zero, one = kb.const(0), kb.const(1)
+    with kb.loop(A) as a, kb.tiles(N, TR) as (n0, r):
+        ib = kb.alloc([TR, 1], i32, tile.SRAM, "index")
+        kb.add(tile.LoadOp(kb.args[1], [n0, zero], ib, r, one, 0, 1))
+        with kb.tiles(R, TC) as (c0, c):
+            rows = kb.alloc([TR, TC], elem, tile.SRAM, "rows")
+            kb.add(tile.LoadOp(kb.args[0], [a, n0, c0], rows, r, c, 1, 2))
+            kb.add(tile.ScatterOp(rows, ib, kb.args[2], [a, c0], r, c))
+    lw.launch(kb, [src, idx, table])
+
+
+def _combine_rows(
+    lw: LoweringContext, loc: str, src: SSAValue, idx: SSAValue, table: SSAValue,
+    A: int, V: int, N: int, R: int, fn: str,
+) -> None:
+    """Read-modify-write of one row per index, in order, gather and scatter on one queue."""
+    elem = elem_of(table.type)
+    TC = lw.col_tile(R, 3)
+    queue = lw.cfg.dma.queues - 1  # the scatters' queue: each gather follows the last scatter
+    args = [src, idx, table]
+    if A > 1:  # row a*V + index[n] of the table [A*V, R]: the offsets a*V as a constant column
+        offsets = np.arange(A, dtype=np.int64).reshape(A, 1) * V
+        args.append(lw.hbm((A, 1), i32, value=dense_attr(offsets, i32, (A, 1))))
+    kb = KernelBuilder(lw.kernel_name(f"scatter_{fn}"), [a.type for a in args], loc)
+    zero, one = kb.const(0), kb.const(1)
+    with kb.loop(A) as a:
+        offset = None
+        if A > 1:
+            offset = kb.alloc([1, 1], i32, tile.SRAM, "offset")
+            kb.add(tile.LoadOp(kb.args[3], [a, zero], offset, one, one, 0, 1))
+        with kb.loop(N) as n:
+            ib = kb.alloc([1, 1], i32, tile.SRAM, "index")
+            kb.add(tile.LoadOp(kb.args[1], [n, zero], ib, one, one, 0, 1))
+            row_index = ib
+            if offset is not None:
+                row_index = kb.alloc([1, 1], i32, tile.SRAM, "row_index")
+                kb.add(tile.BinaryOp("add", ib, offset, row_index, one, one))
+            with kb.tiles(R, TC) as (c0, c):
+                row = kb.alloc([1, TC], elem, tile.SRAM, "row")
+                kb.add(tile.GatherOp(kb.args[2], c0, row_index, row, one, c, queue=queue))
+                part = kb.alloc([1, TC], elem, tile.SRAM, "src")
+                kb.add(tile.LoadOp(kb.args[0], [a, n, c0], part, one, c, 1, 2))
+                new = kb.alloc([1, TC], elem, tile.SRAM, "combined")
+                kb.add(tile.BinaryOp(fn, row, part, new, one, c))
+                kb.add(tile.ScatterOp(new, row_index, kb.args[2], [c0], one, c, queue=queue))
+    lw.launch(kb, args)
+
+
+LOWERINGS: dict[type, Callable[[Any, Any, str], None]] = {
+    gs.IndexScatterOp: lower_index_scatter,
+}
+
+__all__ = ["LOWERINGS", "in_place"]
