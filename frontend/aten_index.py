@@ -289,30 +289,16 @@ class _Handlers:
         return self.imp.h_to_copy(node)
 
     def h_cumsum(self, node: Node) -> SSAValue:
-        """A matmul with an upper-triangular ones constant: out[.., n] = sum_{k<=n} x[.., k]."""
+        """``graph.cumsum`` along any dim (integers summed as f32: exact below 2**24)."""
+        from tilecc.ir import graph_routing as gr
+
         a = self._bind(node)
-        shape, dt = self.out(node)
+        _, dt = self.out(node)
         x = self.imp.tensor(a["self"])
-        xs = list(g.shape_of(x))
-        if not xs:
+        if not g.shape_of(x):
             return self.imp.cast_to(x, dt)
-        rank = len(xs)
-        dim = int(a["dim"]) % rank
         cdt = DType.F32 if dt == DType.I32 else dt  # the matrix engine takes floats
-        x = self.imp.cast_to(x, cdt)
-        if dim != rank - 1:
-            perm = [d for d in range(rank) if d != dim] + [dim]
-            x = self.emit(g.PermuteOp.make(x, perm))
-        moved = list(g.shape_of(x))
-        n = moved[-1]
-        x2 = x if rank >= 2 else self.emit(g.ReshapeOp.make(x, [1, n]))
-        ones = self.emit(g.ConstantOp.make(np.triu(np.ones((n, n), dtype=np.float32)), cdt))
-        y = self.emit(g.MatmulOp.make(x2, ones))
-        if rank < 2:
-            y = self.emit(g.ReshapeOp.make(y, moved))
-        if dim != rank - 1:
-            inv = list(np.argsort(perm))
-            y = self.emit(g.PermuteOp.make(y, inv))
+        y = self.emit(gr.CumsumOp.make(self.imp.cast_to(x, cdt), int(a["dim"])))
         return self.imp.cast_to(y, dt)
 
     # -- constants that were not folded (shapes from runtime tensors or symbolic sizes) --

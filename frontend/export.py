@@ -61,12 +61,30 @@ def export_model(
         msg = str(e).strip().splitlines()
         first = msg[0] if msg else ""
         raise ExportError(
-            f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
+            f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}{_moe_hint(model, e)}"
         ) from e
     finally:
         shapes_log.setLevel(level)
         for m, training in modes:
             m.training = training
+
+
+def _moe_hint(model: torch.nn.Module, e: Exception) -> str:
+    """A hint for a data-dependent shape torch.export cannot trace: a transformers
+    mixture-of-experts model whose experts loop over the tokens of each expert, or the
+    usual ops with data-dependent sizes."""
+    if "data-dependent" not in str(e) and "DataDependent" not in type(e).__name__:
+        return ""
+    for m in model.modules():
+        impl = getattr(getattr(m, "config", None), "_experts_implementation", None)
+        if impl not in (None, "batched_mm"):
+            return (f" (its mixture-of-experts layer, experts_implementation={impl!r}, selects each expert's "
+                    "tokens with a data-dependent shape: set config._experts_implementation = 'batched_mm', "
+                    "or pass experts_implementation='batched_mm' to from_pretrained / the config)")
+    if "specialized integer" not in str(e):  # e.g. a branch on data: torch's message says it
+        return ""
+    return (" (a size that depends on tensor values, e.g. F.one_hot without num_classes, torch.bincount, "
+            "nonzero or a boolean mask index: give the size statically)")
 
 
 # ---------------------------------------------------------------------------

@@ -73,6 +73,13 @@ class _Unsupported(Exception):
         self.reason = reason
 
 
+# tensors whose values torch leaves unspecified (folded as zeros: deterministic, in range)
+_UNINITIALISED = frozenset({
+    aten.empty.memory_format, aten.empty_like.default, aten.empty_permuted.default,
+    aten.empty_strided.default, aten.new_empty.default,
+})
+
+
 class _Poison:
     """The value of a node that could not be imported (or of its dependants)."""
 
@@ -276,10 +283,11 @@ class _Importer:
             operator.mod: self.size_arith(operator.mod),
             operator.neg: self.size_arith(operator.neg),
         }
-        from tilecc.frontend import aten_index, aten_nn, aten_scatter
+        from tilecc.frontend import aten_index, aten_nn, aten_routing, aten_scatter
 
         h.update(aten_nn.handlers(self))
         h.update(aten_index.handlers(self))
+        h.update(aten_routing.handlers(self))
         h.update(aten_scatter.handlers(self))
         return h
 
@@ -579,6 +587,8 @@ class _Importer:
                 self.const_values[node] = target(*args, **kwargs)
         except Exception:  # not evaluable here (e.g. needs a device): import it normally
             return False
+        if target in _UNINITIALISED:  # unspecified values: zeros, not whatever memory held
+            self.const_values[node] = torch.zeros_like(self.const_values[node])
         parent = next((self.const_names[n] for n in node.all_input_nodes if n in self.const_names), None)
         if parent is not None:  # e.g. "fc1.weight.permute": a weight pre-transposed at compile time
             self.const_names[node] = f"{parent}.{_op_name(node.target).split('.')[1]}"

@@ -47,6 +47,12 @@ group of function f; `n` the result's elements, `n_in` the input's)::
                       * cost(reduce max)
     avg_pool2d        the same window count * cost(reduce sum), + n * cost(mul)
     adaptive_avg_pool max(n_in, n) * cost(reduce sum) + n * cost(mul)
+    topk_indices      rows * C * ceil(log2(k + 1)) * cost(reduce max): a comparison
+                      selection of the k extremes of a row of C in order (a heap of k;
+                      k = 1: one max pass; k = C: the n log2 n of a sort)
+    bincount          n_in * cost(eq): each value compared once (histc's bin arithmetic
+                      is the elementwise ops the importer writes)
+    cumsum            n * cost(add): one add per element (a sequential scan)
     sdpa / attention  see below
     dsl_call          the kernel's own MACs and vector work (`dsl_call_work`); its HBM
                       bytes are the graph's values, counted by the graph
@@ -134,6 +140,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import graph_nn as nn
+from tilecc.ir import graph_routing as gr
 from tilecc.ir import graph_scatter as gs
 from tilecc.ir.graph_attention import CHAIN_VIEWS, MASKED_AT_OR_BELOW, masked, match_attention, numel
 from tilecc.ir.graph_consts import ConstValues
@@ -443,6 +450,20 @@ def _reduce(c: _Counter, op: Operation) -> None:
     c.add(op.name, vector=vector)
 
 
+def _topk(c: _Counter, op: Operation) -> None:
+    t = cast(gr.TopkIndicesOp, op)
+    _, k, _ = t.params
+    c.add(op.name, vector=numel(t.input) * math.ceil(math.log2(k + 1)) * c.reduce("max"))
+
+
+def _cumsum(c: _Counter, op: Operation) -> None:
+    c.add(op.name, vector=numel(op.results[0]) * c.binary("add"))
+
+
+def _bincount(c: _Counter, op: Operation) -> None:
+    c.add(op.name, vector=numel(cast(gr.BincountOp, op).input) * c.binary("eq"))
+
+
 def _taps(size: int, out: int, k: int, s: int, p: int, d: int) -> int:
     """Window taps inside the input along one dim, summed over the outputs (padding is
     never read)."""
@@ -610,6 +631,9 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
     nn.MaxPool2dOp: ("min(direct, separable) window reads * cost(reduce max)", _max_pool),
     nn.AvgPool2dOp: ("min(direct, separable) window reads * cost(reduce sum) + n * cost(mul)", _avg_pool),
     nn.AdaptiveAvgPool2dOp: ("max(n_in, n) * cost(reduce sum) + n * cost(mul)", _adaptive_avg_pool),
+    gr.TopkIndicesOp: ("rows * C * ceil(log2(k + 1)) * cost(reduce max)", _topk),
+    gr.BincountOp: ("n_in * cost(eq)", _bincount),
+    gr.CumsumOp: ("n * cost(add)", _cumsum),
     gi.SdpaOp: ("attention: (d_k + d_v) MACs, max-reduce and exp per unmasked pair", _sdpa),
     DslCallOp: ("the kernel's own work (dsl_call_work)", _dsl_call),
     **{t: (_ZERO, _zero) for t in (

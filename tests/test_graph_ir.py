@@ -180,9 +180,11 @@ BUILDERS = {
 # op families in their own files bring their builders
 from test_index_ops import INDEX_BUILDERS  # noqa: E402
 from test_nn_ops import NN_BUILDERS  # noqa: E402
+from test_routing_ops import ROUTING_BUILDERS  # noqa: E402
 
 BUILDERS.update(INDEX_BUILDERS)
 BUILDERS.update(NN_BUILDERS)
+BUILDERS.update(ROUTING_BUILDERS)
 
 
 def test_every_op_has_a_builder_case():

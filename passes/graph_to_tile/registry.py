@@ -38,6 +38,9 @@ FAMILIES = (
     "index",  # gather, slice, concat, where, log-softmax, attention
     "nn",  # convolution, pooling, resize, pad, reductions
     "dsl_call",  # tile-DSL kernels called from a graph
+    "topk",  # topk / sort / argmax indices: selection by repeated extreme
+    "bincount",  # bincount / histc: one-hot compare, column sum on the array
+    "cumsum",  # running sums: triangular matmul per block, a carry between blocks
     "scatter",  # index_put / index_copy / scatter*: DMA scatters into a copy of the destination
     "as_strided",  # torch.as_strided: a strided view, or a strided DMA copy
 )

@@ -1,12 +1,12 @@
 import torch
 
 ERROR = "UnsupportedOpError"
-EXPECT = "1 unsupported op(s) (aten.sort.default): aten.sort.default at unsupported_op.py:{line:sort}"
+EXPECT = "1 unsupported op(s) (aten.digamma.default): aten.digamma.default at unsupported_op.py:{line:digamma}"
 
 
 class M(torch.nn.Module):
     def forward(self, x):
-        return torch.sort(x, -1).values * 2  # sort
+        return torch.digamma(x) * 2  # digamma
 
 
 def factory():
