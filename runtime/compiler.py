@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp
 from xdsl.ir import Attribute
 
 from tilecc.codegen.expand import expand_module
-from tilecc.errors import CompileError, InternalError, TileccError
+from tilecc.errors import CompileError, InternalError, SramOverflowError, TileccError
 from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.frontend.dsl.work import dsl_call_work
 from tilecc.ir import tile
@@ -93,7 +93,7 @@ def compile_graph(
                 level = 0
         except Exception as e:  # noqa: BLE001 (a pass failed on the program, not on one op)
             where, cause = (e.pass_name, e.error) if isinstance(e, _PassFailed) else ("the compile", e)
-            if level < 2:
+            if level < 2 or not _falls_back(cause):
                 if isinstance(cause, TileccError):
                     raise cause from None
                 raise InternalError(f"internal error in {where}: {type(cause).__name__}: "
@@ -124,6 +124,16 @@ def measure_program(gp: GraphProgram, sched: MatmulSchedule, cfg: HardwareConfig
 
 # optimised lowerings given up one by one before the whole program goes to -O0
 MAX_FALLBACKS = 8
+
+
+def _falls_back(e: BaseException) -> bool:
+    """Whether a failure after lowering sends the program to -O0: a compiler bug (any
+    non-tilecc exception, an invariant a pass checks) or an -O2 kernel's buffers that do
+    not fit SRAM; not a limit of the workload on this hardware (HBM capacity, a tensor
+    too large to tile) or bad input, which -O0 would only report again."""
+    if not isinstance(e, TileccError):
+        return True
+    return type(e) in (CompileError, InternalError, SramOverflowError)
 
 
 class _PassFailed(Exception):

@@ -181,10 +181,12 @@ BUILDERS = {
 from test_index_ops import INDEX_BUILDERS  # noqa: E402
 from test_nn_ops import NN_BUILDERS  # noqa: E402
 from test_routing_ops import ROUTING_BUILDERS  # noqa: E402
+from test_scatter import SCATTER_BUILDERS  # noqa: E402
 
 BUILDERS.update(INDEX_BUILDERS)
 BUILDERS.update(NN_BUILDERS)
 BUILDERS.update(ROUTING_BUILDERS)
+BUILDERS.update(SCATTER_BUILDERS)
 
 
 def test_every_op_has_a_builder_case():

@@ -244,3 +244,19 @@ def test_index_put_with_a_boolean_mask_is_a_clear_error():
     mask = torch.tensor([True, False, True, False, True, False, True, False])
     with pytest.raises(UnsupportedOpError, match="boolean mask"):
         tilecc.compile(Fn(lambda x: torch.ops.aten.index_put(x, [mask], torch.tensor(0.0))), (torch.randn(8, 3),))
+
+
+def _index_scatter(x):
+    dt = g.element_dtype(x.type)
+    index = g.ConstantOp.make(np.array([3, 1], np.float32), DType.I32)
+    src = g.ConstantOp.make(np.ones((2, 6), np.float32), dt)
+    return [index, src, gs.IndexScatterOp.make(x, index, src, 0, loc="s.py:1"),
+            gs.IndexScatterOp.make(x, index, src, 0, "sum")]
+
+
+def _as_strided(x):
+    return [gs.AsStridedOp.make(x, [3, 2], [6, 1], 1, loc="a.py:2"), gs.AsStridedOp.make(x, [4, 4], [1, 0])]
+
+
+SCATTER_BUILDERS = {"graph.index_scatter": _index_scatter, "graph.as_strided": _as_strided}
+"""One builder per op of the family (also used by test_graph_ir's round-trip test)."""

@@ -61,6 +61,10 @@ class SramOverflowError(CompileError):
     """On-chip buffers of a kernel do not fit the target's memory."""
 
 
+class HbmOverflowError(CompileError):
+    """The program's tensors do not fit the target's HBM (names the bytes needed)."""
+
+
 class TensorTooLargeError(CompileError):
     """A tensor dimension cannot be tiled onto the target (e.g. a row too long for SRAM)."""
 

@@ -38,7 +38,7 @@ from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, i64
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
-from tilecc.errors import CompileError
+from tilecc.errors import CompileError, HbmOverflowError
 from tilecc.ir import tile
 from tilecc.passes import remarks
 from tilecc.passes.tile.plan_sram import element_size
@@ -127,7 +127,7 @@ def plan_hbm(op: ModuleOp, cfg: HardwareConfig) -> None:
     peak = max((e for _, e, _, _ in placed), default=base) - base
     size = base + peak
     if size > cfg.hbm.capacity_bytes:
-        raise CompileError(
+        raise HbmOverflowError(
             f"plan-hbm: the program needs {size} bytes of HBM ({base} for inputs, weights "
             f"and constants, {peak} for intermediates), the target has {cfg.hbm.capacity_bytes}"
         )
