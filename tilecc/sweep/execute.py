@@ -54,6 +54,7 @@ class SweepSummary:
     fidelity: str
     out_dir: str
     estimate_errors: dict[str, EstimateError] = field(default_factory=dict)
+    estimate_rate: float = 0.0  # points per second in the estimator (calibration apart)
     rows: list[dict[str, str]] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -61,6 +62,9 @@ class SweepSummary:
         lines = [f"sweep             {self.points} points ({self.fidelity} fidelity), {self.failed} failed, "
                  f"{self.pareto} on the Pareto front" + (f", {self.resumed} resumed" if self.resumed else ""),
                  f"time              {self.seconds:.1f} s ({rate:.1f} points/s)"]
+        if self.estimate_rate:
+            lines.append(f"estimate tier     {self.estimate_rate:,.0f} points/s (one core: config, estimate and "
+                         "its CSV row; the calibration's simulations apart)")
         for w, err in self.estimate_errors.items():
             lines.append(f"{w}: {err.summary()}")
         lines += [f"results           {self.out_dir}/results.csv", f"report            {self.out_dir}/report.html"]
@@ -85,6 +89,8 @@ class _Run:
         self.t0 = time.monotonic()
         self.failed = sum(1 for r in store.done.values() if r["failure"])
         self.resumed = len(store.done)
+        self.estimate_seconds = 0.0  # estimating and writing points (the tier's speed, calibration apart)
+        self.estimated = 0
 
     def label(self, workload: str) -> str:
         return workload if len(self.spec.workloads) > 1 else ""
@@ -202,6 +208,7 @@ def run_sweep(spec: SweepSpec, out_dir: str, *, workers: int = 1, resume: bool =
         else:
             _run_points(run)
     finally:
+        store.close()
         backend.close()
     rows = _finish(spec, store)
     from tilecc.sweep.report_html import write_report
@@ -210,7 +217,8 @@ def run_sweep(spec: SweepSpec, out_dir: str, *, workers: int = 1, resume: bool =
     return SweepSummary(points=len(rows), failed=sum(1 for r in rows if r["failure"]),
                         pareto=sum(1 for r in rows if r["pareto"] == "true"), resumed=run.resumed,
                         seconds=time.monotonic() - run.t0, fidelity=fidelity, out_dir=str(out_dir),
-                        estimate_errors=run.errors, rows=rows)
+                        estimate_errors=run.errors, rows=rows,
+                        estimate_rate=run.estimated / run.estimate_seconds if run.estimate_seconds else 0.0)
 
 
 def _run_points(run: _Run) -> None:
@@ -222,8 +230,12 @@ def _run_points(run: _Run) -> None:
             continue
         if run.fidelity == "estimate":
             run.calibrate(w, points)
+        t = time.perf_counter()
         for r in run.evaluate(w, todo):
             run.record(label, r)
+        if run.fidelity == "estimate":
+            run.estimate_seconds += time.perf_counter() - t
+            run.estimated += len(todo)
 
 
 def _finish(spec: SweepSpec, store: ResultStore) -> list[dict[str, str]]:

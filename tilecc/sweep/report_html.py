@@ -21,9 +21,9 @@ import itertools
 import math
 from pathlib import Path
 
-from tilecc.fsutil import atomic_write
 from tilecc.sweep.backends import require
 from tilecc.sweep.objectives import OBJECTIVES
+from tilecc.sweep.results import write_file
 from tilecc.sweep.spec import SweepSpec
 
 __all__ = ["render_report", "write_report", "MAX_PLOTS"]
@@ -53,7 +53,7 @@ _SCRIPT = """
 
 def write_report(spec: SweepSpec, rows: list[dict[str, str]], out_dir: str | Path, fidelity: str) -> Path:
     path = Path(out_dir) / "report.html"
-    atomic_write(path, render_report(spec, rows, fidelity).encode(), ".report-")
+    write_file(path, render_report(spec, rows, fidelity).encode(), ".report-")
     return path
 
 

@@ -23,21 +23,30 @@ import csv
 import io
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from tilecc.errors import TileccError
 from tilecc.fsutil import atomic_write
 from tilecc.sweep.spec import SweepSpec
 
-__all__ = ["ResultStore", "SweepOutputError", "columns"]
+__all__ = ["ResultStore", "SweepOutputError", "columns", "write_file"]
 
 RESULTS = "results.csv"
 SPEC = "spec.json"
+FSYNC_S = 0.5  # seconds between fsyncs of results.csv while a sweep runs
 
 
 class SweepOutputError(TileccError):
     """The output directory cannot take this sweep's results."""
+
+
+def write_file(path: Path, data: bytes, prefix: str) -> None:
+    """`atomic_write`, readable by others as a normal output file is."""
+    atomic_write(path, data, prefix)
+    os.chmod(path, 0o644)
 
 
 def columns(spec: SweepSpec, fidelity: str) -> list[str]:
@@ -56,6 +65,8 @@ class ResultStore:
     dir: Path
     cols: list[str]
     done: dict[tuple[str, int], dict[str, str]] = field(default_factory=dict)
+    _file: TextIO | None = None
+    _synced: float = 0.0
 
     @staticmethod
     def open(out_dir: str | Path, spec: SweepSpec, fidelity: str, resume: bool) -> ResultStore:
@@ -77,8 +88,8 @@ class ResultStore:
                 raise SweepOutputError(f"--resume: '{d}' holds the results of another spec or fidelity")
             store._read(results)
         else:
-            atomic_write(d / SPEC, fingerprint.encode(), ".spec-")
-            atomic_write(results, _line(store.cols, {c: c for c in store.cols}).encode(), ".results-")
+            write_file(d / SPEC, fingerprint.encode(), ".spec-")
+            write_file(results, _line(store.cols, {c: c for c in store.cols}).encode(), ".results-")
         return store
 
     def _read(self, path: Path) -> None:
@@ -94,14 +105,28 @@ class ResultStore:
         path.write_text(text, encoding="utf-8")
 
     def append(self, row: dict[str, str]) -> None:
-        """Add one finished point to the file, durably."""
-        with open(self.dir / RESULTS, "a", encoding="utf-8") as f:
-            f.write(_line(self.cols, row))
-            f.flush()
-            os.fsync(f.fileno())
+        """Add one finished point to the file: written through to the OS at once (an
+        interrupted or killed sweep keeps it), fsync'ed at most every `FSYNC_S` seconds
+        (the estimate tier writes hundreds of rows a second) and when the store closes."""
+        if self._file is None:
+            self._file = open(self.dir / RESULTS, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self._file.write(_line(self.cols, row))
+        self._file.flush()
+        now = time.monotonic()
+        if now - self._synced >= FSYNC_S:
+            os.fsync(self._file.fileno())
+            self._synced = now
         self.done[(row.get("workload", ""), int(row["point"]))] = row
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
 
     def finish(self, rows: list[dict[str, str]]) -> None:
         """Replace the file by the final table (rows in sweep order, `pareto` filled)."""
+        self.close()
         text = _line(self.cols, {c: c for c in self.cols}) + "".join(_line(self.cols, r) for r in rows)
-        atomic_write(self.dir / RESULTS, text.encode(), ".results-")
+        write_file(self.dir / RESULTS, text.encode(), ".results-")
