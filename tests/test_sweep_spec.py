@@ -124,3 +124,14 @@ def test_bad_cli_arguments_are_one_line(tmp_path, capsys):
         assert re.fullmatch(r"error: [^\n]*", err) and message in err, err
     assert main(["sweep", str(path)]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gpt2_edge.toml", "gpt2_edge_estimate.toml"])
+def test_example_studies_are_valid(name, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the README runs them from the checkout's root
+    spec = load_spec(ROOT / "examples" / "sweep" / name)
+    assert spec.base == "edge" and "perf_per_mm2" in spec.objectives
+    points = spec.points()
+    assert len(points) == (16 if name == "gpt2_edge.toml" else 1728)
+    for p in points[:: max(1, len(points) // 50)]:
+        spec.config(p, "example")  # every drawn design is a valid config
