@@ -2,7 +2,8 @@
 
 Sections (each a ``<section id=...>``): ``summary`` (spec, fidelity, points, failures),
 ``fronts`` (per workload, one matplotlib scatter plot per pair of objectives: every
-point in grey, the Pareto points in red joined in order; embedded as SVG data URIs),
+point in grey, the Pareto points (of all the objectives) in red, and the pair's own
+front as a dashed step line; embedded as SVG data URIs),
 ``pareto`` (each Pareto point: its swept values, objectives and bottleneck, the
 roofline bound's resource) and ``table`` (every row of results.csv, Pareto rows marked,
 failures with their reason). A few lines of inline script count what rendered into
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from tilecc.sweep.backends import require
 from tilecc.sweep.objectives import OBJECTIVES
-from tilecc.sweep.results import write_file
+from tilecc.sweep.pareto import pareto_mask
+from tilecc.sweep.results import columns, write_file
 from tilecc.sweep.spec import SweepSpec
 
 __all__ = ["render_report", "write_report", "MAX_PLOTS"]
@@ -113,9 +115,14 @@ def _fronts(spec: SweepSpec, rows: list[dict[str, str]]) -> str:
             xs = [_num(r, x) for r in mine]
             ys = [_num(r, y) for r in mine]
             ax.scatter(xs, ys, s=14, c="#999", label="points")
-            front = sorted((_num(r, x), _num(r, y)) for r in mine if r["pareto"] == "true")
-            if front:
-                ax.plot([p[0] for p in front], [p[1] for p in front], "o-", c="#c22", ms=5, label="Pareto")
+            pts = [(a, b) for a, b, r in zip(xs, ys, mine) if r["pareto"] == "true"]
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=30, c="#c22", label="Pareto (all objectives)",
+                       zorder=3)
+            if x != "point":  # this pair's own front, a step line (the same points with 2 objectives)
+                two = pareto_mask([[a, b] for a, b in zip(xs, ys)], [OBJECTIVES[x].maximise, OBJECTIVES[y].maximise])
+                front = sorted((a, b) for a, b, on in zip(xs, ys, two) if on)
+                ax.step([p[0] for p in front], [p[1] for p in front], where="post", c="#c22", ls="--", lw=1,
+                        label=f"front of {x}, {y}")
             ax.set_xlabel(_label(x) if x != "point" else "point")
             ax.set_ylabel(_label(y))
             ax.grid(alpha=0.3)
@@ -139,17 +146,27 @@ def _head(cols: list[str]) -> str:
     return "<thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr></thead>"
 
 
-def _cells(row: dict[str, str], cols: list[str]) -> str:
-    return "".join(f"<td{' class=fail' if c == 'failure' else ''}>{html.escape(row.get(c, ''))}</td>" for c in cols)
+def _short(text: str) -> str:
+    """A number at 4 significant digits (results.csv keeps every digit)."""
+    try:
+        v = float(text)
+    except ValueError:
+        return text
+    return text if v.is_integer() and "e" not in text.lower() else f"{v:.4g}"
+
+
+def _cells(row: dict[str, str], cols: list[str], objectives: tuple[str, ...]) -> str:
+    return "".join(f"<td{' class=fail' if c == 'failure' else ''}>"
+                   f"{html.escape(_short(row.get(c, '')) if c in objectives else row.get(c, ''))}</td>" for c in cols)
 
 
 def _cols(spec: SweepSpec, rows: list[dict[str, str]]) -> list[str]:
-    return list(rows[0]) if rows else ["point", *spec.keys, *spec.objectives, "bottleneck", "pareto", "failure"]
+    return columns(spec)
 
 
 def _pareto(spec: SweepSpec, rows: list[dict[str, str]]) -> str:
     cols = [c for c in _cols(spec, rows) if c not in ("pareto", "failure")]
-    body = "".join(f"<tr>{_cells(r, cols)}</tr>" for r in rows if r["pareto"] == "true")
+    body = "".join(f"<tr>{_cells(r, cols, spec.objectives)}</tr>" for r in rows if r["pareto"] == "true")
     return (f"<section id='pareto'><h2>Pareto points and their bottleneck</h2><p>bottleneck: the resource that "
             f"sets the workload's roofline bound on that design (matrix, hbm or vector)</p>"
             f"<table>{_head(cols)}<tbody>{body}</tbody></table></section>")
@@ -157,5 +174,6 @@ def _pareto(spec: SweepSpec, rows: list[dict[str, str]]) -> str:
 
 def _table(spec: SweepSpec, rows: list[dict[str, str]]) -> str:
     cols = _cols(spec, rows)
-    body = "".join(f"<tr{' class=pareto' if r['pareto'] == 'true' else ''}>{_cells(r, cols)}</tr>" for r in rows)
+    body = "".join(f"<tr{' class=pareto' if r['pareto'] == 'true' else ''}>{_cells(r, cols, spec.objectives)}</tr>"
+                   for r in rows)
     return f"<section id='table'><h2>all points</h2><table>{_head(cols)}<tbody>{body}</tbody></table></section>"

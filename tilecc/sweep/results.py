@@ -49,7 +49,7 @@ def write_file(path: Path, data: bytes, prefix: str) -> None:
     os.chmod(path, 0o644)
 
 
-def columns(spec: SweepSpec, fidelity: str) -> list[str]:
+def columns(spec: SweepSpec) -> list[str]:
     cols = ["point"] + (["workload"] if len(spec.workloads) > 1 else []) + spec.keys + list(spec.objectives)
     return cols + ["bottleneck", "pareto", "failure"]
 
@@ -74,7 +74,7 @@ class ResultStore:
         if d.exists() and not d.is_dir():
             raise SweepOutputError(f"--out '{out_dir}' is a file, not a directory")
         fingerprint = json.dumps({"spec": json.loads(spec.fingerprint()), "fidelity": fidelity}, sort_keys=True)
-        store = ResultStore(d, columns(spec, fidelity))
+        store = ResultStore(d, columns(spec))
         results = d / RESULTS
         if results.exists() and not resume:
             raise SweepOutputError(f"'{results}' exists: pass --resume to continue that sweep, or another --out")
