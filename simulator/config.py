@@ -107,6 +107,20 @@ class EnergyConfig:
 
 
 @dataclass(frozen=True)
+class AreaConfig:
+    """Silicon area per component (simulator/area.py adds them up), mm^2."""
+
+    mm2_per_mac_bf16: float  # one bf16 processing element of the systolic array
+    mm2_per_sram_mib: float  # SRAM (scratchpad and accumulator), per MiB, periphery included
+    mm2_per_vector_lane: float  # one vector-engine lane
+    mm2_per_hbm_phy: float  # one DRAM PHY (and controller)
+    hbm_phy_gbytes_per_s: float  # peak bandwidth of one such PHY, GB/s
+    mm2_per_serdes_lane: float  # one chip-to-chip SerDes lane
+    serdes_lanes: int  # chip-to-chip SerDes lanes on this core (0: a core without links)
+    fixed_mm2: float  # control, DMA engines, on-chip network: area that no swept size scales
+
+
+@dataclass(frozen=True)
 class HardwareConfig:
     name: str
     clock_ghz: float  # the core clock: the time base of every cycle figure (DMA, HBM, reports)
@@ -118,6 +132,7 @@ class HardwareConfig:
     matrix: MatrixConfig
     vector: VectorConfig
     energy: EnergyConfig
+    area: AreaConfig
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -209,6 +224,11 @@ _POSITIVE = [
     "matrix.min_interval_cycles",
     "vector.clock_ghz",
     "vector.lanes",
+    "area.mm2_per_mac_bf16",
+    "area.mm2_per_sram_mib",
+    "area.mm2_per_vector_lane",
+    "area.mm2_per_hbm_phy",
+    "area.hbm_phy_gbytes_per_s",
 ]
 
 

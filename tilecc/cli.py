@@ -4,6 +4,7 @@
     tilecc explain FILE.py:FACTORY [--target NAME_OR_TOML] [--training] [--json]
     tilecc explore SOURCE [--print-ir-after-all] [--remarks] [--html PAGE] ...  (tilecc/explore.py)
     tilecc bisect FILE.py:FACTORY [--target NAME_OR_TOML]   (docs/reliability.md)
+    tilecc sweep SPEC.toml --out DIR [--workers N] [--resume] ...   (tilecc/sweep/cli.py)
 
 `FACTORY()` returns `(model, example_inputs)`. The model is run in eager PyTorch (a model
 that fails there is reported as such), exported, compiled for the target, run on the
@@ -348,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tilecc.explore_cli import add_explore_parser
 
     add_explore_parser(sub)
+    from tilecc.sweep.cli import add_sweep_parser
+
+    add_sweep_parser(sub)
     bis = sub.add_parser("bisect", help="when a compiled model disagrees with eager: the first op that "
                                         "differs and the first pass after which the result changes")
     bis.add_argument("source", help="FILE.py:FACTORY")

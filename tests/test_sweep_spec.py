@@ -1,0 +1,137 @@
+"""Sweep spec validation (tilecc/sweep/spec.py): every error is one line naming the key
+and the value, raised before anything runs; the CLI prints it and exits 2."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tilecc.cli import main
+from tilecc.sweep.spec import SweepSpecError, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = f"{ROOT}/examples/mlp.py:mlp"
+
+GOOD = f"""[sweep]
+workload = "{MLP}"
+base = "tiny"
+objectives = ["latency", "energy"]
+[sweep.grid]
+"matrix.rows" = [8, 16]
+"hbm.bytes_per_cycle" = [16.0, 32.0]
+"""
+
+
+def _spec(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "spec.toml"
+    p.write_text(text)
+    return p
+
+
+def test_good_spec_lists_its_points(tmp_path):
+    spec = load_spec(_spec(tmp_path, GOOD))
+    assert spec.keys == ["matrix.rows", "hbm.bytes_per_cycle"]
+    assert spec.points() == [{"matrix.rows": 8, "hbm.bytes_per_cycle": 16.0},
+                             {"matrix.rows": 8, "hbm.bytes_per_cycle": 32.0},
+                             {"matrix.rows": 16, "hbm.bytes_per_cycle": 16.0},
+                             {"matrix.rows": 16, "hbm.bytes_per_cycle": 32.0}]
+    assert [spec.point_at(i) for i in range(4)] == spec.points()
+    cfg = spec.config(spec.points()[1], "p")
+    assert cfg.matrix.rows == 8 and cfg.hbm.bytes_per_cycle == 32.0
+
+
+def test_random_draws_distinct_points_deterministically(tmp_path):
+    text = GOOD.replace('objectives', 'strategy = "random"\nn = 3\nseed = 7\nobjectives')
+    a, b = load_spec(_spec(tmp_path, text)).points(), load_spec(_spec(tmp_path, text)).points()
+    assert a == b and len(a) == 3 and len({tuple(p.values()) for p in a}) == 3
+
+
+CASES = [
+    # (edit of GOOD: old -> new, the one-line message it must give)
+    (('"matrix.rows"', '"matrix.rowz"'), "unknown config key 'matrix.rowz'"),
+    (('"matrix.rows"', '"nosuch"'), "unknown config key 'nosuch'"),
+    (('[8, 16]', '[8, "sixteen"]'), "'sweep.grid.\"matrix.rows\"' has value 'sixteen': 'matrix.rows' takes an integer"),
+    (('[8, 16]', '[8, 16.5]'), "has value 16.5: 'matrix.rows' takes an integer"),
+    (('[8, 16]', '[8, true]'), "has value True: 'matrix.rows' takes an integer"),
+    (('[16.0, 32.0]', '["fast"]'), "has value 'fast': 'hbm.bytes_per_cycle' takes float"),
+    (('[8, 16]', '[]'), "'sweep.grid.\"matrix.rows\"' = []: expected a non-empty list"),
+    (('[8, 16]', '8'), "'sweep.grid.\"matrix.rows\"' = 8: expected a non-empty list"),
+    (('[8, 16]', '[8, 8]'), "lists a value twice"),
+    (('"matrix.rows"', '"matrix"'), "'matrix' is a table of the config, not a value"),
+    (('"matrix.rows"', '"tp"'), "'sweep.grid.\"tp\"': multi-chip system and tp/pp/dp keys need the system spec"),
+    (('"matrix.rows"', '"system.chips"'), "multi-chip system and tp/pp/dp keys"),
+    (('"matrix.rows"', 'matrix.rows'), "'sweep.grid.matrix' is a table: quote dotted keys"),
+    (('"energy"]', '"speed"]'), "'sweep.objectives' has unknown objective 'speed'"),
+    (('["latency", "energy"]', '[]'), "'sweep.objectives' = []: expected a non-empty list"),
+    (('["latency", "energy"]', '["latency", "latency"]'), "names an objective twice"),
+    (('base = "tiny"', 'base = "huge"'), "'sweep.base' = 'huge' is no preset (presets: cloud, edge, tiny"),
+    (('base = "tiny"', 'base = "nosuch.toml"'), "'sweep.base' = 'nosuch.toml': no such file"),
+    (('base = "tiny"', 'base = 3'), "'sweep.base' = 3: expected a preset name"),
+    (('objectives', 'strategy = "bayes"\nobjectives'), "'sweep.strategy' = 'bayes' is not a strategy (allowed: grid, random, nsga2)"),
+    (('objectives', 'strategy = "random"\nn = 0\nobjectives'), "'sweep.n' = 0: expected an integer"),
+    (('objectives', 'n = 4\nobjectives'), "'sweep.n' = 4 does not apply to strategy 'grid'"),
+    (('objectives', 'strategy = "nsga2"\ntrials = "many"\nobjectives'), "'sweep.trials' = 'many': expected an integer"),
+    (('objectives', 'colour = "red"\nobjectives'), "unknown key 'sweep.colour'"),
+    ((f'workload = "{MLP}"', 'workload = "mlp.py"'), "'sweep.workload' = 'mlp.py': expected FILE.py:FACTORY"),
+    ((f'workload = "{MLP}"', 'workload = "nosuch.py:f"'), "'sweep.workload' = 'nosuch.py:f': no such file 'nosuch.py'"),
+    ((f'workload = "{MLP}"', f'workload = "{ROOT}/examples/mlp.py:1x"'), "'1x' is not a Python name"),
+    ((f'workload = "{MLP}"', 'workload = []'), "'sweep.workload' = []: name at least one"),
+    ((f'workload = "{MLP}"\n', ''), "missing key 'sweep.workload'"),
+    ((f'workload = "{MLP}"', f'workload = ["{MLP}", "{MLP}"]'), "names a workload twice"),
+    (('[sweep.grid]', '[sweep.gird]'), "unknown key 'sweep.gird'"),
+    (('[sweep]', '[other]\nx = 1\n[sweep]'), "unknown table or key 'other'"),
+]
+
+
+@pytest.mark.parametrize("edit,message", CASES, ids=[c[1][:40] for c in CASES])
+def test_bad_spec_is_one_line_naming_key_and_value(tmp_path, capsys, edit, message):
+    old, new = edit
+    assert old in GOOD
+    path = _spec(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(SweepSpecError) as info:
+        load_spec(path)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"{path}: ")
+    assert message in text, text
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert not out.exists()  # validated before the output directory is made
+
+
+def test_not_a_spec(tmp_path, capsys):
+    for text, message in [("[sweep\n", "not valid TOML"), ("name = 'x'\n", "unknown table or key 'name'"),
+                          ("", "no [sweep] table")]:
+        path = _spec(tmp_path, text)
+        assert main(["sweep", str(path), "--out", str(tmp_path / "o")]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["sweep", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "o")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["sweep", str(ROOT / "simulator/presets/tiny.toml"), "--out", str(tmp_path / "o")]) == 2
+    assert "unknown table or key" in capsys.readouterr().err  # a hardware config is no sweep spec
+
+
+def test_bad_cli_arguments_are_one_line(tmp_path, capsys):
+    path = _spec(tmp_path, GOOD)
+    for argv, message in [(["--workers", "0"], "0 workers: expected 1 to 1024"),
+                          (["--workers", "x"], "'x' is not a number of workers"),
+                          (["--fidelity", "exact"], "invalid choice: 'exact'")]:
+        assert main(["sweep", str(path), "--out", str(tmp_path / "o"), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert re.fullmatch(r"error: [^\n]*", err) and message in err, err
+    assert main(["sweep", str(path)]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gpt2_edge.toml", "gpt2_edge_estimate.toml"])
+def test_example_studies_are_valid(name, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the README runs them from the checkout's root
+    spec = load_spec(ROOT / "examples" / "sweep" / name)
+    assert spec.base == "edge" and "perf_per_mm2" in spec.objectives
+    points = spec.points()
+    assert len(points) == (16 if name == "gpt2_edge.toml" else 1728)
+    for p in points[:: max(1, len(points) // 50)]:
+        spec.config(p, "example")  # every drawn design is a valid config

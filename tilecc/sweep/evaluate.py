@@ -1,0 +1,111 @@
+"""Full fidelity: one task of a sweep, compiled and simulated, in whichever process runs
+it (the sweep's own, a pool worker, a Ray worker).
+
+    task = Task(workload="examples/mlp.py:mlp", config=<config TOML tables>, points=(0, 5))
+    evaluate_task(task) -> [Outcome(index=0, figures={...}, failure=""), Outcome(index=5, ...)]
+
+A task is one (workload, effective config): the points it serves differ at most in their
+`[area]` tables, which change neither the program nor its simulation, so they share one
+compile and one run (`execute.py` groups them). The run is functional and compared with
+torch eager: a program that does not match is a failed point, as is one that does not
+compile or fit (the `TileccError`'s one line is the reason). Sanitisers run when
+``TILECC_SANITIZE=1``, as everywhere.
+
+A worker keeps each workload it loaded (the model, its inputs, eager's outputs and the
+exported program) for the next task of the same workload (`_workload`, a small LRU).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilecc.cli_args import one_line
+from tilecc.errors import TileccError
+from tilecc.simulator.area import area
+from tilecc.simulator.config import from_dict
+from tilecc.sweep.objectives import Figures
+
+__all__ = ["Outcome", "Task", "evaluate_task", "figures_of"]
+
+
+@dataclass(frozen=True)
+class Task:
+    workload: str  # FILE.py:FACTORY
+    config: dict[str, Any]  # the effective config's TOML tables (the first point's)
+    points: tuple[int, ...]  # the point indices it serves
+    areas: tuple[dict[str, Any], ...] = ()  # each point's [area] table (default: the config's)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    index: int
+    figures: dict[str, Any] = field(default_factory=dict)  # Figures as a dict; empty if failed
+    failure: str = ""
+
+
+@functools.lru_cache(maxsize=4)
+def _workload(spec: str) -> tuple[Any, tuple, list]:
+    """(exported program, inputs, eager outputs) of `FILE.py:FACTORY`."""
+    from tilecc.cli import load_factory, run_eager
+    from tilecc.frontend.torch_export import export_model
+
+    model, inputs = load_factory(spec)
+    expected = run_eager(model, inputs)
+    return export_model(model, inputs), inputs, expected
+
+
+def figures_of(report: Any, cfg: Any) -> Figures:
+    return Figures(
+        cycles=float(report.cycles),
+        latency_us=float(report.time_us),
+        energy_j=float(report.energy["joules"]),
+        roofline_cycles=float(report.roofline_cycles),
+        macs=float(report.macs),
+        area_mm2=area(cfg).total,
+        bottleneck=str(report.bottleneck),
+    )
+
+
+def evaluate_task(task: Task) -> list[Outcome]:
+    """Compile `task.workload` for its config, simulate it, compare with eager; one
+    outcome per point (failed points say why)."""
+    try:
+        with warnings.catch_warnings():  # as in the CLI: a library's warning is no result
+            if not os.environ.get("TILECC_DEBUG"):
+                warnings.simplefilter("ignore")
+            report, cfg = _run(task)
+    except TileccError as e:
+        return [Outcome(i, failure=one_line(str(e)) or type(e).__name__) for i in task.points]
+    except Exception as e:  # an internal error fails the point, not the sweep
+        why = f"internal error: {type(e).__name__}: {one_line(str(e))}"
+        return [Outcome(i, failure=why) for i in task.points]
+    if isinstance(report, str):
+        return [Outcome(i, failure=report) for i in task.points]
+    areas = task.areas or tuple(task.config["area"] for _ in task.points)
+    out = []
+    for index, area_table in zip(task.points, areas):
+        point_cfg = from_dict({**task.config, "area": area_table}, f"point {index}")
+        out.append(Outcome(index, figures=vars(figures_of(report, point_cfg))))
+    return out
+
+
+def _run(task: Task) -> tuple[Any, Any]:
+    import torch
+
+    from tilecc.runtime.cache import compile_cached
+    from tilecc.runtime.compare import compare
+    from tilecc.runtime.executor import run_program
+
+    cfg = from_dict(task.config, f"point {task.points[0]}")
+    ep, inputs, expected = _workload(task.workload)
+    program = compile_cached(ep, cfg, None)
+    sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"
+    outputs, report = run_program(program, inputs, sanitize=sanitize)
+    ok, worst = compare(outputs, [torch.as_tensor(e) for e in expected])
+    if not ok:
+        return f"the compiled program does not match eager (max abs error {worst:.3g})", cfg
+    return report, cfg
