@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from tilecc.errors import ConfigError
 from tilecc.simulator.config import HardwareConfig
 
 __all__ = ["Area", "area"]
@@ -49,6 +50,9 @@ class Area:
 def area(cfg: HardwareConfig) -> Area:
     """The area of `cfg`'s core (see the module docstring)."""
     a = cfg.area
+    if a is None:
+        raise ConfigError(f"config '{cfg.name}' has no [area] table: the area model needs one "
+                          "(mm^2 per MAC, per SRAM MiB, per vector lane, ...; see the presets' [area])")
     hbm_gbytes_per_s = cfg.hbm.bytes_per_cycle * cfg.clock_ghz
     return Area(
         matrix=cfg.matrix.rows * cfg.matrix.cols * a.mm2_per_mac_bf16,

@@ -14,7 +14,7 @@ import math
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 from tilecc.errors import ConfigError
 from tilecc.simulator.isa import BinaryFn, ReduceFn, UnaryFn
@@ -132,7 +132,9 @@ class HardwareConfig:
     matrix: MatrixConfig
     vector: VectorConfig
     energy: EnergyConfig
-    area: AreaConfig
+    # optional: a config without an [area] table simulates alike; only the area model
+    # (simulator/area.py: perf/mm^2 in sweeps) needs it
+    area: AreaConfig | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -149,10 +151,16 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     values: dict[str, Any] = {}
     for f in fields(cls):
         key = f"{where}{f.name}"
+        typ = hints[f.name]
+        optional = [t for t in get_args(typ) if isinstance(t, type) and dataclasses.is_dataclass(t)]
         if f.name not in data:
+            if optional:  # an optional table (`X | None = None`) may be left out
+                values[f.name] = None
+                continue
             raise ConfigError(f"missing key '{key}'")
         value = data[f.name]
-        typ = hints[f.name]
+        if optional:
+            typ = optional[0]
         if isinstance(typ, type) and dataclasses.is_dataclass(typ):
             if not isinstance(value, dict):
                 raise ConfigError(f"'{key}' must be a table, got {value!r}")
@@ -241,6 +249,8 @@ def _lookup(cfg: HardwareConfig, dotted: str) -> Any:
 
 def validate(cfg: HardwareConfig) -> HardwareConfig:
     for key in _POSITIVE:
+        if key.startswith("area.") and cfg.area is None:
+            continue
         if _lookup(cfg, key) <= 0:
             raise ConfigError(f"'{key}' must be > 0, got {_lookup(cfg, key)!r}")
     if cfg.matrix.rows > cfg.sram.partitions:

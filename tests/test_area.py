@@ -76,8 +76,10 @@ def test_bad_area_values_name_the_key(edit, message):
         from_dict(d, "my.toml")
 
 
-def test_missing_area_table_is_named():
+def test_a_config_without_an_area_table_simulates_and_the_area_model_names_it():
     d = _tiny()
     del d["area"]
-    with pytest.raises(ConfigError, match="missing key 'area'"):
-        from_dict(d, "my.toml")
+    cfg = from_dict(d, "my.toml")  # [area] is optional: configs written before it still load
+    assert cfg.area is None
+    with pytest.raises(ConfigError, match="has no \\[area\\] table"):
+        area(cfg)

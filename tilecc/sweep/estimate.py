@@ -107,8 +107,9 @@ class Estimator:
         cycles = bound * (self.k_cycles if k_cycles is None else k_cycles)
         seconds = cycles / (cfg.clock_ghz * 1e9)
         energy = dynamic * (self.k_energy if k_energy is None else k_energy) + cfg.energy.static_watts * seconds
+        mm2 = area(cfg).total if cfg.area is not None else float("nan")
         return Figures(cycles=cycles, latency_us=seconds * 1e6, energy_j=energy, roofline_cycles=bound,
-                       macs=w.macs_16 + w.macs_fp32, area_mm2=area(cfg).total, bottleneck=bottleneck)
+                       macs=w.macs_16 + w.macs_fp32, area_mm2=mm2, bottleneck=bottleneck)
 
     def _ratios(self, sample: list[tuple[HardwareConfig, Figures]]) -> list[tuple[float, float]]:
         out = []

@@ -65,7 +65,7 @@ def figures_of(report: Any, cfg: Any) -> Figures:
         energy_j=float(report.energy["joules"]),
         roofline_cycles=float(report.roofline_cycles),
         macs=float(report.macs),
-        area_mm2=area(cfg).total,
+        area_mm2=area(cfg).total if cfg.area is not None else float("nan"),
         bottleneck=str(report.bottleneck),
     )
 

@@ -184,7 +184,7 @@ class _Run:
 def _with_area(o: Outcome, cfg: HardwareConfig) -> Figures | None:
     if not o.figures:
         return None
-    return Figures(**{**o.figures, "area_mm2": area(cfg).total})
+    return Figures(**{**o.figures, "area_mm2": area(cfg).total if cfg.area is not None else float("nan")})
 
 
 def run_sweep(spec: SweepSpec, out_dir: str, *, workers: int = 1, resume: bool = False, ray: str | None = None,
