@@ -249,14 +249,17 @@ def test_matmul_f32_exact_on_integers():
 @settings(max_examples=25, deadline=None)
 @given(m=st.integers(1, 16), k=st.integers(1, 16), n=st.integers(1, 16), seed=st.integers(0, 2**16))
 def test_matmul_bf16_equals_torch_bf16(m, k, n, seed):
-    """fp32 accumulation of bf16 products, rounded once to bf16, is torch's bf16 matmul."""
+    """fp32 accumulation of bf16 products, rounded once to bf16 (the bf16 products are exact
+    in fp32). Compared with torch's fp32 matmul of the same values rounded once: torch's
+    own CPU bf16 matmul is not always that (m=6, k=14, n=14, seed 14 differs in one
+    element from both the fp32 and the fp64 sum rounded once)."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(m, k, generator=g).bfloat16()
     b = torch.randn(k, n, generator=g).bfloat16()
     hbm = Hbm()
     stream, out = matmul_program(hbm, a, b, DType.BF16, out_dtype=DType.BF16)
     run(stream, hbm)
-    assert bits_equal(hbm.get(out, (m, n), DType.BF16), torch.matmul(a, b))
+    assert bits_equal(hbm.get(out, (m, n), DType.BF16), torch.matmul(a.float(), b.float()).bfloat16())
 
 
 def test_matmul_bf16_accumulates_in_fp32():
