@@ -75,6 +75,9 @@ class _Handlers:
             aten.upsample_nearest2d.default: self.h_upsample,
             aten.upsample_nearest2d.vec: self.h_upsample,
             aten.constant_pad_nd.default: self.h_pad,
+            aten._pad_circular.default: self.mode_pad("circular"),
+            **{getattr(aten, f"{kind}_pad{n}d").default: self.mode_pad(mode)
+               for kind, mode in (("reflection", "reflect"), ("replication", "replicate")) for n in (1, 2, 3)},
             aten.sum.dim_IntList: self.reduce(nn.SumOp),
             aten.sum.default: self.reduce(nn.SumOp),
             aten.mean.dim: self.reduce(nn.MeanOp),
@@ -338,19 +341,30 @@ class _Handlers:
 
     def h_pad(self, node: Node) -> SSAValue:
         a = self.bind(node)
-        shape, dt = self.imp.out_meta(node)
-        x = self.x_of(node, a["self"], dt)
+        value = a["value"] if a["value"] is not None else 0.0
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.Unsupported(f"pad value {value!r}")
+        return self._pad(node, a["self"], a["pad"], "constant", float(value))
+
+    def mode_pad(self, mode: str) -> Callable[[Node], SSAValue]:
+        def handle(node: Node) -> SSAValue:
+            a = self.bind(node)
+            return self._pad(node, a["self"], a.get("padding", a.get("pad")), mode, 0.0)
+
+        return handle
+
+    def _pad(self, node: Node, xa: Any, pads: Any, mode: str, value: float) -> SSAValue:
+        """torch's pad list (last dim first, (before, after) pairs) -> graph.pad."""
+        _, dt = self.imp.out_meta(node)
+        x = self.x_of(node, xa, dt)
         rank = len(g.shape_of(x))
-        pad = [int(p) for p in a["pad"]]
+        pad = [int(p) for p in pads]
         if len(pad) % 2 or len(pad) // 2 > rank:
             raise self.Unsupported(f"pad {pad} for a rank-{rank} input")
         low, high = [0] * rank, [0] * rank
         for i in range(len(pad) // 2):
             low[rank - 1 - i], high[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
-        value = a["value"] if a["value"] is not None else 0.0
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.Unsupported(f"pad value {value!r}")
-        return self.emit(nn.PadOp.make(x, low, high, float(value)))
+        return self.emit(nn.PadOp.make(x, low, high, value, mode))
 
     # -- reductions -------------------------------------------------------------------
 

@@ -1,0 +1,146 @@
+"""graph.pad of any dimensions in any mode: DMA copies of boxes, no vector work.
+
+Every mode is separable (`graph_pad.source_index`): along each padded dim the output
+splits into *runs* whose source indices step by +1 (the interior, a circular wrap),
+stay put (a replicated edge) or are the fill value (constant mode). A reflected edge
+steps by -1, which neither the tile level's strided views nor the bounds sanitiser
+accept, so it is one run per element: p runs of one for a pad of p, cheap for the
+small amounts real models use (1 to 3). The product of the runs of every dim is a set
+of output *boxes*; each is one loop nest of DMAs (HBM -> SRAM -> HBM, rows along dim -2,
+columns along dim -1) from a strided view of the input (a stride 0 repeats the edge)
+or of a constant fill row. Adjacent unpadded dims are merged first, so an NCHW image
+padded in H and W is a [N*C, H, W] copy.
+
+    %y = graph.pad %x low [1, 0] high [1, 0] value 0.0 : f64 mode "reflect"
+           : tensor<4x8xf32> -> tensor<6x8xf32>
+      ->
+    func.func @k0_pad_reflect(%b0: memref<1x8xf32, strided<[8, 1], offset: 8>>,  // x[1]
+                              %b1: memref<4x8xf32>, %b2: memref<1x8xf32, ...offset: 16>,
+                              %out: memref<6x8xf32>)
+      tile.load %b0 -> %buf0 ; tile.store %buf0 -> %out[0, 0]
+      tile.load %b1 -> %buf1 ; tile.store %buf1 -> %out[1, 0]
+      tile.load %b2 -> %buf0 ; tile.store %buf0 -> %out[5, 0]
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from xdsl.ir import Attribute, SSAValue
+
+from tilecc.ir import graph_pad as gp
+from tilecc.ir import tile
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.nn.common import fill_row, sub, tiles, value_elem, value_shape
+
+if TYPE_CHECKING:
+    from tilecc.passes.graph_to_tile.context import LoweringContext
+
+
+@dataclass(frozen=True)
+class Run:
+    """Output indices ``[out0, out0 + n)`` of one dim read source ``src0 + step * k``
+    (step 1 or 0), or the fill value (``src0`` None)."""
+
+    out0: int
+    n: int
+    src0: int | None
+    step: int
+
+
+def runs(mode: str, size: int, low: int, out_size: int) -> list[Run]:
+    """The runs of one dim, in output order."""
+    found: list[Run] = []
+    for o in range(out_size):
+        s = gp.source_index(mode, size, low, o)
+        if found:
+            last = found[-1]
+            if s is None and last.src0 is None:
+                found[-1] = Run(last.out0, last.n + 1, None, 0)
+                continue
+            if s is not None and last.src0 is not None:
+                step = s - (last.src0 + last.step * (last.n - 1))
+                if (last.n == 1 and step in (0, 1)) or (last.n > 1 and step == last.step):
+                    found[-1] = Run(last.out0, last.n + 1, last.src0, step)
+                    continue
+        found.append(Run(o, 1, s, 1))
+    return found
+
+
+def merged_dims(shape: tuple[int, ...], padded: list[bool]) -> list[list[int]]:
+    """Groups of dims: each padded dim alone, runs of unpadded dims together."""
+    groups: list[list[int]] = []
+    for d, p in enumerate(padded):
+        if groups and not p and not padded[groups[-1][-1]]:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    return groups
+
+
+def lower_pad_boxes(lw: LoweringContext, op: gp.PadOp, loc: str) -> None:
+    x, res = op.input, op.results[0]
+    shape, oshape = value_shape(x), value_shape(res)
+    low = [int(v) for v in op.low.get_values()]
+    mode = op.pad_mode
+    elem = value_elem(res)
+    out = lw.hbm(oshape, elem)
+    lw.values[res] = out
+    if math.prod(oshape) == 0:
+        return
+    padded = [a != b for a, b in zip(shape, oshape)]
+    groups = merged_dims(shape, padded) or [[]]
+    ishape = [math.prod(shape[d] for d in grp) for grp in groups]
+    mshape = [math.prod(oshape[d] for d in grp) for grp in groups]
+    mlow = [low[grp[0]] if len(grp) == 1 and padded[grp[0]] else 0 for grp in groups]
+    lead = max(0, 2 - len(ishape))  # the copies walk rows and columns: rank >= 2
+    ishape, mshape, mlow = [1] * lead + ishape, [1] * lead + mshape, [0] * lead + mlow
+    src = lw.view(lw.materialise(x), ishape) if math.prod(ishape) else None
+    dst = lw.view(out, mshape)
+    strides, offset = lw.layout(src) if src is not None else ((), 0)
+    fill = None
+    per_dim = [runs(mode, n, lo, m) for n, lo, m in zip(ishape, mlow, mshape)]
+    boxes: list[tuple[SSAValue, list[int]]] = []  # (source view, output offset)
+    for combo in itertools.product(*per_dim):
+        ext = [r.n for r in combo]
+        if any(r.src0 is None for r in combo):
+            if fill is None:
+                fill = fill_row(lw, float(op.value.value.data), elem, mshape[-1])
+            view = lw.strided(fill, ext, [0] * (len(ext) - 1) + [1], 0)
+        elif src is not None:  # (a source index exists only in a non-empty input)
+            off = offset + sum(r.src0 * s for r, s in zip(combo, strides) if r.src0 is not None)
+            view = lw.strided(src, ext, [s * r.step if r.n > 1 else s for r, s in zip(combo, strides)], off)
+        boxes.append((view, [r.out0 for r in combo]))
+    args = list(dict.fromkeys([v for v, _ in boxes])) + [dst]
+    kb = KernelBuilder(lw.kernel_name(f"pad_{mode}"), [a.type for a in args], loc)
+    _copy_boxes(lw, kb, [(kb.args[args.index(v)], o) for v, o in boxes], kb.args[-1], elem)
+    lw.launch(kb, args)
+
+
+def _copy_boxes(
+    lw: LoweringContext, kb: KernelBuilder, boxes: list[tuple[SSAValue, list[int]]], dst: SSAValue,
+    elem: Attribute,
+) -> None:
+    """Each box (a kernel argument, copied whole) into `dst` at its offset, through two
+    SRAM buffers used alternately so one box's loads overlap the previous one's stores."""
+    rows = max(value_shape(b)[-2] for b, _ in boxes)
+    cols = max(value_shape(b)[-1] for b, _ in boxes)
+    TR, TC = min(lw.P, rows), lw.col_tile(cols, 2)
+    bufs = [kb.alloc([TR, TC], elem, tile.SRAM, f"box{i}") for i in range(2)]
+    rank = len(value_shape(dst))
+    for i, (box, off) in enumerate(boxes):
+        ext = value_shape(box)
+        ivs: list[SSAValue] = []
+
+        def body(box: SSAValue = box, off: list[int] = off, ext: tuple[int, ...] = ext, i: int = i) -> None:
+            with tiles(kb, ext[-2], TR) as (_, r0, r), tiles(kb, ext[-1], TC) as (_, c0, c):
+                idx = [*ivs, r0, c0]
+                buf = sub(kb, bufs[i % 2], 0, 0, [TR, TC])
+                kb.add(tile.LoadOp(box, idx, buf, r, c, rank - 2, rank - 1))
+                at = [kb.addi(v, kb.const(o)) if o else v for v, o in zip(idx, off, strict=True)]
+                kb.add(tile.StoreOp(buf, dst, at, r, c, rank - 2, rank - 1))
+
+        lw.outer_loops(kb, list(ext[:-2]), ivs, body)
