@@ -131,16 +131,14 @@ class _Handlers:
 
     def h_conv(self, node: Node) -> SSAValue:
         a = self.bind(node)
-        if a["transposed"]:
-            raise self.Unsupported("transposed convolution")
         stride, padding, dilation = (list(a[k]) for k in ("stride", "padding", "dilation"))
-        if len(stride) != 2:
-            raise self.Unsupported(f"{len(stride)}-d convolution (tilecc: 2-d)")
+        if a["transposed"] or len(stride) != 2 or len(node.meta["val"].shape) != 4:
+            from tilecc.frontend.aten_conv_nd import convolution_nd  # 1-d, unbatched, transposed
+
+            return convolution_nd(self, node, a)
         groups = int(a["groups"])
         shape, dt = self.imp.out_meta(node)
         x = self.x_of(node, a["input"], dt)
-        if len(g.shape_of(x)) != 4:
-            raise self.Unsupported("unbatched input")
         bias = self.imp.value(a["bias"]) if a["bias"] is not None else None
         if bias is not None:
             bias = self.imp.cast_to(bias, dt)
