@@ -23,7 +23,7 @@ from tilecc.codegen.expand import expand_module
 from tilecc.errors import CompileError
 from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.frontend.dsl.work import dsl_call_work
-from tilecc.ir import tile
+from tilecc.ir import float64, tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.graph_work import graph_work
 from tilecc.passes import break_pass, remarks
@@ -76,10 +76,15 @@ def compile_graph(
     The roofline bound's work is counted on `gp` as given, before any pass
     (`ir/graph_work.py`), so it is the same at every opt level and schedule."""
     intrinsic = graph_work(gp, cfg, dsl_call_work)
+    demoted = float64.demoted(gp.module)  # the float64 policy (ir/float64.py)
     with remarks.collecting() as collected:
+        for what, loc in demoted:
+            remarks.emit("import", "analysis", f"{float64.REMARK}: {what}", loc)
         program = _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy,
                            disabled, intrinsic)
     program.meta["remarks"] = collected.to_json()
+    if demoted:
+        program.meta["float64_demoted"] = True
     return program
 
 
