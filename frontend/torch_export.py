@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAtt
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from tilecc.errors import ExportError, ShapeError, TileccError, UnsupportedOpError
+from tilecc.frontend import aten_rounding as rounding
 from tilecc.frontend.decompositions import decomposition_table  # noqa: F401 (shared table)
 from tilecc.frontend.export import export_model, node_location  # noqa: F401 (this module's API)
 from tilecc.ir import float64
@@ -237,6 +238,9 @@ class _Importer:
             aten.mul.Scalar: self.binary(g.MulOp),
             aten.div.Tensor: self.binary(g.DivOp),
             aten.div.Scalar: self.binary(g.DivOp),
+            aten.div.Tensor_mode: rounding.div_mode(self, _bind, _Unsupported),
+            aten.div.Scalar_mode: rounding.div_mode(self, _bind, _Unsupported),
+            **{getattr(aten, m).default: rounding.unary_rounding(self, _bind, m) for m in ("floor", "trunc", "ceil")},
             aten.maximum.default: self.binary(g.MaximumOp),
             aten.relu.default: self.unary(g.ReluOp),
             aten.exp.default: self.unary(g.ExpOp),
