@@ -7,7 +7,8 @@
 
 ``low[d]`` / ``high[d]`` elements go before / after dim d. Modes (torch.nn.functional.pad):
 
-- ``constant`` (the default, not printed): the fill `value`; negative amounts crop.
+- ``constant`` (the default, not printed): the fill `value`. In every mode negative
+  amounts crop.
 - ``reflect``: the mirror image without the edge element (``x[1], x[0] | x[0] ...``),
   each amount < the dim's size.
 - ``replicate``: the edge element repeated.
@@ -36,18 +37,20 @@ def _ints(attr: DenseArrayBase) -> tuple[int, ...]:
     return tuple(int(v) for v in attr.get_values())
 
 
-def source_index(mode: str, size: int, low: int, out: int) -> int | None:
-    """The input index that output index `out` of a dim of `size` padded by `low` reads
-    (None: the fill value; constant mode only)."""
+def source_index(mode: str, size: int, low: int, high: int, out: int) -> int | None:
+    """The input index that output index `out` of a dim of `size` padded by `low` /
+    `high` reads (None: the fill value; constant mode only). Negative amounts crop; in
+    circular mode the wrap is around the cropped range (torch's order: crop, then pad)."""
     i = out - low
-    if 0 <= i < size:
+    if 0 <= i < size and (mode != "circular" or i < size - max(0, -high)):
         return i
     if mode == "constant":
         return None
     if mode == "replicate":
         return min(max(i, 0), size - 1)
     if mode == "circular":
-        return i % size
+        c0, kept = max(0, -low), size - max(0, -low) - max(0, -high)
+        return c0 + (out - max(0, low)) % kept
     return -i if i < 0 else 2 * (size - 1) - i  # reflect
 
 
@@ -87,11 +90,10 @@ class PadOp(GraphOp):
             if mode == "constant" or not (lo or hi):
                 continue
             limit = {"reflect": s - 1, "circular": s, "replicate": None}[mode]
-            if min(lo, hi) < 0 or s == 0 or (limit is not None and max(lo, hi) > limit):
+            if s == 0 or (limit is not None and max(lo, hi) > limit) or s + min(lo, 0) + min(hi, 0) <= 0:
                 raise ShapeError(
-                    f"{op}: {mode} padding {lo}/{hi} of dim {d} (size {s}) must be >= 0"
-                    + ("" if limit is None else f" and at most {limit}")
-                    + ("" if s else " of a non-empty dim")
+                    f"{op}: {mode} padding {lo}/{hi} of dim {d} (size {s}) must keep part of a "
+                    "non-empty dim" + ("" if limit is None else f" and be at most {limit}")
                 )
         return TensorType(x.get_element_type(), out)
 
@@ -124,13 +126,13 @@ class PadOp(GraphOp):
 
     def reference(self, *args: np.ndarray) -> np.ndarray:
         (x,) = args
-        low = _ints(self.low)
+        low, high = _ints(self.low), _ints(self.high)
         oshape = tuple(self.result.type.get_shape())
         mode = self.pad_mode
         out = np.full(oshape, np.float32(self.value.value.data), np.float32)
         src: list[np.ndarray] = []  # per dim: the source index of each output index (-1: fill)
-        for size, lo, n in zip(x.shape, low, oshape):
-            idx = [source_index(mode, size, lo, o) for o in range(n)]
+        for size, lo, hi, n in zip(x.shape, low, high, oshape):
+            idx = [source_index(mode, size, lo, hi, o) for o in range(n)]
             src.append(np.array([-1 if i is None else i for i in idx], np.int64))
         keep = np.ix_(*[s >= 0 for s in src]) if src else ()
         sel = np.ix_(*[s[s >= 0] for s in src]) if src else ()

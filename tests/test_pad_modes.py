@@ -35,6 +35,9 @@ CASES = [
     ((1, 2, 3, 4, 5), (1, 1, 1, 1, 2, 1), "replicate"),  # 3-d
     ((2, 5, 6, 8), (0, 0, 0, 3, 0, 2), "constant"),  # NHWC window padding
     ((2, 5, 6, 8), (1, 0, -1, 3, 2, 0, 1, 1), "constant"),  # every dim, a crop
+    ((1, 3, 4, 4), (-1, 1, -2, 1), "reflect"),  # negative amounts crop
+    ((1, 3, 4, 4), (-1, 1, -2, 1), "replicate"),
+    ((1, 3, 4, 5), (2, -1, -2, 1), "circular"),  # the wrap is around the cropped range
 ]
 
 
@@ -48,10 +51,11 @@ def test_reference_matches_torch():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
     for mode in ("reflect", "replicate", "circular"):
-        pad = (2, 1, 3, 0)
-        want = F.pad(torch.from_numpy(x), pad, mode=mode).numpy()
-        op = PadOp.make(_value(x.shape), [0, 0, 3, 2], [0, 0, 0, 1], 0.0, mode)
-        np.testing.assert_array_equal(op.reference(x), want)
+        for pad in ((2, 1, 3, 0), (-1, 2, 1, -2)):
+            want = F.pad(torch.from_numpy(x), pad, mode=mode).numpy()
+            low, high = [0, 0, pad[2], pad[0]], [0, 0, pad[3], pad[1]]
+            op = PadOp.make(_value(x.shape), low, high, 0.0, mode)
+            np.testing.assert_array_equal(op.reference(x), want)
 
 
 def _value(shape):
@@ -63,7 +67,7 @@ def _value(shape):
 @pytest.mark.parametrize(
     ("mode", "low", "high", "match"),
     [("reflect", [0, 4], [0, 0], "at most 3"), ("circular", [0, 5], [0, 0], "at most 4"),
-     ("replicate", [0, -1], [0, 0], ">= 0"), ("wrap", [0, 1], [0, 0], "not one of")],
+     ("replicate", [0, -2], [0, -2], "keep part"), ("wrap", [0, 1], [0, 0], "not one of")],
 )
 def test_bad_pad_names_op(mode, low, high, match):
     with pytest.raises(ShapeError, match=f"graph.pad.*{match}"):

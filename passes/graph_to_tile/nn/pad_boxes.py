@@ -51,11 +51,11 @@ class Run:
     step: int
 
 
-def runs(mode: str, size: int, low: int, out_size: int) -> list[Run]:
+def runs(mode: str, size: int, low: int, high: int, out_size: int) -> list[Run]:
     """The runs of one dim, in output order."""
     found: list[Run] = []
     for o in range(out_size):
-        s = gp.source_index(mode, size, low, o)
+        s = gp.source_index(mode, size, low, high, o)
         if found:
             last = found[-1]
             if s is None and last.src0 is None:
@@ -91,18 +91,21 @@ def lower_pad_boxes(lw: LoweringContext, op: gp.PadOp, loc: str) -> None:
     lw.values[res] = out
     if math.prod(oshape) == 0:
         return
-    padded = [a != b for a, b in zip(shape, oshape)]
+    high = [int(v) for v in op.high.get_values()]
+    padded = [bool(lo or hi) for lo, hi in zip(low, high)]
     groups = merged_dims(shape, padded) or [[]]
     ishape = [math.prod(shape[d] for d in grp) for grp in groups]
     mshape = [math.prod(oshape[d] for d in grp) for grp in groups]
     mlow = [low[grp[0]] if len(grp) == 1 and padded[grp[0]] else 0 for grp in groups]
+    mhigh = [high[grp[0]] if len(grp) == 1 and padded[grp[0]] else 0 for grp in groups]
     lead = max(0, 2 - len(ishape))  # the copies walk rows and columns: rank >= 2
-    ishape, mshape, mlow = [1] * lead + ishape, [1] * lead + mshape, [0] * lead + mlow
+    ishape, mshape = [1] * lead + ishape, [1] * lead + mshape
+    mlow, mhigh = [0] * lead + mlow, [0] * lead + mhigh
     src = lw.view(lw.materialise(x), ishape) if math.prod(ishape) else None
     dst = lw.view(out, mshape)
     strides, offset = lw.layout(src) if src is not None else ((), 0)
     fill = None
-    per_dim = [runs(mode, n, lo, m) for n, lo, m in zip(ishape, mlow, mshape)]
+    per_dim = [runs(mode, n, lo, hi, m) for n, lo, hi, m in zip(ishape, mlow, mhigh, mshape)]
     boxes: list[tuple[SSAValue, list[int]]] = []  # (source view, output offset)
     for combo in itertools.product(*per_dim):
         ext = [r.n for r in combo]
