@@ -372,8 +372,13 @@ def test_import_reports_unsupported_forms():
 
     with pytest.raises(UnsupportedOpError, match="indices output"):
         _graph(Indices(), torch.randn(1, 2, 4, 4))
-    with pytest.raises(UnsupportedOpError, match="transposed convolution"):
-        _graph(torch.nn.ConvTranspose2d(2, 3, 3), torch.randn(1, 2, 4, 4))
+
+    class RuntimeConvT(torch.nn.Module):
+        def forward(self, x, w):
+            return F.conv_transpose2d(x, w, stride=2)
+
+    with pytest.raises(UnsupportedOpError, match="transposed convolution with run-time weights"):
+        _graph(RuntimeConvT(), torch.randn(1, 2, 4, 4), torch.randn(2, 3, 3, 3))
 
 
 # ---------------------------------------------------------------------------
