@@ -72,3 +72,30 @@ def _value(shape):
 def test_bad_pad_names_op(mode, low, high, match):
     with pytest.raises(ShapeError, match=f"graph.pad.*{match}"):
         PadOp.make(_value((3, 4)), low, high, 0.0, mode)
+
+
+class SwinWindows(torch.nn.Module):
+    """Swin's window partition: pad H and W of an NHWC map to a multiple of the window,
+    split into windows, attend within each window, merge back and crop."""
+
+    def __init__(self, c: int = 8, ws: int = 4):
+        super().__init__()
+        self.ws = ws
+        self.qkv = torch.nn.Linear(c, 3 * c)
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        ws = self.ws
+        ph, pw = (ws - h % ws) % ws, (ws - w % ws) % ws
+        x = F.pad(x, (0, 0, 0, pw, 0, ph))
+        hp, wp = h + ph, w + pw
+        win = x.view(b, hp // ws, ws, wp // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+        q, k, v = self.qkv(win).chunk(3, dim=-1)
+        a = torch.softmax(q @ k.transpose(1, 2) * c**-0.5, dim=-1) @ v
+        y = a.view(b, hp // ws, wp // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
+        return y[:, :h, :w, :].contiguous()
+
+
+def test_swin_window_partition_with_padding():
+    torch.manual_seed(0)
+    run_and_compare(SwinWindows(), (torch.randn(1, 6, 7, 8),))
