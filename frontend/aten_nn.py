@@ -21,6 +21,7 @@ through the importer `imp` (see `frontend/torch_export.py`).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -292,12 +293,31 @@ class _Handlers:
     # -- pooling, resizing, padding ---------------------------------------------------
 
     def h_max_pool_indices(self, node: Node) -> tuple:
-        return (self.h_max_pool(node, first=True), self.Poison("max_pool2d indices output"))
+        uses = {u.args[1] for u in node.users if u.target is operator.getitem}
+        if 1 not in uses:  # values only: the pooling kernel
+            return (self.h_max_pool(node, first=True), self.Poison("max_pool2d indices output"))
+        from tilecc.frontend.aten_pool_indices import max_pool_with_indices
+
+        a = self.bind(node)
+        _, dt = self.imp.out_meta_first(node)
+        x = self.x_of(node, a["self"], dt)
+        if len(g.shape_of(x)) not in (3, 4):
+            raise self.Unsupported(f"a rank-{len(g.shape_of(x))} input")
+        return max_pool_with_indices(
+            self.imp, x, a["kernel_size"], a["stride"], a["padding"], a["dilation"], bool(a["ceil_mode"]), dt,
+        )
 
     def h_max_pool(self, node: Node, first: bool = False) -> SSAValue:
         a = self.bind(node)
         _, dt = self.imp.out_meta_first(node) if first else self.imp.out_meta(node)
         x = self.x_of(node, a["self"], dt)
+        if len(g.shape_of(x)) == 3:  # unbatched: a batch of one
+            y = self.emit(nn.MaxPool2dOp.make(
+                self.emit(g.ReshapeOp.make(x, [1, *g.shape_of(x)])), list(a["kernel_size"]),
+                list(a["stride"] or []) or None, list(_pair(a["padding"])), list(_pair(a["dilation"])),
+                bool(a["ceil_mode"]),
+            ))
+            return self.emit(g.ReshapeOp.make(y, list(g.shape_of(y))[1:]))
         if len(g.shape_of(x)) != 4:
             raise self.Unsupported("unbatched input")
         return self.emit(nn.MaxPool2dOp.make(
