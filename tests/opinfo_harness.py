@@ -64,10 +64,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], dict[str, str]] = {
     ("index_select", ""): {"(), 0": "index_select on a rank-0 tensor is not supported"},
     ("zeros_like", ""): {"float64": "float64 results: tilecc computes in fp32 / bf16"},
     ("full_like", ""): {"float64": "float64 results: tilecc computes in fp32 / bf16"},
-    ("nn.functional.max_pool2d", ""): {
-        "return_indices=True": "the indices output of max_pool2d is not supported (values only)",
-        r"re:^\(\d+, \d+, \d+\),": "unbatched (3-D) input is not supported yet",
-    },
     ("nn.functional.avg_pool2d", ""): {
         ", -2": "a negative divisor_override is rejected (it only flips the sign of the average)",
     },
