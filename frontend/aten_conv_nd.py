@@ -4,12 +4,13 @@
   ``[N, C, 1, L]`` with ``[Co, Ci/g, 1, K]``, stride / padding / dilation ``(1, s)``,
   ``(0, p)``, ``(1, d)``; the reshapes are free views, so it runs the 2-d kernels.
 - unbatched input (``[C, L]`` / ``[C, H, W]``): a batch of one.
-- transposed (``conv_transpose1d/2d`` with compile-time weights): the direct form of the
+- transposed (``conv_transpose1d/2d``): the direct form of the
   gradient of a strided convolution. The input is zero-interleaved (``graph.pad`` of a
   unit dim after each spatial dim, then a reshape: ``x[i]`` lands at ``s*i``), padded by
   ``d*(k-1) - p`` on each side (plus ``output_padding`` after; negative amounts crop),
   and convolved at stride 1 with the weights flipped in space and transposed per group
-  (``w'[g, o, i] = w[g, i, o]``). The interleave costs ``s`` times the MACs of the
+  (``w'[g, o, i] = w[g, i, o]``; at compile time, or for a run-time weight with a gather
+  of the reversed taps and two permutes). The interleave costs ``s`` times the MACs of the
   direct form per spatial dim (the zero rows are multiplied), which is what it costs.
 
     %y = aten.convolution(%x: [1, 80, 300], %w: [384, 80, 3], stride [2], padding [1])
@@ -27,7 +28,9 @@ from torch.fx import Node
 from xdsl.ir import SSAValue
 
 from tilecc.ir import graph as g
+from tilecc.ir import graph_index as gi
 from tilecc.ir import graph_nn as nn
+from tilecc.simulator.isa import DType
 
 
 def convolution_nd(h: Any, node: Node, a: dict[str, Any]) -> SSAValue:
@@ -66,14 +69,19 @@ def _transposed(
     h: Any, node: Node, a: dict[str, Any], x4: SSAValue, wdata: Any, bias: SSAValue | None,
     s2: list[int], p2: list[int], d2: list[int], groups: int, nd: int, dt: Any,
 ) -> SSAValue:
-    if wdata is None:
-        raise h.Unsupported("transposed convolution with run-time weights (tilecc: compile-time weights)")
     op2 = [0] * (2 - nd) + [int(t) for t in a["output_padding"]]
-    w = wdata.float().numpy()  # [Ci, Co/g, *k]
-    w = w.reshape(*w.shape[:2], *([1] * (2 - nd)), *w.shape[2:])
-    ci, cog, kh, kw = w.shape
-    wg = w.reshape(groups, ci // groups, cog, kh, kw).transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
-    wconv = np.ascontiguousarray(wg.reshape(groups * cog, ci // groups, kh, kw))
+    if wdata is not None:
+        w = wdata.float().numpy()  # [Ci, Co/g, *k]
+        w = w.reshape(*w.shape[:2], *([1] * (2 - nd)), *w.shape[2:])
+        ci, cog, kh, kw = w.shape
+        wg = w.reshape(groups, ci // groups, cog, kh, kw).transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
+        wconv = np.ascontiguousarray(wg.reshape(groups * cog, ci // groups, kh, kw))
+        name = f"{h.name_of(a['weight'], 'conv_transpose.weight')}.flipped"
+        wv = h.new_weight(name, nn.pack_weight(wconv, groups), dt)
+        layout = "gihwo"
+    else:
+        wv, (ci, cog, kh, kw) = _flipped_runtime_weight(h, node, a["weight"], groups, nd, dt)
+        layout = "oihw"
     n, c, hh, ww = g.shape_of(x4)
     sh, sw = s2
     if sh > 1 or sw > 1:  # zero-interleave: x[i] at s*i
@@ -85,6 +93,23 @@ def _transposed(
     high = [lo + o - (s - 1) for lo, o, s in zip(low, op2, s2)]
     if any(low) or any(high):
         x4 = h.emit(nn.PadOp.make(x4, [0, 0, *low], [0, 0, *high]))
-    name = f"{h.name_of(a['weight'], 'conv_transpose.weight')}.flipped"
-    wv = h.new_weight(name, nn.pack_weight(wconv, groups), dt)
-    return h.emit(nn.Conv2dOp.make(x4, wv, bias, 1, 0, d2, groups, "gihwo"))
+    return h.emit(nn.Conv2dOp.make(x4, wv, bias, 1, 0, d2, groups, layout))
+
+
+def _flipped_runtime_weight(
+    h: Any, node: Node, wa: Any, groups: int, nd: int, dt: Any,
+) -> tuple[SSAValue, tuple[int, int, int, int]]:
+    """A run-time ``[Ci, Co/g, *k]`` weight as the ``oihw`` weight of the equivalent
+    convolution: transposed per group and flipped in space. Flipping both spatial dims
+    reverses the flattened ``kh*kw`` order, one ``graph.gather_rows`` with reversed
+    indices over taps moved to dim 0 (two permutes; the weight is small)."""
+    w = h.x_of(node, wa, dt)
+    ws = list(g.shape_of(w))
+    ci, cog, kh, kw = ws[0], ws[1], *([1] * (2 - nd) + ws[2:])
+    cig, taps = ci // groups, kh * kw
+    w5 = h.emit(g.ReshapeOp.make(w, [groups, cig, cog, taps]))
+    t = h.emit(g.PermuteOp.make(w5, [3, 0, 2, 1]))  # [taps, G, Co/g, Ci/g]
+    rev = h.emit(g.ConstantOp.make(np.arange(taps - 1, -1, -1, dtype=np.float32), DType.I32))
+    t = h.emit(gi.GatherRowsOp.make(t, rev))
+    o = h.emit(g.PermuteOp.make(t, [1, 2, 3, 0]))  # [G, Co/g, Ci/g, taps]
+    return h.emit(g.ReshapeOp.make(o, [groups * cog, cig, kh, kw])), (ci, cog, kh, kw)

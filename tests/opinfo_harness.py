@@ -46,7 +46,8 @@ CLAIMED: dict[str, tuple[str, ...]] = {
     "nn.functional.conv2d": ("",), "nn.functional.max_pool2d": ("",),
     "nn.functional.avg_pool2d": ("",), "nn.functional.adaptive_avg_pool2d": ("",),
     "nn.functional.pad": ("constant", "reflect", "replicate", "circular"),
-    "nn.functional.conv1d": ("",), "nn.functional.interpolate": ("nearest",),
+    "nn.functional.conv1d": ("",), "nn.functional.conv_transpose1d": ("",),
+    "nn.functional.conv_transpose2d": ("",), "nn.functional.interpolate": ("nearest",),
     "nn.functional.batch_norm": ("",), "nn.functional.hardtanh": ("",),
     "nn.functional.hardswish": ("",), "var": ("",), "std": ("",),
     # matmul family

@@ -77,3 +77,24 @@ class ConvT(torch.nn.Module):
 def test_conv_transpose(conv, shape):
     torch.manual_seed(3)
     run_and_compare(ConvT(conv), (torch.randn(*shape),))
+
+
+class RuntimeWeightConvT(torch.nn.Module):
+    def __init__(self, nd: int, **kw):
+        super().__init__()
+        self.f, self.kw = (F.conv_transpose1d if nd == 1 else F.conv_transpose2d), kw
+
+    def forward(self, x, w):
+        return self.f(x, w, **self.kw)
+
+
+@pytest.mark.parametrize(
+    ("nd", "x", "w", "kw"),
+    [
+        (1, (1, 4, 6), (4, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+        (2, (1, 4, 4, 5), (4, 2, 3, 2), {"stride": (2, 1), "groups": 2, "dilation": (1, 2)}),
+    ],
+)
+def test_conv_transpose_runtime_weight(nd, x, w, kw):
+    torch.manual_seed(4)
+    run_and_compare(RuntimeWeightConvT(nd, **kw), (torch.randn(*x), torch.randn(*w)))
