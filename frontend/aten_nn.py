@@ -293,8 +293,7 @@ class _Handlers:
     # -- pooling, resizing, padding ---------------------------------------------------
 
     def h_max_pool_indices(self, node: Node) -> tuple:
-        uses = {u.args[1] for u in node.users if u.target is operator.getitem}
-        if 1 not in uses:  # values only: the pooling kernel
+        if not any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):  # values only
             return (self.h_max_pool(node, first=True), self.Poison("max_pool2d indices output"))
         from tilecc.frontend.aten_pool_indices import max_pool_with_indices
 

@@ -12,8 +12,11 @@ so a comparison with eager must use fp32 tolerances.
 
 from __future__ import annotations
 
+from typing import cast
+
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
+from xdsl.ir import Attribute
 
 ATTR = "tilecc.float64_demoted"
 REMARK = "float64 computed in fp32"
@@ -30,10 +33,11 @@ def demoted(module: ModuleOp) -> list[tuple[str, str]]:
         if not isinstance(op, func.FuncOp):
             continue
         attr = op.attributes.get(ATTR)
-        if isinstance(attr, ArrayAttr):
-            for entry in attr.data:
-                if isinstance(entry, ArrayAttr) and len(entry.data) == 2:
-                    what, loc = entry.data
-                    if isinstance(what, StringAttr) and isinstance(loc, StringAttr):
-                        out.append((what.data, loc.data))
+        if not isinstance(attr, ArrayAttr):
+            continue
+        for entry in cast(ArrayAttr[Attribute], attr).data:
+            parts = cast(ArrayAttr[Attribute], entry).data if isinstance(entry, ArrayAttr) else ()
+            strs = [p.data for p in parts if isinstance(p, StringAttr)]
+            if len(strs) == 2:
+                out.append((strs[0], strs[1]))
     return out

@@ -23,7 +23,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from xdsl.dialects.builtin import I64, DenseArrayBase, FloatAttr, StringAttr, TensorType, f64, i64
+from xdsl.dialects.builtin import (
+    I64,
+    DenseArrayBase,
+    FloatAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    f64,
+    i64,
+)
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def
 
@@ -33,7 +42,7 @@ from tilecc.ir.graph_base import GraphOp, as_value, check_tensor, set_loc
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
-def _ints(attr: DenseArrayBase) -> tuple[int, ...]:
+def _ints(attr: DenseArrayBase[IntegerType]) -> tuple[int, ...]:
     return tuple(int(v) for v in attr.get_values())
 
 
