@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -81,6 +82,28 @@ def merged_dims(shape: tuple[int, ...], padded: list[bool]) -> list[list[int]]:
     return groups
 
 
+def coalesce(
+    ext: Sequence[int], dst: Sequence[int], src: Sequence[int] | None,
+) -> tuple[list[int], list[int], list[int] | None]:
+    """A box's (extents, destination strides, source strides) with unit dims dropped and
+    adjacent dims merged where both sides are contiguous across them, at rank >= 2: the
+    DMAs then walk the two longest runs the box has (an NHWC window pad copies rows of
+    W*C elements; a reflected row of an NCHW image is one [C, W] copy)."""
+    keep = [d for d, n in enumerate(ext) if n > 1]
+    e, ds = [ext[d] for d in keep], [dst[d] for d in keep]
+    ss = None if src is None else [src[d] for d in keep]
+    d = len(e) - 2
+    while d >= 0:
+        if ds[d] == ds[d + 1] * e[d + 1] and (ss is None or ss[d] == ss[d + 1] * e[d + 1]):
+            e[d: d + 2] = [e[d] * e[d + 1]]
+            ds[d: d + 2] = [ds[d + 1]]
+            if ss is not None:
+                ss[d: d + 2] = [ss[d + 1]]
+        d -= 1
+    lead = max(0, 2 - len(e))
+    return [1] * lead + e, [0] * lead + ds, None if ss is None else [0] * lead + ss
+
+
 def lower_pad_boxes(lw: LoweringContext, op: gp.PadOp, loc: str) -> None:
     x, res = op.input, op.results[0]
     shape, oshape = value_shape(x), value_shape(res)
@@ -98,52 +121,63 @@ def lower_pad_boxes(lw: LoweringContext, op: gp.PadOp, loc: str) -> None:
     mshape = [math.prod(oshape[d] for d in grp) for grp in groups]
     mlow = [low[grp[0]] if len(grp) == 1 and padded[grp[0]] else 0 for grp in groups]
     mhigh = [high[grp[0]] if len(grp) == 1 and padded[grp[0]] else 0 for grp in groups]
-    lead = max(0, 2 - len(ishape))  # the copies walk rows and columns: rank >= 2
-    ishape, mshape = [1] * lead + ishape, [1] * lead + mshape
-    mlow, mhigh = [0] * lead + mlow, [0] * lead + mhigh
     src = lw.view(lw.materialise(x), ishape) if math.prod(ishape) else None
-    dst = lw.view(out, mshape)
     strides, offset = lw.layout(src) if src is not None else ((), 0)
-    fill = None
+    ostrides = tile.row_major(mshape)
     per_dim = [runs(mode, n, lo, hi, m) for n, lo, hi, m in zip(ishape, mlow, mhigh, mshape)]
-    boxes: list[tuple[SSAValue, list[int]]] = []  # (source view, output offset)
+    plans: list[tuple[list[int], list[int], int, list[int] | None, int]] = []  # ext, dst, off, src, off
     for combo in itertools.product(*per_dim):
         ext = [r.n for r in combo]
+        doff = sum(r.out0 * s for r, s in zip(combo, ostrides))
         if any(r.src0 is None for r in combo):
-            if fill is None:
-                fill = fill_row(lw, float(op.value.value.data), elem, mshape[-1])
-            view = lw.strided(fill, ext, [0] * (len(ext) - 1) + [1], 0)
+            e, ds, _ = coalesce(ext, ostrides, None)
+            plans.append((e, ds, doff, None, 0))
         elif src is not None:  # (a source index exists only in a non-empty input)
-            off = offset + sum(r.src0 * s for r, s in zip(combo, strides) if r.src0 is not None)
-            view = lw.strided(src, ext, [s * r.step if r.n > 1 else s for r, s in zip(combo, strides)], off)
-        boxes.append((view, [r.out0 for r in combo]))
-    args = list(dict.fromkeys([v for v, _ in boxes])) + [dst]
+            soff = offset + sum(r.src0 * s for r, s in zip(combo, strides) if r.src0 is not None)
+            e, ds, ss = coalesce(ext, ostrides, [s * r.step for r, s in zip(combo, strides)])
+            plans.append((e, ds, doff, ss, soff))
+    fill_len = max([e[-1] for e, _, _, ss, _ in plans if ss is None], default=0)
+    fill = fill_row(lw, float(op.value.value.data), elem, fill_len) if fill_len else None
+    boxes: list[tuple[SSAValue, SSAValue]] = []  # (source view, destination view)
+    for e, ds, doff, ss, soff in plans:
+        if ss is None and fill is not None:
+            sv = lw.strided(fill, e, [0] * (len(e) - 1) + [1], 0)
+        elif ss is not None and src is not None:
+            sv = lw.strided(src, e, ss, soff)
+        else:
+            continue
+        boxes.append((sv, lw.strided(out, e, ds, doff)))
+    args = list(dict.fromkeys([v for box in boxes for v in box]))
     kb = KernelBuilder(lw.kernel_name(f"pad_{mode}"), [a.type for a in args], loc)
-    _copy_boxes(lw, kb, [(kb.args[args.index(v)], o) for v, o in boxes], kb.args[-1], elem)
+    _copy_boxes(lw, kb, [(kb.args[args.index(a)], kb.args[args.index(b)]) for a, b in boxes], elem)
     lw.launch(kb, args)
 
 
+BUFFERS = 4  # boxes in flight: a pad has many small boxes, each a DMA's fixed latency
+
+
 def _copy_boxes(
-    lw: LoweringContext, kb: KernelBuilder, boxes: list[tuple[SSAValue, list[int]]], dst: SSAValue,
-    elem: Attribute,
+    lw: LoweringContext, kb: KernelBuilder, boxes: list[tuple[SSAValue, SSAValue]], elem: Attribute,
 ) -> None:
-    """Each box (a kernel argument, copied whole) into `dst` at its offset, through two
-    SRAM buffers used alternately so one box's loads overlap the previous one's stores."""
+    """Each box (kernel arguments of equal shape, source and destination) copied whole,
+    through `BUFFERS` SRAM buffers in rotation, so several boxes' loads and stores are in
+    flight at once."""
     rows = max(value_shape(b)[-2] for b, _ in boxes)
     cols = max(value_shape(b)[-1] for b, _ in boxes)
-    TR, TC = min(lw.P, rows), lw.col_tile(cols, 2)
-    bufs = [kb.alloc([TR, TC], elem, tile.SRAM, f"box{i}") for i in range(2)]
-    rank = len(value_shape(dst))
-    for i, (box, off) in enumerate(boxes):
+    nb = min(BUFFERS, len(boxes))
+    TR, TC = min(lw.P, rows), lw.col_tile(cols, nb)
+    bufs = [kb.alloc([TR, TC], elem, tile.SRAM, f"box{i}") for i in range(nb)]
+    for i, (box, dst) in enumerate(boxes):
         ext = value_shape(box)
+        rank = len(ext)
         ivs: list[SSAValue] = []
 
-        def body(box: SSAValue = box, off: list[int] = off, ext: tuple[int, ...] = ext, i: int = i) -> None:
+        def body(box: SSAValue = box, dst: SSAValue = dst, ext: tuple[int, ...] = ext, i: int = i,
+                 rank: int = rank) -> None:
             with tiles(kb, ext[-2], TR) as (_, r0, r), tiles(kb, ext[-1], TC) as (_, c0, c):
                 idx = [*ivs, r0, c0]
-                buf = sub(kb, bufs[i % 2], 0, 0, [TR, TC])
+                buf = sub(kb, bufs[i % nb], 0, 0, [TR, TC])
                 kb.add(tile.LoadOp(box, idx, buf, r, c, rank - 2, rank - 1))
-                at = [kb.addi(v, kb.const(o)) if o else v for v, o in zip(idx, off, strict=True)]
-                kb.add(tile.StoreOp(buf, dst, at, r, c, rank - 2, rank - 1))
+                kb.add(tile.StoreOp(buf, dst, idx, r, c, rank - 2, rank - 1))
 
         lw.outer_loops(kb, list(ext[:-2]), ivs, body)
