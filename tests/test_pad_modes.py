@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import run_and_compare
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tilecc.errors import ShapeError
 from tilecc.ir import graph as g
@@ -99,3 +101,35 @@ class SwinWindows(torch.nn.Module):
 def test_swin_window_partition_with_padding():
     torch.manual_seed(0)
     run_and_compare(SwinWindows(), (torch.randn(1, 6, 7, 8),))
+
+
+@st.composite
+def _pads(draw):
+    """torch's rules: a constant pad covers up to every dim; a non-constant one pads the
+    last 1-3 dims of an input with one or two more dims (a batch / channel dim)."""
+    mode = draw(st.sampled_from(["constant", "reflect", "replicate", "circular"]))
+    if mode == "constant":
+        rank = draw(st.integers(1, 4))
+        npad = draw(st.integers(1, rank))
+    else:
+        npad = draw(st.integers(1, 3))
+        rank = npad + draw(st.integers(1, 2))
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=rank, max_size=rank)))
+    pad: list[int] = []
+    for d in range(npad):
+        size = shape[rank - 1 - d]
+        top = {"reflect": size - 1, "circular": size}.get(mode, 3)
+        lo, hi = draw(st.integers(-1, max(top, 0))), draw(st.integers(-1, max(top, 0)))
+        if size + min(lo, 0) + min(hi, 0) <= 0:
+            lo, hi = max(lo, 0), max(hi, 0)
+        pad += [lo, hi]
+    return shape, tuple(pad), mode
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(_pads(), st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
+def test_pad_matches_eager_property(case, dtype):
+    shape, pad, mode = case
+    x = (torch.randn(*shape) * 10).to(dtype)
+    if mode == "constant" or dtype != torch.int64:  # torch's non-constant pads take floats only
+        run_and_compare(Pad(pad, mode, 3.0), (x,))
