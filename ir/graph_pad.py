@@ -12,7 +12,8 @@
 - ``reflect``: the mirror image without the edge element (``x[1], x[0] | x[0] ...``),
   each amount < the dim's size.
 - ``replicate``: the edge element repeated.
-- ``circular``: the other end of the dim (``x[-p:] | x | x[:p]``), each amount <= the size.
+- ``circular``: the other end of the dim (``x[-p:] | x | x[:p]``), each amount <= the size
+  left after any crop (torch reads uninitialised memory beyond that).
 
 Every mode is separable: an output index of a dim maps to one input index of that dim
 (`source_index`), independently of the other dims, so corners compose.
@@ -98,7 +99,8 @@ class PadOp(GraphOp):
         for d, (s, lo, hi) in enumerate(zip(shape, low, high)):
             if mode == "constant" or not (lo or hi):
                 continue
-            limit = {"reflect": s - 1, "circular": s, "replicate": None}[mode]
+            kept = s + min(lo, 0) + min(hi, 0)  # circular wraps around the cropped range
+            limit = {"reflect": s - 1, "circular": kept, "replicate": None}[mode]
             if s == 0 or (limit is not None and max(lo, hi) > limit) or s + min(lo, 0) + min(hi, 0) <= 0:
                 raise ShapeError(
                     f"{op}: {mode} padding {lo}/{hi} of dim {d} (size {s}) must keep part of a "

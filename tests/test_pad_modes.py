@@ -122,6 +122,9 @@ def _pads(draw):
         lo, hi = draw(st.integers(-1, max(top, 0))), draw(st.integers(-1, max(top, 0)))
         if size + min(lo, 0) + min(hi, 0) <= 0:
             lo, hi = max(lo, 0), max(hi, 0)
+        if mode == "circular":  # at most the size left after a crop (see graph_pad)
+            kept = size + min(lo, 0) + min(hi, 0)
+            lo, hi = min(lo, kept), min(hi, kept)
         pad += [lo, hi]
     return shape, tuple(pad), mode
 
