@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import run_and_compare
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tilecc
 
@@ -62,3 +64,22 @@ def test_floor_trunc_ceil():
     x = torch.randn(5, 7) * 10
     x[0, :3] = torch.tensor([-0.5, 1e10, -3.0])
     run_and_compare(Round(), (x,))
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(
+    st.sampled_from(["trunc", "floor"]),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([0.1, 0.3, 1.0, 7.0, 1e-3, 1e4]),
+)
+def test_div_rounding_exact_on_near_integer_quotients(mode, seed, scale):
+    """Quotients just below / above integers (b = a / k nudged by an ulp) are where a
+    floor of the rounded quotient differs from torch's floor of the exact one."""
+    g = torch.Generator().manual_seed(seed)
+    b = (torch.rand(8, 16, generator=g) + 0.05) * scale * torch.where(torch.rand(8, 16, generator=g) < 0.5, -1, 1)
+    k = torch.randint(-300, 300, (8, 16), generator=g).float()
+    a = k * b
+    a = torch.where(torch.rand(8, 16, generator=g) < 0.5, torch.nextafter(a, a + 1), torch.nextafter(a, a - 1))
+    m = Div(mode)
+    cm = tilecc.compile(m, (a, b), target="tiny")
+    torch.testing.assert_close(cm(a, b), m(a, b), rtol=0, atol=0)
