@@ -40,6 +40,9 @@ CASES = [
     ((1, 3, 4, 4), (-1, 1, -2, 1), "reflect"),  # negative amounts crop
     ((1, 3, 4, 4), (-1, 1, -2, 1), "replicate"),
     ((1, 3, 4, 5), (2, -1, -2, 1), "circular"),  # the wrap is around the cropped range
+    ((1, 20, 37, 41), (3, 3, 3, 3), "reflect"),  # more rows than partitions
+    ((2, 24, 300), (5, 7), "reflect"),  # an audio conv's reflect pad (EnCodec-style)
+    ((2, 24, 300), (6, 6), "circular"),
 ]
 
 

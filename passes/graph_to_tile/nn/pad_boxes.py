@@ -34,8 +34,17 @@ from xdsl.ir import Attribute, SSAValue
 
 from tilecc.ir import graph_pad as gp
 from tilecc.ir import tile
+from tilecc.ir.dtypes import element_size
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.nn.common import fill_row, sub, tiles, value_elem, value_shape
+from tilecc.passes.graph_to_tile.nn.common import (
+    fill_row,
+    partition_bytes,
+    sram_budget,
+    sub,
+    tiles,
+    value_elem,
+    value_shape,
+)
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -125,6 +134,12 @@ def lower_pad_boxes(lw: LoweringContext, op: gp.PadOp, loc: str) -> None:
     strides, offset = lw.layout(src) if src is not None else ((), 0)
     ostrides = tile.row_major(mshape)
     per_dim = [runs(mode, n, lo, hi, m) for n, lo, hi, m in zip(ishape, mlow, mhigh, mshape)]
+    if src is not None and _mirrors_on_chip(lw, mode, mlow[-1], mhigh[-1], mshape[-1], elem):
+        pieces = _edge_pieces(mode, ishape[-1], mlow[-1], mhigh[-1])
+        _lower_mirrored(
+            lw, loc, mode, src, out, per_dim[:-1], (mlow[-1], pieces), list(strides), offset, ishape, mshape, elem,
+        )
+        return
     plans: list[tuple[list[int], list[int], int, list[int] | None, int]] = []  # ext, dst, off, src, off
     for combo in itertools.product(*per_dim):
         ext = [r.n for r in combo]
@@ -181,3 +196,82 @@ def _copy_boxes(
                 kb.add(tile.StoreOp(buf, dst, idx, r, c, rank - 2, rank - 1))
 
         lw.outer_loops(kb, list(ext[:-2]), ivs, body)
+
+
+# ---------------------------------------------------------------------------
+# The last dim on chip
+# ---------------------------------------------------------------------------
+
+
+def _mirrors_on_chip(lw: LoweringContext, mode: str, lo: int, hi: int, ow: int, elem: Attribute) -> bool:
+    """Whether a non-constant pad of the innermost dim (amounts >= 0) is built in SRAM:
+    padded rows of `ow` elements, `BUFFERS` of them per partition."""
+    if mode == "constant" or lo < 0 or hi < 0 or not (lo or hi):
+        return False
+    return BUFFERS * partition_bytes(ow, element_size(elem)) <= sram_budget(lw) // 2
+
+
+def _edge_pieces(mode: str, size: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """The edge columns of a padded row as copies (output column, input column, count):
+    runs of consecutive columns reading consecutive ones (a circular wrap), else one
+    column each (a reflection, a replicated edge)."""
+    pieces: list[tuple[int, int, int]] = []
+    for o in [*range(lo), *range(lo + size, lo + size + hi)]:
+        s = gp.source_index(mode, size, lo, hi, o)
+        if s is None:
+            continue
+        if pieces and pieces[-1][0] + pieces[-1][2] == o and pieces[-1][1] + pieces[-1][2] == s:
+            d0, s0, n = pieces[-1]
+            pieces[-1] = (d0, s0, n + 1)
+        else:
+            pieces.append((o, s, 1))
+    return pieces
+
+
+def _lower_mirrored(
+    lw: LoweringContext, loc: str, mode: str, src: SSAValue, out: SSAValue, outer: list[list[Run]],
+    edge: tuple[int, list[tuple[int, int, int]]], strides: list[int], offset: int, ishape: list[int],
+    mshape: list[int], elem: Attribute,
+) -> None:
+    """Rows of the innermost dim padded on chip: per box of the outer dims, whole input
+    rows land in the middle of a padded row buffer (one DMA), the edge columns are
+    vector copies of columns of that row (one per reflected / replicated column, one per
+    circular run), and whole padded rows are stored (one DMA). A reflected edge then
+    costs a few vector copies per tile instead of a DMA element per row."""
+    W, OW = ishape[-1], mshape[-1]
+    lo, pieces = edge  # the left amount, the edge columns' copies
+    ostrides = list(tile.row_major(mshape))
+    boxes: list[tuple[SSAValue, SSAValue]] = []
+    for combo in itertools.product(*outer):
+        ext = [r.n for r in combo]
+        doff = sum(r.out0 * st for r, st in zip(combo, ostrides))
+        soff = offset + sum((r.src0 or 0) * st for r, st in zip(combo, strides))
+        e, ds, ss = coalesce(ext, ostrides[:-1], [st * r.step for r, st in zip(combo, strides)])
+        if ss is None:
+            continue
+        boxes.append((lw.strided(src, [*e, W], [*ss, strides[-1]], soff), lw.strided(out, [*e, OW], [*ds, 1], doff)))
+    args = list(dict.fromkeys([v for box in boxes for v in box]))
+    kb = KernelBuilder(lw.kernel_name(f"pad_{mode}"), [a.type for a in args], loc)
+    rows = max(math.prod(value_shape(b)[-2:-1]) for b, _ in boxes)
+    TR = min(lw.P, rows)
+    bufs = [kb.alloc([TR, OW], elem, tile.SRAM, f"row{i}") for i in range(BUFFERS)]
+    for i, (a, b) in enumerate(boxes):
+        sa, sb = kb.args[args.index(a)], kb.args[args.index(b)]
+        ext = value_shape(sa)
+        rank = len(ext)
+        ivs: list[SSAValue] = []
+        q = bufs[i % BUFFERS]
+
+        def body(sa: SSAValue = sa, sb: SSAValue = sb, ext: tuple[int, ...] = ext, rank: int = rank,
+                 q: SSAValue = q) -> None:
+            with tiles(kb, ext[-2], TR) as (_, r0, r):
+                zero = kb.const(0)
+                mid = sub(kb, q, 0, lo, [TR, W])
+                kb.add(tile.LoadOp(sa, [*ivs, r0, zero], mid, r, kb.const(W), rank - 2, rank - 1))
+                for d0, s0, n in pieces:
+                    kb.add(tile.UnaryOp("copy", sub(kb, q, 0, lo + s0, [TR, n]), sub(kb, q, 0, d0, [TR, n]),
+                                        r, kb.const(n)))
+                kb.add(tile.StoreOp(q, sb, [*ivs, r0, zero], r, kb.const(OW), rank - 2, rank - 1))
+
+        lw.outer_loops(kb, list(ext[:-2]), ivs, body)
+    lw.launch(kb, args)
