@@ -9,7 +9,15 @@ small amounts real models use (1 to 3). The product of the runs of every dim is 
 of output *boxes*; each is one loop nest of DMAs (HBM -> SRAM -> HBM, rows along dim -2,
 columns along dim -1) from a strided view of the input (a stride 0 repeats the edge)
 or of a constant fill row. Adjacent unpadded dims are merged first, so an NCHW image
-padded in H and W is a [N*C, H, W] copy.
+padded in H and W is a [N*C, H, W] copy, and each box drops its unit dims and merges
+dims contiguous on both sides (`coalesce`), so its DMAs walk its two longest runs.
+
+A non-constant pad of the innermost dim (amounts >= 0, a padded row fitting SRAM) is
+built on chip instead (`_lower_mirrored`): the boxes are over the outer dims only, each
+input row is DMA'd into the middle of a padded row buffer, the edge columns are vector
+copies of its columns (one per reflected / replicated column, one per circular run),
+and whole padded rows are stored: a reflected column costs a vector copy per tile
+rather than a DMA descriptor per element.
 
     %y = graph.pad %x low [1, 0] high [1, 0] value 0.0 : f64 mode "reflect"
            : tensor<4x8xf32> -> tensor<6x8xf32>
