@@ -280,7 +280,9 @@ class _Handlers:
             raise self.unsupported("half_to_float=True")
         _, dt = self.out(node)
         x = self.imp.cast_to(self.imp.tensor(a["self"]), dt)
-        return self.emit(gi.LogSoftmaxOp.make(x, int(a["dim"])))
+        from tilecc.frontend.softmax_dims import over_any_dim
+
+        return over_any_dim(self.emit, gi.LogSoftmaxOp.make, x, int(a["dim"]))
 
     def h_to_copy(self, node: Node) -> SSAValue:
         meta = node.meta.get("val")

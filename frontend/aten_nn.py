@@ -21,6 +21,7 @@ through the importer `imp` (see `frontend/torch_export.py`).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,9 @@ class _Handlers:
             aten.upsample_nearest2d.default: self.h_upsample,
             aten.upsample_nearest2d.vec: self.h_upsample,
             aten.constant_pad_nd.default: self.h_pad,
+            aten._pad_circular.default: self.mode_pad("circular"),
+            **{getattr(aten, f"{kind}_pad{n}d").default: self.mode_pad(mode)
+               for kind, mode in (("reflection", "reflect"), ("replication", "replicate")) for n in (1, 2, 3)},
             aten.sum.dim_IntList: self.reduce(nn.SumOp),
             aten.sum.default: self.reduce(nn.SumOp),
             aten.mean.dim: self.reduce(nn.MeanOp),
@@ -128,16 +132,14 @@ class _Handlers:
 
     def h_conv(self, node: Node) -> SSAValue:
         a = self.bind(node)
-        if a["transposed"]:
-            raise self.Unsupported("transposed convolution")
         stride, padding, dilation = (list(a[k]) for k in ("stride", "padding", "dilation"))
-        if len(stride) != 2:
-            raise self.Unsupported(f"{len(stride)}-d convolution (tilecc: 2-d)")
+        if a["transposed"] or len(stride) != 2 or len(node.meta["val"].shape) != 4:
+            from tilecc.frontend.aten_conv_nd import convolution_nd  # 1-d, unbatched, transposed
+
+            return convolution_nd(self, node, a)
         groups = int(a["groups"])
         shape, dt = self.imp.out_meta(node)
         x = self.x_of(node, a["input"], dt)
-        if len(g.shape_of(x)) != 4:
-            raise self.Unsupported("unbatched input")
         bias = self.imp.value(a["bias"]) if a["bias"] is not None else None
         if bias is not None:
             bias = self.imp.cast_to(bias, dt)
@@ -291,12 +293,30 @@ class _Handlers:
     # -- pooling, resizing, padding ---------------------------------------------------
 
     def h_max_pool_indices(self, node: Node) -> tuple:
-        return (self.h_max_pool(node, first=True), self.Poison("max_pool2d indices output"))
+        if not any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):  # values only
+            return (self.h_max_pool(node, first=True), self.Poison("max_pool2d indices output"))
+        from tilecc.frontend.aten_pool_indices import max_pool_with_indices
+
+        a = self.bind(node)
+        _, dt = self.imp.out_meta_first(node)
+        x = self.x_of(node, a["self"], dt)
+        if len(g.shape_of(x)) not in (3, 4):
+            raise self.Unsupported(f"a rank-{len(g.shape_of(x))} input")
+        return max_pool_with_indices(
+            self.imp, x, a["kernel_size"], a["stride"], a["padding"], a["dilation"], bool(a["ceil_mode"]), dt,
+        )
 
     def h_max_pool(self, node: Node, first: bool = False) -> SSAValue:
         a = self.bind(node)
         _, dt = self.imp.out_meta_first(node) if first else self.imp.out_meta(node)
         x = self.x_of(node, a["self"], dt)
+        if len(g.shape_of(x)) == 3:  # unbatched: a batch of one
+            y = self.emit(nn.MaxPool2dOp.make(
+                self.emit(g.ReshapeOp.make(x, [1, *g.shape_of(x)])), list(a["kernel_size"]),
+                list(a["stride"] or []) or None, list(_pair(a["padding"])), list(_pair(a["dilation"])),
+                bool(a["ceil_mode"]),
+            ))
+            return self.emit(g.ReshapeOp.make(y, list(g.shape_of(y))[1:]))
         if len(g.shape_of(x)) != 4:
             raise self.Unsupported("unbatched input")
         return self.emit(nn.MaxPool2dOp.make(
@@ -338,19 +358,30 @@ class _Handlers:
 
     def h_pad(self, node: Node) -> SSAValue:
         a = self.bind(node)
-        shape, dt = self.imp.out_meta(node)
-        x = self.x_of(node, a["self"], dt)
+        value = a["value"] if a["value"] is not None else 0.0
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.Unsupported(f"pad value {value!r}")
+        return self._pad(node, a["self"], a["pad"], "constant", float(value))
+
+    def mode_pad(self, mode: str) -> Callable[[Node], SSAValue]:
+        def handle(node: Node) -> SSAValue:
+            a = self.bind(node)
+            return self._pad(node, a["self"], a.get("padding", a.get("pad")), mode, 0.0)
+
+        return handle
+
+    def _pad(self, node: Node, xa: Any, pads: Any, mode: str, value: float) -> SSAValue:
+        """torch's pad list (last dim first, (before, after) pairs) -> graph.pad."""
+        _, dt = self.imp.out_meta(node)
+        x = self.x_of(node, xa, dt)
         rank = len(g.shape_of(x))
-        pad = [int(p) for p in a["pad"]]
+        pad = [int(p) for p in pads]
         if len(pad) % 2 or len(pad) // 2 > rank:
             raise self.Unsupported(f"pad {pad} for a rank-{rank} input")
         low, high = [0] * rank, [0] * rank
         for i in range(len(pad) // 2):
             low[rank - 1 - i], high[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
-        value = a["value"] if a["value"] is not None else 0.0
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.Unsupported(f"pad value {value!r}")
-        return self.emit(nn.PadOp.make(x, low, high, float(value)))
+        return self.emit(nn.PadOp.make(x, low, high, value, mode))
 
     # -- reductions -------------------------------------------------------------------
 

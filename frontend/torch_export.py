@@ -31,8 +31,10 @@ from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAtt
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from tilecc.errors import ExportError, ShapeError, TileccError, UnsupportedOpError
+from tilecc.frontend import aten_rounding as rounding
 from tilecc.frontend.decompositions import decomposition_table  # noqa: F401 (shared table)
 from tilecc.frontend.export import export_model, node_location  # noqa: F401 (this module's API)
+from tilecc.ir import float64
 from tilecc.ir import graph as g
 from tilecc.simulator.isa import DType
 
@@ -42,6 +44,7 @@ TORCH_FLOAT_DTYPES: dict[torch.dtype, DType] = {
     torch.float32: DType.F32,
     torch.bfloat16: DType.BF16,
     torch.float16: DType.F16,
+    torch.float64: DType.F32,  # the float64 policy: computed in fp32 (ir/float64.py)
 }
 # integer and bool tensors live as i32 (bools as 0 / 1); int64 values must fit int32
 TORCH_INT_DTYPES: dict[torch.dtype, DType] = {
@@ -141,6 +144,13 @@ def symbolic_shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(d.node.expr) if isinstance(d, torch.SymInt) else str(int(d)) for d in t.shape) + "]"
 
 
+def _touches_float64(node: Node) -> bool:
+    """Whether `node` produces or reads a float64 tensor (the float64 policy)."""
+    vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    flat = [x for v in vals for x in (v if isinstance(v, list | tuple) else [v])]
+    return any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in flat)
+
+
 def _dtype(t: torch.dtype) -> DType:
     try:
         return TORCH_FLOAT_DTYPES.get(t) or TORCH_INT_DTYPES[t]
@@ -177,6 +187,7 @@ class _Importer:
         # conv weights packed at import (gihwo), per (weight node, groups, dtype): frontend/aten_nn.py
         self.packed_weights: dict[tuple[Node, int, DType], SSAValue] = {}
         self.handlers: dict[Any, Callable[[Node], Any]] = self._handlers()
+        self.float64_ops: list[tuple[str, str]] = []  # (what, loc) computed in fp32: ir/float64.py
 
     # -- helpers ----------------------------------------------------------------
 
@@ -242,6 +253,9 @@ class _Importer:
             aten.mul.Scalar: self.binary(g.MulOp),
             aten.div.Tensor: self.binary(g.DivOp),
             aten.div.Scalar: self.binary(g.DivOp),
+            aten.div.Tensor_mode: rounding.div_mode(self, _bind, _Unsupported),
+            aten.div.Scalar_mode: rounding.div_mode(self, _bind, _Unsupported),
+            **{getattr(aten, m).default: rounding.unary_rounding(self, _bind, m) for m in ("floor", "trunc", "ceil")},
             aten.maximum.default: self.binary(g.MaximumOp),
             aten.relu.default: self.unary(g.ReluOp),
             aten.exp.default: self.unary(g.ExpOp),
@@ -376,7 +390,9 @@ class _Importer:
             raise _Unsupported("half_to_float=True")
         _, dt = self.out_meta(node)
         x = self.cast_to(self.tensor(a["self"]), dt)
-        return self.emit(g.SoftmaxOp.make(x, int(a["dim"])))
+        from tilecc.frontend.softmax_dims import over_any_dim
+
+        return over_any_dim(self.emit, g.SoftmaxOp.make, x, int(a["dim"]))
 
     def h_layer_norm(self, node: Node) -> tuple:
         a = _bind(node)
@@ -508,6 +524,8 @@ class _Importer:
                                      "tilecc compiles non-empty tensors")
                 ty = g.tensor_type(shape, _dtype(t.dtype))
                 self.input_dtypes.append(torch_dtype_name(t.dtype))
+                if t.dtype == torch.float64:
+                    self.float64_ops.append((f"input '{name}'", "<input>"))
             except _Unsupported as e:
                 self.unsupported.append(
                     (f"input '{name}' ({e.reason}; tilecc takes float32, bfloat16, "
@@ -620,6 +638,8 @@ class _Importer:
         try:
             self.env[node] = handler(node)
             self.status[node] = "npu"
+            if _touches_float64(node):
+                self.float64_ops.append((_op_name(node.target), self.loc))
             if self.bindings:
                 self.annotate_symbolic(node, self.env[node])
         except _Unsupported as e:
@@ -701,6 +721,8 @@ class _Importer:
         self.block.add_op(func.ReturnOp(*results))
         inputs = [t for t in self.input_types if t is not None]  # all of them, none being unsupported
         fn = func.FuncOp("forward", (inputs, [r.type for r in results]), Region(self.block))
+        if self.float64_ops:
+            fn.attributes[float64.ATTR] = float64.demotion_attr(self.float64_ops)
         if self.bindings:
             fn.attributes[SYMBOLS_ATTR] = self.symbols_attr(self.bindings)
             shapes = []

@@ -37,7 +37,6 @@ from xdsl.dialects.builtin import (
     I64,
     BoolAttr,
     DenseArrayBase,
-    FloatAttr,
     IntegerAttr,
     IntegerType,
     StringAttr,
@@ -63,6 +62,7 @@ from tilecc.ir.graph_base import (
     same_element,
     set_loc,
 )
+from tilecc.ir.graph_pad import PadOp  # its own file (graph_pad.py); one of NN_OPS
 
 if TYPE_CHECKING:
     import torch
@@ -492,7 +492,7 @@ class AdaptiveAvgPool2dOp(GraphOp):
 
 
 # ---------------------------------------------------------------------------
-# Resizing and padding
+# Resizing (padding: ir/graph_pad.py)
 # ---------------------------------------------------------------------------
 
 
@@ -572,70 +572,6 @@ class UpsampleNearest2dOp(GraphOp):
         (x,) = args
         rows, cols = self.index_maps()
         return np.ascontiguousarray(x[:, :, rows][:, :, :, cols])
-
-
-@irdl_op_definition
-class PadOp(GraphOp):
-    """Constant padding (torch constant_pad_nd): ``low[d]`` / ``high[d]`` elements before /
-    after dim d (negative values crop)."""
-
-    name = "graph.pad"
-    input = operand_def(TensorType)
-    low = prop_def(DenseArrayBase.constr(I64))
-    high = prop_def(DenseArrayBase.constr(I64))
-    value = prop_def(FloatAttr)
-    result = result_def(TensorType)
-
-    assembly_format = (
-        "$input `low` $low `high` $high `value` $value attr-dict `:` type($input) `->` "
-        "type($result)"
-    )
-
-    @staticmethod
-    def infer(x: Attribute, low: Sequence[int], high: Sequence[int]) -> TensorType:
-        op = PadOp.name
-        x = check_tensor(x, op, "input")
-        shape = list(x.get_shape())
-        if len(low) != len(shape) or len(high) != len(shape):
-            raise ShapeError(
-                f"{op}: low {list(low)} and high {list(high)} must have one value per dim of {shape}"
-            )
-        out = [s + lo + hi for s, lo, hi in zip(shape, low, high)]
-        if any(d < 0 for d in out):
-            raise ShapeError(f"{op}: padding {list(low)}/{list(high)} of {shape} gives {out}")
-        return TensorType(x.get_element_type(), out)
-
-    def infer_result_type(self) -> TensorType:
-        if not isinstance(self.value.type, type(f64)):
-            raise ShapeError(f"{self.name}: value must be an f64 attribute")
-        return self.infer(self.input.type, int_tuple(self.low), int_tuple(self.high))
-
-    @classmethod
-    def make(
-        cls, x: SSAValue | Operation, low: Sequence[int], high: Sequence[int], value: float = 0.0,
-        *, loc: str | None = None,
-    ) -> PadOp:
-        x = as_value(x)
-        t = cls.infer(x.type, low, high)
-        op = cls.create(
-            operands=[x], result_types=[t],
-            properties={"low": _arr(low), "high": _arr(high), "value": FloatAttr(float(value), f64)},
-        )
-        set_loc(op, loc)
-        return op
-
-    def reference(self, *args: np.ndarray) -> np.ndarray:
-        (x,) = args
-        low, high = int_tuple(self.low), int_tuple(self.high)
-        out = np.full(tuple(self.result.type.get_shape()), np.float32(self.value.value.data), np.float32)
-        src: list[slice] = []
-        dst: list[slice] = []
-        for size, lo, hi in zip(x.shape, low, high):
-            s0, s1 = max(0, -lo), size - max(0, -hi)
-            src.append(slice(s0, max(s0, s1)))
-            dst.append(slice(max(0, lo), max(0, lo) + max(0, s1 - s0)))
-        out[tuple(dst)] = x[tuple(src)]
-        return out
 
 
 # ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from tilecc.codegen.expand import expand_module
 from tilecc.errors import CompileError, InternalError, SramOverflowError, TileccError
 from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.frontend.dsl.work import dsl_call_work
-from tilecc.ir import tile
+from tilecc.ir import float64, tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.graph_work import graph_work
 from tilecc.passes import break_pass, remarks
@@ -77,6 +77,7 @@ def compile_graph(
     The roofline bound's work is counted on `gp` as given, before any pass
     (`ir/graph_work.py`), so it is the same at every opt level and schedule."""
     intrinsic = graph_work(gp, cfg, dsl_call_work)
+    demoted = float64.demoted(gp.module)  # the float64 policy (ir/float64.py)
     plan, level = FallbackPlan(), opt_level
     fallbacks: list[dict[str, str]] = []
     for _attempt in range(MAX_FALLBACKS + 2):
@@ -103,12 +104,16 @@ def compile_graph(
             level = 0
     else:  # unreachable: the last attempt runs at -O0, which raises instead of falling back
         raise InternalError("the compile did not converge after its fallbacks (please report)")
+    for what, loc in demoted:
+        collected.add("import", "analysis", f"{float64.REMARK}: {what}", loc)
     for f in fallbacks:
         collected.add("fallback", "missed", f"{f['op']}: {f['fallback']} after the optimised kernel "
                       f"failed: {f['reason']}", f["loc"])
     program.meta["remarks"] = collected.to_json()
     if fallbacks:
         program.meta["fallbacks"] = fallbacks
+    if demoted:
+        program.meta["float64_demoted"] = True
     return program
 
 

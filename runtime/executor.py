@@ -52,7 +52,10 @@ def user_dtype(spec: TensorSpec) -> torch.dtype:
 
 
 def _to_device_dtype(spec: TensorSpec, t: torch.Tensor) -> torch.Tensor:
-    """An input converted to its HBM element type (int64 / bool -> int32, range-checked)."""
+    """An input converted to its HBM element type (int64 / bool -> int32, range-checked;
+    float64 -> fp32, the float64 policy)."""
+    if t.dtype == torch.float64:
+        return t.to(numerics.DTYPE_TO_TORCH[spec.dtype])
     if spec.dtype != DType.I32 or t.dtype == torch.int32:
         return t
     if t.dtype != torch.bool and t.numel():

@@ -163,6 +163,9 @@ class Report:
                 f"remarks           {len(kinds)} (" + ", ".join(f"{k} {kinds.count(k)}" for k in dict.fromkeys(kinds))
                 + "; `tilecc explore --remarks` lists them)"
             )
+        f64 = [r for r in self.remarks if r["message"].startswith("float64 computed in fp32")]
+        if f64:
+            lines.append(f"float64           {len(f64)} ops / inputs computed in fp32 (tilecc's float64 policy)")
         if en:
             lines.append(
                 f"energy            {en['total_pj'] * 1e-6:,.3f} uJ "

@@ -23,7 +23,7 @@ from tilecc.runtime.compare import tolerance
 # OpInfo name -> variant names claimed ("" is the default variant)
 CLAIMED: dict[str, tuple[str, ...]] = {
     # elementwise and activations
-    "add": ("",), "sub": ("",), "mul": ("",), "div": ("no_rounding_mode",), "maximum": ("",),
+    "add": ("",), "sub": ("",), "mul": ("",), "div": ("no_rounding_mode", "trunc_rounding", "floor_rounding"), "maximum": ("",),
     "minimum": ("",), "pow": ("",), "abs": ("",), "log": ("",), "erf": ("",), "clamp": ("",),
     "nn.functional.relu": ("",), "exp": ("",), "tanh": ("",), "sigmoid": ("",), "neg": ("",),
     "rsqrt": ("",), "sqrt": ("",), "nn.functional.silu": ("",), "nn.functional.gelu": ("",),
@@ -52,7 +52,9 @@ CLAIMED: dict[str, tuple[str, ...]] = {
     # convolutional networks
     "nn.functional.conv2d": ("",), "nn.functional.max_pool2d": ("",),
     "nn.functional.avg_pool2d": ("",), "nn.functional.adaptive_avg_pool2d": ("",),
-    "nn.functional.pad": ("constant",), "nn.functional.interpolate": ("nearest",),
+    "nn.functional.pad": ("constant", "reflect", "replicate", "circular"),
+    "nn.functional.conv1d": ("",), "nn.functional.conv_transpose1d": ("",),
+    "nn.functional.conv_transpose2d": ("",), "nn.functional.interpolate": ("nearest",),
     "nn.functional.batch_norm": ("",), "nn.functional.hardtanh": ("",),
     "nn.functional.hardswish": ("",), "var": ("",), "std": ("",),
     # matmul family
@@ -74,10 +76,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], dict[str, str]] = {
     ("argsort", ""): {
         "(8000,)": "a row of 8000 elements does not fit one SRAM partition (see sort)",
     },
-    ("log_softmax", ""): {
-        "(5, 5), 0": "log_softmax over a non-last dimension is not lowered yet",
-        "(), 0": "log_softmax of a rank-0 tensor is not lowered yet",
-    },
     ("narrow", ""): {
         "(), ": "a tensor `start` makes the result size data-dependent: torch.export cannot trace it",
     },
@@ -86,13 +84,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], dict[str, str]] = {
     },
     ("zeros_like", ""): {"float64": "float64 results: tilecc computes in fp32 / bf16"},
     ("full_like", ""): {"float64": "float64 results: tilecc computes in fp32 / bf16"},
-    ("nn.functional.max_pool2d", ""): {
-        "return_indices=True": "the indices output of max_pool2d is not supported (values only)",
-        r"re:^\(\d+, \d+, \d+\),": "unbatched (3-D) input is not supported yet",
-    },
-    ("nn.functional.pad", "constant"): {
-        r"re:\((-?\d+, ){5,}-?\d+\), 'constant'": "padding more than the last two dims is not lowered yet",
-    },
     ("nn.functional.avg_pool2d", ""): {
         ", -2": "a negative divisor_override is rejected (it only flips the sign of the average)",
     },

@@ -20,6 +20,7 @@ from tilecc.frontend.torch_export import (
     import_exported_program,
     node_location,
 )
+from tilecc.ir import float64
 from tilecc.ir import graph as g
 from tilecc.ir.graph_interp import run_graph
 from tilecc.simulator.isa import DType
@@ -317,7 +318,7 @@ def test_sdpa_is_kept_whole():
     assert g.source_loc(op) == f"{THIS}:{line_of('sdpa')}"
 
 
-def test_integer_input_is_i32_and_float64_is_reported():
+def test_integer_input_is_i32_and_float64_is_fp32():
     class M(nn.Module):
         def forward(self, x, idx):
             return x * 2
@@ -325,9 +326,12 @@ def test_integer_input_is_i32_and_float64_is_reported():
     p = import_exported_program(export_model(M(), (torch.randn(3), torch.arange(3))))
     assert g.element_dtype(p.func.function_type.inputs.data[1]) == DType.I32
     assert p.input_dtypes == ["float32", "int64"]
+    # the float64 policy (ir/float64.py): imported as fp32, the input listed for a remark
     ep = export_model(M(), (torch.randn(3), torch.randn(3, dtype=torch.float64)))
-    with pytest.raises(UnsupportedOpError, match=r"input 'idx' \(dtype torch.float64"):
-        import_exported_program(ep)
+    p = import_exported_program(ep)
+    assert g.element_dtype(p.func.function_type.inputs.data[1]) == DType.F32
+    assert p.input_dtypes == ["float32", "float64"]
+    assert float64.demoted(p.module) == [("input 'idx'", "<input>")]
 
 
 def test_addmm_with_beta_and_alpha():

@@ -365,15 +365,8 @@ def test_batch_norm_after_a_convolution_folds_into_its_weights_and_bias():
 
 
 def test_import_reports_unsupported_forms():
-    class Indices(torch.nn.Module):
-        def forward(self, x):
-            v, i = F.max_pool2d(x, 2, return_indices=True)
-            return v + i.float()
-
-    with pytest.raises(UnsupportedOpError, match="indices output"):
-        _graph(Indices(), torch.randn(1, 2, 4, 4))
-    with pytest.raises(UnsupportedOpError, match="transposed convolution"):
-        _graph(torch.nn.ConvTranspose2d(2, 3, 3), torch.randn(1, 2, 4, 4))
+    with pytest.raises(UnsupportedOpError, match="3-d convolution"):
+        _graph(torch.nn.Conv3d(2, 3, 3), torch.randn(1, 2, 4, 4, 4))
 
 
 # ---------------------------------------------------------------------------

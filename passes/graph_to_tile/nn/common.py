@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
-from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, TensorType
+from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, IntegerType, TensorType
 from xdsl.ir import Attribute, SSAValue
 
 from tilecc.errors import CompileError
@@ -137,7 +137,8 @@ def fill_row(lw: LoweringContext, value: float, elem: Attribute, length: int) ->
     if have is None or value_shape(have)[0] < length:
         n = max(length, 64)
         data = np.full((n,), value, dtype=np.float32)
-        attr = DenseIntOrFPElementsAttr.from_list(_float_tensor(elem, [n]), data.tolist())
+        vals = data.astype(np.int64).tolist() if isinstance(elem, IntegerType) else data.tolist()  # i32 pads
+        attr = DenseIntOrFPElementsAttr.from_list(_float_tensor(elem, [n]), vals)
         cache[key] = lw.hbm([n], elem, value=attr)
     return cache[key]
 

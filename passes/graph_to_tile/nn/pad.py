@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from xdsl.ir import SSAValue
 
-from tilecc.errors import CompileError, TensorTooLargeError
+from tilecc.errors import TensorTooLargeError
 from tilecc.ir import graph_nn as nn
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
@@ -39,6 +39,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     value_shape,
 )
 from tilecc.passes.graph_to_tile.nn.geometry import PhaseSpec
+from tilecc.passes.graph_to_tile.nn.pad_boxes import lower_pad_boxes
 from tilecc.passes.graph_to_tile.nn.phase_split import phase_split
 
 if TYPE_CHECKING:
@@ -142,16 +143,16 @@ def pad_kernel(
 
 
 def lower_pad(lw: LoweringContext, op: nn.PadOp, loc: str) -> None:
-    """graph.pad of the last two dims: one stride-1 `pad_kernel`."""
+    """graph.pad: constant padding of the last two dims is one stride-1 `pad_kernel`
+    (a fill once, one DMA per row of the interior); other dims and modes are box copies
+    (`pad_boxes.py`)."""
     x, res = op.input, op.results[0]
     shape, oshape = value_shape(x), value_shape(res)
     low, high = nn.int_tuple(op.low), nn.int_tuple(op.high)
     r = len(shape)
-    if any(low[d] or high[d] for d in range(max(0, r - 2))):
-        raise CompileError(
-            f"graph.pad at {loc}: only the last two dims can be padded on the NPU, got low "
-            f"{list(low)} high {list(high)}"
-        )
+    if op.pad_mode != "constant" or any(low[d] or high[d] for d in range(max(0, r - 2))):
+        lower_pad_boxes(lw, op, loc)
+        return
     H, W = (shape[-2] if r >= 2 else 1), (shape[-1] if r >= 1 else 1)
     OH, OW = (oshape[-2] if r >= 2 else 1), (oshape[-1] if r >= 1 else 1)
     pt, pl = (low[-2] if r >= 2 else 0), (low[-1] if r >= 1 else 0)
