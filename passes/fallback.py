@@ -8,8 +8,9 @@ exception, a compiler bug included — the compile does not stop. The driver
 - a failing `graph.fused` group: its ops are left unfused (`no_fuse`), each lowered by
   its own kernel;
 - a failing single op: lowered by its -O0 baseline kernel (`baseline`);
-- a failure after lowering (planning, instruction selection, synchronisation), which
-  names no graph op: the whole program at -O0.
+- a failure after lowering (planning, instruction selection, synchronisation): the op
+  or group whose kernel it names (an -O2 kernel whose buffers overflow SRAM), as above;
+  one that names no kernel: the whole program at -O0.
 
 Each fallback is a ``missed`` remark naming the op, its location and the reason, and is
 listed in ``Program.meta["fallbacks"]``. Only a failure of the general kernel itself
@@ -68,6 +69,9 @@ class OpNumbering:
     ordinal: dict[Operation, int] = field(default_factory=dict[Operation, int])
     members: dict[Operation, frozenset[int]] = field(default_factory=dict[Operation, frozenset[int]])
     numbered: bool = False
+    # kernel name -> the failure to report if a later pass cannot handle that kernel
+    # (the op or group that lowered it: a later pass's failure on it falls back alike)
+    kernel_owner: dict[str, OptimisationFailed] = field(default_factory=dict[str, "OptimisationFailed"])
 
     def number(self, ops: list[Operation]) -> None:
         """Number `ops` (the body of @forward) once per compile."""

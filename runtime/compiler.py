@@ -94,6 +94,15 @@ def compile_graph(
                 level = 0
         except Exception as e:  # noqa: BLE001 (a pass failed on the program, not on one op)
             where, cause = (e.pass_name, e.error) if isinstance(e, _PassFailed) else ("the compile", e)
+            owner = _kernel_owner(e, cause)
+            if owner is not None and level >= 2:  # an -O2 kernel a later pass cannot take
+                plan = plan.without(owner)
+                what = "left unfused" if owner.kind == "unfuse" else "lowered by its -O0 kernel"
+                fallbacks.append({"op": owner.op_name, "loc": owner.loc, "fallback": what,
+                                  "reason": f"{where}: {describe_exception(cause)}"})
+                if len(fallbacks) > MAX_FALLBACKS - 1:
+                    level = 0
+                continue
             if level < 2 or not _falls_back(cause):
                 if isinstance(cause, TileccError):
                     raise cause from None
@@ -144,10 +153,20 @@ def _falls_back(e: BaseException) -> bool:
 class _PassFailed(Exception):
     """A pass of the pipeline raised `error` (the driver falls back or names the pass)."""
 
-    def __init__(self, pass_name: str, error: Exception):
+    def __init__(self, pass_name: str, error: Exception, session: CompileSession):
         super().__init__(f"{pass_name}: {error}")
         self.pass_name = pass_name
         self.error = error
+        self.session = session
+
+
+def _kernel_owner(e: BaseException, cause: BaseException) -> OptimisationFailed | None:
+    """The op or group whose -O2 kernel a later pass failed on (an SRAM overflow names
+    its kernel), for a per-op fallback; None when the failure names no such kernel."""
+    kernel = getattr(cause, "kernel", None)
+    if not isinstance(e, _PassFailed) or not isinstance(cause, SramOverflowError) or kernel is None:
+        return None
+    return e.session.numbering.kernel_owner.get(kernel)
 
 
 def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled,
@@ -192,7 +211,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         except OptimisationFailed:
             raise
         except Exception as e:  # noqa: BLE001 (the driver falls back, or names the pass)
-            raise _PassFailed(name, e) from e
+            raise _PassFailed(name, e, session) from e
         if name == broken:
             break_pass.plant(module)
         if stats is not None:

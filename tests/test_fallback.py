@@ -136,3 +136,25 @@ def test_a_producer_of_a_matmul_operand_is_not_fused_into_its_epilogue():
     ids = torch.randint(0, 6, (2, 16), generator=torch.Generator().manual_seed(0))
     cm = run_and_compare(PositionIds(), (ids,))
     assert "fallbacks" not in cm.program.meta
+
+
+def test_an_o2_kernel_that_overflows_sram_falls_back_for_its_op_alone():
+    """ViT's patch embedding (a stride-8 8x8 convolution of 192 channels) on `tiny`: the
+    -O2 phase-split kernel allocates one accumulator per phase window and overflows the
+    accumulator in plan-sram (a planner gap, recorded in the issue notes). Only that
+    convolution goes to its -O0 kernel; the rest of the program stays -O2."""
+
+    class PatchEmbed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Conv2d(3, 192, 8, stride=8)
+            self.fc = torch.nn.Linear(192, 64)
+
+        def forward(self, x):
+            return self.fc(self.proj(x).flatten(2).transpose(1, 2))
+
+    torch.manual_seed(0)
+    cm = run_and_compare(PatchEmbed(), (torch.randn(1, 3, 32, 32),))
+    (fb,) = cm.program.meta["fallbacks"]
+    assert fb["op"] == "graph.conv2d" and fb["fallback"] == "lowered by its -O0 kernel"
+    assert fb["reason"].startswith("plan-sram: kernel ") and "proj (Conv2d)" in fb["loc"]

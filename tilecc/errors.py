@@ -58,7 +58,11 @@ class InternalError(CompileError):
 
 
 class SramOverflowError(CompileError):
-    """On-chip buffers of a kernel do not fit the target's memory."""
+    """On-chip buffers of a kernel do not fit the target's memory; `kernel` names it."""
+
+    def __init__(self, message: str, kernel: str | None = None):
+        super().__init__(message)
+        self.kernel = kernel
 
 
 class HbmOverflowError(CompileError):

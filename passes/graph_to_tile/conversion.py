@@ -124,12 +124,20 @@ def lower_op(lw: LoweringContext, op: Operation) -> None:
     saved, saved_level, lw.lowering = lw.lowering, lw.opt_level, op
     if ordinal is not None and ordinal in plan.baseline:
         lw.opt_level = 0
+    first_kernel = len(lw.kernels)
     try:
         with remarks.at(loc):
             lowering = lowerings().get(type(op))
             if lowering is None:
                 raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {loc}")
             lowering(lw, op, loc)
+        members = numbering.members.get(op)
+        owner = (("unfuse", members) if members else ("baseline", frozenset({ordinal}))
+                 if lw.opt_level >= 2 and ordinal is not None else None)
+        if owner is not None:  # a later pass's failure on these kernels falls back to this op
+            for k in lw.kernels[first_kernel:]:
+                numbering.kernel_owner[k.sym_name.data] = OptimisationFailed(
+                    owner[0], owner[1], _describe(op), loc, "")
     except OptimisationFailed:
         raise
     except Exception as e:  # noqa: BLE001 (every failure is either a fallback or a TileccError)

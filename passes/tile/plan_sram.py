@@ -60,7 +60,7 @@ def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
         if rows > parts:
             raise SramOverflowError(
                 f"kernel {kernel.sym_name.data}: buffer '{name}' has {rows} rows but {space} "
-                f"has {parts} partitions"
+                f"has {parts} partitions", kernel.sym_name.data,
             )
         size = buffer_bytes(t)
         offset = used[space]
@@ -71,7 +71,7 @@ def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
             listing = ", ".join(f"{n} ({s} B)" for n, s in placed[space])
             raise SramOverflowError(
                 f"kernel {kernel.sym_name.data}: {space} buffers need {offset + size} bytes per "
-                f"partition, the target has {capacity}: {listing}"
+                f"partition, the target has {capacity}: {listing}", kernel.sym_name.data,
             )
     remarks.emit("plan-sram", "analysis", lambda: (
         f"kernel {kernel.sym_name.data}: " + ", ".join(

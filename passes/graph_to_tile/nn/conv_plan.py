@@ -128,7 +128,7 @@ def plan_small_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Sma
         2 * partition_bytes(TCo, 4) + partition_bytes(S, 4) + epilogue_bytes(prob.steps, S, osz, 2, Wp, OW)
         + prob.columns * partition_bytes(nchunks, 4)
     )
-    acc_bytes = Co_g * 4 + 2 * S * 4
+    acc_bytes = partition_bytes(Co_g, 4) + 2 * partition_bytes(S, 4)  # plan-sram aligns each buffer
     if (acc_bytes > cfg.accumulator.bytes_per_partition
             or nk * kbytes + 2 * ALIGN * T + rest > cfg.sram.bytes_per_partition):
         return None
@@ -187,7 +187,7 @@ def plan_stem_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Stem
     acc_cols = ncolumns * partition_bytes(ntile, 4)  # the per-channel operands' column accumulators
 
     def fits(rb: int) -> bool:
-        return (2 * ntile * geo.lp(rb) * 4 + acc_cols <= A
+        return (2 * ntile * partition_bytes(geo.lp(rb), 4) + acc_cols <= A
                 and fixed + epilogue_bytes(prob.steps, rb * OW, osz, 2, Wp, OW) <= budget)
 
     if len(ksteps) > 4 or not fits(1):
@@ -242,7 +242,7 @@ def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Gemm
     acc_cols = ncolumns * partition_bytes(ntile, 4)  # the per-channel operands' column accumulators
 
     def fits(rb: int) -> bool:
-        return 2 * ntile * geo.lp(rb) * 4 + acc_cols <= A and need(rb) <= budget
+        return 2 * ntile * partition_bytes(geo.lp(rb), 4) + acc_cols <= A and need(rb) <= budget
 
     # bands: the tallest that fits, but at least two (three or four when the image has
     # the rows for it) so the stages overlap, and not so short that the DMAs get small
