@@ -121,8 +121,9 @@ def _link_bytes(sched: Schedule, topo: Topology, itemsize: int) -> float:
 def _best(collective: str, topo: Topology, link: LinkConfig, elements: int, itemsize: int, mode: str,
           peer: int | None) -> tuple[Schedule, float]:
     names = algorithms.applicable(collective, topo, elements)
-    if not names:
-        algorithms.check(collective, "ring", topo, elements, peer)  # raises with the reason
+    if not names:  # raises with the reason
+        first = next(a for a, colls in algorithms.ALGORITHMS.items() if collective in colls)
+        algorithms.check(collective, first, topo, elements, peer)
     best: tuple[bool, float, Schedule] | None = None
     for name in names:
         sched = make_schedule(collective, name, topo, link, elements, itemsize, peer)

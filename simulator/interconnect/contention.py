@@ -52,17 +52,32 @@ def _relative(topo: Topology, group: str, src: np.ndarray, dst: np.ndarray) -> n
 
 def symmetry(schedule: Schedule, topo: Topology) -> str | None:
     """The group under which every step is chip 0's transfers mapped to every chip, if any."""
+    if "symmetry" not in schedule.memo:
+        schedule.memo["symmetry"] = _symmetry(schedule, topo)
+    return schedule.memo["symmetry"]
+
+
+def _symmetry(schedule: Schedule, topo: Topology) -> str | None:
     n = schedule.n
     radix = topo.dims[0] if topo.kind == "fattree" else n
     xor = topo.kind in ("switch", "fattree") and radix & (radix - 1) == 0
-    groups = ["translation"] + (["xor"] if xor else [])
-    for group in groups:
-        if all(_invariant(step, n, _relative(topo, group, step.src, step.dst)) for step in schedule.steps):
+    for group in ["translation"] + (["xor"] if xor else []):
+        rels: dict[tuple[int, int], np.ndarray | None] = {}  # steps share their src / dst arrays
+        if all(_invariant(step, n, topo, group, rels) for step in schedule.steps):
             return group
     return None
 
 
-def _invariant(step, n: int, rel: np.ndarray) -> bool:
+def _invariant(step, n: int, topo: Topology, group: str, rels: dict) -> bool:
+    key = (id(step.src), id(step.dst))
+    if key not in rels:
+        rel = _relative(topo, group, step.src, step.dst)
+        one_each = len(step) == n and bool(np.all(step.src == np.arange(n)))
+        rels[key] = rel if not one_each else (rel if np.all(rel == rel[0]) else None)
+        rels[key, "one"] = one_each
+    rel = rels[key]
+    if rels[key, "one"]:  # one transfer per chip, in chip order: all alike, of one size
+        return rel is not None and bool(step.count.min() == step.count.max())
     if len(step) % n or not np.all(np.bincount(step.src, minlength=n) == len(step) // n):
         return False
     order = np.lexsort((step.count, rel, step.src))
@@ -107,8 +122,11 @@ def count_transfers(schedule: Schedule, sym: str | None) -> int:
     return sum(int((s.src == 0).sum()) for s in schedule.steps) if sym else schedule.transfers
 
 
-def simulate(schedule: Schedule, topo: Topology, link: LinkConfig, itemsize: int = 1) -> ContentionResult:
-    sym = symmetry(schedule, topo)
+def simulate(schedule: Schedule, topo: Topology, link: LinkConfig, itemsize: int = 1,
+             use_symmetry: bool = True) -> ContentionResult:
+    """The schedule's time with shared links (`use_symmetry=False`: every transfer simulated,
+    to check the symmetry rule)."""
+    sym = symmetry(schedule, topo) if use_symmetry else None
     count = count_transfers(schedule, sym)
     if count > MAX_TRANSFERS:
         raise CollectiveError(

@@ -58,6 +58,7 @@ class Schedule:
     steps: list[Step] = field(default_factory=list)
     chunks: int = 1  # pieces each block is cut into so that they pipeline (double binary tree)
     peer: int = 0  # send_recv: the receiving chip (chip 0 sends)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # analyses of the timing modes
 
     @property
     def buffer_elements(self) -> int:
