@@ -76,7 +76,7 @@ def _distance(topo, s, d):
     if topo.kind == "switch":
         return 2 * (s != d)
     k = topo.dims[0]
-    level = next((lv for lv in range(len(topo.dims) + 1) if s // k**lv == d // k**lv))
+    level = next(lv for lv in range(len(topo.dims) + 1) if s // k**lv == d // k**lv)
     return 2 * level
 
 
