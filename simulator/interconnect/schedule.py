@@ -38,7 +38,7 @@ class Step:
     def make(src, dst, src_off, dst_off, count, reduce) -> Step:
         n = len(np.atleast_1d(src))
 
-        def arr(x, dtype=np.int64) -> np.ndarray:
+        def arr(x, dtype: type = np.int64) -> np.ndarray:
             if isinstance(x, np.ndarray) and x.dtype == dtype and x.shape == (n,):
                 return x  # shared, not copied: steps are never modified (ideal.py caches by array)
             return np.broadcast_to(np.asarray(x, dtype), (n,)).copy()

@@ -154,19 +154,20 @@ def _system(data: object) -> SystemConfig:
 
 def _chip_targets(value: object, n: int) -> tuple[str, ...]:
     """`chip`: one target for every chip, or a list with one per chip; each loads and validates."""
-    items = value if isinstance(value, list) else [value]
+    items: list[object] = list(value) if isinstance(value, list) else [value]
     if isinstance(value, list) and len(value) != n:
         raise ConfigError(f"'system.chip' lists {len(value)} configs for {n} chips (one per chip, or a single one)")
     for i, item in enumerate(items):
         key = f"system.chip[{i}]" if isinstance(value, list) else "system.chip"
         if not isinstance(item, str) or not item:
             raise ConfigError(f"'{key}' must be a preset name or a .toml path, got {item!r}")
-    for item in dict.fromkeys(items):  # each distinct config once, in order
+    names = [str(item) for item in items]
+    for item in dict.fromkeys(names):  # each distinct config once, in order
         try:
             load_config(item)
         except ConfigError as e:
             raise ConfigError(f"'system.chip' = {item!r}: {e}") from None
-    return tuple(items)
+    return tuple(names)
 
 
 SHORT_KEYS = {"chip": "chip", "cores": "cores_per_chip", "name": "name", "link": "link.preset"}

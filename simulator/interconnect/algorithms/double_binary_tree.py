@@ -67,7 +67,7 @@ def schedule(collective: str, n: int, elements: int, chunks: int = 1) -> Schedul
     chips = np.arange(n, dtype=np.int64)
     halves = [(0, elements // 2), (elements // 2, elements - elements // 2)]
     D = tree_depth(n)
-    by_step: dict[int, list[tuple[np.ndarray, ...]]] = {}
+    by_step: dict[int, list[tuple[np.ndarray, np.ndarray, int, int, bool]]] = {}
     for (parent, depth), (h_lo, h_len) in zip(trees(n), halves):
         kids = parent >= 0
         child, par, dep = chips[kids], parent[kids], depth[kids]
