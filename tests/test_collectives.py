@@ -160,13 +160,15 @@ def test_two_transfers_sharing_a_link_take_twice_as_long():
     assert apart == pytest.approx(200.0)
 
 
-def test_sharing_with_latencies_hand_computed():
-    """0 -> 2 (2 links, alpha 200 ns) and 1 -> 2 (alpha 100 ns), 2000 bytes at 10 bytes/ns:
+@pytest.mark.parametrize("nbytes", [2000, 2**30 + 7, 2**40 + 3])  # large: no float stall at the ends
+def test_sharing_with_latencies_hand_computed(nbytes):
+    """0 -> 2 (2 links, alpha 200 ns) and 1 -> 2 (alpha 100 ns), S bytes at 10 bytes/ns:
     1 -> 2 streams alone from 100 to 200 ns (1000 bytes), then both at 5 bytes/ns: 1 -> 2
-    ends at 400 ns; 0 -> 2 has 1000 bytes left there and ends alone at 500 ns."""
+    ends at 200 + (S - 1000) / 5 ns; 0 -> 2 has 1000 bytes left there and ends 100 ns later
+    (S = 2000: 400 and 500 ns)."""
     ring = parse_topology("ring:4")
-    got = simulate(_one_step(4, [(0, 2), (1, 2)], 2000), ring, LinkConfig(10.0, 100.0)).time_ns
-    assert got == pytest.approx(500.0)
+    got = simulate(_one_step(4, [(0, 2), (1, 2)], nbytes), ring, LinkConfig(10.0, 100.0)).time_ns
+    assert got == pytest.approx(300 + (nbytes - 1000) / 5, rel=1e-12)
 
 
 def test_two_senders_into_one_switch_port():

@@ -52,9 +52,10 @@ def _relative(topo: Topology, group: str, src: np.ndarray, dst: np.ndarray) -> n
 
 def symmetry(schedule: Schedule, topo: Topology) -> str | None:
     """The group under which every step is chip 0's transfers mapped to every chip, if any."""
-    if "symmetry" not in schedule.memo:
-        schedule.memo["symmetry"] = _symmetry(schedule, topo)
-    return schedule.memo["symmetry"]
+    key = ("symmetry", topo.spec)
+    if key not in schedule.memo:
+        schedule.memo[key] = _symmetry(schedule, topo)
+    return schedule.memo[key]
 
 
 def _symmetry(schedule: Schedule, topo: Topology) -> str | None:
@@ -188,18 +189,20 @@ def _run(tr: _Transfers, cap: np.ndarray) -> float:
             release(g)
     while starts or len(active):
         t_start = starts[0][0] if starts else np.inf
-        t_fin = float(np.min(now + left[active] / rate[active])) if len(active) else np.inf
-        t_next = min(t_start, t_fin)
-        left[active] = np.maximum(left[active] - rate[active] * (t_next - now), 0.0)
+        fin = now + left[active] / rate[active] if len(active) else np.zeros(0)
+        t_next = min(t_start, float(fin.min()) if len(fin) else np.inf)
+        slack = 1e-12 * max(t_next, 1.0)  # ends this close together are one event (no float stalls)
+        ending = fin <= t_next + slack
+        left[active] = np.where(ending, 0.0, np.maximum(left[active] - rate[active] * (t_next - now), 0.0))
         now = t_next
-        done = active[left[active] <= 1e-9 * np.maximum(tr.bytes[active], 1.0)]
+        done = active[ending]
         if len(done):
             end = now
-            active = np.setdiff1d(active, done)
+            active = active[~ending]
             for i in done.tolist():
                 finish(i)
         begun = []
-        while starts and starts[0][0] <= now * (1 + 1e-12) + 1e-9:
+        while starts and starts[0][0] <= now + slack:
             _, i = heapq.heappop(starts)
             if left[i] > 0:
                 begun.append(i)
