@@ -278,3 +278,13 @@ def test_1024_chips_within_a_second(mode, capsys):
     assert main(["collective", "all_reduce", "--bytes", "1GiB", "--topology", "ring:1024", "--mode", mode]) == 0
     assert time.process_time() - t0 <= 1.0
     assert "ring (2,046 steps" in capsys.readouterr().out
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.integers(2, 96), st.integers(1, 5000), st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]),
+       st.floats(1.0, 1000.0), st.floats(0.0, 5000.0))
+def test_ring_formula_over_n_and_sizes(n, blocks, coll, bw, lat):
+    topo = parse_topology(f"ring:{n}")
+    link = LinkConfig(bw, lat, 7.0, 0.0)
+    got = ideal_time_ns(build(coll, "ring", topo, n * blocks), topo, link)
+    assert got == pytest.approx(formulas.ring(coll, n, n * blocks, lat, bw), rel=1e-9)

@@ -102,3 +102,13 @@ def test_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="is a directory"):
         (tmp_path / "d.toml").mkdir()
         load_system(str(tmp_path / "d.toml"))
+
+
+def test_the_docs_example_loads(tmp_path):
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs/system.md").read_text(encoding="utf-8")
+    block = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "pod.toml").write_text(block)
+    s = load_system(str(tmp_path / "pod.toml"))
+    assert (s.chips, s.cores_per_chip, s.link.bandwidth_gbs) == (16, 8, 160.0)
