@@ -288,3 +288,15 @@ def test_ring_formula_over_n_and_sizes(n, blocks, coll, bw, lat):
     link = LinkConfig(bw, lat, 7.0, 0.0)
     got = ideal_time_ns(build(coll, "ring", topo, n * blocks), topo, link)
     assert got == pytest.approx(formulas.ring(coll, n, n * blocks, lat, bw), rel=1e-9)
+
+
+def test_cli_system_forms_and_link_energy(tmp_path, capsys):
+    (tmp_path / "pod.toml").write_text('[system]\ntopology = "switch:16"\n[system.link]\npreset = "nvlink4"\n')
+    for system in (str(tmp_path / "pod.toml"), "switch:16;link=nvlink4"):
+        assert main(["collective", "all_gather", "--bytes", "16MiB", "--system", system, "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        a = 2 * 500.0 + 300.0  # nvlink4: two links and the switch
+        assert d["time_us"] * 1e3 == pytest.approx(formulas.halving_doubling("all_gather", 16, 2**24, a, 450.0))
+    r = run_collective("all_reduce", 1 << 20, "ring:8", LinkConfig(50.0, 500.0, pj_per_byte=10.0, static_watts=0.5))
+    crossings = 2 * 7 * 8 * (1 << 20) / 8  # 2(n-1) steps, n transfers of S/n bytes over one link each
+    assert r.link_energy_uj == pytest.approx(crossings * 10.0 * 1e-6 + 0.5 * 16 * r.time_ns * 1e-3)
