@@ -10,6 +10,7 @@ algorithms as schedules of point-to-point transfers, and the link-level simulato
     functional.py   runs a schedule on numpy buffers (real data)
     ideal.py        alpha-beta time of a schedule (critical path, no link sharing)
     formulas.py     the closed forms of the alpha-beta model
+    bound.py        an algorithm's closed form on a topology (each step's slowest route)
     contention.py   event simulation with link bandwidth shared among transfers
     collective.py   run_collective(): time, algorithm / bus bandwidth, chosen algorithm
 """
