@@ -5,6 +5,7 @@
     tilecc explore SOURCE [--print-ir-after-all] [--remarks] [--html PAGE] ...  (tilecc/explore.py)
     tilecc bisect FILE.py:FACTORY [--target NAME_OR_TOML]   (docs/reliability.md)
     tilecc sweep SPEC.toml --out DIR [--workers N] [--resume] ...   (tilecc/sweep/cli.py)
+    tilecc collective OP --bytes N --topology T [--mode ideal|contention] ...  (docs/system.md)
 
 `FACTORY()` returns `(model, example_inputs)`. The model is run in eager PyTorch (a model
 that fails there is reported as such), exported, compiled for the target, run on the
@@ -346,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true")
     add_quiet(ex)
     ex.set_defaults(fn=cmd_explain)
+    from tilecc.collective_cli import add_parser as add_collective_parser  # many chips: one collective
+
+    add_collective_parser(sub)
     from tilecc.explore_cli import add_explore_parser
 
     add_explore_parser(sub)
