@@ -33,7 +33,7 @@ class ConstValues:
     """Memoised compile-time values over one program's weights."""
 
     def __init__(self, weights: Mapping[str, np.ndarray] | None):
-        self.weights = weights if weights is not None else {}
+        self.weights: Mapping[str, np.ndarray] = weights if weights is not None else {}
         self.cache: dict[SSAValue, np.ndarray | None] = {}
 
     def __call__(self, v: SSAValue) -> np.ndarray | None:

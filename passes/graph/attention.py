@@ -236,7 +236,7 @@ def _mask(ch: AttentionChain, const: ConstValues, scores: list[int], emit, loc: 
                 return None, True
         mask = m.value
         if ch.scale_after_mask and ch.scale != 1.0 and not (values is not None and pure):
-            mask = emit(g.MulOp.make(mask, emit(g.ConstantOp.make(np.float32(ch.scale), dt, loc=loc)), loc=loc))
+            mask = emit(g.MulOp.make(mask, emit(g.ConstantOp.make(float(ch.scale), dt, loc=loc)), loc=loc))
         return mask, False
     assert m.fill is not None
     cond = const(m.value)
@@ -244,7 +244,7 @@ def _mask(ch: AttentionChain, const: ConstValues, scores: list[int], emit, loc: 
         keep = (cond != 0) if m.keep_when else (cond == 0)
         if _is_tril(keep, scores, tril):
             return None, True
-    zero = emit(g.ConstantOp.make(np.float32(0.0), dt, loc=loc))
+    zero = emit(g.ConstantOp.make(0.0, dt, loc=loc))
     fill = m.fill if g.element_dtype(m.fill.type) == dt else emit(g.CastOp.make(m.fill, dt, loc=loc))
     x, y = (zero, fill) if m.keep_when else (fill, zero)
     return emit(gi.WhereOp.make(m.value, x, y, loc=loc)), False
