@@ -217,9 +217,7 @@ def test_report_renders_in_headless_chromium(full):
 
 
 def test_cli_runs_and_summarises(spec_path, tmp_path, capsys):
-    small = spec_path.parent / "small.toml"
-    small.write_text(spec_path.read_text().replace("[8, 16]", "[16]").replace("[0.5, 2.0]", "[0.5]")
-                     .replace("[64, 65536]", "[65536]"))
+    small = _small(spec_path)
     assert main(["sweep", str(small), "--out", str(tmp_path / "o"), "--workers", "1", "-q"]) == 0
     out = capsys.readouterr().out
     assert "sweep             2 points (full fidelity), 0 failed" in out
@@ -234,7 +232,26 @@ def test_local_pool_gives_the_same_table(full, spec_path, tmp_path):
     assert (tmp_path / "o" / "results.csv").read_text() == full[1]
 
 
-@pytest.mark.slow  # ~35 s: starting a local Ray instance
+def _small(spec_path) -> Path:
+    small = spec_path.parent / "small.toml"
+    small.write_text(spec_path.read_text().replace("[8, 16]", "[16]").replace("[0.5, 2.0]", "[0.5]")
+                     .replace("[64, 65536]", "[65536]"))
+    return small
+
+
+def test_local_ray_gives_the_same_table_as_in_process(spec_path, tmp_path):
+    """CI starts a local Ray instance (ray is a dev dependency) and compares its table
+    with the in-process run's on a 2-point spec (the 16-point one under -m slow)."""
+    pytest.importorskip("ray", reason="--ray needs ray (pip install 'tilecc[sweep]')")
+    spec = load_spec(_small(spec_path))
+    run_sweep(spec, str(tmp_path / "local"), workers=1)
+    run_sweep(spec, str(tmp_path / "ray"), ray="local")
+    local = (tmp_path / "local" / "results.csv").read_text()
+    assert local.count("\n") == 3  # the header and two points
+    assert (tmp_path / "ray" / "results.csv").read_text() == local
+
+
+@pytest.mark.slow  # ~35 s: starting a local Ray instance, 16 points
 def test_local_ray_gives_the_same_table(full, spec_path, tmp_path):
     pytest.importorskip("ray", reason="--ray needs ray (pip install 'tilecc[sweep]')")
     run_sweep(load_spec(spec_path), str(tmp_path / "o"), ray="local")
