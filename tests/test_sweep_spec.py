@@ -61,6 +61,7 @@ CASES = [
     (('[8, 16]', '[8, 8]'), "lists a value twice"),
     (('"matrix.rows"', '"matrix"'), "'matrix' is a table of the config, not a value"),
     (('"matrix.rows"', '"tp"'), "'sweep.grid.\"tp\"': multi-chip system and tp/pp/dp keys need the system spec"),
+    (('"matrix.rows" = [8, 16]', 'weights = ["int4"]'), "'sweep.grid.\"weights\"' has value 'int4': 'weights' takes one of native, bf16, int8, fp8"),
     (('"matrix.rows"', '"system.chips"'), "multi-chip system and tp/pp/dp keys"),
     (('"matrix.rows"', 'matrix.rows'), "'sweep.grid.matrix' is a table: quote dotted keys"),
     (('"energy"]', '"speed"]'), "'sweep.objectives' has unknown objective 'speed'"),

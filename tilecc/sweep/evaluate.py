@@ -18,6 +18,7 @@ exported program) for the next task of the same workload (`_workload`, a small L
 from __future__ import annotations
 
 import functools
+import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class Task:
     config: dict[str, Any]  # the effective config's TOML tables (the first point's)
     points: tuple[int, ...]  # the point indices it serves
     areas: tuple[dict[str, Any], ...] = ()  # each point's [area] table (default: the config's)
+    knobs: dict[str, Any] = field(default_factory=dict)  # workload knobs (tilecc/sweep/knobs.py)
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,15 @@ class Outcome:
 
 
 @functools.lru_cache(maxsize=4)
-def _workload(spec: str) -> tuple[Any, tuple, list]:
-    """(exported program, inputs, eager outputs) of `FILE.py:FACTORY`."""
+def _workload(spec: str, knobs: str = "{}") -> tuple[Any, tuple, list]:
+    """(exported program, inputs, eager outputs) of `FILE.py:FACTORY` with the workload
+    knobs (JSON of tilecc/sweep/knobs.py's values) applied."""
     from tilecc.cli import load_factory, run_eager
     from tilecc.frontend.torch_export import export_model
+    from tilecc.sweep.knobs import apply_knobs
 
     model, inputs = load_factory(spec)
+    model, inputs = apply_knobs(model, inputs, json.loads(knobs))
     expected = run_eager(model, inputs)
     return export_model(model, inputs), inputs, expected
 
@@ -101,7 +106,7 @@ def _run(task: Task) -> tuple[Any, Any]:
     from tilecc.runtime.executor import run_program
 
     cfg = from_dict(task.config, f"point {task.points[0]}")
-    ep, inputs, expected = _workload(task.workload)
+    ep, inputs, expected = _workload(task.workload, json.dumps(task.knobs, sort_keys=True))
     program = compile_cached(ep, cfg, None)
     sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"
     outputs, report = run_program(program, inputs, sanitize=sanitize)

@@ -31,10 +31,11 @@ from tilecc.simulator.config import HardwareConfig
 from tilecc.sweep.backends import Backend, make_backend, require
 from tilecc.sweep.estimate import EstimateError, Estimator
 from tilecc.sweep.evaluate import Outcome, Task
+from tilecc.sweep.knobs import KNOBS
 from tilecc.sweep.objectives import OBJECTIVES, Figures, objective_value
 from tilecc.sweep.pareto import pareto_mask
 from tilecc.sweep.results import ResultStore
-from tilecc.sweep.spec import SweepSpec, apply_point
+from tilecc.sweep.spec import SweepSpec, apply_point, knob_part
 
 __all__ = ["SweepSummary", "run_sweep", "FIDELITIES"]
 
@@ -147,7 +148,7 @@ class _Run:
             eff = apply_point(self.spec.base_data, {k: v for k, v in members[0][1].items()
                                                     if not k.startswith("area.")})
             areas = tuple(apply_point(self.spec.base_data, p)["area"] for _, p, _ in members)
-            tasks.append(Task(workload, eff, tuple(i for i, _, _ in members), areas))
+            tasks.append(Task(workload, eff, tuple(i for i, _, _ in members), areas, knob_part(members[0][1])))
             key_of[members[0][0]] = key
         for outcomes in self.backend.run(tasks):
             self.memo.setdefault((workload, key_of[outcomes[0].index]), outcomes[0])
@@ -156,9 +157,10 @@ class _Run:
                 yield o.index, point, Figures(**o.figures) if o.figures else None, o.failure
 
     def _effective(self, point: dict[str, Any]) -> str:
-        """The config without its area: what the compile and the simulation depend on."""
+        """The config without its area, with the workload knobs: what the compile and the
+        simulation depend on."""
         data = apply_point(self.spec.base_data, {k: v for k, v in point.items() if not k.startswith("area.")})
-        return json.dumps(data, sort_keys=True)
+        return json.dumps([data, knob_part(point)], sort_keys=True)
 
     def calibrate(self, workload: str, points: list[tuple[int, dict[str, Any]]]) -> None:
         """Estimate fidelity: fit the workload's estimator on simulated sample points."""
@@ -196,6 +198,10 @@ def run_sweep(spec: SweepSpec, out_dir: str, *, workers: int = 1, resume: bool =
         raise TileccError(f"--fidelity {fidelity!r}: expected one of {', '.join(FIDELITIES)}")
     if spec.strategy == "nsga2":
         require("optuna", 'strategy = "nsga2"')
+    knobs = [k for k in spec.keys if k in KNOBS]
+    if fidelity == "estimate" and knobs:
+        raise TileccError(f"--fidelity estimate: the estimator models the hardware config only; "
+                          f"the workload knob '{knobs[0]}' needs --fidelity full")
     store = ResultStore.open(out_dir, spec, fidelity, resume)
     total = len(spec.workloads) * (spec.trials if spec.strategy == "nsga2" else len(spec.points()))
     backend = make_backend(workers, ray)

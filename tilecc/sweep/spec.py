@@ -17,6 +17,9 @@ key must exist in the base config and every value must have the type of the base
 value; whether a combination is a valid config (`matrix.rows` <= `sram.partitions`) is
 decided per point, and a point that is not is a failed point with the reason.
 
+Workload knobs (`weights = ["native", "int8"]`: tilecc/sweep/knobs.py) are swept like
+config keys but change the model, not the config.
+
 Multi-chip system keys (`system.*`) and the parallelism keys (`tp`, `pp`, `dp`) come
 with the system spec (issue 22): they are named in `FUTURE_KEYS` and refused with that
 reason until then; a new key family is one entry in `_check_key`.
@@ -35,6 +38,7 @@ from typing import Any
 
 from tilecc.errors import ConfigError, TileccError
 from tilecc.simulator.config import PRESET_DIR, HardwareConfig, from_dict
+from tilecc.sweep.knobs import check_knob, is_knob
 from tilecc.sweep.objectives import OBJECTIVES
 
 __all__ = ["SweepSpec", "SweepSpecError", "load_spec", "STRATEGIES"]
@@ -91,7 +95,7 @@ class SweepSpec:
 
     def config(self, point: dict[str, Any], where: str) -> HardwareConfig:
         """The base config with `point`'s values (ConfigError naming `where` if invalid)."""
-        return from_dict(apply_point(self.base_data, point), where)
+        return from_dict(apply_point(self.base_data, config_part(point)), where)
 
     def fingerprint(self) -> str:
         """What a resumed sweep must match (the spec's meaning, not its text)."""
@@ -100,9 +104,19 @@ class SweepSpec:
         return json.dumps(d, sort_keys=True, default=str)
 
 
+def config_part(point: dict[str, Any]) -> dict[str, Any]:
+    """The point's config keys (its workload knobs, tilecc/sweep/knobs.py, left out)."""
+    return {k: v for k, v in point.items() if not is_knob(k)}
+
+
+def knob_part(point: dict[str, Any]) -> dict[str, Any]:
+    """The point's workload knobs (tilecc/sweep/knobs.py)."""
+    return {k: v for k, v in point.items() if is_knob(k)}
+
+
 def apply_point(base: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
     data = copy.deepcopy(base)
-    for dotted, value in point.items():
+    for dotted, value in config_part(point).items():
         *parents, last = dotted.split(".")
         table = data
         for p in parents:
@@ -251,11 +265,17 @@ def _grid(value: Any, base: dict[str, Any]) -> dict[str, list[Any]]:
     for key, values in value.items():
         if isinstance(values, dict):  # an unquoted dotted key: [sweep.grid] matrix.rows = [...]
             raise SweepSpecError(f"'sweep.grid.{key}' is a table: quote dotted keys (\"{key}.<name>\" = [...])")
-        base_value = _check_key(key, base)
+        knob = is_knob(key)
+        base_value = None if knob else _check_key(key, base)
         if not isinstance(values, list) or not values:
             raise SweepSpecError(f"'sweep.grid.\"{key}\"' = {values!r}: expected a non-empty list of values")
         for v in values:
-            _check_type(key, v, base_value)
+            if knob:
+                why = check_knob(key, v)
+                if why:
+                    raise SweepSpecError(f"'sweep.grid.\"{key}\"' has value {v!r}: {why}")
+            else:
+                _check_type(key, v, base_value)
         if len({json.dumps(v) for v in values}) != len(values):
             raise SweepSpecError(f"'sweep.grid.\"{key}\"' = {values!r} lists a value twice")
         grid[key] = list(values)
