@@ -145,3 +145,20 @@ def test_timing_only_gives_the_functional_figures():
     assert timing.tokens is None and timing.matches_eager is None
     assert timing.tpot_us == pytest.approx(full.tpot_us, rel=1e-6)
     assert timing.ttft_us == pytest.approx(full.ttft_us, rel=1e-6)
+
+
+class _RotateHalf(torch.nn.Module):
+    def forward(self, x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 1, 64), (3, 1, 5, 8)])
+def test_decode_shape_concat_fills_partitions(shape):
+    """A decode step's rotate-half (``[B, H, 1, D]``) concatenates rows of the output
+    viewed as ``[B * H, D]``: one DMA pair per input, not one per (batch, head)."""
+    x = torch.randn(*shape)
+    cm = tilecc.compile(_RotateHalf().eval(), (x,))
+    torch.testing.assert_close(cm(x), _RotateHalf()(x))
+    (count,) = [n for name, _, n in cm.program.kernels if "concat" in name]
+    assert count <= 8, count
