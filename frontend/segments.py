@@ -57,6 +57,7 @@ class SegmentedGraph:
     placeholders: list[str]  # the exported graph's inputs, in its order
     stages: list[Segment | list[Collective]]
     outputs: list[str]
+    transposed: set[str] = field(default_factory=set)  # weights the segments take as W^T (see below)
 
     @property
     def segments(self) -> list[Segment]:
@@ -71,11 +72,19 @@ def _val(n: Node) -> torch.Tensor:
     return n.meta["val"]
 
 
-def split_at_collectives(ep: ExportedProgram, constants: dict[str, torch.Tensor] | None = None) -> SegmentedGraph:
+def split_at_collectives(ep: ExportedProgram, constants: dict[str, torch.Tensor] | None = None,
+                         weights: set[str] | None = None) -> SegmentedGraph:
     """`constants`: graph inputs every chip holds alike (buffers, lifted constants), by name;
     segments hold them as their own constants (so the compiler folds them) instead of taking
-    them as inputs."""
+    them as inputs. `weights`: the per-chip weight inputs; one that only feeds `linear` as
+    its weight is taken transposed (`x @ W^T` becomes `matmul(x, WT)`, with WT laid out in
+    HBM by the host when the weights are loaded), so no segment transposes a weight at run
+    time: what the single-chip compile does at compile time for constant weights."""
     constants = constants or {}
+    transposed = {n.name for n in ep.graph_module.graph.nodes
+                  if n.op == "placeholder" and n.name in (weights or set()) and n.users
+                  and all(u.target is torch.ops.aten.linear.default and u.args[1] is n and u.args[0] is not n
+                          for u in n.users)}
     graph = ep.graph_module.graph
     level: dict[Node, int] = {}
     avail: dict[Node, int] = {}  # the first stage a value is available at
@@ -113,12 +122,12 @@ def split_at_collectives(ep: ExportedProgram, constants: dict[str, torch.Tensor]
     for lv in range(last + 1):
         compute = [n for n in nodes if level[n] == lv and not collective_name(n.target)]
         if compute:
-            stages.append(_segment(lv, compute, users, final, alias, constants))
+            stages.append(_segment(lv, compute, users, final, alias, constants, transposed))
         comms = [_collective(n) for n in nodes if level[n] == lv and collective_name(n.target)]
         if comms:
             stages.append(comms)
     outs = [alias.get(a, a).name if isinstance(a, Node) else a for a in out_node.args[0]]
-    return SegmentedGraph(placeholders, stages, outs)
+    return SegmentedGraph(placeholders, stages, outs, transposed)
 
 
 def _collective(n: Node) -> Collective:
@@ -134,7 +143,7 @@ def _collective(n: Node) -> Collective:
 
 
 def _segment(lv: int, compute: list[Node], users: dict[Node, list[Node]], final: list[Node],
-             alias: dict[Node, Node], constants: dict[str, torch.Tensor]) -> Segment:
+             alias: dict[Node, Node], constants: dict[str, torch.Tensor], transposed: set[str]) -> Segment:
     g = Graph()
     root = torch.nn.Module()
     inside = set(compute)
@@ -157,9 +166,18 @@ def _segment(lv: int, compute: list[Node], users: dict[Node, list[Node]], final:
         for a in n.all_input_nodes:
             if alias.get(a, a) not in inside:
                 arg(a)
+        w = n.args[1] if n.target is torch.ops.aten.linear.default else None
+        if isinstance(w, Node) and w.name in transposed:
+            x = env[alias.get(n.args[0], n.args[0])]  # type: ignore[arg-type]
+            y = g.call_function(torch.ops.aten.matmul.default, (x, env[w]))
+            b = n.args[2] if len(n.args) > 2 else None
+            env[n] = y if b is None else g.call_function(torch.ops.aten.add.Tensor, (y, env[alias.get(b, b)]))
+            env[n].meta["val"] = n.meta.get("val")
+            continue
         env[n] = g.node_copy(n, lambda a: env[alias.get(a, a)])
     outputs = [n for n in compute if n in final or any(u not in inside for u in users[n])]
     g.output(tuple(env[n] for n in outputs))
     gm = GraphModule(root, g)
-    examples = [torch.zeros(_val(a).shape, dtype=_val(a).dtype) for a in inputs]
+    examples = [torch.zeros(_val(a).mT.shape if a.name in transposed else _val(a).shape, dtype=_val(a).dtype)
+                for a in inputs]
     return Segment(lv, gm, [a.name for a in inputs], [n.name for n in outputs], examples)

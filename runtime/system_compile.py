@@ -68,7 +68,9 @@ def compile_system(model: torch.nn.Module, inputs: tuple, system: SystemConfig, 
                 values[r][name] = _state_value(chip, ep, spec.kind, spec.target)
         else:
             shared[name] = _state_value(chips[0], ep, spec.kind, spec.target)
-    graph = split_at_collectives(ep, shared)
+    graph = split_at_collectives(ep, shared, set(values[0]))
+    for r in range(tp):  # weights the segments take as W^T, laid out so when loaded
+        values[r] = {k: v.mT.contiguous() if k in graph.transposed else v for k, v in values[r].items()}
     cfg = system.chip_config(0)
     programs = []
     for seg in graph.segments:

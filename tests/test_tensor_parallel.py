@@ -123,3 +123,21 @@ def test_sharding_errors():
         tilecc.compile(model, (IDS,), system="ring:2", parallel={"tp": 2}, tp_plan={"nope": ColwiseParallel()})
     assert issubclass(ShardingError, tilecc.TileccError)
     assert np.isfinite(0.0)
+
+
+def test_cli_errors(capsys):
+    from tilecc.cli import main
+
+    assert main(["run", "examples/llama_tp.py:llama", "--tp", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --tp / --pp / --sp / --micro-batches need --system (e.g. --system ring:4)"
+    assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:4", "--tp", "3"]) == 2
+    assert "tp x pp = 3 must equal the system's 4 chips" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_runs_the_example(capsys):
+    from tilecc.cli import main
+
+    assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:2", "--tp", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["allclose"] and d["tp"] == 2 and d["link_bytes"] > 0 and len(d["chips"]) == 2
