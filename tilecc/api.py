@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 from torch.export import ExportedProgram
@@ -21,6 +21,9 @@ from tilecc.runtime.program import Program
 from tilecc.runtime.report import Report
 from tilecc.runtime.state import ModelState
 from tilecc.simulator.config import HardwareConfig, load_config
+
+if TYPE_CHECKING:
+    from tilecc.system_api import SystemModel
 
 
 class CompiledModel:
@@ -99,6 +102,21 @@ class CompiledModel:
         return CompiledModel(Program.load(path))
 
 
+@overload
+def compile(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs: tuple | None = None, *,
+            target: str | Path | HardwareConfig = "tiny", dynamic_shapes: Any = None, opt_level: int = 2,
+            autotune: bool | Autotuner = False, cache: bool | str | Path | CompileCache | None = None,
+            system: None = None, parallel: None = None, tp_plan: None = None) -> CompiledModel: ...
+
+
+@overload
+def compile(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs: tuple | None = None, *,
+            target: str | Path | HardwareConfig = "tiny", dynamic_shapes: Any = None, opt_level: int = 2,
+            autotune: bool | Autotuner = False, cache: bool | str | Path | CompileCache | None = None,
+            system: Any = None, parallel: dict[str, Any] | None = None,
+            tp_plan: dict[str, Any] | None = None) -> SystemModel: ...
+
+
 def compile(
     model: torch.nn.Module | torch.export.ExportedProgram,
     example_inputs: tuple | None = None,
@@ -108,7 +126,10 @@ def compile(
     opt_level: int = 2,
     autotune: bool | Autotuner = False,
     cache: bool | str | Path | CompileCache | None = None,
-) -> CompiledModel:
+    system: Any = None,
+    parallel: dict[str, Any] | None = None,
+    tp_plan: dict[str, Any] | None = None,
+) -> CompiledModel | SystemModel:
     """Export (if needed), import, lower and encode `model` for `target`.
 
     `dynamic_shapes` (torch.export's argument, with `Dim` ranges) or an ExportedProgram
@@ -118,7 +139,17 @@ def compile(
     winners are cached on disk (`passes/schedule/autotune.py`), so recompiling skips the search.
     `cache`: the compile cache of whole programs (`runtime/cache.py`): None (default) is
     on unless ``TILECC_COMPILE_CACHE=0``; False off; a directory or a `CompileCache`.
+    `system` (``"ring:4"``, a TOML file) with `parallel` ({"tp": 4, "sp": True} or {"pp": 2,
+    "micro_batches": 4}) and optionally `tp_plan` compiles for many chips and returns a
+    `SystemModel` (tilecc/system_api.py).
     """
+    if system is not None or parallel is not None:
+        from tilecc.system_api import compile_for_system
+
+        if system is None:
+            raise TileccError("tilecc.compile: parallel= needs system= (e.g. system=\"ring:4\")")
+        return compile_for_system(model, example_inputs, target=target, system=system, parallel=parallel,
+                                  tp_plan=tp_plan, opt_level=opt_level, cache=cache)
     cfg = load_config(target)
     if opt_level not in (0, 2):
         raise TileccError(f"opt_level {opt_level!r}: tilecc has -O0 (baseline) and -O2 (default)")

@@ -1,6 +1,7 @@
 """The `tilecc` command line.
 
     tilecc run FILE.py:FACTORY [--target NAME_OR_TOML] [--json] [--save PROGRAM]
+    tilecc run FILE.py:FACTORY --system SPEC --tp N [--sp] | --pp N [--micro-batches M]  (system_cli.py)
     tilecc explain FILE.py:FACTORY [--target NAME_OR_TOML] [--training] [--json]
     tilecc explore SOURCE [--print-ir-after-all] [--remarks] [--html PAGE] ...  (tilecc/explore.py)
     tilecc bisect FILE.py:FACTORY [--target NAME_OR_TOML]   (docs/reliability.md)
@@ -129,7 +130,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     import tilecc
     from tilecc.runtime.executor import run_program
     from tilecc.simulator.config import load_config
+    from tilecc.system_cli import cmd_run_system, wants_system
 
+    if wants_system(args):  # many chips (tilecc/system_cli.py)
+        return cmd_run_system(args, load_factory, run_eager)
     cfg = load_config(args.target)
     model, inputs = load_factory(args.source)
     expected = run_eager(model, inputs)
@@ -310,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save", type=output_file, help="write the compiled program to this file")
     run.add_argument("--trace", type=output_file, help="write a Perfetto / Chrome-trace timeline (JSON) here")
     run.add_argument("--no-sanitize", action="store_true", help="skip the race / uninitialised-read checks")
+    from tilecc.system_cli import add_arguments as add_system_arguments  # many chips
+
+    add_system_arguments(run)
     add_quiet(run)
     run.set_defaults(fn=cmd_run)
     sim = sub.add_parser("sim", help="run a saved program on the simulator")

@@ -1,0 +1,109 @@
+"""Models on many chips: `tilecc.compile(..., system=..., parallel=...)` returns a SystemModel.
+
+    sm = tilecc.compile(model, (ids,), target="tiny", system="ring:4", parallel={"tp": 4, "sp": True})
+    y = sm(ids)          # every chip on the simulator, the collectives on the interconnect model
+    print(sm.report)     # per chip, per link, communication share (runtime/system_report.py)
+    sm.run(ids, trace="run.json")   # Perfetto: a process per chip (its engines), one for the links
+
+`parallel`: {"tp": N, "sp": bool} (tensor parallelism, Megatron-style, with sequence
+parallelism around the norms) or {"pp": N, "micro_batches": M} (pipeline parallelism by
+layers, runtime/pipeline_run.py). `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
+ColwiseParallel / RowwiseParallel / SequenceParallel / PrepareModuleInput/Output); by default
+the automatic plan of a `transformers` decoder (frontend/tensor_parallel.py). The system's
+chip config is the target of every chip (`system` may name its own: `ring:4;chip=edge`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tilecc.errors import TileccError
+from tilecc.frontend.tensor_parallel import ShardingError
+from tilecc.runtime.system_compile import SystemProgram, compile_system
+from tilecc.runtime.system_report import SystemReport, system_report
+from tilecc.runtime.system_run import SystemTimeline, run_system
+from tilecc.simulator.interconnect.system import SystemConfig, load_system
+
+PARALLEL_KEYS = ("tp", "sp", "pp", "micro_batches", "dp")
+
+
+class SystemModel:
+    """A model compiled for a system of chips; calling it runs every chip and link."""
+
+    def __init__(self, program: Any, mode: str = "contention"):
+        self.program = program
+        self.mode = mode
+        self.sanitize = False
+        self.report: SystemReport | None = None
+        self.timeline: SystemTimeline | None = None
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        return self.run(*inputs)
+
+    def run(self, *inputs: torch.Tensor, trace: str | Path | None = None) -> Any:
+        """Run every chip and link; `trace`: write a Perfetto trace there (runtime/system_trace.py)."""
+        import tempfile
+
+        from tilecc.runtime.system_trace import write_system_trace
+
+        with tempfile.TemporaryDirectory() as tmp:
+            tdir = tmp if trace is not None else None
+            if isinstance(self.program, SystemProgram):
+                outs, self.timeline = run_system(self.program, inputs, mode=self.mode, sanitize=self.sanitize,
+                                                 trace_dir=tdir)
+                self.report = system_report(self.program, self.timeline)
+            else:
+                from tilecc.runtime.pipeline_run import run_pipeline
+
+                outs, self.timeline, self.report = run_pipeline(self.program, inputs, mode=self.mode,
+                                                                sanitize=self.sanitize, trace_dir=tdir)
+            if trace is not None:
+                write_system_trace(trace, self.timeline, self.program.system)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dict[str, Any]:
+    p = dict(parallel or {})
+    for k in p:
+        if k not in PARALLEL_KEYS:
+            raise ShardingError(f"parallel: unknown key '{k}' (allowed: {', '.join(PARALLEL_KEYS)})")
+    for k in ("tp", "pp", "dp", "micro_batches"):
+        v = p.get(k, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ShardingError(f"parallel: '{k}' must be a whole number >= 1, got {v!r}")
+    if p.get("dp", 1) > 1:
+        raise ShardingError("parallel: data parallelism (dp > 1) is not implemented yet")
+    tp, pp = p.get("tp", 1), p.get("pp", 1)
+    if tp > 1 and pp > 1:
+        raise ShardingError(f"parallel: tp={tp} with pp={pp} together is not implemented yet (one or the other)")
+    if tp * pp != system.chips:
+        raise ShardingError(f"parallel: tp x pp = {tp * pp} must equal the system's {system.chips} chips "
+                            f"({system.topology.spec})")
+    if p.get("sp") and tp == 1:
+        raise ShardingError("parallel: sequence parallelism (sp) needs tp > 1")
+    return p
+
+
+def compile_for_system(model: torch.nn.Module, example_inputs: tuple, *, target: Any, system: Any,
+                       parallel: dict[str, Any] | None, tp_plan: dict[str, Any] | None = None,
+                       opt_level: int = 2, cache: Any = None, mode: str = "contention") -> SystemModel:
+    if isinstance(model, torch.export.ExportedProgram):
+        raise ShardingError("a system compile shards an nn.Module (its layers are named in the plan), "
+                            "not an ExportedProgram")
+    if example_inputs is None:
+        raise TileccError("tilecc.compile: example_inputs are required to export an nn.Module")
+    if isinstance(system, str) and isinstance(target, str) and "chip=" not in system and not system.endswith(".toml"):
+        system = f"{system};chip={target}"
+    cfg = load_system(system)
+    p = parse_parallel(parallel, cfg)
+    if p.get("pp", 1) > 1:
+        from tilecc.runtime.pipeline_run import compile_pipeline
+
+        return SystemModel(compile_pipeline(model, tuple(example_inputs), cfg, pp=p["pp"],
+                                            micro_batches=p.get("micro_batches", 1), opt_level=opt_level,
+                                            cache=cache), mode)
+    return SystemModel(compile_system(model, tuple(example_inputs), cfg, tp=p.get("tp", 1), sp=bool(p.get("sp")),
+                                      plan=tp_plan, opt_level=opt_level, cache=cache), mode)

@@ -1,0 +1,80 @@
+"""`tilecc run FILE.py:FACTORY --system SPEC (--tp N [--sp] | --pp N [--micro-batches M])`:
+a model on many simulated chips, compared with eager.
+
+    tilecc run examples/llama_tp.py:llama --system "ring:4;link=nvlink4" --tp 4 --sp --trace run.json
+
+`--system` takes the short form (`ring:4;chip=edge;bandwidth_gbs=100`, docs/system.md) or a
+TOML file with a `[system]` table; `--target` is every chip's config unless the system names
+one. Prints whether the output matches eager, then the system report (per chip, per link,
+the communication's share: runtime/system_report.py); `--json` prints it as one object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from typing import Any
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--system", help="many chips: a system spec (ring:4, torus:2x4, switch:8, a .toml file)")
+    run.add_argument("--tp", type=int, default=1, help="with --system: tensor-parallel chips")
+    run.add_argument("--sp", action="store_true", help="with --tp: sequence parallelism around the norms")
+    run.add_argument("--pp", type=int, default=1, help="with --system: pipeline stages (one chip each)")
+    run.add_argument("--micro-batches", type=int, default=1, help="with --pp: micro-batches the batch is cut into")
+
+
+def wants_system(args: argparse.Namespace) -> bool:
+    return bool(args.system) or args.tp != 1 or args.pp != 1 or args.sp or args.micro_batches != 1
+
+
+def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) -> int:
+    import torch
+
+    import tilecc
+    from tilecc.errors import TileccError
+    from tilecc.runtime.compare import compare
+    from tilecc.simulator import progress
+
+    if not args.system:
+        raise TileccError("--tp / --pp / --sp / --micro-batches need --system (e.g. --system ring:4)")
+    for flag in ("save", "autotune"):
+        if getattr(args, flag, None):
+            raise TileccError(f"--{flag} is not supported with --system")
+    model, inputs = load_factory(args.source)
+    expected = run_eager(model, inputs)
+    parallel: dict[str, Any] = {"tp": args.tp, "sp": args.sp} if args.pp == 1 else \
+        {"pp": args.pp, "micro_batches": args.micro_batches}
+    if args.tp != 1 and args.pp != 1:
+        parallel = {"tp": args.tp, "pp": args.pp}
+    progress.report("export")
+    t0 = time.perf_counter()
+    sm = tilecc.compile(model, inputs, target=args.target, system=args.system, parallel=parallel,
+                        opt_level=args.opt_level, cache=False if args.no_cache else None)
+    compile_seconds = time.perf_counter() - t0
+    sm.sanitize = not args.no_sanitize
+    t1 = time.perf_counter()
+    out = sm.run(*inputs, trace=args.trace)
+    simulate_seconds = time.perf_counter() - t1
+    outputs = list(out) if isinstance(out, tuple) else [out]
+    if len(outputs) != len(expected):
+        raise TileccError(f"{args.source}: the system program has {len(outputs)} output(s), eager {len(expected)}")
+    ok, worst = compare(outputs, [torch.as_tensor(r) for r in expected])
+    report = sm.report
+    assert report is not None
+    if args.json:
+        d = report.to_dict()
+        d.update(allclose=ok, max_abs_error=worst if math.isfinite(worst) else None,
+                 compile_seconds=compile_seconds, simulate_seconds=simulate_seconds, source=args.source,
+                 parallel=parallel)
+        print(json.dumps(d, sort_keys=True, default=str))
+    else:
+        print(f"model             {args.source}")
+        print(f"compile           {compile_seconds:.2f} s, simulate {simulate_seconds:.2f} s")
+        print(f"matches eager     {'yes' if ok else 'NO'} (max abs error {worst:.3g})")
+        print(report)
+        if args.trace:
+            print(f"trace             {args.trace} (open in ui.perfetto.dev)")
+    return 0 if ok else 1
