@@ -276,3 +276,50 @@ def test_weights_knob_compiles_each_format_against_its_own_eager(spec_path, tmp_
     assert float(rows[1]["energy"]) < float(rows[0]["energy"])
     with pytest.raises(Exception, match="the workload knob 'weights' needs --fidelity full"):
         run_sweep(load_spec(spec), str(tmp_path / "e"), fidelity="estimate")
+
+
+LLAMA = """import sys, types
+for m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+    sys.modules.setdefault(m, types.ModuleType(m))
+import torch
+
+
+class LastHidden(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids).last_hidden_state
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaModel
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=8,
+                      num_key_value_heads=4, vocab_size=100, max_position_embeddings=64, use_cache=False,
+                      attn_implementation="eager")
+    return LastHidden(LlamaModel(cfg)).eval(), (torch.randint(0, 100, (1, 16)),)
+"""
+
+
+def test_tp_knob_sweeps_chips_and_topology_against_eager(tmp_path):
+    """`tp`, `topology` and `link_bandwidth_gbs` are system knobs: each point shards the
+    model over the chips (tilecc/system_api.py), simulates every chip and link, compares
+    with eager; area is the chips' sum, the bound the single chip's over tp."""
+    (tmp_path / "llama.py").write_text(LLAMA)
+    spec = tmp_path / "tp.toml"
+    spec.write_text(f'[sweep]\nworkload = "{tmp_path}/llama.py:llama"\nbase = "tiny"\n'
+                    'objectives = ["latency", "energy", "area", "roofline_ratio"]\n[sweep.grid]\n'
+                    'tp = [1, 2]\ntopology = ["switch"]\nlink_bandwidth_gbs = [25.0, 400.0]\n')
+    summary = run_sweep(load_spec(spec), str(tmp_path / "o"), workers=1)
+    rows = _rows((tmp_path / "o" / "results.csv").read_text())
+    assert summary.failed == 0, [r["failure"] for r in rows]
+    one = [r for r in rows if r["tp"] == "1"]
+    two = [r for r in rows if r["tp"] == "2"]
+    # one chip: the system knobs do not apply, its points have one figure set (one compile)
+    assert len(one) == 2 and len({(r["latency"], r["energy"]) for r in one}) == 1
+    assert all(float(r["area"]) == pytest.approx(2 * float(one[0]["area"])) for r in two)
+    by = {r["link_bandwidth_gbs"]: float(r["latency"]) for r in two}
+    assert by["25.0"] > by["400.0"]  # a slower link costs time
+    assert all(float(r["roofline_ratio"]) > 1 for r in rows)

@@ -28,6 +28,7 @@ from tilecc.cli_args import one_line
 from tilecc.errors import TileccError
 from tilecc.simulator.area import area
 from tilecc.simulator.config import from_dict
+from tilecc.sweep.knobs import MODEL_KNOBS, system_spec, to_toml
 from tilecc.sweep.objectives import Figures
 
 __all__ = ["Outcome", "Task", "evaluate_task", "figures_of"]
@@ -50,9 +51,9 @@ class Outcome:
 
 
 @functools.lru_cache(maxsize=4)
-def _workload(spec: str, knobs: str = "{}") -> tuple[Any, tuple, list]:
-    """(exported program, inputs, eager outputs) of `FILE.py:FACTORY` with the workload
-    knobs (JSON of tilecc/sweep/knobs.py's values) applied."""
+def _workload(spec: str, knobs: str = "{}") -> tuple[Any, tuple, list, Any]:
+    """(exported program, inputs, eager outputs, model) of `FILE.py:FACTORY` with the
+    workload knobs (JSON of tilecc/sweep/knobs.py's model knobs) applied."""
     from tilecc.cli import load_factory, run_eager
     from tilecc.frontend.torch_export import export_model
     from tilecc.sweep.knobs import apply_knobs
@@ -60,7 +61,7 @@ def _workload(spec: str, knobs: str = "{}") -> tuple[Any, tuple, list]:
     model, inputs = load_factory(spec)
     model, inputs = apply_knobs(model, inputs, json.loads(knobs))
     expected = run_eager(model, inputs)
-    return export_model(model, inputs), inputs, expected
+    return export_model(model, inputs), inputs, expected, model
 
 
 def figures_of(report: Any, cfg: Any) -> Figures:
@@ -94,7 +95,12 @@ def evaluate_task(task: Task) -> list[Outcome]:
     out = []
     for index, area_table in zip(task.points, areas):
         point_cfg = from_dict({**task.config, "area": area_table}, f"point {index}")
-        out.append(Outcome(index, figures=vars(figures_of(report, point_cfg))))
+        if isinstance(report, Figures):  # a system point (_run_system): every chip's area
+            chips = task.knobs.get("tp", 1)
+            mm2 = chips * area(point_cfg).total if point_cfg.area is not None else float("nan")
+            out.append(Outcome(index, figures={**vars(report), "area_mm2": mm2}))
+        else:
+            out.append(Outcome(index, figures=vars(figures_of(report, point_cfg))))
     return out
 
 
@@ -106,7 +112,10 @@ def _run(task: Task) -> tuple[Any, Any]:
     from tilecc.runtime.executor import run_program
 
     cfg = from_dict(task.config, f"point {task.points[0]}")
-    ep, inputs, expected = _workload(task.workload, json.dumps(task.knobs, sort_keys=True))
+    model_knobs = {k: v for k, v in task.knobs.items() if k in MODEL_KNOBS}
+    ep, inputs, expected, model = _workload(task.workload, json.dumps(model_knobs, sort_keys=True))
+    if task.knobs.get("tp", 1) > 1:
+        return _run_system(task, cfg, ep, inputs, expected, model)
     program = compile_cached(ep, cfg, None)
     sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"
     outputs, report = run_program(program, inputs, sanitize=sanitize)
@@ -114,3 +123,46 @@ def _run(task: Task) -> tuple[Any, Any]:
     if not ok:
         return f"the compiled program does not match eager (max abs error {worst:.3g})", cfg
     return report, cfg
+
+
+def _run_system(task: Task, cfg: Any, ep: Any, inputs: tuple, expected: list, model: Any) -> tuple[Any, Any]:
+    """A `tp` point: the model sharded over `tp` chips of the point's config, every chip
+    and link simulated (tilecc/system_api.py), compared with eager."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from tilecc.frontend.dsl.work import dsl_call_work
+    from tilecc.frontend.torch_export import import_exported_program
+    from tilecc.ir.graph_work import graph_work
+    from tilecc.runtime.compare import compare
+    from tilecc.simulator.roofline import roofline
+    from tilecc.system_api import compile_for_system
+
+    tp = task.knobs["tp"]
+    with tempfile.TemporaryDirectory() as d:
+        chip = Path(d) / "chip.toml"
+        chip.write_text(to_toml(task.config), encoding="utf-8")
+        spec = system_spec(task.knobs, str(chip))
+        sm = compile_for_system(model, inputs, target=str(chip), system=spec, parallel={"tp": tp})
+        sm.sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"
+        out = sm(*inputs)
+    outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+    ok, worst = compare(outputs, [torch.as_tensor(e) for e in expected])
+    if not ok:
+        return f"the sharded program does not match eager (max abs error {worst:.3g})", cfg
+    rep = sm.report
+    work = graph_work(import_exported_program(ep), cfg, dsl_call_work)
+    bounds = roofline(work.figures(), cfg)
+    resource = max(bounds, key=lambda k: bounds[k])
+    exposed = rep.comm_exposed_share
+    return Figures(
+        cycles=rep.time_us * cfg.clock_ghz * 1e3,
+        latency_us=float(rep.time_us),
+        energy_j=float(rep.energy_j),
+        roofline_cycles=bounds[resource] / tp,
+        macs=float(work.macs_16 + work.macs_fp32),
+        area_mm2=tp * area(cfg).total if cfg.area is not None else float("nan"),
+        bottleneck="interconnect" if exposed >= 0.5 else resource,
+    ), cfg

@@ -9,6 +9,13 @@ A knob's value travels with the point into `evaluate.Task.knobs`; points that di
 knob never share a compile. Each knob validates its values here, once, so a bad value is
 one line naming the key and the value before anything runs.
 
+- `tp` (a whole number >= 1): tensor parallelism over that many chips of the point's
+  config (`tilecc.compile(..., system=, parallel={"tp": N})`, tilecc/system_api.py);
+  `topology` ("ring" | "switch"), `link_bandwidth_gbs` and `link_latency_ns` describe the
+  interconnect (defaults: the system's link preset). A point's latency and energy are
+  the system's (every chip and link); its area is the chips' sum; its roofline bound is
+  the single chip's intrinsic bound over `tp` (the work spread evenly, communication
+  free), so `roofline_ratio` also charges the communication.
 - `weights`: "native" (the model as its factory builds it), "bf16" (model and floating
   inputs cast to bfloat16), "int8" / "fp8" (weight-only quantisation of the linear
   layers by `tilecc.quantize.quantize_weights`, `lm_head` kept). The eager reference is
@@ -19,10 +26,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KNOBS", "WEIGHTS", "apply_knobs", "check_knob", "is_knob"]
+__all__ = ["KNOBS", "MODEL_KNOBS", "WEIGHTS", "apply_knobs", "check_knob", "effective_knobs", "is_knob",
+           "system_spec", "to_toml"]
 
 WEIGHTS = ("native", "bf16", "int8", "fp8")
-KNOBS = ("weights",)
+TOPOLOGIES = ("ring", "switch")
+MODEL_KNOBS = ("weights",)  # change the model itself (the rest change how it is deployed)
+KNOBS = ("weights", "tp", "topology", "link_bandwidth_gbs", "link_latency_ns")
 
 
 def is_knob(key: str) -> bool:
@@ -33,7 +43,66 @@ def check_knob(key: str, value: Any) -> str | None:
     """None if `value` is valid for knob `key`, else what is allowed (for the spec's error)."""
     if key == "weights":
         return None if value in WEIGHTS else f"'weights' takes one of {', '.join(WEIGHTS)}"
+    if key == "tp":
+        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024
+        return None if ok else "'tp' takes a whole number of chips in 1..1024"
+    if key == "topology":
+        return None if value in TOPOLOGIES else f"'topology' takes one of {', '.join(TOPOLOGIES)}"
+    if key in ("link_bandwidth_gbs", "link_latency_ns"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+        ok = ok and (value > 0 or key == "link_latency_ns")
+        return None if ok else f"'{key}' takes a number {'> 0' if key == 'link_bandwidth_gbs' else '>= 0'}"
     return f"unknown knob '{key}'"
+
+
+def effective_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs that change a point's result: the interconnect's do not on one chip."""
+    if knobs.get("tp", 1) == 1:
+        return {k: v for k, v in knobs.items() if k in MODEL_KNOBS}
+    return dict(knobs)
+
+
+def system_spec(knobs: dict[str, Any], chip_toml: str) -> str | None:
+    """The short-form system spec of a point's knobs (None: one chip, no system)."""
+    tp = knobs.get("tp", 1)
+    if tp == 1:
+        return None
+    spec = f"{knobs.get('topology', 'ring')}:{tp};chip={chip_toml}"
+    if "link_bandwidth_gbs" in knobs:
+        spec += f";bandwidth_gbs={knobs['link_bandwidth_gbs']}"
+    if "link_latency_ns" in knobs:
+        spec += f";latency_ns={knobs['link_latency_ns']}"
+    return spec
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A config's TOML tables as text (scalars, strings, lists of them, nested tables):
+    the chip file a system spec names."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, float):
+            return repr(v)  # 'inf', '-inf' and 'nan' are TOML floats too
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return str(v)
+
+    lines: list[str] = []
+
+    def table(prefix: str, d: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
+        if prefix and scalars:
+            lines.append(f"[{prefix}]")
+        for k, v in scalars.items():
+            lines.append(f"{k} = {value(v)}")
+        for k, v in d.items():
+            if isinstance(v, dict):
+                table(f"{prefix}.{k}" if prefix else k, v)
+
+    table("", data)
+    return "\n".join(lines) + "\n"
 
 
 def apply_knobs(model: Any, inputs: tuple, knobs: dict[str, Any]) -> tuple[Any, tuple]:

@@ -20,9 +20,9 @@ decided per point, and a point that is not is a failed point with the reason.
 Workload knobs (`weights = ["native", "int8"]`: tilecc/sweep/knobs.py) are swept like
 config keys but change the model, not the config.
 
-Multi-chip system keys (`system.*`) and the parallelism keys (`tp`, `pp`, `dp`) come
-with the system spec (issue 22): they are named in `FUTURE_KEYS` and refused with that
-reason until then; a new key family is one entry in `_check_key`.
+Multi-chip systems are swept with the knobs `tp`, `topology`, `link_bandwidth_gbs` and
+`link_latency_ns`; `system.*` tables, `pp` and `dp` are named in `FUTURE_KEYS` and
+refused with that reason; a new key family is one entry in `_check_key`.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from typing import Any
 
 from tilecc.errors import ConfigError, TileccError
 from tilecc.simulator.config import PRESET_DIR, HardwareConfig, from_dict
-from tilecc.sweep.knobs import check_knob, is_knob
+from tilecc.sweep.knobs import check_knob, effective_knobs, is_knob
 from tilecc.sweep.objectives import OBJECTIVES
 
 __all__ = ["SweepSpec", "SweepSpecError", "load_spec", "STRATEGIES"]
 
 STRATEGIES = ("grid", "random", "nsga2")
 SWEEP_KEYS = ("workload", "base", "objectives", "strategy", "n", "trials", "seed", "calibration_points", "grid")
-FUTURE_KEYS = ("system", "tp", "pp", "dp")  # issue 22: the multi-chip system spec
+FUTURE_KEYS = ("system", "pp", "dp")  # swept systems are the tp knobs (tilecc/sweep/knobs.py) for now
 MAX_POINTS = 1_000_000  # a grid larger than this is refused (use random or nsga2)
 
 
@@ -110,8 +110,8 @@ def config_part(point: dict[str, Any]) -> dict[str, Any]:
 
 
 def knob_part(point: dict[str, Any]) -> dict[str, Any]:
-    """The point's workload knobs (tilecc/sweep/knobs.py)."""
-    return {k: v for k, v in point.items() if is_knob(k)}
+    """The point's workload knobs that change its result (tilecc/sweep/knobs.py)."""
+    return effective_knobs({k: v for k, v in point.items() if is_knob(k)})
 
 
 def apply_point(base: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
@@ -286,8 +286,8 @@ def _check_key(key: str, base: dict[str, Any]) -> Any:
     """The base config's value at dotted `key` (SweepSpecError if the config has none)."""
     head = key.split(".")[0]
     if head in FUTURE_KEYS:
-        raise SweepSpecError(f"'sweep.grid.\"{key}\"': multi-chip system and tp/pp/dp keys need the "
-                             "system spec (issue 22), not supported yet")
+        raise SweepSpecError(f"'sweep.grid.\"{key}\"': a multi-chip system is swept with the knobs tp, "
+                             "topology, link_bandwidth_gbs and link_latency_ns; pp and dp are not supported yet")
     table: Any = base
     for part in key.split("."):
         if not isinstance(table, dict) or part not in table:
