@@ -152,3 +152,8 @@ class DslMemoryError(DslError, SramOverflowError):
 
 class DslRaceError(DslError):
     """A store whose elements are written by several iterations of a parallel loop."""
+
+
+class TimingOnlyError(TileccError):
+    """A program compiled without weight values (a model on the `meta` device) was asked
+    for outputs: it can only be timed (`CompiledModel.simulate`)."""
