@@ -36,6 +36,7 @@ from tilecc.frontend.decompositions import decomposition_table  # noqa: F401 (sh
 from tilecc.frontend.export import export_model, node_location  # noqa: F401 (this module's API)
 from tilecc.ir import float64
 from tilecc.ir import graph as g
+from tilecc.ir.meta_weights import MetaWeight
 from tilecc.simulator.isa import DType
 
 aten = torch.ops.aten
@@ -600,6 +601,7 @@ class _Importer:
             return False
         args = map_arg(node.args, lambda n: self.const_values[n])
         kwargs = map_arg(node.kwargs, lambda n: self.const_values[n])
+        args, kwargs = _on_meta_device(args, kwargs)
         try:
             with torch.no_grad():
                 self.const_values[node] = target(*args, **kwargs)
@@ -743,8 +745,29 @@ class _Importer:
         )
 
 
+def _on_meta_device(args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """A model built on the meta device makes its compile-time constants (positions,
+    causal masks) on that device: a factory's values need no weights, so they are made
+    on the CPU and keep their values; an op mixing such constants with weights that have
+    none (meta) runs on the meta device."""
+    meta = torch.device("meta")
+    flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    if any(a.is_meta for a in flat):
+        if not all(a.is_meta for a in flat):
+            args, kwargs = torch.utils._pytree.tree_map(
+                lambda a: a.to(meta) if isinstance(a, torch.Tensor) else a, (args, kwargs))
+        return args, kwargs
+    if isinstance(kwargs, dict) and kwargs.get("device") == meta:
+        kwargs = {**kwargs, "device": torch.device("cpu")}
+    return args, kwargs
+
+
 def _weight_values(data: torch.Tensor, name: str) -> np.ndarray:
-    """A weight's values: float32, or int32 for integer / bool tensors (checked to fit)."""
+    """A weight's values: float32, or int32 for integer / bool tensors (checked to fit); a
+    tensor on the meta device (no values) is a `MetaWeight` (ir/meta_weights.py)."""
+    if data.is_meta:
+        return MetaWeight(tuple(int(d) for d in data.shape),  # type: ignore[return-value]
+                          np.dtype(np.int32 if data.dtype in TORCH_INT_DTYPES else np.float32))
     data = data.detach().to("cpu")
     if data.dtype in TORCH_INT_DTYPES:
         wide = data.to(torch.int64)

@@ -19,6 +19,7 @@ from xdsl.ir import SSAValue
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import graph_nn as nn
+from tilecc.ir.meta_weights import MetaWeight
 
 FOLD_LIMIT = 1 << 24  # elements: the largest value evaluated at compile time (masks)
 
@@ -44,7 +45,7 @@ class ConstValues:
         value: np.ndarray | None = None
         if isinstance(owner, g.WeightOp):
             data = self.weights.get(owner.weight)
-            if data is not None:
+            if data is not None and not isinstance(data, MetaWeight):  # a meta weight has no values
                 value = np.asarray(data, dtype=np.float32).reshape(g.shape_of(v))
         elif isinstance(owner, g.ConstantOp):
             value = owner.values()

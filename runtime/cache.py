@@ -46,6 +46,7 @@ import numpy as np
 from tilecc.errors import ProgramFormatError
 from tilecc.fsutil import atomic_write
 from tilecc.ir.graph import GraphProgram
+from tilecc.ir.meta_weights import MetaWeight
 from tilecc.runtime.program import PROGRAM_VERSION, Program
 from tilecc.simulator.config import HardwareConfig
 
@@ -105,6 +106,9 @@ def exported_digest(ep: Any) -> str:
         if not isinstance(t, torch.Tensor):
             h.update(f"{name}={t!r}".encode())
             continue
+        if t.is_meta:  # no values (ir/meta_weights.py): the program depends on the shape only
+            h.update(json.dumps([name, str(t.dtype), list(t.shape), "meta"]).encode())
+            continue
         t = t.detach().cpu().contiguous().reshape(-1)
         h.update(json.dumps([name, str(t.dtype), list(tensors[name].shape)]).encode())
         h.update(t.view(torch.uint8).numpy().tobytes())
@@ -118,6 +122,9 @@ def graph_digest(gp: GraphProgram) -> str:
     h.update(str(gp.module).encode())
     h.update(json.dumps([gp.input_names, gp.output_names, gp.input_dtypes, gp.output_dtypes]).encode())
     for name in sorted(gp.weights):
+        if isinstance(gp.weights[name], MetaWeight):
+            h.update(json.dumps([name, str(gp.weights[name].dtype), list(gp.weights[name].shape), "meta"]).encode())
+            continue
         w = np.ascontiguousarray(np.asarray(gp.weights[name]))
         h.update(json.dumps([name, str(w.dtype), list(w.shape)]).encode())
         h.update(w.tobytes())
@@ -223,6 +230,8 @@ def compile_cached(graph: Any, cfg: HardwareConfig, cache: Any, *, stats: Any = 
             stats.cache = "hit"
         return program
     program = build()
+    if program.timing_only:  # no weight bytes to store (a meta-device model): not cached
+        return program
     cc.put(key, program)
     if stats is not None:
         stats.cache = "miss"

@@ -26,6 +26,7 @@ from tilecc.frontend.dsl.work import dsl_call_work
 from tilecc.ir import float64, tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.graph_work import graph_work
+from tilecc.ir.meta_weights import MetaWeight
 from tilecc.passes import break_pass, remarks
 from tilecc.passes.fallback import FallbackPlan, OptimisationFailed, describe_exception
 from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
@@ -253,7 +254,8 @@ def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
 def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig, intrinsic: IntrinsicWork) -> Program:
     """The synchronised npu module expanded to its stream, with the HBM layout: the Program.
     Its `work` is `intrinsic`'s figures (the roofline bound's) and the stream's own
-    (`program_*`); `meta["work_by_op"]` is `intrinsic.by_op`."""
+    (`program_*`); `meta["work_by_op"]` is `intrinsic.by_op`; `meta["timing_only"]` is
+    set when weights have no values (a meta-device model: ir/meta_weights.py)."""
     stream, kernels = expand_module(module)
     work = {**intrinsic.figures(), **program_work(stream, cfg)}
     return Program(
@@ -266,7 +268,8 @@ def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig, intr
         hbm_size=layout.hbm_size,
         config=cfg,
         work=work,
-        meta={"hbm": layout.hbm_plan, "work_by_op": intrinsic.by_op},
+        meta={"hbm": layout.hbm_plan, "work_by_op": intrinsic.by_op,
+              **({"timing_only": True} if layout.timing_only else {})},
     )
 
 
@@ -278,6 +281,7 @@ class _Layout:
     weight_data: dict[str, np.ndarray]
     hbm_size: int
     hbm_plan: dict[str, int]  # bytes: size, persistent (inputs, weights, constants), intermediates
+    timing_only: bool = False  # weights without values (ir/meta_weights.py): no bytes for them
 
 
 def _spec(name: str, t: HbmTensor, torch_dtype: str = "") -> TensorSpec:
@@ -308,6 +312,7 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
     inputs: dict[int, TensorSpec] = {}
     weights: list[TensorSpec] = []
     data: dict[str, np.ndarray] = {}
+    meta = False
     for op in main.body.block.ops:
         if not isinstance(op, tile.HbmAllocOp):
             continue
@@ -317,6 +322,10 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
             inputs[idx] = _spec(gp.input_names[idx], t, _at(gp.input_dtypes, idx))
         elif op.weight is not None or op.value is not None:
             name = op.weight.data if op.weight is not None else f"__const{len(weights)}"
+            if op.weight is not None and isinstance(gp.weights[name], MetaWeight):  # no values: timing-only
+                weights.append(_spec(name, t))
+                meta = True
+                continue
             if op.weight is not None:
                 values = np.asarray(gp.weights[name])
             elif op.value is not None:
@@ -343,7 +352,7 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
         "intermediate_peak": peak,
         "intermediate_total": _int_attr(attrs, "tile.hbm_intermediate_total"),
     }
-    return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size, plan)
+    return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size, plan, meta)
 
 
 __all__ = ["compile_graph", "CompileStats", "MemRefType", "dtype_of", "ITEMSIZE"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tilecc.errors import InputMismatchError, SimulatorError
+from tilecc.errors import InputMismatchError, SimulatorError, TimingOnlyError
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import Report, make_report
 from tilecc.simulator import numerics
@@ -22,7 +22,7 @@ from tilecc.simulator.machine import simulate
 from tilecc.simulator.trace import write_trace
 
 
-def check_inputs(program: Program, inputs: tuple) -> None:
+def check_inputs(program: Program, inputs: tuple, *, meta_ok: bool = False) -> None:
     if len(inputs) != len(program.inputs):
         raise InputMismatchError(
             f"the program takes {len(program.inputs)} input(s) "
@@ -38,7 +38,7 @@ def check_inputs(program: Program, inputs: tuple) -> None:
         want = user_dtype(spec)
         if t.dtype != want:
             raise InputMismatchError(f"input '{spec.name}' has dtype {t.dtype}, the program expects {want}")
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" and not (meta_ok and t.device.type == "meta"):
             raise InputMismatchError(
                 f"input '{spec.name}' is on device {t.device}; the simulator takes CPU tensors"
             )
@@ -78,6 +78,19 @@ def _to_user_dtype(spec: TensorSpec, t: torch.Tensor) -> torch.Tensor:
     return t.to(want)
 
 
+def time_program(program: Program, inputs: tuple) -> Report:
+    """The timing of `program` on `inputs` (shapes and dtypes only: CPU or meta-device
+    tensors), simulated with `functional=False`: no values are read or computed, so a
+    timing-only program (weights without values, ir/meta_weights.py) runs too. The
+    cycles equal a functional run's (timing never depends on values)."""
+    check_inputs(program, inputs, meta_ok=True)
+    t0 = time.perf_counter()
+    sim = simulate(program.stream, program.config, None, functional=False, record=False)
+    seconds = time.perf_counter() - t0
+    return make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
+                       program.meta.get("remarks"))
+
+
 def run_program(
     program: Program,
     inputs: tuple,
@@ -88,6 +101,11 @@ def run_program(
 ) -> tuple[list[torch.Tensor], Report]:
     """Run `program` on the simulator; `sanitize` checks races, uninitialised reads and
     deadlocks first; `trace` writes a Perfetto timeline there."""
+    if program.timing_only and functional:
+        raise TimingOnlyError(
+            "this program was compiled from a model on the meta device: its weights have no values, so it "
+            "computes no outputs; time it with CompiledModel.simulate(*inputs) (or compile the model with "
+            "its weights to run it)")
     check_inputs(program, inputs)
     hbm = program.hbm_image()
     for spec, t in zip(program.inputs, inputs):

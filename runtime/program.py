@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from tilecc.codegen.binary import decode_stream, encode_stream
-from tilecc.errors import ProgramFormatError
+from tilecc.errors import ProgramFormatError, TimingOnlyError
 from tilecc.simulator.config import HardwareConfig, from_dict
 from tilecc.simulator.isa import ITEMSIZE, DType
 from tilecc.simulator.roofline import WORK_KEYS
@@ -91,7 +91,9 @@ class Program:
         """A fresh HBM image with the weights in place."""
         hbm = np.zeros(self.hbm_size, dtype=np.uint8)
         for spec in self.weights:
-            data = self.weight_data[spec.name]
+            data = self.weight_data.get(spec.name)
+            if data is None:  # a timing-only program's weight without values
+                continue
             hbm[spec.offset : spec.offset + data.size] = data
         return hbm
 
@@ -171,7 +173,16 @@ class Program:
         except (KeyError, ValueError, TypeError) as e:
             raise ProgramFormatError(f"{source}: malformed metadata ({type(e).__name__}: {e})") from None
 
+    @property
+    def timing_only(self) -> bool:
+        """Compiled without weight values (a meta-device model): it can be timed, not run."""
+        return bool(self.meta.get("timing_only"))
+
     def save(self, path: str | Path) -> None:
+        if self.timing_only:
+            raise TimingOnlyError(
+                f"{path}: this program was compiled from a model on the meta device and holds no weight "
+                "values; a program file holds them, so it cannot be saved (compile the model again to time it)")
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(self.to_bytes())

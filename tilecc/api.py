@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any, overload
 import torch
 from torch.export import ExportedProgram
 
-from tilecc.errors import TileccError
+from tilecc.errors import TileccError, TimingOnlyError
 from tilecc.frontend.torch_export import decompose, export_model, import_exported_program
 from tilecc.ir.graph import GraphProgram
 from tilecc.passes.schedule.autotune import Autotuner
 from tilecc.runtime import specialize
 from tilecc.runtime.cache import CompileCache, compile_cached
 from tilecc.runtime.compiler import CompileStats, compile_graph  # noqa: F401 (re-exported)
-from tilecc.runtime.executor import run_program
+from tilecc.runtime.executor import run_program, time_program
 from tilecc.runtime.program import Program
 from tilecc.runtime.report import Report
 from tilecc.runtime.state import ModelState
@@ -79,8 +79,27 @@ class CompiledModel:
         self.program = self.programs[key]
         return self.program
 
+    @property
+    def timing_only(self) -> bool:
+        """Compiled from a model on the meta device (weights without values): it can be
+        timed with `simulate`, not called."""
+        return self.program is not None and self.program.timing_only
+
+    def simulate(self, *inputs: torch.Tensor) -> Report:
+        """The timing report of one call on inputs of these shapes and dtypes (CPU or
+        meta-device tensors; no values are computed: the simulator runs timing-only). Also
+        sets `report`."""
+        program = self.program_for(inputs)
+        self.report = time_program(program, self.state.program_inputs(program, inputs))
+        return self.report
+
     def __call__(self, *inputs: torch.Tensor) -> Any:
         program = self.program_for(inputs)
+        if program.timing_only:
+            raise TimingOnlyError(
+                "this model was compiled on the meta device (its weights have no values), so calling it "
+                "cannot compute outputs; use CompiledModel.simulate(*inputs) for its timing report, or "
+                "compile the model with its weights")
         args = self.state.program_inputs(program, inputs)
         outputs, self.report = run_program(program, args, sanitize=self.sanitize)
         outputs = self.state.absorb(program, outputs, inputs)

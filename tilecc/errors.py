@@ -157,3 +157,8 @@ class DslRaceError(DslError):
 class QuantizationError(TileccError):
     """Weight quantisation that cannot be applied: an unknown weight format, or a model
     with no linear layer to quantise."""
+
+
+class TimingOnlyError(TileccError):
+    """A program compiled without weight values (a model on the `meta` device) was asked
+    for outputs: it can only be timed (`CompiledModel.simulate`)."""

@@ -38,6 +38,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
+from tilecc.ir.meta_weights import MetaWeight
 from tilecc.passes.graph.canonicalize import dead_code
 
 
@@ -92,9 +93,11 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     wop = _weight(user.operands[1])
     if wop is None or len(g.shape_of(wop.result)) != 2:
         return False
-    gamma = np.asarray(weights[gop.weight], dtype=np.float32).reshape(-1)
-    beta = np.asarray(weights[bop.weight], dtype=np.float32).reshape(-1)
-    W = np.asarray(weights[wop.weight], dtype=np.float32)
+    # weights without values (a meta-device model) fold alike: the new ones have none either
+    meta = any(isinstance(weights[o.weight], MetaWeight) for o in (gop, bop, wop))
+    gamma = _values(weights[gop.weight]).reshape(-1)
+    beta = _values(weights[bop.weight]).reshape(-1)
+    W = _values(weights[wop.weight])
     if W.shape[0] != gamma.size:
         return False
     mm = user
@@ -106,6 +109,7 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
         cop = _weight(other)
         if cop is None or _squeezed(other) != (W.shape[1],) or add.results[0].type != res.type:
             cop = None
+    meta = meta or (cop is not None and isinstance(weights[cop.weight], MetaWeight))
     shift = beta.astype(np.float64) @ W.astype(np.float64)
     loc = g.source_loc(ln)
     block = fn.body.block
@@ -117,21 +121,23 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     ln.operands[1] = one.results[0]
     ln.operands[2] = zero.results[0]
     wname = _fresh(weights, f"{wop.weight}.norm_folded")
-    weights[wname] = (gamma[:, None] * W).astype(np.float32)
+    weights[wname] = MetaWeight(W.shape, np.dtype(np.float32)) if meta else (gamma[:, None] * W).astype(np.float32)
     new_w = g.WeightOp.make(wname, wop.result.type, loc=g.source_loc(mm))  # mm's operand 1 is wop's result
     block.insert_op_before(new_w, mm)
     mm.operands[1] = new_w.results[0]
     if cop is not None and isinstance(add, g.AddOp):  # cop is only set where add is an AddOp
-        c = np.asarray(weights[cop.weight], dtype=np.float32).reshape(-1)
+        c = _values(weights[cop.weight]).reshape(-1)
         cname = _fresh(weights, f"{cop.weight}.norm_folded")
-        weights[cname] = (c + shift).astype(np.float32).reshape(np.asarray(weights[cop.weight]).shape)
+        cshape = tuple(weights[cop.weight].shape)
+        weights[cname] = (MetaWeight(cshape, np.dtype(np.float32)) if meta
+                          else (c + shift).astype(np.float32).reshape(cshape))
         new_c = g.WeightOp.make(cname, cop.result.type, loc=g.source_loc(add))
         block.insert_op_before(new_c, add)
         idx = 1 if add.operands[1] is cop.results[0] else 0
         add.operands[idx] = new_c.results[0]
     else:
         cname = _fresh(weights, f"{wop.weight}.norm_shift")
-        weights[cname] = shift.astype(np.float32)
+        weights[cname] = MetaWeight(shift.shape, np.dtype(np.float32)) if meta else shift.astype(np.float32)
         new_c = g.WeightOp.make(cname, g.tensor_type([W.shape[1]], g.element_dtype(res.type)), loc=g.source_loc(mm))
         after = g.AddOp.make(res, new_c.results[0], loc=g.source_loc(mm))
         block.insert_op_after(new_c, mm)
@@ -139,6 +145,14 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
         res.replace_all_uses_with(after.results[0])
         after.operands[0] = res  # the add itself keeps the matmul's result
     return True
+
+
+def _values(w: np.ndarray | MetaWeight) -> np.ndarray:
+    """A weight's values in fp32; zeros of its shape (not allocated) for a `MetaWeight`,
+    whose results are replaced by `MetaWeight`s."""
+    if isinstance(w, MetaWeight):
+        return np.broadcast_to(np.float32(0), w.shape)
+    return np.asarray(w, dtype=np.float32)
 
 
 def _fresh(weights: dict[str, np.ndarray], name: str) -> str:
