@@ -8,34 +8,38 @@ Before (`expand_module`): every kernel ends with a BARRIER, so kernel k+1's firs
     k2: DMA_LOAD w2 ; DMA_LOAD h ... DMA_STORE y (semaphores 0..s2)
     BARRIER
 
-After (`link_kernels`): consecutive kernels form one barrier-free group; each kernel's
-semaphores move to ids of their own (k2's ``s`` becomes ``s + offset``), and every
-instruction of a kernel waits, through ordinary semaphore waits, only for the
-instructions of earlier kernels of the group that touch the same memory (HBM byte
-ranges, SRAM and accumulator byte ranges): read after write, write after read, write
-after write. Independent work (the weight load) starts as soon as its queue reaches it:
+After (`link_kernels`): consecutive kernels form one barrier-free group; semaphores
+are pooled per signalling engine (`_pool_semaphores`: a kernel reuses the ids of the
+kernels before it, its wait values raised by their signals), and every instruction of
+a kernel waits, through ordinary semaphore waits, only for the instructions of earlier
+kernels of the group that touch the same memory (HBM byte ranges, SRAM and accumulator
+byte ranges): read after write, write after read, write after write. Independent work
+(the weight load) starts as soon as its queue reaches it:
 
-    k1: DMA_LOAD w1 ... MATMUL ... DMA_STORE h  signal 7       (7: a link semaphore)
-    k2: DMA_LOAD w2 ; DMA_LOAD h  wait 7 >= 1 ... DMA_STORE y  (semaphores s + s1 + 1)
+    k1: DMA_LOAD w1 ... MATMUL ... DMA_STORE h  signal L0      (L0: dma0's link semaphore)
+    k2: DMA_LOAD w2 ; MATMUL wait L0 >= 1 ... DMA_STORE y
     BARRIER
 
 Rules (each keeps the program correct, and the sanitisers check the result like any
-kernel: the race detector sees the instructions of both kernels in one segment):
+kernel: the race detector sees the instructions of the whole group in one segment):
 
 - A wait on instruction t of engine e is met through the first instruction t' >= t of
-  e in t's kernel that signals a semaphore signalled only from e (engines complete in
-  order, so t' done implies t done), with the count of that semaphore's signals up to
-  t'; where there is none, t's kernel's last instruction on e signals a fresh link
-  semaphore. A wait implied by an earlier wait on the same queue is not repeated; one
-  that finds no free wait slot moves to the previous instruction of its queue (waiting
-  earlier is always safe).
+  e in t's kernel that signals (every semaphore is signalled from one engine, which
+  completes in order, so t' done implies t done), with the count of that semaphore's
+  signals up to t'; where there is none, t's kernel's last instruction on e signals e's
+  link semaphore. A requirement an earlier instruction of the same queue already waits
+  for is not repeated (queues run in order). A wait that finds no free slot replaces
+  two waits on one engine by the later one, or moves to an earlier instruction of its
+  queue in its kernel (waiting earlier is always safe).
 - Waits point only backwards in program order, to earlier kernels, so linking adds no
   deadlock. On-chip footprints are compared by byte range over all partitions and HBM
   ones by bounding range (conservative: a false conflict costs overlap, never order).
-- A group ends (a full BARRIER stays) when the next kernel's semaphores would not fit
-  beside the group's (`HardwareConfig.semaphores`) or the group would exceed
-  `max_group` instructions (it bounds the sanitisers' and the scheduler's per-segment
-  work); the reason is reported as a remark.
+  `plan-sram` mirrors every other kernel, so consecutive kernels' buffers are disjoint
+  where they fit side by side.
+- A group ends (a full BARRIER stays) where it would exceed `max_group` instructions
+  (it bounds the sanitisers' and the scheduler's per-segment work) or where a group
+  cannot be linked (more pooled semaphores than the target has, a semaphore signalled
+  from several engines, no wait slot): each reason is a remark.
 """
 
 from __future__ import annotations
