@@ -15,6 +15,10 @@ With `--bound-only` nothing is compiled or simulated: the table is the bound alo
 With `--autotune` the -O2 matmul kernels' schedules come from the autotuner (simulated
 candidates, cached in $TILECC_CACHE_DIR or ~/.cache/tilecc) instead of the cost model;
 the compile time then includes the search unless the cache already holds the kernels.
+
+With `--barriers` each -O2 program is also compiled with a full barrier between
+kernels (``disabled={"link-kernels"}``: the stream before cross-kernel overlap,
+`codegen/link.py`) and the table compares its cycles and ratio with the linked ones.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ TARGETS = {"gemm 4096x4096x4096": 1.05, "gpt2 block d768 s512": 1.3, "gpt2 block
            "gpt2 small 12 layers s512": 1.3, "causal attention s2048 d128": 1.2, "resnet18 224": 1.5}
 
 
-def measure(name: str, target: str, skip_o0: bool, autotune: bool = False) -> dict:
+def measure(name: str, target: str, skip_o0: bool, autotune: bool = False, barriers: bool = False) -> dict:
     torch.manual_seed(0)
     model, inputs = WORKLOADS[name]()
     cfg = load_config(target)
@@ -150,6 +154,9 @@ def measure(name: str, target: str, skip_o0: bool, autotune: bool = False) -> di
         _, rep = run_program(prog, inputs, functional=False)
         row[f"O{level}"] = rep
         row[f"compile_O{level}"] = ct
+    if barriers:
+        prog = compile_graph(gp, cfg, opt_level=2, autotune=autotune, disabled={"link-kernels"})
+        row["barriers"] = run_program(prog, inputs, functional=False)[1]
     return row
 
 
@@ -174,6 +181,8 @@ def main() -> None:
     ap.add_argument("--target", default="cloud")
     ap.add_argument("--autotune", action="store_true", help="-O2 matmul schedules from the autotuner")
     ap.add_argument("--bound-only", action="store_true", help="the bound alone: import and count, no compile")
+    ap.add_argument("--barriers", action="store_true",
+                    help="compare with a barrier between kernels (no cross-kernel overlap)")
     args = ap.parse_args()
     if args.bound_only:
         print(f"preset {args.target}, bf16; the intrinsic roofline bound in core cycles\n")
@@ -185,14 +194,25 @@ def main() -> None:
         return
     print(f"preset {args.target}, bf16; ratio = simulated cycles / roofline bound (1.00 is the limit)"
           f"{'; -O2 matmul schedules autotuned' if args.autotune else ''}\n")
-    print("| workload | -O2 cycles | bound (resource) | ratio | target | -O2 program work / bound "
-          "| HBM bytes / compulsory | -O0 cycles | -O0 / -O2 | compile -O2 / -O0 |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if not args.barriers:
+        print("| workload | -O2 cycles | bound (resource) | ratio | target | -O2 program work / bound "
+              "| HBM bytes / compulsory | -O0 cycles | -O0 / -O2 | compile -O2 / -O0 |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    else:
+        print("| workload | -O2 cycles, barriers | ratio, barriers | -O2 cycles, linked | ratio, linked "
+              "| target | barriers / linked |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in WORKLOADS:
         if args.only not in name:
             continue
-        r = measure(name, args.target, args.skip_o0, args.autotune)
+        r = measure(name, args.target, args.skip_o0, args.autotune, args.barriers)
         o2 = r["O2"]
+        if args.barriers:
+            b, tgt = r["barriers"], TARGETS.get(name)
+            print(f"| {name} | {b.cycles:,.0f} | {b.roofline_ratio:.2f} | {o2.cycles:,.0f} | "
+                  f"{o2.roofline_ratio:.2f} | {f'<= {tgt:.2f}' if tgt else '-'} | {b.cycles / o2.cycles:.3f}x |",
+                  flush=True)
+            continue
         o0 = r.get("O0")
         tgt = TARGETS.get(name)
         print(

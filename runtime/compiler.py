@@ -10,6 +10,7 @@ as the compiler's added work."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp
 from xdsl.ir import Attribute
 
 from tilecc.codegen.expand import expand_module
+from tilecc.codegen.link import link_kernels
 from tilecc.errors import CompileError, InternalError, SramOverflowError, TileccError
 from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.frontend.dsl.work import dsl_call_work
@@ -34,6 +36,7 @@ from tilecc.passes.registry import default_pipeline
 from tilecc.passes.schedule.autotune import Autotuner
 from tilecc.passes.schedule.matmul_schedule import MatmulSchedule
 from tilecc.passes.session import CompileSession
+from tilecc.passes.tile.plan_sram import plan_sram
 from tilecc.passes.tile_to_npu import HbmTensor, dtype_of, hbm_bindings
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import program_work
@@ -205,6 +208,8 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             continue
         if name == "lower-tile-to-npu":
             layout = read_layout(module, gp)
+        if name == "plan-sram" and "link-kernels" in disabled:  # no overlap: no mirrored kernels
+            run = functools.partial(plan_sram, cfg=cfg, mirror=False)
         if before_pass is not None:
             before_pass(name, module)
         progress.report(name)
@@ -222,7 +227,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         if after_pass is not None:
             after_pass(name, module)
     assert layout is not None
-    program = package_program(module, layout, cfg, intrinsic)
+    program = package_program(module, layout, cfg, intrinsic, link="link-kernels" not in disabled)
     if stats is not None:
         stats.total_seconds = time.perf_counter() - t0
     return program
@@ -251,12 +256,24 @@ def compile_tile_module(module: ModuleOp, gp: GraphProgram, cfg: HardwareConfig,
     return package_program(module, layout, cfg, intrinsic)
 
 
-def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig, intrinsic: IntrinsicWork) -> Program:
+def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig, intrinsic: IntrinsicWork,
+                    *, link: bool = True) -> Program:
     """The synchronised npu module expanded to its stream, with the HBM layout: the Program.
     Its `work` is `intrinsic`'s figures (the roofline bound's) and the stream's own
     (`program_*`); `meta["work_by_op"]` is `intrinsic.by_op`; `meta["timing_only"]` is
-    set when weights have no values (a meta-device model: ir/meta_weights.py)."""
+    set when weights have no values (a meta-device model: ir/meta_weights.py). With `link`
+    (the default; ``disabled={"link-kernels"}`` turns it off) consecutive kernels order
+    through semaphores on the memory they share instead of a barrier (`codegen/link.py`)."""
     stream, kernels = expand_module(module)
+    if link:
+        progress.report("link-kernels")
+        n_kernels = len(kernels)
+        stream, kernels, notes = link_kernels(stream, kernels, cfg)
+        for note in notes:
+            remarks.emit("link-kernels", "missed", note)
+        if n_kernels > 1:
+            remarks.emit("link-kernels", "passed",
+                         f"{n_kernels} kernels linked into {len(notes) + 1} barrier-separated groups")
     work = {**intrinsic.figures(), **program_work(stream, cfg)}
     return Program(
         stream=stream,

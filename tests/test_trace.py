@@ -256,9 +256,10 @@ def test_compiled_mlp_trace(mlp):
         assert e["args"]["asm"].startswith(e["name"].split(" ")[0])
     assert set(names.values()) >= {"kernels", "dma0", "dma1", "matrix", "vector"}
     # DMA and vector queues never overlap themselves; pipelined back-to-back matmuls do
-    # (the next streams while the previous drains) and take the matrix overflow lanes
+    # (the next streams while the previous drains) and take the matrix overflow lanes;
+    # linked kernels (codegen/link.py) overlap too and take the kernels' overflow lanes
     assert {n for n in names.values() if "overlap" not in n} == {"kernels", "dma0", "dma1", "matrix", "vector"}
-    assert all(n.startswith("matrix overlap ") for n in names.values() if "overlap" in n)
+    assert all(n.startswith(("matrix overlap ", "kernels overlap ")) for n in names.values() if "overlap" in n)
 
     # one kernel slice per kernel span, in order
     kernel_slices = [e for e in by_ph["X"] if e["cat"] == "kernel"]

@@ -13,6 +13,14 @@ After (each buffer spans partitions 0..rows-1 at its offset within every partiti
 Buffers of one kernel are all live for the whole kernel (single buffering), so they get
 disjoint ranges, aligned to 64 bytes; SRAM and the accumulator are planned separately.
 A kernel whose buffers do not fit raises `SramOverflowError` naming the buffers.
+
+Kernels that follow each other run overlapped (`codegen/link.py` replaces the barrier
+between them by waits on the memory they share), so every other kernel is mirrored:
+its buffers are placed from the top of each memory down (offset ``top - offset -
+size``), and two consecutive kernels whose buffers fit together use disjoint bytes (a
+kernel's first loads then need not wait for the previous kernel's last reads). Where
+they do not fit together the mirrored layout is still valid and the link orders the
+overlapping buffers (a remark says so).
 """
 
 from __future__ import annotations
@@ -40,8 +48,9 @@ def buffer_bytes(t: MemRefType) -> int:
     return cols * element_size(t.element_type)
 
 
-def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
-    """Assign offsets in place; return the bytes used per partition by memory space."""
+def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig, mirror: bool = False) -> dict[str, int]:
+    """Assign offsets in place; return the bytes used per partition by memory space.
+    With `mirror` the buffers are placed from the top of each memory down."""
     limits = {
         tile.SRAM: (cfg.sram.partitions, cfg.sram.bytes_per_partition),
         tile.ACC: (cfg.accumulator.partitions, cfg.accumulator.bytes_per_partition),
@@ -73,6 +82,19 @@ def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
                 f"kernel {kernel.sym_name.data}: {space} buffers need {offset + size} bytes per "
                 f"partition, the target has {capacity}: {listing}", kernel.sym_name.data,
             )
+    if mirror:
+        for space, top in ((tile.SRAM, limits[tile.SRAM][1]), (tile.ACC, limits[tile.ACC][1])):
+            top -= top % ALIGN
+            if used[space] > top:
+                continue  # the aligned layout needs the last bytes: keep it bottom-up
+            for op in kernel.walk():
+                if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == space:
+                    t = op.result.type
+                    assert isinstance(t, MemRefType)
+                    size = -(-buffer_bytes(t) // ALIGN) * ALIGN
+                    off = op.properties["offset"]
+                    assert isinstance(off, IntegerAttr)
+                    op.properties["offset"] = IntegerAttr(top - off.value.data - size, i64)
     remarks.emit("plan-sram", "analysis", lambda: (
         f"kernel {kernel.sym_name.data}: " + ", ".join(
             f"{space} {used[space]:,} of {limits[space][1]:,} bytes per partition "
@@ -95,7 +117,19 @@ class PlanSramPass(ModulePass):
         plan_sram(op, load_config(self.target))
 
 
-def plan_sram(module: ModuleOp, cfg: HardwareConfig) -> None:
-    for f in module.ops:
-        if isinstance(f, func.FuncOp) and tile.KERNEL_ATTR in f.attributes:
-            plan_kernel(f, cfg)
+def plan_sram(module: ModuleOp, cfg: HardwareConfig, mirror: bool = True) -> None:
+    """Plan every kernel, mirroring every other one with `mirror` (see the module
+    docstring; off with unlinked kernels, which gives the barrier-separated layout)."""
+    kernels = [f for f in module.ops if isinstance(f, func.FuncOp) and tile.KERNEL_ATTR in f.attributes]
+    prev: dict[str, int] | None = None
+    capacity = {tile.SRAM: cfg.sram.bytes_per_partition, tile.ACC: cfg.accumulator.bytes_per_partition}
+    for i, f in enumerate(kernels):
+        used = plan_kernel(f, cfg, mirror=mirror and i % 2 == 1)
+        if mirror and prev is not None:
+            for space, cap in capacity.items():
+                if prev[space] + used[space] > cap:
+                    remarks.emit("plan-sram", "missed", (
+                        f"kernel {f.sym_name.data}: its {space} buffers ({used[space]:,} bytes per "
+                        f"partition) and the previous kernel's ({prev[space]:,}) do not fit side by "
+                        f"side in {cap:,}: the link orders the bytes they share"), _loc(f))
+        prev = used

@@ -1,0 +1,246 @@
+"""Cross-kernel overlap (`codegen/link.py`): kernels order through semaphores on the
+memory they share instead of a barrier; the sanitisers check the linked stream."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import run_and_compare
+from tilecc.codegen.expand import expand_module
+from tilecc.codegen.link import link_kernels
+from tilecc.errors import RaceError
+from tilecc.frontend.torch_export import export_model, import_exported_program
+from tilecc.runtime.compiler import compile_graph
+from tilecc.runtime.executor import run_program
+from tilecc.simulator.config import load_config
+from tilecc.simulator.isa import DType, Engine, Mem, Opcode, empty_stream, stream_of
+from tilecc.simulator.machine import simulate
+from tilecc.simulator.sanitizers import check_races
+
+for _m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+    sys.modules.setdefault(_m, types.ModuleType(_m))
+
+NO_LINK = frozenset({"link-kernels"})
+
+
+def _mlp():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256), torch.nn.ReLU(),
+        torch.nn.Linear(256, 128),
+    ).eval()
+    return m, (torch.randn(64, 256),)
+
+
+@pytest.fixture(scope="module")
+def mlp_programs():
+    m, x = _mlp()
+    cfg = load_config("cloud")
+    gp = import_exported_program(export_model(m, x))
+    return m, x, cfg, compile_graph(gp, cfg), compile_graph(gp, cfg, disabled=NO_LINK)
+
+
+def _kernel_dmas(prog, k: int, op: Opcode) -> np.ndarray:
+    _, start, count = prog.kernels[k]
+    idx = np.arange(start, start + count)
+    return idx[prog.stream["opcode"][idx] == op]
+
+
+def test_weight_load_of_kernel_2_starts_before_kernel_1_ends(mlp_programs):
+    m, x, cfg, linked, barriers = mlp_programs
+    assert int((linked.stream["opcode"] == Opcode.BARRIER).sum()) == 1  # one group
+    assert int((barriers.stream["opcode"] == Opcode.BARRIER).sum()) == len(barriers.kernels)
+    out, rep = run_program(linked, x, sanitize=True)
+    torch.testing.assert_close(out[0], m(*x).detach(), rtol=1e-4, atol=1e-4)
+    _, b_rep = run_program(barriers, x)
+    assert rep.cycles < b_rep.cycles
+    res = simulate(linked.stream, cfg, linked.hbm_image())
+    _, s1, c1 = linked.kernels[0]
+    end_k1 = res.end[s1 : s1 + c1].max()
+    first_load_k2 = res.start[_kernel_dmas(linked, 1, Opcode.DMA_LOAD)].min()
+    assert first_load_k2 < end_k1
+
+
+def test_raw_dependency_is_respected(mlp_programs):
+    """Kernel 2 loads the hidden activation kernel 1 stores: each such load starts
+    after every store of kernel 1 that writes bytes it reads."""
+    _, _, cfg, linked, _ = mlp_programs
+    res = simulate(linked.stream, cfg, linked.hbm_image())
+    s = linked.stream
+    stores = _kernel_dmas(linked, 0, Opcode.DMA_STORE)
+    loads = _kernel_dmas(linked, 1, Opcode.DMA_LOAD)
+    checked = 0
+    for ld in loads:
+        lo, hi = _hbm_range(s[ld], "a")
+        for st in stores:
+            slo, shi = _hbm_range(s[st], "o")
+            if slo < hi and lo < shi:
+                assert res.start[ld] >= res.end[st]
+                checked += 1
+    assert checked > 0
+
+
+def _hbm_range(rec, slot: str) -> tuple[int, int]:
+    isz = 2 if rec[f"{slot}_dtype"] in (DType.BF16, DType.F16) else 4
+    lo = int(rec[f"{slot}_addr"])
+    span = (int(rec["rows"]) - 1) * int(rec["hbm_rs"]) + (int(rec["cols"]) - 1) * int(rec["hbm_cs"])
+    return lo, lo + span * isz + isz
+
+
+def _dma(op, q, hbm, part=0, addr=0, rows=4, cols=8, **kw):
+    f = {"opcode": op, "queue": q, "rows": rows, "cols": cols, "hbm_rs": cols, "hbm_cs": 1,
+         "a_dtype": DType.F32, "o_dtype": DType.F32}
+    if op == Opcode.DMA_LOAD:
+        f |= {"a_mem": Mem.HBM, "a_addr": hbm, "o_mem": Mem.SRAM, "o_part": part, "o_addr": addr}
+    else:
+        f |= {"a_mem": Mem.SRAM, "a_part": part, "a_addr": addr, "o_mem": Mem.HBM, "o_addr": hbm}
+    return f | kw
+
+
+def _two_kernels(k1: list[dict], k2: list[dict]):
+    bar = empty_stream(1)
+    bar["opcode"], bar["engine"] = Opcode.BARRIER, Engine.ALL
+    a, b = stream_of(*k1), stream_of(*k2)
+    stream = np.concatenate([a, bar, b, bar])
+    return stream, [("k1", 0, len(a)), ("k2", len(a) + 1, len(b))]
+
+
+@pytest.mark.parametrize("case", ["raw", "war", "waw", "independent"])
+def test_hazards_between_hand_written_kernels(case):
+    """Kernel 1 on queue 0: load H0 -> SRAM, store SRAM -> H1 (signals sem 0 in between).
+    Kernel 2 on queue 1 touches H1 (RAW: load; WAW: store), H0 (WAR: store), or an
+    unrelated H2 (independent: no wait, starts at once)."""
+    cfg = load_config("tiny")
+    H0, H1, H2 = 0, 4096, 8192
+    k1 = [_dma(Opcode.DMA_LOAD, 0, H0, signal_sem=0),
+          _dma(Opcode.DMA_STORE, 0, H1, wait_sem=[0, -1, -1, -1], wait_val=[1, 0, 0, 0])]
+    second = {
+        "raw": _dma(Opcode.DMA_LOAD, 1, H1, part=8, addr=1024),
+        "war": _dma(Opcode.DMA_STORE, 1, H0, part=8, addr=1024),
+        "waw": _dma(Opcode.DMA_STORE, 1, H1, part=8, addr=1024),
+        "independent": _dma(Opcode.DMA_LOAD, 1, H2, part=8, addr=1024),
+    }[case]
+    if second["opcode"] == Opcode.DMA_STORE:  # its SRAM source must have been written
+        k2 = [_dma(Opcode.DMA_LOAD, 1, H2, part=8, addr=1024), second]
+    else:
+        k2 = [second]
+    stream, spans = _two_kernels(k1, k2)
+    linked, new_spans, notes = link_kernels(stream, spans, cfg)
+    assert notes == [] and int((linked["opcode"] == Opcode.BARRIER).sum()) == 1
+    hbm = np.zeros(cfg.hbm.capacity_bytes if cfg.hbm.capacity_bytes < 1 << 24 else 1 << 16, np.uint8)
+    res = simulate(linked, cfg, hbm, sanitize=True)
+    j = new_spans[1][1] + len(k2) - 1  # the hazardous instruction of kernel 2
+    waits = linked["wait_sem"][new_spans[1][1] : j + 1]
+    if case == "independent":
+        assert (waits < 0).all()
+        assert res.start[j] == 0.0
+    else:
+        # kernel 1's load (WAR) or store (RAW, WAW) ends before it starts
+        dep = 0 if case == "war" else 1
+        assert res.start[j] >= res.end[dep]
+        assert (waits >= 0).any()
+
+
+def test_missing_cross_kernel_wait_is_a_race(mlp_programs):
+    """Drop the cross-kernel waits (on a semaphore value the earlier kernels' signals
+    alone reach) of one instruction at a time: some drop leaves a race the sanitiser
+    finds, and the linked stream itself is race-free."""
+    _, _, cfg, linked, _ = mlp_programs
+    s0 = linked.stream
+    check_races(s0, cfg)
+    tried = caught = 0
+    for _, start, count in linked.kernels[1:]:
+        sig = s0["signal_sem"][:start]
+        earlier = np.bincount(sig[sig >= 0], minlength=cfg.semaphores)
+        for i in range(start, start + count):
+            ws, wv = s0["wait_sem"][i], s0["wait_val"][i]
+            cross = (ws >= 0) & (wv <= earlier[np.maximum(ws, 0)])
+            if not cross.any():
+                continue
+            s = s0.copy()
+            s["wait_sem"][i][cross] = -1
+            s["wait_val"][i][cross] = 0
+            tried += 1
+            try:
+                check_races(s, cfg)
+            except RaceError as e:
+                assert "race" in str(e)
+                caught += 1
+    assert tried and caught
+
+
+def test_no_link_gives_the_barrier_stream():
+    """With link-kernels disabled the stream is `expand_module` of the synchronised
+    module: a barrier after every kernel, unmirrored SRAM."""
+    m, x = _mlp()
+    cfg = load_config("cloud")
+    gp = import_exported_program(export_model(m, x))
+    seen = {}
+
+    def grab(name, module):
+        if name == "npu-insert-sync":
+            seen["stream"] = expand_module(module.clone())[0]
+
+    prog = compile_graph(gp, cfg, disabled=NO_LINK, after_pass=grab)
+    assert np.array_equal(prog.stream, seen["stream"])
+    assert int((prog.stream["opcode"] == Opcode.BARRIER).sum()) == len(prog.kernels)
+    out, _ = run_program(prog, x, sanitize=True)
+    torch.testing.assert_close(out[0], m(*x).detach(), rtol=1e-4, atol=1e-4)
+
+
+def test_mlp_matches_eager_tiny():
+    m, x = _mlp()
+    run_and_compare(m, x, target="tiny")
+
+
+def _gpt2(n_layer: int):
+    from transformers import GPT2Config, GPT2Model
+
+    cfg = GPT2Config(n_embd=64, n_head=4, n_layer=n_layer, n_positions=64, vocab_size=128,
+                     use_cache=False)
+    cfg._attn_implementation = "sdpa"
+
+    class G(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = GPT2Model(cfg)
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).last_hidden_state
+
+    torch.manual_seed(0)
+    return G().eval(), (torch.randint(0, 128, (1, 32)),)
+
+
+def test_transformer_block_matches_eager():
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_embd=64, n_head=4, n_layer=1, n_positions=64)
+    cfg._attn_implementation = "sdpa"
+
+    class B(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = GPT2Block(cfg)
+
+        def forward(self, x):
+            y = self.b(x)
+            return y[0] if isinstance(y, tuple) else y
+
+    cm = run_and_compare(B().eval(), (torch.randn(1, 32, 64),))
+    assert len(cm.program.kernels) > 1
+
+
+def test_gpt2_two_layers_matches_eager():
+    m, x = _gpt2(2)
+    cm = run_and_compare(m, x)
+    s = cm.program.stream
+    notes = [r["message"] for r in cm.program.meta["remarks"] if r["pass_name"] == "link-kernels"]
+    assert int((s["opcode"] == Opcode.BARRIER).sum()) == 1, notes
