@@ -32,6 +32,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 
 from tilecc.errors import ExportError, ShapeError, TileccError, UnsupportedOpError
 from tilecc.frontend import aten_rounding as rounding
+from tilecc.frontend import lowp_weights
 from tilecc.frontend.decompositions import decomposition_table  # noqa: F401 (shared table)
 from tilecc.frontend.export import export_model, node_location  # noqa: F401 (this module's API)
 from tilecc.ir import float64
@@ -172,6 +173,7 @@ class _Importer:
         self.env: dict[Node, Any] = {}
         self.unsupported: list[tuple[str, str]] = []
         self.weights: dict[str, np.ndarray] = {}
+        self.lowp: dict[Node, lowp_weights.LowpWeight] = {}  # folded dequantisations
         self.input_names: list[str] = []
         self.output_names: list[str] = []
         self.input_dtypes: list[str] = []  # user-facing torch dtypes ("int64", "float32")
@@ -567,6 +569,9 @@ class _Importer:
         name = self.const_names.get(node, f"folded.{node.name}")
         saved, self.loc = self.loc, self.first_user_loc(node)
         try:
+            lowp = lowp_weights.materialise(self, node)
+            if lowp is not None:
+                return lowp
             try:
                 shape, dt = _static_shape(data), _dtype(data.dtype)
             except _Unsupported as e:
@@ -612,6 +617,7 @@ class _Importer:
         parent = next((self.const_names[n] for n in node.all_input_nodes if n in self.const_names), None)
         if parent is not None:  # e.g. "fc1.weight.permute": a weight pre-transposed at compile time
             self.const_names[node] = f"{parent}.{_op_name(node.target).split('.')[1]}"
+        lowp_weights.track(self, node)  # a one-byte weight's dequantisation, kept apart
         return True
 
     def call(self, node: Node) -> None:

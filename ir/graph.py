@@ -109,7 +109,7 @@ from tilecc.ir.graph_index import INDEX_OPS
 from tilecc.ir.graph_nn import NN_OPS
 from tilecc.ir.graph_routing import ROUTING_OPS
 from tilecc.ir.graph_scatter import SCATTER_OPS
-from tilecc.simulator.isa import DType
+from tilecc.simulator.isa import LOW_PRECISION, DType
 
 _element_type = element_type  # `make` methods take a parameter named `element_type`
 
@@ -238,6 +238,10 @@ class MatmulOp(GraphOp):
     def infer(lhs: Attribute, rhs: Attribute) -> TensorType:
         lhs = check_tensor(lhs, MatmulOp.name, "lhs")
         rhs = check_tensor(rhs, MatmulOp.name, "rhs")
+        if element_dtype(rhs) in LOW_PRECISION and element_dtype(lhs) in (DType.BF16, DType.F16, DType.F32):
+            # a one-byte weight (i8 / f8e4m3) against float activations: the weight-only
+            # quantised matmul (passes/graph/lowp_matmul.py); the result has lhs's type
+            return TensorType(lhs.get_element_type(), matmul_shape(MatmulOp.name, lhs.get_shape(), rhs.get_shape()))
         et = same_element(MatmulOp.name, lhs, rhs)
         return TensorType(et, matmul_shape(MatmulOp.name, lhs.get_shape(), rhs.get_shape()))
 

@@ -19,8 +19,10 @@ from typing import TypeVar, cast
 import numpy as np
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float8E4M3FNType,
     Float16Type,
     Float32Type,
+    IntegerType,
     StringAttr,
     TensorType,
     i32,
@@ -45,19 +47,24 @@ _ELEMENT_DTYPES: dict[type[Attribute], DType] = {
     Float32Type: DType.F32,
     BFloat16Type: DType.BF16,
     Float16Type: DType.F16,
+    Float8E4M3FNType: DType.F8E4M3,  # one-byte weights (frontend/lowp_weights.py)
 }
+i8 = IntegerType(8)  # one-byte weights (frontend/lowp_weights.py)
 _DTYPE_ELEMENTS: dict[DType, Attribute] = {
     DType.F32: Float32Type(),
     DType.BF16: BFloat16Type(),
     DType.F16: Float16Type(),
     DType.I32: i32,
+    DType.I8: i8,
+    DType.F8E4M3: Float8E4M3FNType(),
 }
-# numpy storage of each element type (bf16 as raw uint16 bits)
-NP_STORAGE = {DType.F32: np.float32, DType.F16: np.float16, DType.BF16: np.uint16, DType.I32: np.int32}
+# numpy storage of each element type (bf16 as raw uint16 bits, f8e4m3 as raw uint8 bits)
+NP_STORAGE = {DType.F32: np.float32, DType.F16: np.float16, DType.BF16: np.uint16, DType.I32: np.int32,
+              DType.I8: np.int8, DType.F8E4M3: np.uint8}
 
 
 def _is_supported(et: Attribute) -> bool:
-    return type(et) in _ELEMENT_DTYPES or et == i32
+    return type(et) in _ELEMENT_DTYPES or et in (i32, i8)
 
 
 def element_dtype(t: Attribute) -> DType:
@@ -65,6 +72,8 @@ def element_dtype(t: Attribute) -> DType:
     et: Attribute = cast(TensorType[Attribute], t).get_element_type() if isinstance(t, TensorType) else t
     if et == i32:
         return DType.I32
+    if et == i8:
+        return DType.I8
     try:
         return _ELEMENT_DTYPES[type(et)]
     except KeyError:

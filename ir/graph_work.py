@@ -16,7 +16,8 @@ slice, ...) move only through DMA access patterns.
 Work per graph op (`WORK_TABLE`; cost(f) is `[vector.op_cost]`'s cycles per element
 group of function f; `n` the result's elements, `n_in` the input's)::
 
-    matmul            MACs = batch*M*K*N, 16-bit when both operands are bf16/f16, else
+    matmul            MACs = batch*M*K*N, 16-bit when both operands are bf16/f16 (or a
+                      one-byte i8 / f8e4m3 weight: mixed inputs run at the 16-bit rate), else
                       fp32. Evacuation of the accumulator: 0 when a consumer (through
                       views) is a vector op (it reads the accumulator) or the result is
                       fp32 (DMA stores it); else n * cost(copy): the fp32 -> 16-bit
@@ -29,7 +30,10 @@ group of function f; `n` the result's elements, `n_in` the input's)::
                       `ir/graph_patterns.py` as canonicalize-graph matches them):
                       n * cost(gelu / gelu_tanh / silu), the function they are
     binary f          n * cost(f) * (2 if both operands are full tensors of the result's
-                      shape, else 1: a broadcast operand can be laid out as a column)
+                      shape, else 1: a broadcast operand can be laid out as a column);
+                      a one-byte weight's dequantisation ``cast(q) * s`` read only by
+                      matmuls: 0 (the scale applies to the matmul's result, in the
+                      evacuation counted there: ir/graph_lowp.py)
     compare f         as binary f
     where             n * cost(mask) * (2 if both branches are full tensors, else 1)
     sum / amax / amin n_in * cost(reduce sum / max / min); mean adds n * cost(mul)
@@ -145,6 +149,7 @@ from tilecc.ir import graph_scatter as gs
 from tilecc.ir.graph_attention import CHAIN_VIEWS, MASKED_AT_OR_BELOW, masked, match_attention, numel
 from tilecc.ir.graph_consts import ConstValues
 from tilecc.ir.graph_dsl import DslCallOp
+from tilecc.ir.graph_lowp import match_lowp_weight, only_matmul_rhs
 from tilecc.ir.graph_patterns import match_gelu, match_silu
 from tilecc.ir.vector_fns import BINARY, elementwise_fn
 from tilecc.simulator.config import HardwareConfig
@@ -166,7 +171,9 @@ def _dtype(v: SSAValue) -> DType:
 
 
 def _is16(v: SSAValue) -> bool:
-    return _dtype(v) in (DType.BF16, DType.F16)
+    """16 bits or narrower: runs at the 16-bit MAC rate (a one-byte weight against bf16
+    activations is a mixed-input matmul at the bf16 rate)."""
+    return _dtype(v) in (DType.BF16, DType.F16, DType.I8, DType.F8E4M3)
 
 
 def _nbytes(v: SSAValue) -> int:
@@ -386,6 +393,9 @@ def _inputs(n: int, *operands: SSAValue) -> int:
 
 
 def _binary(c: _Counter, op: Operation) -> None:
+    w = op.results[0]
+    if match_lowp_weight(w) is not None and only_matmul_rhs(w):
+        return  # a one-byte weight's scale: applied to the matmul's result (ir/graph_lowp.py)
     n = numel(op.results[0])
     c.add(op.name, vector=n * c.binary(BINARY[type(op)]) * _inputs(n, *op.operands))
 

@@ -43,6 +43,7 @@ from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float8E4M3FNType,
     Float16Type,
     Float32Type,
     IntegerAttr,
@@ -58,7 +59,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import npu, tile
 from tilecc.ir.affine import Affine, Expr, Min, Ne
 from tilecc.simulator.config import HardwareConfig, load_config
-from tilecc.simulator.isa import BinaryFn, DType, Flag, Mem, ReduceFn, UnaryFn
+from tilecc.simulator.isa import ITEMSIZE, BinaryFn, DType, Flag, Mem, ReduceFn, UnaryFn
 
 
 def dtype_of(elem: Attribute) -> DType:
@@ -70,6 +71,10 @@ def dtype_of(elem: Attribute) -> DType:
         return DType.F16
     if isinstance(elem, IntegerType) and elem.width.data == 32:
         return DType.I32
+    if isinstance(elem, IntegerType) and elem.width.data == 8:
+        return DType.I8
+    if isinstance(elem, Float8E4M3FNType):
+        return DType.F8E4M3
     raise CompileError(f"element type {elem} has no NPU data type")
 
 
@@ -277,7 +282,7 @@ def _simplify(a: Affine) -> int | Affine:
 
 
 def element_size_of(d: DType) -> int:
-    return {DType.F32: 4, DType.BF16: 2, DType.F16: 2, DType.I32: 4}[d]
+    return ITEMSIZE[d]
 
 
 def _load(kl: KernelLowering, op: tile.LoadOp) -> npu.InstructionOp:

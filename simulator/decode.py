@@ -300,7 +300,8 @@ class DecodedProgram:
         s, op, fail = self.col, self.op, self._fail
         work = ~self.is_barrier & (op <= max(Opcode))
         valid = lut({d: 1 for d in DType}, dtype=bool, default=False)
-        float_ = lut({DType.F32: 1, DType.BF16: 1, DType.F16: 1}, dtype=bool, default=False)
+        mm_inputs = (DType.F32, DType.BF16, DType.F16, DType.I8, DType.F8E4M3)  # mixed allowed
+        float_ = lut(dict.fromkeys(mm_inputs, 1), dtype=bool, default=False)
         for field, used in (("a_dtype", work), ("o_dtype", work), ("b_dtype", self.uses_b)):
             fail(
                 problems,
@@ -321,7 +322,7 @@ class DecodedProgram:
         fail(
             problems,
             self.is_mm & ~(float_[s["a_dtype"]] & float_[s["b_dtype"]]),
-            lambda i: "matmul operands must be f32, bf16 or f16",
+            lambda i: "matmul operands must be f32, bf16, f16, i8 or f8e4m3",
         )
         fail(
             problems,

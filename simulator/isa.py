@@ -21,6 +21,10 @@ array, `RECORD`), in program order. Each record runs on one engine queue:
   SRAM with the contraction dimension K on partitions (K <= array rows, the stationary
   operand ``rhs`` has N <= array columns), output in the accumulator (fp32), M rows on
   M partitions. Flag ``ACCUMULATE`` adds to the accumulator instead of overwriting.
+  Each operand is f32, bf16, f16, i8 or f8e4m3 on its own (mixed inputs: a bf16
+  moving operand against an i8 / f8e4m3 stationary weight is the weight-only
+  quantised matmul); the array multiplies the operands' exact values (every i8 and
+  f8e4m3 value is exact in bf16) and accumulates in fp32.
 - VECTOR: ``VEC_UNARY`` (func from `UnaryFn`), ``VEC_BINARY`` (`BinaryFn`, second
   operand a tile, a per-partition column [rows x 1] broadcast along the free
   dimension (flag ``B_COLUMN``), or the immediate ``imm`` (flag ``B_IMM``); flag
@@ -92,17 +96,24 @@ class DType(enum.IntEnum):
     BF16 = 2
     F16 = 3
     I32 = 4
+    I8 = 5  # one-byte weights (weight-only quantisation): the matrix engine's int8 input
+    F8E4M3 = 6  # fp8 e4m3 ("fn": no infinities, max 448), stored as its raw 8 bits
 
 
-DTYPE_NAMES = {DType.F32: "f32", DType.BF16: "bf16", DType.F16: "f16", DType.I32: "i32"}
+DTYPE_NAMES = {DType.F32: "f32", DType.BF16: "bf16", DType.F16: "f16", DType.I32: "i32",
+               DType.I8: "i8", DType.F8E4M3: "f8e4m3"}
 DTYPE_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
-ITEMSIZE = {DType.F32: 4, DType.BF16: 2, DType.F16: 2, DType.I32: 4}
+ITEMSIZE = {DType.F32: 4, DType.BF16: 2, DType.F16: 2, DType.I32: 4, DType.I8: 1, DType.F8E4M3: 1}
+# the one-byte inputs of the matrix engine (MAC energy and rates per dtype: simulator/config.py)
+LOW_PRECISION = frozenset({DType.I8, DType.F8E4M3})
 # numpy dtype holding the stored bits of each element type (bf16 is kept as raw uint16)
 STORAGE = {
     DType.F32: np.dtype("<f4"),
     DType.BF16: np.dtype("<u2"),
     DType.F16: np.dtype("<f2"),
     DType.I32: np.dtype("<i4"),
+    DType.I8: np.dtype("i1"),
+    DType.F8E4M3: np.dtype("u1"),
 }
 
 

@@ -6,6 +6,12 @@ rounds to nearest-even on the way back, exactly as torch does for bfloat16.
 i32 values are stored as int32. The vector engine reads them as fp32 (exact up to
 2**24 in magnitude) and converts fp32 results to i32 by truncation toward zero, as
 torch's float -> int casts do, saturating at the int32 range (NaN becomes 0).
+
+i8 values are stored as int8 (the same conversion, saturating at [-128, 127]); f8e4m3
+values as their raw 8 bits (torch.float8_e4m3fn: 4 exponent bits, bias 7, 3 mantissa
+bits, no infinities, largest finite 448). fp32 -> f8e4m3 rounds to nearest-even exactly
+as torch does and saturates at +-448 (NaN stays NaN); every i8 and f8e4m3 value is exact
+in fp32 and bf16.
 """
 
 from __future__ import annotations
@@ -45,6 +51,26 @@ def to_i32(x: np.ndarray) -> np.ndarray:
     return np.clip(x64, I32_MIN, I32_MAX).astype(np.int32)
 
 
+def to_i8(x: np.ndarray) -> np.ndarray:
+    """Numbers -> int8: truncation toward zero, saturating at [-128, 127], NaN -> 0."""
+    return np.clip(to_i32(x), -128, 127).astype(np.int8)
+
+
+F8E4M3_MAX = 448.0
+
+
+def f32_to_f8e4m3_bits(x: np.ndarray) -> np.ndarray:
+    """Round fp32 values to fp8 e4m3 (nearest-even, saturating at +-448); the uint8 bits."""
+    x = np.clip(np.asarray(x, dtype=np.float32), -F8E4M3_MAX, F8E4M3_MAX)  # NaN passes
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float8_e4m3fn)
+    return t.view(torch.uint8).numpy().reshape(x.shape).copy()
+
+
+def f8e4m3_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    b = np.ascontiguousarray(np.asarray(b, dtype=np.uint8))
+    return torch.from_numpy(b).view(torch.float8_e4m3fn).float().numpy().reshape(b.shape)
+
+
 def round_to(x: np.ndarray, dtype: DType) -> np.ndarray:
     """fp32 values rounded to `dtype` and returned as fp32 (for reference semantics).
 
@@ -57,6 +83,10 @@ def round_to(x: np.ndarray, dtype: DType) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32)
     if dtype == DType.I32:
         return to_i32(x).astype(np.float32)
+    if dtype == DType.I8:
+        return to_i8(x).astype(np.float32)
+    if dtype == DType.F8E4M3:
+        return f8e4m3_bits_to_f32(f32_to_f8e4m3_bits(x))
     return x
 
 
@@ -66,6 +96,10 @@ def to_storage(x: np.ndarray, dtype: DType) -> np.ndarray:
         return f32_to_bf16_bits(np.asarray(x, dtype=np.float32))
     if dtype == DType.I32:
         return to_i32(x)
+    if dtype == DType.I8:
+        return to_i8(x)
+    if dtype == DType.F8E4M3:
+        return f32_to_f8e4m3_bits(np.asarray(x, dtype=np.float32))
     return np.asarray(x).astype(STORAGE[dtype])
 
 
@@ -73,6 +107,8 @@ def from_storage(x: np.ndarray, dtype: DType) -> np.ndarray:
     """Stored representation of `dtype` -> fp32 values."""
     if dtype == DType.BF16:
         return bf16_bits_to_f32(x)
+    if dtype == DType.F8E4M3:
+        return f8e4m3_bits_to_f32(x)
     return np.asarray(x).astype(np.float32)
 
 
@@ -81,6 +117,8 @@ TORCH_DTYPES = {
     torch.bfloat16: DType.BF16,
     torch.float16: DType.F16,
     torch.int32: DType.I32,
+    torch.int8: DType.I8,
+    torch.float8_e4m3fn: DType.F8E4M3,
 }
 DTYPE_TO_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
 
@@ -93,6 +131,8 @@ def torch_to_storage(t: torch.Tensor) -> tuple[np.ndarray, DType]:
     t = t.detach().cpu().contiguous()
     if dt == DType.BF16:
         return t.view(torch.int16).numpy().view(np.uint16).copy(), dt
+    if dt == DType.F8E4M3:
+        return t.view(torch.uint8).numpy().copy(), dt
     return t.numpy().copy(), dt
 
 
@@ -100,4 +140,6 @@ def storage_to_torch(x: np.ndarray, dtype: DType) -> torch.Tensor:
     x = np.ascontiguousarray(x).reshape(np.shape(x))  # (ascontiguousarray makes 0-d 1-d)
     if dtype == DType.BF16:
         return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    if dtype == DType.F8E4M3:
+        return torch.from_numpy(x.copy()).view(torch.float8_e4m3fn)
     return torch.from_numpy(x.copy())

@@ -451,7 +451,7 @@ def _bad(field: str, value, index: int = 1) -> np.ndarray:
          "but the record names engine VECTOR"),
         (_bad("b_mem", 3), "record 1: unknown b mem 3 (known: 0 (HBM), 1 (SRAM), 2 (ACC))"),
         (_bad("o_dtype", 9, 4), "record 4: unknown o dtype 9 (known: 1 (F32), 2 (BF16), "
-         "3 (F16), 4 (I32))"),
+         "3 (F16), 4 (I32), 5 (I8), 6 (F8E4M3))"),
         (_bad("func", 16, 2), "record 2: unknown func 16 for VEC_UNARY (known UnaryFn: 0..15)"),
         (_bad("func", 14, 3), "record 3: unknown func 14 for VEC_BINARY (known BinaryFn: 0..13)"),
         (_bad("func", 3, 6), "record 6: unknown func 3 for VEC_REDUCE (known ReduceFn: 0..2)"),
@@ -600,7 +600,7 @@ def test_syntax_errors(line, message):
         ("vec.add.swop sram[p0 +0x0]:f32, imm 1 -> sram[p0 +0x0]:f32 1x1",
          "1: unknown modifier '.swop' on vec.add (binary functions take '.swap')"),
         ("vec.exp sram[p0 +0x0]:f64 -> sram[p0 +0x0]:f32 1x1",
-         "23: unknown element type 'f64' (expected f32, bf16, f16, i32)"),
+         "23: unknown element type 'f64' (expected f32, bf16, f16, i32, i8, f8e4m3)"),
         ("vec.exp dram[p0 +0x0]:f32 -> sram[p0 +0x0]:f32 1x1",
          "9: unknown memory 'dram' (expected hbm, sram or acc)"),
         ("dma.load q256 hbm[0x0 rs=1 cs=1]:f32 -> sram[p0 +0x0]:f32 1x1",

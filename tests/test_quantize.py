@@ -7,13 +7,16 @@ from __future__ import annotations
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from tests.helpers import run_and_compare
 from tilecc.errors import QuantizationError, TileccError
-from tilecc.quantize import QuantizedLinear, quantize_tensor, quantize_weights
+from tilecc.quantize import FORMATS, QuantizedLinear, quantize_tensor, quantize_weights
+from tilecc.simulator import numerics
+from tilecc.simulator.isa import DType, Opcode
 
 for _m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
     sys.modules.setdefault(_m, types.ModuleType(_m))
@@ -158,3 +161,43 @@ def test_compiled_quantized_llama_matches_eager(fmt):
             return self.m(ids, use_cache=False).logits
 
     run_and_compare(Logits(), (ids,))
+
+
+@pytest.mark.parametrize(("fmt", "dt"), [("int8", DType.I8), ("fp8", DType.F8E4M3)])
+def test_weights_are_one_byte_in_hbm_and_the_matrix_engine_reads_them(fmt, dt):
+    """The quantised weights stay one byte a parameter in the Program's HBM image, the
+    matmuls take them directly (mixed inputs) and the scales are no vector work in the
+    bound; the compiled outputs match eager."""
+    torch.manual_seed(0)
+    m = quantize_weights(Mlp(d=64, h=128), fmt, skip=()).to(torch.bfloat16).eval()
+    assert m.up.weight_q.dtype == FORMATS[fmt][0]  # .to(bf16) keeps the one-byte format
+    cm = run_and_compare(m, (torch.randn(8, 64, dtype=torch.bfloat16),), target="tiny")
+    prog = cm.program
+    one_byte = {s.name: s for s in prog.weights if s.dtype == dt}
+    assert sorted(one_byte) == ["down.weight_q.T", "lm_head.weight_q.T", "up.weight_q.T"]
+    params = 64 * 128 + 128 * 64 + 64 * 16
+    assert sum(s.nbytes for s in one_byte.values()) == params
+    mm = prog.stream[prog.stream["opcode"] == Opcode.MATMUL]
+    # the weights' matmuls read them as they are (the others are the kernel's identity transposes)
+    assert bool((mm["b_dtype"] == dt).any()) and bool((mm["a_dtype"] == DType.BF16).all())
+    assert set(mm["b_dtype"].tolist()) <= {int(dt), int(DType.BF16)}
+    assert prog.work["vector_element_cycles"] < 64 * 128  # the scales are not applied to the weights
+    # the bound's compulsory bytes count the weights at one byte (plus scales, bias, x, y)
+    assert params < prog.work["compulsory_hbm_bytes"] < params + 2 * (128 + 64 + 16) * 2 + 8 * 64 * 2 + 8 * 16 * 2
+
+
+@pytest.mark.parametrize("dt", [DType.I8, DType.F8E4M3])
+def test_one_byte_storage_is_exact(dt):
+    x = np.array([-448.0, -130.7, -2.5, -1e-3, 0.0, 0.26, 1.5, 2.5, 3.75, 127.4, 300.0, 1e6], np.float32)
+    got = numerics.from_storage(numerics.to_storage(x, dt), dt)
+    if dt == DType.I8:  # truncation toward zero, saturating (torch's float -> int cast)
+        want = np.clip(np.trunc(x), -128, 127)
+    else:  # nearest-even as torch.float8_e4m3fn, saturating at 448
+        want = torch.from_numpy(np.clip(x, -448, 448)).to(torch.float8_e4m3fn).float().numpy()
+    np.testing.assert_array_equal(got, want)
+    assert numerics.to_storage(x, dt).itemsize == 1
+    all_f8 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    if dt == DType.F8E4M3:  # every finite code round-trips
+        fin = np.isfinite(all_f8)
+        codes = numerics.to_storage(all_f8[fin], dt)
+        np.testing.assert_array_equal(numerics.from_storage(codes, dt), all_f8[fin])

@@ -79,6 +79,15 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("scale", scale)
         self.bias = linear.bias
 
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # `model.to(torch.bfloat16)` converts floating buffers: keep the one-byte weight's
+        # format (fp8 -> bf16 -> fp8 is exact), follow the device
+        storage = FORMATS[self.format][0]
+        super()._apply(fn, recurse)
+        if self.weight_q.dtype != storage:
+            self.weight_q = self.weight_q.to(storage)
+        return self
+
     def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = dtype or self.scale.dtype
         return self.weight_q.to(dtype) * self.scale.to(dtype)[:, None]

@@ -9,6 +9,8 @@ commutative ops in either order, constants compared to 1 %, as bf16 rounds them)
 - ``x * sigmoid(x)``                                              ->  ``silu(x)``
 - ``matmul(q, k^T)``, scale, mask, softmax, ``matmul(p, v)``       ->  ``sdpa(q, k, v)``
   (passes/graph/attention.py, which shows its IR before and after)
+- ``matmul(x, cast(q_i8) * s)``                                    ->  ``matmul(x, q_i8) * s``
+  (one-byte weights: passes/graph/lowp_matmul.py)
 
 (the matchers live in `ir/graph_patterns.py`, which the roofline bound reads too)
 
@@ -41,6 +43,7 @@ from xdsl.passes import ModulePass
 
 from tilecc.ir import graph as g
 from tilecc.ir.graph_patterns import match_gelu, match_silu
+from tilecc.passes.graph.lowp_matmul import rewrite_lowp_matmuls
 
 
 def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = None) -> int:
@@ -65,6 +68,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
         op.results[0].replace_all_uses_with(new.results[0])
         count += 1
     count += recognise_attention(fn, weights)
+    count += rewrite_lowp_matmuls(fn)  # one-byte weights into the matrix engine (lowp_matmul.py)
     dead_code(fn)
     return count
 

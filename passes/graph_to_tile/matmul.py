@@ -527,7 +527,7 @@ def tile_shape(v: SSAValue) -> tuple[int, ...]:
 
 
 def _dtype_name(elem: Attribute) -> str:
-    from xdsl.dialects.builtin import BFloat16Type, Float16Type
+    from xdsl.dialects.builtin import BFloat16Type, Float8E4M3FNType, Float16Type, IntegerType
 
     if isinstance(elem, Float32Type):
         return "f32"
@@ -535,6 +535,10 @@ def _dtype_name(elem: Attribute) -> str:
         return "bf16"
     if isinstance(elem, Float16Type):
         return "f16"
+    if isinstance(elem, Float8E4M3FNType):
+        return "f8e4m3"  # one-byte weights (passes/graph/lowp_matmul.py)
+    if isinstance(elem, IntegerType) and elem.width.data == 8:
+        return "i8"
     return ""
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from tilecc.simulator.config import HardwareConfig
 
 ALIGN = 64  # plan-sram aligns every buffer to 64 bytes
-ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2}
+ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "f8e4m3": 1}  # one-byte: B only (weights)
 MAX_BLOCK = 16  # m-tiles per block considered by `candidates`
 MAX_WIDTH = 16  # TN-column sub-tiles per n-chunk considered by `candidates`
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, ModuleOp, TensorType, f32
+from xdsl.dialects.builtin import BFloat16Type, Float8E4M3FNType, Float16Type, IntegerType, ModuleOp, TensorType, f32
 from xdsl.ir import Block, Region
 
 from tilecc.ir import graph as g
@@ -36,7 +36,8 @@ TUNE_CANDIDATES = 8  # schedules the autotuner simulates per matmul: the cost mo
 
 def kernel_alone(problem: MatmulProblem, cfg: HardwareConfig) -> GraphProgram:
     """A graph program holding only this matmul (inputs a, b; output out)."""
-    elem = {"f32": f32, "bf16": BFloat16Type(), "f16": Float16Type()}
+    elem = {"f32": f32, "bf16": BFloat16Type(), "f16": Float16Type(), "i8": IntegerType(8),
+            "f8e4m3": Float8E4M3FNType()}
     p = problem
     a_shape = [x if w else 1 for x, w in zip(p.batch, p.a_batch)] + [p.M, p.K]
     b_shape = [x if w else 1 for x, w in zip(p.batch, p.b_batch)] + [p.K, p.N]
