@@ -162,3 +162,23 @@ def test_decode_shape_concat_fills_partitions(shape):
     torch.testing.assert_close(cm(x), _RotateHalf()(x))
     (count,) = [n for name, _, n in cm.program.kernels if "concat" in name]
     assert count <= 8, count
+
+
+@pytest.mark.slow
+def test_torch_compile_inside_model_generate_runs_decode_on_the_npu():
+    """`torch.compile(model.forward, backend="tilecc")` in `model.generate(...,
+    cache_implementation="static")`: two graphs (prefill, decode step), each compiled
+    once; the decode graph runs for every further token; the tokens equal eager's."""
+    from tilecc.llm.compiled_generate import generate_compiled
+
+    model = _examples().tiny_llama()
+    result = generate_compiled(model, _prompt(model, 1, 6), 4)
+    assert result.matches_eager is True, (result.tokens, result.eager_tokens)
+    e = result.explanation
+    assert e.graphs == 2
+    decode = e.plans[1].npu_partitions
+    assert len(decode) == 1 and decode[0].runs == 3 and decode[0].compiled
+    assert e.npu_share > 0.9  # the rotary embedding's sin / cos fall back
+    assert any("aten.sin" in f.op for f in e.fallbacks)
+    assert "op(s) on the NPU" in str(e)
+    assert type(model).forward is model.forward.__func__  # restored
