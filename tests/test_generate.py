@@ -182,3 +182,25 @@ def test_torch_compile_inside_model_generate_runs_decode_on_the_npu():
     assert any("aten.sin" in f.op for f in e.fallbacks)
     assert "op(s) on the NPU" in str(e)
     assert type(model).forward is model.forward.__func__  # restored
+
+
+class _CacheWrite(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(4, 3, 8, 5))
+
+    def forward(self, k, pos):
+        self.cache.index_copy_(2, pos, k)
+        return self.cache * 1.0
+
+
+def test_decode_cache_write_is_one_scatter_per_tile_of_rows():
+    """Writing one position of every (batch, head) row: one broadcast index, one offsets
+    column, one rows load and one scatter, not three DMAs per (batch, head)."""
+    model, eager = _CacheWrite().eval(), _CacheWrite().eval()
+    cm = tilecc.compile(model, (torch.randn(4, 3, 1, 5), torch.tensor([0])))
+    for p in (6, 2):
+        k = torch.randn(4, 3, 1, 5)
+        torch.testing.assert_close(cm(k, torch.tensor([p])), eager(k, torch.tensor([p])))
+    (count,) = [n for name, _, n in cm.program.kernels if "scatter" in name]
+    assert count <= 6, count
