@@ -48,6 +48,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     `graph.sdpa` (passes/graph/attention.py; with `weights`, a constant causal mask is
     recognised as causal)."""
     from tilecc.passes.graph.attention import recognise_attention
+    from tilecc.passes.graph.decode_attention import rewrite_decode_attention
 
     count = 0
     for op in list(fn.body.block.ops):
@@ -65,6 +66,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
         op.results[0].replace_all_uses_with(new.results[0])
         count += 1
     count += recognise_attention(fn, weights)
+    count += rewrite_decode_attention(fn)
     dead_code(fn)
     return count
 
