@@ -162,3 +162,68 @@ def test_decode_shape_concat_fills_partitions(shape):
     torch.testing.assert_close(cm(x), _RotateHalf()(x))
     (count,) = [n for name, _, n in cm.program.kernels if "concat" in name]
     assert count <= 8, count
+
+
+@pytest.mark.slow
+def test_torch_compile_inside_model_generate_runs_decode_on_the_npu():
+    """`torch.compile(model.forward, backend="tilecc")` in `model.generate(...,
+    cache_implementation="static")`: two graphs (prefill, decode step), each compiled
+    once; the decode graph runs for every further token; the tokens equal eager's."""
+    from tilecc.llm.compiled_generate import generate_compiled
+
+    model = _examples().tiny_llama()
+    result = generate_compiled(model, _prompt(model, 1, 6), 4)
+    assert result.matches_eager is True, (result.tokens, result.eager_tokens)
+    e = result.explanation
+    assert e.graphs == 2
+    decode = e.plans[1].npu_partitions
+    assert len(decode) == 1 and decode[0].runs == 3 and decode[0].compiled
+    assert e.npu_share > 0.9  # the rotary embedding's sin / cos fall back
+    assert any("aten.sin" in f.op for f in e.fallbacks)
+    assert "op(s) on the NPU" in str(e)
+    assert type(model).forward is model.forward.__func__  # restored
+
+
+class _CacheWrite(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(4, 3, 8, 5))
+
+    def forward(self, k, pos):
+        self.cache.index_copy_(2, pos, k)
+        return self.cache * 1.0
+
+
+def test_decode_cache_write_is_one_scatter_per_tile_of_rows():
+    """Writing one position of every (batch, head) row: one broadcast index, one offsets
+    column, one rows load and one scatter, not three DMAs per (batch, head)."""
+    model, eager = _CacheWrite().eval(), _CacheWrite().eval()
+    cm = tilecc.compile(model, (torch.randn(4, 3, 1, 5), torch.tensor([0])))
+    for p in (6, 2):
+        k = torch.randn(4, 3, 1, 5)
+        torch.testing.assert_close(cm(k, torch.tensor([p])), eager(k, torch.tensor([p])))
+    (count,) = [n for name, _, n in cm.program.kernels if "scatter" in name]
+    assert count <= 6, count
+
+
+class _GqaDecode(torch.nn.Module):
+    """A grouped-query decode step as `transformers` writes it: repeat_kv, then sdpa."""
+
+    def forward(self, q, k, v, mask):
+        b, hkv, s, d = k.shape
+        n = q.shape[1] // hkv
+        k = k[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d)
+        v = v[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_grouped_decode_attention_reads_the_cache_once_per_kv_head():
+    """One query row per head: the G query heads of a KV head become G rows of one
+    attention over that head's cache, with no expanded (repeat_kv) copy of the cache."""
+    q, k, v = torch.randn(3, 8, 1, 16), torch.randn(3, 2, 24, 16), torch.randn(3, 2, 24, 16)
+    mask = torch.zeros(3, 1, 1, 24)
+    mask[:, :, :, 13:] = float("-inf")  # positions not yet written
+    cm = tilecc.compile(_GqaDecode().eval(), (q, k, v, mask))
+    torch.testing.assert_close(cm(q, k, v, mask), _GqaDecode()(q, k, v, mask), rtol=1e-4, atol=1e-4)
+    names = [name for name, _, _ in cm.program.kernels]
+    assert any("attention" in n for n in names) and not any("copy" in n or "expand" in n for n in names), names

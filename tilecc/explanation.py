@@ -36,11 +36,29 @@ class Explanation:
     def fallbacks(self) -> list:
         return [f for p in self.plans for f in p.fallbacks]
 
+    @property
+    def npu_ops(self) -> int:
+        """Graph ops compiled by tilecc, over every graph."""
+        return sum(sum(q.ops.values()) for p in self.plans for q in p.npu_partitions)
+
+    @property
+    def fallback_ops(self) -> int:
+        return sum(p.fallback_ops for p in self.plans)
+
+    @property
+    def npu_share(self) -> float:
+        """The share of the graphs' ops that ran on the NPU (0..1)."""
+        total = self.npu_ops + self.fallback_ops
+        return self.npu_ops / total if total else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {"graphs": self.graphs, "graph_breaks": self.graph_breaks, "plans": [p.to_dict() for p in self.plans]}
+        return {"graphs": self.graphs, "graph_breaks": self.graph_breaks, "npu_ops": self.npu_ops,
+                "fallback_ops": self.fallback_ops, "npu_share": self.npu_share,
+                "plans": [p.to_dict() for p in self.plans]}
 
     def __str__(self) -> str:
-        head = f"{self.graphs} graph(s), {self.graph_breaks} graph break(s)"
+        head = (f"{self.graphs} graph(s), {self.graph_breaks} graph break(s); {self.npu_ops} of "
+                f"{self.npu_ops + self.fallback_ops} op(s) on the NPU ({self.npu_share:.1%})")
         return "\n".join([head] + [str(p) for p in self.plans])
 
 

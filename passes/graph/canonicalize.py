@@ -51,6 +51,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     `graph.sdpa` (passes/graph/attention.py; with `weights`, a constant causal mask is
     recognised as causal)."""
     from tilecc.passes.graph.attention import recognise_attention
+    from tilecc.passes.graph.decode_attention import rewrite_decode_attention
 
     count = 0
     for op in list(fn.body.block.ops):
@@ -69,6 +70,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
         count += 1
     count += recognise_attention(fn, weights)
     count += rewrite_lowp_matmuls(fn)  # one-byte weights into the matrix engine (lowp_matmul.py)
+    count += rewrite_decode_attention(fn)
     dead_code(fn)
     return count
 

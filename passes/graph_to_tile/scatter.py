@@ -11,6 +11,9 @@ after) and the source as ``[A, N, R]``:
   indirect store (``tile.scatter`` -> ``DMA_SCATTER``) writes them to rows
   ``index[r]`` of the table ``out[a]``. Every scatter runs on one DMA queue, in order,
   so of duplicate indices the last wins (torch's CPU order).
+  With one index and several outer indices (a decode step writing position p of every
+  batch and head's cache), the rows ``a*V + index[0]`` of the table ``[A*V, R]`` are
+  written by one scatter per tile of P outer indices.
 - ``sum`` / ``prod`` / ``amax`` / ``amin``: a read-modify-write per index, in index
   order, on one DMA queue: gather row ``a*V + index[n]`` of the table ``[A*V, R]``,
   combine it with source row n on the vector engine, scatter it back. The queue's
@@ -100,7 +103,9 @@ def lower_index_scatter(lw: LoweringContext, op: gs.IndexScatterOp, loc: str) ->
         return
     src = lw.view(lw.materialise(op.src), (A, N, R))
     idx = lw.view(lw.materialise(op.index), (N, 1))
-    if reduce == "none":
+    if reduce == "none" and N == 1 and A > 1:
+        _scatter_one_index(lw, loc, lw.view(src, (A, R)), idx, lw.view(out, (A * V, R)), A, V, R)
+    elif reduce == "none":
         _scatter_rows(lw, loc, src, idx, lw.view(out, (A, V, R)), N, R)
     else:
         _combine_rows(lw, loc, src, idx, lw.view(out, (A * V, R)), A, V, N, R, _VECTOR_FN[reduce])
@@ -122,6 +127,35 @@ def _scatter_rows(
             kb.add(tile.LoadOp(kb.args[0], [a, n0, c0], rows, r, c, 1, 2))
             kb.add(tile.ScatterOp(rows, ib, kb.args[2], [a, c0], r, c))
     lw.launch(kb, [src, idx, table])
+
+
+def _scatter_one_index(
+    lw: LoweringContext, loc: str, src: SSAValue, idx: SSAValue, table: SSAValue, A: int, V: int, R: int
+) -> None:
+    """One index (a decode step's cache position) for A outer rows: rows ``a*V + index[0]``
+    of the table ``[A*V, R]``, up to P of them per scatter (the index broadcast to every
+    partition by a stride-0 load, plus the constant offsets ``a*V``), instead of three
+    DMAs per outer index."""
+    elem = elem_of(table.type)
+    TR, TC = min(lw.P, A), lw.col_tile(R, 2)
+    offsets = np.arange(A, dtype=np.int64).reshape(A, 1) * V
+    strides, base = lw.layout(idx)
+    args = [src, lw.strided(idx, (A, 1), (0, 0), base), lw.hbm((A, 1), i32, value=dense_attr(offsets, i32, (A, 1))),
+            table]
+    kb = KernelBuilder(lw.kernel_name("scatter"), [x.type for x in args], loc)
+    zero, one = kb.const(0), kb.const(1)
+    with kb.tiles(A, TR) as (a0, r):
+        ib = kb.alloc([TR, 1], i32, tile.SRAM, "index")
+        kb.add(tile.LoadOp(kb.args[1], [a0, zero], ib, r, one, 0, 1))
+        ob = kb.alloc([TR, 1], i32, tile.SRAM, "offset")
+        kb.add(tile.LoadOp(kb.args[2], [a0, zero], ob, r, one, 0, 1))
+        rb = kb.alloc([TR, 1], i32, tile.SRAM, "row_index")
+        kb.add(tile.BinaryOp("add", ib, ob, rb, r, one))
+        with kb.tiles(R, TC) as (c0, c):
+            rows = kb.alloc([TR, TC], elem, tile.SRAM, "rows")
+            kb.add(tile.LoadOp(kb.args[0], [a0, c0], rows, r, c, 0, 1))
+            kb.add(tile.ScatterOp(rows, rb, kb.args[3], [c0], r, c))
+    lw.launch(kb, args)
 
 
 def _combine_rows(
