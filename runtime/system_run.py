@@ -51,6 +51,7 @@ class SystemTimeline:
     link_bytes: np.ndarray  # per directed link of the topology
     link_energy_uj: float
     total_ns: float
+    exposed_comm_ns: float | None = None  # None: every collective's time is exposed
 
 
 def run_system(sp: SystemProgram, inputs: tuple, *, mode: str = "contention", sanitize: bool = False,

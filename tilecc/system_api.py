@@ -87,7 +87,7 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
     return p
 
 
-def compile_for_system(model: torch.nn.Module, example_inputs: tuple, *, target: Any, system: Any,
+def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any, system: Any,
                        parallel: dict[str, Any] | None, tp_plan: dict[str, Any] | None = None,
                        opt_level: int = 2, cache: Any = None, mode: str = "contention") -> SystemModel:
     if isinstance(model, torch.export.ExportedProgram):
