@@ -80,8 +80,12 @@ class SystemReport:
         used = [lk for lk in self.links if lk.bytes > 0]
         lines.append(f"  links used: {len(used)} of {len(self.links)}; bytes {self.link_bytes:.0f}; busiest "
                      + (f"{max(used, key=lambda lk: lk.utilisation).utilisation:.1%}" if used else "-"))
+        groups: dict[tuple, int] = {}  # identical collectives on one line, in order of first use
         for c in self.collectives:
-            lines.append(f"  {c['op']:15s} {c['bytes']:10d} B  {c['algorithm']:18s} {c['time_us']:9.2f} us")
+            key = (c["op"], c["bytes"], c["algorithm"], round(c["time_us"], 6))
+            groups[key] = groups.get(key, 0) + 1
+        for (op, nbytes, algo, t_us), count in groups.items():
+            lines.append(f"  {op:15s} x{count:<3d} {nbytes:10d} B  {algo:18s} {t_us:9.2f} us each")
         return "\n".join(lines)
 
 

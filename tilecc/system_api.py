@@ -15,6 +15,7 @@ chip config is the target of every chip (`system` may name its own: `ring:4;chip
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ class SystemModel:
     def __init__(self, program: Any, mode: str = "contention"):
         self.program = program
         self.mode = mode
-        self.sanitize = False
+        self.sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"  # as CompiledModel
         self.report: SystemReport | None = None
         self.timeline: SystemTimeline | None = None
 
