@@ -141,3 +141,19 @@ def test_cli_runs_the_example(capsys):
     assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:2", "--tp", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["allclose"] and d["tp"] == 2 and d["link_bytes"] > 0 and len(d["chips"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["Qwen2", "Mistral"])
+def test_auto_plan_other_families(family):
+    import transformers
+
+    cfg_cls, model_cls = getattr(transformers, f"{family}Config"), getattr(transformers, f"{family}Model")
+    torch.manual_seed(0)
+    cfg = cfg_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=8,
+                  num_key_value_heads=4, vocab_size=100, max_position_embeddings=64, use_cache=False,
+                  attn_implementation="eager")
+    model = LastHidden(model_cls(cfg)).eval()  # Qwen2: q / k / v with biases (column-parallel: sliced)
+    for sp in (False, True):
+        sm = tilecc.compile(model, (IDS,), target="tiny", system="ring:2", parallel={"tp": 2, "sp": sp}, cache=False)
+        torch.testing.assert_close(sm(IDS), eager(model), rtol=1e-4, atol=1e-4)
