@@ -47,5 +47,7 @@ def test_pipeline_errors():
         tilecc.compile(model, (IDS,), system="ring:2", parallel={"pp": 2, "micro_batches": 3})
     with pytest.raises(ShardingError, match="tp=2 with pp=2 together is not implemented yet"):
         tilecc.compile(model, (IDS,), system="ring:4", parallel={"pp": 2, "tp": 2})
+    with pytest.raises(ShardingError, match="tp_plan= applies to tensor parallelism"):
+        tilecc.compile(model, (IDS,), system="ring:2", parallel={"pp": 2}, tp_plan={})
     with pytest.raises(ShardingError, match="data parallelism"):
         tilecc.compile(model, (IDS,), system="ring:2", parallel={"dp": 2})

@@ -103,6 +103,8 @@ def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any,
     if p.get("pp", 1) > 1:
         from tilecc.runtime.pipeline_run import compile_pipeline
 
+        if tp_plan is not None:
+            raise ShardingError("tp_plan= applies to tensor parallelism (parallel={'tp': N}), not to a pipeline")
         return SystemModel(compile_pipeline(model, tuple(example_inputs), cfg, pp=p["pp"],
                                             micro_batches=p.get("micro_batches", 1), opt_level=opt_level,
                                             cache=cache), mode)
