@@ -86,6 +86,11 @@ def test_link_bytes_equal_the_collectives_traffic():
     assert rep.link_bytes == pytest.approx(2 * per_collective)
     # a reduction of S over n chips must bring (n-1)/n x S into every chip at least
     assert per_collective >= 4 * (3 / 4) * s
+    # timing only: chip 0 simulated once and replayed for its identical peers gives the same timeline
+    busy = [c.busy_us for c in rep.chips]
+    sm.run(IDS, timing_only=True)
+    assert sm.report.time_us == rep.time_us and sm.report.link_bytes == rep.link_bytes
+    assert [c.busy_us for c in sm.report.chips] == busy
 
 
 def test_user_plan_in_pytorch_vocabulary_and_trace(tmp_path):

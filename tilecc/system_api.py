@@ -44,8 +44,10 @@ class SystemModel:
     def __call__(self, *inputs: torch.Tensor) -> Any:
         return self.run(*inputs)
 
-    def run(self, *inputs: torch.Tensor, trace: str | Path | None = None) -> Any:
-        """Run every chip and link; `trace`: write a Perfetto trace there (runtime/system_trace.py)."""
+    def run(self, *inputs: torch.Tensor, trace: str | Path | None = None, timing_only: bool = False) -> Any:
+        """Run every chip and link; `trace`: write a Perfetto trace there (runtime/system_trace.py).
+        `timing_only` (tensor parallelism): no data moves and chip 0 is simulated for all the
+        identical chips (runtime/system_run.py states the rule); the outputs are not meaningful."""
         import tempfile
 
         from tilecc.runtime.system_trace import write_system_trace
@@ -54,9 +56,11 @@ class SystemModel:
             tdir = tmp if trace is not None else None
             if isinstance(self.program, SystemProgram):
                 outs, self.timeline = run_system(self.program, inputs, mode=self.mode, sanitize=self.sanitize,
-                                                 trace_dir=tdir)
+                                                 trace_dir=tdir, functional=not timing_only)
                 self.report = system_report(self.program, self.timeline)
             else:
+                if timing_only:
+                    raise TileccError("timing_only: pipelines run functionally (their stages differ)")
                 from tilecc.runtime.pipeline_run import run_pipeline
 
                 outs, self.timeline, self.report = run_pipeline(self.program, inputs, mode=self.mode,
