@@ -162,3 +162,13 @@ def test_auto_plan_other_families(family):
     for sp in (False, True):
         sm = tilecc.compile(model, (IDS,), target="tiny", system="ring:2", parallel={"tp": 2, "sp": sp}, cache=False)
         torch.testing.assert_close(sm(IDS), eager(model), rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_tp_within_bf16_tolerance():
+    """bf16 weights and activations: the sharded model is as close to eager as one chip is."""
+    model = llama().to(torch.bfloat16)
+    ref = eager(model).float()
+    sm = tilecc.compile(model, (IDS,), target="tiny", system="ring:2", parallel={"tp": 2}, cache=False)
+    out = sm(IDS)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=5e-2)
