@@ -134,7 +134,8 @@ def test_cli_errors(capsys):
     from tilecc.cli import main
 
     assert main(["run", "examples/llama_tp.py:llama", "--tp", "2"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --tp / --pp / --sp / --micro-batches need --system (e.g. --system ring:4)"
+    assert capsys.readouterr().err.strip() == (
+        "error: --tp / --pp / --sp / --micro-batches / --timing-only need --system (e.g. --system ring:4)")
     assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:4", "--tp", "3"]) == 2
     assert "tp x pp = 3 must equal the system's 4 chips" in capsys.readouterr().err
 
@@ -172,3 +173,13 @@ def test_bf16_tp_within_bf16_tolerance():
     out = sm(IDS)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.slow
+def test_cli_timing_only(capsys):
+    from tilecc.cli import main
+
+    assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:4", "--tp", "4", "--timing-only",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["allclose"] is None and d["time_us"] > d["comm_us"] > 0
