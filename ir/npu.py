@@ -1,6 +1,10 @@
 """The `npu` dialect: instructions on engine queues, loops kept structured.
 
-One `npu.kernel` per kernel launch, in launch order. Its body holds instructions and
+One `npu.kernel` per distinct kernel, in launch order; a kernel launched again on
+other HBM tensors (a repeated layer) is an `npu.launch` naming it, with the byte
+address delta of each argument from the kernel's first launch; the DMA instructions
+whose HBM address comes from argument j carry `hbm_arg = j`, and codegen relocates
+them per launch (`codegen/expand.py`). Its body holds instructions and
 `npu.loop`s (a trip count; the induction variable of the loop at nesting depth d is
 named ``i<d>`` in expressions). Every instruction op holds:
 
@@ -76,6 +80,26 @@ class KernelOp(IRDLOperation):
 
 
 @irdl_op_definition
+class LaunchOp(IRDLOperation):
+    """A re-launch of `npu.kernel` `kernel` on other HBM tensors: `deltas[j]` bytes added
+    to the HBM address of every instruction whose `hbm_arg` is j."""
+
+    name = "npu.launch"
+    kernel = prop_def(StringAttr)
+    deltas = prop_def(ArrayAttr[IntegerAttr])
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$kernel attr-dict"
+
+    def __init__(self, kernel: str, deltas: list[int]):
+        super().__init__(properties={
+            "kernel": StringAttr(kernel), "deltas": ArrayAttr([IntegerAttr(d, i64) for d in deltas])})
+
+    @property
+    def delta_list(self) -> list[int]:
+        return [d.value.data for d in self.deltas]
+
+
+@irdl_op_definition
 class LoopOp(IRDLOperation):
     name = "npu.loop"
     trip = prop_def(IntegerAttr)
@@ -103,6 +127,7 @@ class InstructionOp(IRDLOperation):
     fields = prop_def(DictionaryAttr)
     waits = prop_def(ArrayAttr[StringAttr])
     signal = opt_prop_def(IntegerAttr)
+    hbm_arg = opt_prop_def(IntegerAttr)  # the kernel argument the HBM address field is relative to
     reads = prop_def(ArrayAttr[StringAttr])
     writes = prop_def(ArrayAttr[StringAttr])
     irdl_options = (ParsePropInAttrDict(),)
@@ -115,6 +140,7 @@ class InstructionOp(IRDLOperation):
         writes: list[str],
         waits: list[str] | None = None,
         signal: int | None = None,
+        hbm_arg: int | None = None,
     ):
         props: dict[str, Attribute] = {
             "fields": DictionaryAttr({k: _field_attr(v) for k, v in fields.items()}),
@@ -124,6 +150,8 @@ class InstructionOp(IRDLOperation):
         }
         if signal is not None:
             props["signal"] = IntegerAttr(signal, i64)
+        if hbm_arg is not None:
+            props["hbm_arg"] = IntegerAttr(hbm_arg, i64)
         super().__init__(properties=props)
 
     def field_values(self) -> dict[str, FieldValue]:
@@ -279,5 +307,9 @@ INSTRUCTION_OPS: tuple[type[InstructionOp], ...] = (
     VecReduceOp,
 )
 OP_FOR_OPCODE = {cls.OPCODE: cls for cls in INSTRUCTION_OPS}
+# the field holding the HBM address of the DMAs (relocated per `npu.launch` by `hbm_arg`)
+HBM_ADDR_FIELD: dict[type[InstructionOp], str] = {
+    DmaLoadOp: "a_addr", DmaGatherOp: "a_addr", DmaStoreOp: "o_addr", DmaScatterOp: "o_addr",
+}
 
-Npu = Dialect("npu", [KernelOp, LoopOp, *INSTRUCTION_OPS], [])
+Npu = Dialect("npu", [KernelOp, LaunchOp, LoopOp, *INSTRUCTION_OPS], [])

@@ -33,7 +33,7 @@ Stage = tuple[str, Callable[[ModuleOp], object]]  # (pass name, run on a module;
 def default_pipeline(
     cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None,
     session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None,
-    weights: Mapping[str, np.ndarray] | None = None,
+    weights: Mapping[str, np.ndarray] | None = None, share: bool = True,
 ) -> list[Stage]:
     """(pass name, function) in order; `hbm-layout` is read between plan-hbm and lowering.
 
@@ -41,7 +41,8 @@ def default_pipeline(
     kernel per op, fixed tiles, strided operand loads); 2 (default) uses the optimised
     kernels (see `passes/graph_to_tile/matmul.py`). `matmul_policy` (problem -> schedule) picks
     the -O2 matmul kernels' schedules instead of the cost model (autotuning). `weights`
-    (the program's data) lets canonicalize-graph read compile-time masks.
+    (the program's data) lets canonicalize-graph read compile-time masks. `share`: ops of
+    one structure launch one kernel (`passes/graph_to_tile/sharing.py`).
     """
     if opt_level not in (0, 2):
         raise ValueError(f"optimisation level {opt_level}: tilecc has -O0 and -O2")
@@ -54,7 +55,8 @@ def default_pipeline(
         ]
 
     return graph + [
-        ("lower-graph-to-tile", lambda m: lower_graph_to_tile(m, cfg, opt_level, matmul_policy, session, dsl_kernels)),
+        ("lower-graph-to-tile", lambda m: lower_graph_to_tile(m, cfg, opt_level, matmul_policy, session, dsl_kernels,
+                                                                    share)),
         ("plan-sram", lambda m: plan_sram(m, cfg)),
         ("plan-hbm", lambda m: plan_hbm(m, cfg)),
         ("lower-tile-to-npu", lambda m: lower_tile_to_npu(m, cfg)),

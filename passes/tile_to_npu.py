@@ -1,4 +1,4 @@
-"""lower-tile-to-npu: instruction selection, one `npu.kernel` per kernel launch.
+"""lower-tile-to-npu: instruction selection, one `npu.kernel` per distinct kernel.
 
 Before (tile; after plan-sram and plan-hbm)::
 
@@ -27,6 +27,11 @@ Index arithmetic (`arith.constant/addi/subi/muli/minsi/cmpi ne`) over `scf.for` 
 variables (lower bound 0, step 1) folds into affine expressions; anything else is a
 CompileError naming the op. Loads alternate over the DMA queues; stores use the last one.
 Semaphores come from the separate `npu-insert-sync` pass.
+
+A kernel called again (`passes/graph_to_tile/sharing.py`: identical layers) is lowered
+once; each further call becomes ``npu.launch "k0_relu" {deltas = [4096, 4096]}``, the
+byte address delta of each argument from the first call, and every DMA records the
+argument its HBM address is relative to (`hbm_arg`), so codegen relocates the body.
 """
 
 from __future__ import annotations
@@ -118,11 +123,13 @@ class KernelLowering:
         self.cfg = cfg
         self.name = name
         self.env: dict[SSAValue, object] = {}
+        self.arg_index: dict[SSAValue, int] = {}
         self.n_loads = 0
 
     def lower(self, kernel: func.FuncOp, args: list[HbmTensor]) -> npu.KernelOp:
-        for a, t in zip(kernel.body.block.args, args, strict=True):
+        for i, (a, t) in enumerate(zip(kernel.body.block.args, args, strict=True)):
             self.env[a] = t
+            self.arg_index[a] = i
         out = npu.KernelOp(self.name)
         _copy_loc(kernel, out)
         self.block(kernel.body.block, out.body.block, 0)
@@ -214,6 +221,13 @@ class KernelLowering:
             raise CompileError(f"{self.name}: no instruction selection for {op.name}")
         dst.add_op(_copy_loc(op, handler(self, op)))
 
+    def hbm_arg(self, v: SSAValue) -> int:
+        """The kernel argument HBM tensor `v` is (its DMAs are relocated by it)."""
+        i = self.arg_index.get(v)
+        if i is None:
+            raise CompileError(f"{self.name}: an HBM tensor that is not a kernel argument")
+        return i
+
     def buf(self, v: SSAValue) -> Buffer:
         b = self.env[v]
         assert isinstance(b, Buffer)
@@ -289,7 +303,7 @@ def _load(kl: KernelLowering, op: tile.LoadOp) -> npu.InstructionOp:
         **kl.operand("o", dst),
         **kl.sizes(op.rows, op.cols),
     }
-    return npu.DmaLoadOp(fields, reads=[], writes=[dst.name])
+    return npu.DmaLoadOp(fields, reads=[], writes=[dst.name], hbm_arg=kl.hbm_arg(op.src))
 
 
 def _store(kl: KernelLowering, op: tile.StoreOp) -> npu.InstructionOp:
@@ -311,7 +325,7 @@ def _store(kl: KernelLowering, op: tile.StoreOp) -> npu.InstructionOp:
         **acc,
         **kl.sizes(op.rows, op.cols),
     }
-    return npu.DmaStoreOp(fields, reads=[src.name], writes=[])
+    return npu.DmaStoreOp(fields, reads=[src.name], writes=[], hbm_arg=kl.hbm_arg(op.dst))
 
 
 def _gather(kl: KernelLowering, op: tile.GatherOp) -> npu.InstructionOp:
@@ -339,7 +353,7 @@ def _gather(kl: KernelLowering, op: tile.GatherOp) -> npu.InstructionOp:
         **kl.operand("o", dst),
         **kl.sizes(op.rows, op.cols),
     }
-    return npu.DmaGatherOp(fields, reads=[index.name], writes=[dst.name])
+    return npu.DmaGatherOp(fields, reads=[index.name], writes=[dst.name], hbm_arg=kl.hbm_arg(op.table))
 
 
 def _scatter(kl: KernelLowering, op: tile.ScatterOp) -> npu.InstructionOp:
@@ -366,7 +380,7 @@ def _scatter(kl: KernelLowering, op: tile.ScatterOp) -> npu.InstructionOp:
         "k": t.shape[-2],
         **kl.sizes(op.rows, op.cols),
     }
-    return npu.DmaScatterOp(fields, reads=[src.name, index.name], writes=[])
+    return npu.DmaScatterOp(fields, reads=[src.name, index.name], writes=[], hbm_arg=kl.hbm_arg(op.table))
 
 
 def _matmul(kl: KernelLowering, op: tile.MatmulOp) -> npu.InstructionOp:
@@ -473,6 +487,16 @@ def hbm_bindings(main: func.FuncOp) -> dict[SSAValue, HbmTensor]:
     return out
 
 
+def _deltas(name: str, first: list[HbmTensor], args: list[HbmTensor]) -> list[int]:
+    """Per argument, the bytes from the kernel's first call's tensor to this call's: the
+    same shape, dtype and strides (the kernel's argument types), another address."""
+    for a, f in zip(args, first, strict=True):
+        if (a.shape, a.dtype, a.strides()) != (f.shape, f.dtype, f.strides()):
+            raise CompileError(f"lower-tile-to-npu: {name} is called on {a.shape} {a.dtype.name} tensors of "
+                               f"other strides than its first call's ({f.shape}); it cannot be relocated")
+    return [a.addr - f.addr for a, f in zip(args, first, strict=True)]
+
+
 @dataclass(frozen=True)
 class LowerTileToNpuPass(ModulePass):
     name = "lower-tile-to-npu"
@@ -488,13 +512,18 @@ def lower_tile_to_npu(op: ModuleOp, cfg: HardwareConfig) -> None:
     if main is None:
         raise CompileError("lower-tile-to-npu: the module has no func.func @main")
     bound = hbm_bindings(main)
-    kernels: list[npu.KernelOp] = []
+    kernels: list[npu.KernelOp | npu.LaunchOp] = []
+    first: dict[str, list[HbmTensor]] = {}  # kernel -> the arguments of its first call
     for call in main.body.block.ops:
         if not isinstance(call, func.CallOp):
             continue
-        callee = funcs[call.callee.root_reference.data]
+        name = call.callee.root_reference.data
         args = [bound[a] for a in call.arguments]
-        kernels.append(KernelLowering(cfg, callee.sym_name.data).lower(callee, args))
+        if name in first:
+            kernels.append(_copy_loc(call, npu.LaunchOp(name, _deltas(name, first[name], args))))
+            continue
+        first[name] = args
+        kernels.append(KernelLowering(cfg, name).lower(funcs[name], args))
     for f in funcs.values():
         f.detach()
         f.erase()

@@ -68,7 +68,8 @@ def compile_graph(
     candidates (`passes/schedule/autotune.py`, cached on disk); `matmul_policy` (problem ->
     schedule) forces them (the autotuner measures candidates this way). `disabled` names
     optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, fuse-graph;
-    `tilecc bisect` switches them off in turn).
+    `tilecc bisect` switches them off in turn) and "share-kernels" to build every launch's
+    kernel on its own (`passes/graph_to_tile/sharing.py`; the stream is the same).
 
     `before_pass` / `after_pass` (pass name, module) run around every pass, outside
     its timing (the explorer's instrumentation, `tilecc/explore.py`); the passes'
@@ -197,7 +198,8 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
     session = CompileSession()
     if plan is not None:
         session.fallback = plan
-    for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels(), gp.weights):
+    for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels(), gp.weights,
+                                      "share-kernels" not in disabled):
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":

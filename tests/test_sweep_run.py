@@ -263,15 +263,15 @@ def test_weights_knob_compiles_each_format_against_its_own_eager(spec_path, tmp_
     share a compile, and each is compared with the eager run of the transformed model."""
     spec = spec_path.parent / "weights.toml"
     spec.write_text(spec_path.read_text().split("[sweep.grid]")[0]
-                    + '[sweep.grid]\n"matrix.cols" = [16]\nweights = ["native", "bf16"]\n')
+                    + '[sweep.grid]\n"matrix.cols" = [16]\nweights = ["native", "bf16", "int8"]\n')
     calls = []
     real = backends.evaluate_task
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(backends, "evaluate_task", lambda t: calls.append(t) or real(t))
         summary = run_sweep(load_spec(spec), str(tmp_path / "o"), workers=1)
     rows = _rows((tmp_path / "o" / "results.csv").read_text())
-    assert [r["weights"] for r in rows] == ["native", "bf16"] and summary.failed == 0
-    assert [t.knobs for t in calls] == [{"weights": "native"}, {"weights": "bf16"}]
+    assert [r["weights"] for r in rows] == ["native", "bf16", "int8"] and summary.failed == 0, rows
+    assert [t.knobs for t in calls] == [{"weights": "native"}, {"weights": "bf16"}, {"weights": "int8"}]
     # bf16 halves the weight and activation bytes: less energy than fp32
     assert float(rows[1]["energy"]) < float(rows[0]["energy"])
     with pytest.raises(Exception, match="the workload knob 'weights' needs --fidelity full"):

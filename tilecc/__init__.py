@@ -16,9 +16,10 @@ from tilecc.version import __version__ as __version__
 if TYPE_CHECKING:  # imported on first use by __getattr__
     from tilecc.api import CompiledModel, compile, load
     from tilecc.explanation import explain
+    from tilecc.llm.generate import generate
     from tilecc.runtime.kernel import kernel
 
-__all__ = ["compile", "load", "CompiledModel", "TileccError", "kernel", "explain"]
+__all__ = ["compile", "load", "CompiledModel", "TileccError", "kernel", "explain", "generate"]
 
 
 def __getattr__(name: str) -> Any:
@@ -34,4 +35,8 @@ def __getattr__(name: str) -> Any:
         from tilecc.explanation import explain
 
         return explain
+    if name == "generate":  # greedy LLM decoding on the simulator (tilecc/llm/)
+        from tilecc.llm.generate import generate
+
+        return generate
     raise AttributeError(f"module 'tilecc' has no attribute {name!r}")

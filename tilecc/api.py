@@ -86,6 +86,12 @@ class CompiledModel:
         outputs = self.state.absorb(program, outputs, inputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    def share_state(self, other: CompiledModel) -> None:
+        """Hold `other`'s state (the same `ModelState`): a buffer either program updates
+        is the one the other reads next, as with two methods of one eager module (the
+        prefill and decode programs of one KV cache, `tilecc/llm/programs.py`)."""
+        self.state = other.state
+
     def save(self, path: str | Path) -> None:
         if self.program is None:
             raise TileccError("this dynamic-shape model has not been compiled for any shape yet")

@@ -6,6 +6,7 @@
     tilecc explore SOURCE [--print-ir-after-all] [--remarks] [--html PAGE] ...  (tilecc/explore.py)
     tilecc bisect FILE.py:FACTORY [--target NAME_OR_TOML]   (docs/reliability.md)
     tilecc sweep SPEC.toml --out DIR [--workers N] [--resume] ...   (tilecc/sweep/cli.py)
+    tilecc generate FILE.py:FACTORY --prompt-len P --new-tokens N [--batch B] ...  (tilecc/generate_cli.py)
     tilecc collective OP --bytes N --topology T [--mode ideal|contention] ...  (docs/system.md)
 
 `FACTORY()` returns `(model, example_inputs)`. The model is run in eager PyTorch (a model
@@ -354,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true")
     add_quiet(ex)
     ex.set_defaults(fn=cmd_explain)
+    from tilecc.generate_cli import add_parser as add_generate_parser  # LLM decoding (tilecc/llm/)
+
+    add_generate_parser(sub)
     from tilecc.collective_cli import add_parser as add_collective_parser  # many chips: one collective
 
     add_collective_parser(sub)

@@ -152,3 +152,8 @@ class DslMemoryError(DslError, SramOverflowError):
 
 class DslRaceError(DslError):
     """A store whose elements are written by several iterations of a parallel loop."""
+
+
+class QuantizationError(TileccError):
+    """Weight quantisation that cannot be applied: an unknown weight format, or a model
+    with no linear layer to quantise."""

@@ -348,15 +348,11 @@ def asm_listing(module) -> str:
     """The program's assembly, one line per record, each ending in ``# file:line`` of
     the op it came from; a comment line names each kernel (`parse_asm` reads it back)."""
     from tilecc.codegen.asm import print_asm
-    from tilecc.codegen.expand import barrier, expand_kernel_with_origin
-    from tilecc.ir import npu
+    from tilecc.codegen.expand import barrier, launches
 
     out: list[str] = []
-    for k in module.ops:
-        if not isinstance(k, npu.KernelOp):
-            continue
-        stream, origin, insts = expand_kernel_with_origin(k)
-        out.append(f"# kernel {k.sym_name.data}{_loc_suffix(k)}")
+    for name, stream, origin, insts, k in launches(module):
+        out.append(f"# kernel {name}{_loc_suffix(k)}")
         locs = [_loc_of(i.op) for i in insts]
         text = print_asm(stream) if stream.size else ""
         for line, o in zip(text.splitlines(), origin.tolist()):

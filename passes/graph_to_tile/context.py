@@ -40,6 +40,7 @@ from tilecc.passes.graph_to_tile.shapes import (
     reshape_strides,
     shape_of,
 )
+from tilecc.passes.graph_to_tile.sharing import KernelMemo
 from tilecc.passes.session import CompileSession
 from tilecc.simulator.config import HardwareConfig
 
@@ -84,6 +85,8 @@ class LoweringContext:
     # the tile-DSL front end for graph.dsl_call (handed in by the driver; None: not available)
     dsl_kernels: DslKernelSource | None = None
     nn: NnState = field(default_factory=NnState)  # the CNN family's padded layouts and constants
+    # kernels shared between identical launches (sharing.py; `enabled` False: share-kernels off)
+    memo: KernelMemo = field(default_factory=KernelMemo)
 
     @property
     def P(self) -> int:

@@ -52,6 +52,7 @@ from tilecc.passes.fallback import OptimisationFailed, describe_exception
 from tilecc.passes.graph_to_tile.context import DslKernelSource, LoweringContext
 from tilecc.passes.graph_to_tile.registry import lowerings
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
+from tilecc.passes.graph_to_tile.sharing import Recording, replay, structural_key
 from tilecc.passes.session import CompileSession
 from tilecc.simulator import progress
 from tilecc.simulator.config import HardwareConfig, load_config
@@ -59,11 +60,13 @@ from tilecc.simulator.config import HardwareConfig, load_config
 
 def lower_graph_to_tile(
     module: ModuleOp, cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable[..., Any] | None = None,
-    session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None,
+    session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None, share: bool = True,
 ) -> LoweringContext:
-    """Replace `module`'s graph function @forward by tile kernels and their @main."""
+    """Replace `module`'s graph function @forward by tile kernels and their @main;
+    with `share`, ops of one structural key launch one kernel (`sharing.py`)."""
     lw = LoweringContext(cfg, opt_level, matmul_policy, session if session is not None else CompileSession(),
                          dsl_kernels=dsl_kernels)
+    lw.memo.enabled = share
     convert(lw, module)
     return lw
 
@@ -105,6 +108,8 @@ def convert(lw: LoweringContext, module: ModuleOp) -> None:
     main.body.block.add_op(func.ReturnOp(*outputs))
     forward.detach()
     forward.erase()
+    for name, n in lw.memo.shared():
+        remarks.emit("lower-graph-to-tile", "passed", f"kernel {name} shared by {n} launches")
     for k in lw.kernels:
         module.body.block.add_op(k)
     module.body.block.add_op(main)
@@ -125,12 +130,21 @@ def lower_op(lw: LoweringContext, op: Operation) -> None:
     if ordinal is not None and ordinal in plan.baseline:
         lw.opt_level = 0
     first_kernel = len(lw.kernels)
+    key = structural_key(lw, op) if lw.memo.enabled else None
+    known = lw.memo.replays.get(key) if key is not None else None
     try:
+        if known is not None:  # a re-launch of a kernel already built
+            replay(lw, op, known)
+            _share_owner(lw, op, known.kernels)
+            return
+        recording = Recording(lw, op) if key is not None else None
         with remarks.at(loc):
             lowering = lowerings().get(type(op))
             if lowering is None:
                 raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {loc}")
             lowering(lw, op, loc)
+        if recording is not None:
+            lw.memo.replays[key] = recording.finish()
         members = numbering.members.get(op)
         owner = (("unfuse", members) if members else ("baseline", frozenset({ordinal}))
                  if lw.opt_level >= 2 and ordinal is not None else None)
@@ -152,6 +166,17 @@ def lower_op(lw: LoweringContext, op: Operation) -> None:
         raise InternalError(f"internal error lowering {op.name} at {loc}: {what} (please report)") from e
     finally:
         lw.lowering, lw.opt_level = saved, saved_level
+
+
+def _share_owner(lw: LoweringContext, op: Operation, kernels: list[str]) -> None:
+    """A later pass's failure on a shared kernel falls back for every op launching it."""
+    numbering = lw.session.numbering
+    ordinal = numbering.ordinal.get(op)
+    ords = numbering.members.get(op) or (frozenset({ordinal}) if ordinal is not None else frozenset())
+    for k in kernels:
+        old = numbering.kernel_owner.get(k)
+        if old is not None and ords:
+            numbering.kernel_owner[k] = OptimisationFailed(old.kind, old.ordinals | ords, old.op_name, old.loc, "")
 
 
 def _describe(op: Operation) -> str:

@@ -13,7 +13,9 @@ Strategies:
   stores them. No vector work.
 - ``graph.slice`` / ``graph.concat``: DMA-only copies (HBM -> SRAM -> HBM), the source
   (slice) or destination (concat) index shifted by the offset; a concat is one kernel
-  with one loop nest per input. A step s > 1 along a dim of size N is a unit-step access
+  with one loop nest per input, over the inputs viewed as rows ``[outer, C_j * inner]``
+  of the output ``[outer, C * inner]`` where their strides allow (no unit-dim walks).
+  A step s > 1 along a dim of size N is a unit-step access
   of the view ``[N / s, s]`` when s divides N; otherwise the span is first copied into a
   buffer padded to a multiple of s (two kernels).
 - comparisons, ``pow``, ``minimum``, ``abs``, ``log``, ``erf``: the elementwise kernels
@@ -45,6 +47,7 @@ from tilecc.ir.dtypes import masked_value
 from tilecc.passes.graph_to_tile.context import LoweringContext
 from tilecc.passes.graph_to_tile.conversion import lower_op
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.shapes import reshape_strides
 
 
 def _shape(t: Any) -> tuple[int, ...]:
@@ -101,11 +104,47 @@ def lower_slice(lw: LoweringContext, op: gi.SliceOp, loc: str) -> None:
     lw.values[res] = lw.strided(src, _shape(res.type), new, offset + start * strides[dim])
 
 
+def _concat_rows(lw: LoweringContext, op: gi.ConcatOp, out: SSAValue) -> tuple[list[SSAValue], SSAValue] | None:
+    """A concat along `dim` as one of rows: inputs ``[outer, C_j * inner]`` into the
+    output ``[outer, C * inner]`` (outer, inner: the products of the dims before and
+    after `dim`), so the copies fill partitions with the outer rows instead of walking
+    unit dims one DMA at a time (a decode step's ``[B, H, 1, D]`` rotate-half). None
+    where an input's strides do not allow the view without a copy."""
+    out_shape = _shape(op.results[0].type)
+    dim = op.dim.value.data
+    outer, inner = _prod(out_shape[:dim]), _prod(out_shape[dim + 1:])
+    if outer <= 1 or len(out_shape) <= 2 and dim == len(out_shape) - 1:
+        return None  # already rows of the output (or a single row)
+    srcs = []
+    for v in op.inputs:
+        src = lw.materialise(v)
+        shape = [outer, _shape(v.type)[dim] * inner]
+        strides, offset = lw.layout(src)
+        new = reshape_strides(_shape(src.type), strides, shape)
+        if new is None:
+            return None
+        srcs.append(lw.strided(src, shape, new, offset))
+    return srcs, lw.view(out, [outer, out_shape[dim] * inner])
+
+
 def lower_concat(lw: LoweringContext, op: gi.ConcatOp, loc: str) -> None:
     res = op.results[0]
     out_shape = _shape(res.type)
     dim = op.dim.value.data
     out = lw.hbm(out_shape, _elem(res.type))
+    rows = _concat_rows(lw, op, out) if len(out_shape) >= 2 else None
+    if rows is not None:
+        srcs, dst = rows
+        kb = KernelBuilder(lw.kernel_name("concat"), [s.type for s in srcs] + [dst.type], loc)
+        pos = 0
+        for j, s in enumerate(srcs):
+            width = _shape(s.type)[1]
+            if _prod(_shape(s.type)):
+                _copy_nest(lw, kb, kb.args[j], [0, 0], kb.args[-1], [0, pos], _shape(s.type), f"part{j}")
+            pos += width
+        lw.launch(kb, [*srcs, dst])
+        lw.values[res] = out
+        return
     pad = 2 - len(out_shape) if len(out_shape) < 2 else 0
     full = (1,) * pad + out_shape
     srcs = [lw.view(lw.materialise(v), (1,) * pad + _shape(v.type)) for v in op.inputs]

@@ -1,0 +1,164 @@
+"""LLM generation on the simulator (tilecc/llm/): a static KV cache as module state, the
+prefill and decode programs over it, greedy tokens against eager `model.generate`, and
+the `tilecc generate` command (figures, JSON keys, errors)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilecc
+from tilecc.cli import main
+from tilecc.errors import TileccError
+from tilecc.llm.programs import compile_programs
+from tilecc.llm.static_cache import StaticCacheLM
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llm.py"
+KEYS = ("tokens", "matches_eager", "ttft_us", "tpot_us", "tokens_per_second", "joules_per_token",
+        "prefill_roofline_ratio", "decode_roofline_ratio")
+
+
+def _examples():
+    spec = importlib.util.spec_from_file_location("tilecc_test_llm_examples", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _prompt(model, batch, length, seed=1):
+    vocab = model.config.vocab_size
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_static_cache_decode_steps_match_eager():
+    """Prefill then four decode steps at increasing positions: each step's logits and the
+    cache buffers equal the eager wrapper's, and the eager wrapper equals the model's own
+    forward over the whole sequence (so the cache, the masks and the positions are right)."""
+    model = _examples().tiny_llama()
+    ids = _prompt(model, 1, 6)
+    progs = compile_programs(copy.deepcopy(model), batch=1, prompt_len=6, max_len=12)
+    eager = StaticCacheLM(copy.deepcopy(model), batch=1, max_len=12).eval()
+    seq = ids
+    with torch.no_grad():
+        want = eager(ids, torch.arange(6), last_only=True)
+    got = progs.prefill(ids, torch.arange(6))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for step in range(4):
+        token = want[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, token], 1)
+        pos = torch.tensor([6 + step])
+        with torch.no_grad():
+            want = eager(token, pos, last_only=True)
+            full = model(seq).logits[:, -1:]
+        got = progs.decode(token, pos)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(want, full, rtol=1e-4, atol=1e-4)
+    for name in ("key_cache_0", "value_cache_1"):
+        torch.testing.assert_close(progs.decode.state.buffers[f"lm.{name}"], getattr(eager, name), rtol=1e-4, atol=1e-4)
+    # one decode program served every step: the position is an input
+    names = [s.name for s in progs.decode.program.inputs]
+    assert "input_ids" in names and "cache_position" in names
+
+
+def test_generate_llama_batch2_matches_eager_and_reports_figures():
+    model = _examples().tiny_llama()
+    ids = _prompt(model, 2, 8)
+    result = tilecc.generate(model, ids, 5)
+    assert result.matches_eager is True
+    assert result.tokens == result.eager_tokens and len(result.tokens) == 2 and len(result.tokens[0]) == 5
+    assert result.tokens[0] != result.tokens[1]
+    assert 0 < result.tpot_us and 0 < result.ttft_us
+    assert result.tokens_per_second == pytest.approx(2 * 1e6 / result.tpot_us)
+    assert result.joules_per_token > 0
+    assert result.prefill_roofline_ratio >= 1.0 and result.decode_roofline_ratio >= 1.0
+
+
+def test_cli_generate_json(capsys):
+    code = main(["generate", f"{EXAMPLE}:tiny_gpt2", "--prompt-len", "5", "--new-tokens", "3", "--json", "-q"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    for key in KEYS:
+        assert key in out, key
+    assert out["matches_eager"] is True and len(out["tokens"][0]) == 3 and out["tokens"] == out["eager_tokens"]
+
+
+def _error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    return err[0]
+
+
+def test_cli_generate_errors(capsys, tmp_path):
+    assert "has no callable 'nope'" in _error(capsys, ["generate", f"{EXAMPLE}:nope", "--prompt-len", "4",
+                                                         "--new-tokens", "2", "-q"])
+    assert "no such Python file" in _error(capsys, ["generate", f"{tmp_path}/x.py:f", "--prompt-len", "4",
+                                                      "--new-tokens", "2", "-q"])
+    assert ">= 1" in _error(capsys, ["generate", f"{EXAMPLE}:tiny_llama", "--prompt-len", "0",
+                                     "--new-tokens", "2", "-q"])
+    # the tiny models hold 256 positions
+    assert "longer than the model's 256 positions" in _error(
+        capsys, ["generate", f"{EXAMPLE}:tiny_llama", "--prompt-len", "250", "--new-tokens", "10", "-q"])
+    bad = tmp_path / "notlm.py"
+    bad.write_text("import torch\ndef f():\n    return torch.nn.Linear(2, 2)\n")
+    assert "must return a transformers causal LM" in _error(
+        capsys, ["generate", f"{bad}:f", "--prompt-len", "4", "--new-tokens", "2", "-q"])
+
+
+def test_prompt_longer_than_cache_is_an_error():
+    model = _examples().tiny_llama()
+    with pytest.raises(TileccError, match="do not fit the cache of 8 positions"):
+        tilecc.generate(model, _prompt(model, 1, 6), 4, max_len=8)
+    with pytest.raises(TileccError, match="longer than the cache"):
+        compile_programs(model, batch=1, prompt_len=9, max_len=8)
+
+
+def test_weights_int8_without_quantize_module_is_one_error_line(capsys):
+    if importlib.util.find_spec("tilecc.quantize") is not None:
+        pytest.skip("tilecc.quantize is present: --weights int8 runs (tested in test_quantize)")
+    assert "tilecc.quantize" in _error(capsys, ["generate", f"{EXAMPLE}:tiny_llama", "--prompt-len", "4",
+                                               "--new-tokens", "2", "--weights", "int8", "-q"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", ["tiny_qwen2", "tiny_mistral", "tiny_gemma", "tiny_gpt2"])
+def test_generate_families_match_eager(factory):
+    model = getattr(_examples(), factory)()
+    result = tilecc.generate(model, _prompt(model, 1, 7), 6)
+    assert result.matches_eager is True, (result.tokens, result.eager_tokens)
+
+
+@pytest.mark.slow
+def test_timing_only_gives_the_functional_figures():
+    model = _examples().tiny_llama()
+    ids = _prompt(model, 2, 6)
+    full = tilecc.generate(copy.deepcopy(model), ids, 3)
+    timing = tilecc.generate(model, ids, 3, timing_only=True)
+    assert timing.tokens is None and timing.matches_eager is None
+    assert timing.tpot_us == pytest.approx(full.tpot_us, rel=1e-6)
+    assert timing.ttft_us == pytest.approx(full.ttft_us, rel=1e-6)
+
+
+class _RotateHalf(torch.nn.Module):
+    def forward(self, x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 1, 64), (3, 1, 5, 8)])
+def test_decode_shape_concat_fills_partitions(shape):
+    """A decode step's rotate-half (``[B, H, 1, D]``) concatenates rows of the output
+    viewed as ``[B * H, D]``: one DMA pair per input, not one per (batch, head)."""
+    x = torch.randn(*shape)
+    cm = tilecc.compile(_RotateHalf().eval(), (x,))
+    torch.testing.assert_close(cm(x), _RotateHalf()(x))
+    (count,) = [n for name, _, n in cm.program.kernels if "concat" in name]
+    assert count <= 8, count

@@ -1,0 +1,119 @@
+"""Weight-only quantisation of a model's linear layers: int8 and fp8 e4m3.
+
+    model = quantize_weights(model, "int8", skip=("lm_head",))   # in place; returns model
+
+Every `nn.Linear` whose qualified name does not match `skip` (a name, or the last
+components of one: "lm_head" matches "lm_head" and "model.lm_head") becomes a
+`QuantizedLinear` holding
+
+- `weight_q`: the weight in one byte per parameter, `[out, in]`: int8 (symmetric, per
+  output channel: `w ~ weight_q * scale[o]`, `weight_q` in [-127, 127]) or
+  `torch.float8_e4m3fn` (per output channel too: `scale[o] = max|w[o]| / 448`, so each
+  row uses the format's whole range);
+- `scale`: one factor per output channel, in the weight's original dtype (fp32 or bf16);
+- `bias`: unchanged.
+
+Its forward is `F.linear(x, weight_q.to(x.dtype) * scale[:, None], bias)`: the eager
+reference of a quantised model is exact (the weight the compiler sees is the one eager
+multiplies by), and torch.export keeps the pattern `weight_q -> convert -> mul scale ->
+linear` that the front end recognises (frontend/lowp_weights.py) to keep the weight one
+byte per parameter in HBM and apply `scale` in the matmul's epilogue.
+
+Models on the `meta` device quantise too (shapes and dtypes only), for timing-only runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tilecc.errors import QuantizationError
+
+__all__ = ["FORMATS", "QuantizedLinear", "quantize_weights", "quantize_tensor"]
+
+# format name -> (torch storage dtype, largest magnitude the format represents)
+FORMATS: dict[str, tuple[torch.dtype, float]] = {
+    "int8": (torch.int8, 127.0),
+    "fp8": (torch.float8_e4m3fn, 448.0),
+}
+
+
+def _check_format(fmt: object) -> str:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise QuantizationError(
+            f"unsupported weight format {fmt!r}: quantize_weights takes one of {', '.join(FORMATS)}"
+        )
+    return fmt
+
+
+def quantize_tensor(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`w` [out, in] -> (one-byte weight [out, in], per-output-channel scale [out] in w's
+    dtype) with `w ~ weight_q.to(float) * scale[:, None]`."""
+    storage, top = FORMATS[_check_format(fmt)]
+    w32 = w.detach().float()
+    amax = w32.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    # the scale the forward multiplies by is the one stored (rounded to w's dtype), so
+    # the quantised values are computed against it
+    scale = scale.to(w.dtype)
+    q = w32 / scale.float()[:, None]
+    if storage == torch.int8:
+        q = q.round().clamp(-top, top).to(torch.int8)
+    else:
+        q = q.clamp(-top, top).to(storage)
+    return q, scale
+
+
+class QuantizedLinear(nn.Module):
+    """A linear layer whose weight is stored in one byte per parameter (int8 or fp8 e4m3)
+    with a per-output-channel scale: `y = x @ (weight_q * scale[:, None])^T + bias`."""
+
+    def __init__(self, linear: nn.Linear, fmt: str):
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.format = _check_format(fmt)
+        q, scale = quantize_tensor(linear.weight, fmt)
+        self.register_buffer("weight_q", q)
+        self.register_buffer("scale", scale)
+        self.bias = linear.bias
+
+    def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype or self.scale.dtype
+        return self.weight_q.to(dtype) * self.scale.to(dtype)[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, format={self.format}")
+
+
+def _skipped(name: str, skip: tuple[str, ...]) -> bool:
+    return any(name == s or name.endswith("." + s) for s in skip)
+
+
+def quantize_weights(model: nn.Module, dtype: str, skip: tuple[str, ...] | list[str] = ("lm_head",)) -> nn.Module:
+    """Replace the linear layers of `model` (in place) by `QuantizedLinear`s in format
+    `dtype` ("int8" or "fp8"), except those named in `skip`; return `model`."""
+    fmt = _check_format(dtype)
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    if isinstance(model, nn.Linear):
+        raise QuantizationError(
+            "quantize_weights replaces the linear layers inside a model in place; wrap a bare nn.Linear in a module"
+        )
+    targets = [(name, m) for name, m in model.named_modules()
+               if type(m) is nn.Linear and not _skipped(name, skip)]
+    if not targets:
+        raise QuantizationError(
+            f"quantize_weights({fmt!r}): the model has no nn.Linear layer to quantise"
+            + (f" outside skip={skip}" if skip else "")
+        )
+    for name, lin in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        with torch.no_grad():
+            setattr(parent, attr, QuantizedLinear(lin, fmt))
+    return model
