@@ -1,7 +1,7 @@
 """Tensor parallelism of a Llama decoder on 1-8 simulated chips: time and speed-up.
 
     .venv/bin/python benchmarks/tensor_parallel.py [--target tiny] [--link nvlink4] [--tp 1,2,4,8]
-                                                   [--seq 64] [--sp] [--quick]
+                                                   [--seq 64] [--sp] [--quick] [--pipeline]
 
 The model is examples/llama_tp.py's (2 layers, hidden 256, 16 heads, 8 key / value heads,
 MLP 512) at `--seq` tokens; every chip is a `--target` chip, the links the `--link` preset
@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--sp", action="store_true", help="sequence parallelism around the norms")
     ap.add_argument("--quick", action="store_true", help="tp 1,2 and 16 tokens (a smoke run)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="also the pipeline table: pp=2 on a ring, micro-batches 1 / 2 / 4 of a batch of 4")
     args = ap.parse_args()
     from llama_tp import build
 
@@ -83,6 +85,32 @@ def main() -> None:
             print(f"{tp:>3} {spec:>10} {r.time_us:10.2f} {speed} {r.comm_us:9.2f} {100 * r.comm_exposed_share:6.1f}% "
                   f"{r.link_bytes:11.0f} {'yes' if ok else 'NO':>6} {c_s:10.2f} {time.perf_counter() - t1:7.2f}")
             c_s = 0.0  # compiled once for both systems
+    if args.pipeline:
+        pipeline(args)
+
+
+def pipeline(args: argparse.Namespace) -> None:
+    from llama_tp import build
+
+    model, (ids,) = build(batch=4, seq=16)
+    with torch.no_grad():
+        ref = model(ids)
+    cm = tilecc.compile(model, (ids,), target=args.target)
+    out = cm(ids)
+    assert cm.report is not None and torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
+    base = cm.report.time_us
+    print(f"\npipeline: batch 4 x 16 tokens, {args.target} chips, ring:2, links {args.link}")
+    print(f"{'pp':>3} {'micro-batches':>14} {'time us':>10} {'speed-up':>9} {'comm exposed us':>16} {'eager':>6}")
+    print(f"{1:>3} {'-':>14} {base:10.2f} {1.0:8.2f}x {0.0:16.2f} {'yes':>6}")
+    for mb in (1, 2, 4):
+        sm = tilecc.compile(model, (ids,), target=args.target, system=f"ring:2;link={args.link}",
+                            parallel={"pp": 2, "micro_batches": mb})
+        out = sm(ids)
+        r = sm.report
+        assert r is not None
+        ok = torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
+        print(f"{2:>3} {mb:>14} {r.time_us:10.2f} {base / r.time_us:8.2f}x "
+              f"{r.comm_exposed_share * r.time_us:16.2f} {'yes' if ok else 'NO':>6}")
 
 
 if __name__ == "__main__":

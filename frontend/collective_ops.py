@@ -4,6 +4,7 @@
     y = torch.ops.tilecc.reduce_scatter(x, 1, 4)      # the sum, cut along dim 1: this chip's block
     y = torch.ops.tilecc.all_gather(x, 1, 4)          # every chip's block, concatenated along dim 1
     y = torch.ops.tilecc.shard(x, 1, 4)               # this chip's block of a replicated x (no traffic)
+    y = torch.ops.tilecc.send_recv(x, 1, 2)           # pipeline: x leaves stage 1 for stage 2
 
 `frontend/tensor_parallel.py` inserts them into a sharded module; `torch.export` keeps them
 as single nodes, and `frontend/segments.py` cuts the graph there into per-chip compute
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
-COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "shard")
+COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "shard", "send_recv")
 
 
 @custom_op("tilecc::all_reduce", mutates_args=())
@@ -61,6 +62,16 @@ def shard(x: torch.Tensor, dim: int, group: int) -> torch.Tensor:
 @shard.register_fake
 def _(x: torch.Tensor, dim: int, group: int) -> torch.Tensor:
     return x.chunk(group, dim)[0].new_empty(x.chunk(group, dim)[0].shape)
+
+
+@custom_op("tilecc::send_recv", mutates_args=())
+def send_recv(x: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+    return x.clone()
+
+
+@send_recv.register_fake
+def _(x: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def collective_name(target: object) -> str | None:

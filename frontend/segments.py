@@ -43,11 +43,11 @@ class Segment:
 
 @dataclass(frozen=True)
 class Collective:
-    op: str  # all_reduce | reduce_scatter | all_gather | shard
+    op: str  # all_reduce | reduce_scatter | all_gather | shard | send_recv
     input: str
     output: str
     dim: int  # 0 for all_reduce
-    group: int
+    group: int  # send_recv: the receiving stage
     shape: tuple[int, ...]  # of the input
     dtype: torch.dtype
 
@@ -66,6 +66,12 @@ class SegmentedGraph:
     @property
     def collectives(self) -> list[Collective]:
         return [c for s in self.stages if isinstance(s, list) for c in s]
+
+
+def _res(alias: dict[Node, Node], a: object) -> Node:
+    """The node standing for `a` (a repeated collective stands for its first occurrence)."""
+    assert isinstance(a, Node)
+    return alias.get(a, a)
 
 
 def _val(n: Node) -> torch.Tensor:
@@ -99,10 +105,10 @@ def split_at_collectives(ep: ExportedProgram, constants: dict[str, torch.Tensor]
         if n.op == "output":
             out_node = n
             continue
-        ins = [alias.get(a, a) for a in n.all_input_nodes]
+        ins = [_res(alias, a) for a in n.all_input_nodes]
         lv = max((avail[a] for a in ins), default=0)
         if collective_name(n.target):
-            key = (n.target, alias.get(n.args[0], n.args[0]), tuple(n.args[1:]))
+            key = (n.target, _res(alias, n.args[0]), tuple(n.args[1:]))
             if key in seen:
                 alias[n] = seen[key]
                 continue
@@ -116,8 +122,8 @@ def split_at_collectives(ep: ExportedProgram, constants: dict[str, torch.Tensor]
     users: dict[Node, list[Node]] = {n: [] for n in level}
     for n in nodes:
         for a in n.all_input_nodes:
-            users[alias.get(a, a)].append(n)
-    final = [alias.get(a, a) for a in out_node.all_input_nodes]
+            users[_res(alias, a)].append(n)
+    final = [_res(alias, a) for a in out_node.all_input_nodes]
     stages: list[Segment | list[Collective]] = []
     for lv in range(last + 1):
         compute = [n for n in nodes if level[n] == lv and not collective_name(n.target)]
@@ -126,7 +132,7 @@ def split_at_collectives(ep: ExportedProgram, constants: dict[str, torch.Tensor]
         comms = [_collective(n) for n in nodes if level[n] == lv and collective_name(n.target)]
         if comms:
             stages.append(comms)
-    outs = [alias.get(a, a).name if isinstance(a, Node) else a for a in out_node.args[0]]
+    outs = [_res(alias, a).name if isinstance(a, Node) else a for a in out_node.args[0]]
     return SegmentedGraph(placeholders, stages, outs, transposed)
 
 
@@ -135,7 +141,7 @@ def _collective(n: Node) -> Collective:
     assert name is not None
     x = n.args[0]
     assert isinstance(x, Node)
-    dim = 0 if name == "all_reduce" else int(n.args[1])  # type: ignore[arg-type]
+    dim = 0 if name in ("all_reduce", "send_recv") else int(n.args[1])  # type: ignore[arg-type]
     group = int(n.args[-1])  # type: ignore[arg-type]
     v = _val(x)
     dim = dim % v.dim() if v.dim() else 0
@@ -151,7 +157,7 @@ def _segment(lv: int, compute: list[Node], users: dict[Node, list[Node]], final:
     inputs: list[Node] = []
 
     def arg(a: Node) -> Node:
-        a = alias.get(a, a)
+        a = _res(alias, a)
         if a not in env and a.name in constants:
             root.register_buffer(a.name, constants[a.name])
             env[a] = g.get_attr(a.name)
@@ -164,17 +170,17 @@ def _segment(lv: int, compute: list[Node], users: dict[Node, list[Node]], final:
 
     for n in compute:
         for a in n.all_input_nodes:
-            if alias.get(a, a) not in inside:
+            if _res(alias, a) not in inside:
                 arg(a)
         w = n.args[1] if n.target is torch.ops.aten.linear.default else None
         if isinstance(w, Node) and w.name in transposed:
-            x = env[alias.get(n.args[0], n.args[0])]  # type: ignore[arg-type]
+            x = env[_res(alias, n.args[0])]
             y = g.call_function(torch.ops.aten.matmul.default, (x, env[w]))
             b = n.args[2] if len(n.args) > 2 else None
-            env[n] = y if b is None else g.call_function(torch.ops.aten.add.Tensor, (y, env[alias.get(b, b)]))
+            env[n] = y if b is None else g.call_function(torch.ops.aten.add.Tensor, (y, env[_res(alias, b)]))
             env[n].meta["val"] = n.meta.get("val")
             continue
-        env[n] = g.node_copy(n, lambda a: env[alias.get(a, a)])
+        env[n] = g.node_copy(n, lambda a: env[_res(alias, a)])
     outputs = [n for n in compute if n in final or any(u not in inside for u in users[n])]
     g.output(tuple(env[n] for n in outputs))
     gm = GraphModule(root, g)

@@ -201,7 +201,7 @@ def _rowwise(name: str, mod: nn.Module, style: Any, tp: int, rank: int) -> None:
     mod.weight = nn.Parameter(_split(mod.weight.data, 1, tp, rank, name), requires_grad=False)
     mod.in_features //= tp
     bias = mod.bias
-    mod.bias = None
+    mod.register_parameter("bias", None)
     if bias is not None:
         mod.register_parameter("tp_bias", nn.Parameter(bias.data.clone(), requires_grad=False))
     if _shard_dim(_first(style.input_layouts)) is None:

@@ -85,5 +85,7 @@ def _state_value(chip: torch.nn.Module, ep: Any, kind: InputKind, target: str | 
         return chip.get_parameter(target).detach()
     if kind == InputKind.BUFFER:
         return chip.get_buffer(target).detach()
-    return ep.constants[target].detach()
+    const = ep.constants[target]
+    assert isinstance(const, torch.Tensor)
+    return const.detach()
 

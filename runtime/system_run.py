@@ -26,8 +26,8 @@ from tilecc.frontend.segments import Collective, Segment
 from tilecc.runtime.executor import run_program
 from tilecc.runtime.report import Report
 from tilecc.runtime.system_compile import SystemProgram
-from tilecc.simulator.interconnect import functional
 from tilecc.simulator.interconnect.collective import make_schedule, run_collective
+from tilecc.simulator.interconnect.functional import run as run_schedule
 from tilecc.simulator.interconnect.routing import route
 from tilecc.simulator.interconnect.schedule import Schedule
 
@@ -51,12 +51,19 @@ class SystemTimeline:
     link_bytes: np.ndarray  # per directed link of the topology
     link_energy_uj: float
     total_ns: float
+    exposed_comm_ns: float | None = None  # None: every collective's time is exposed
 
 
 def run_system(sp: SystemProgram, inputs: tuple, *, mode: str = "contention", sanitize: bool = False,
-               trace_dir: str | Path | None = None) -> tuple[list[torch.Tensor], SystemTimeline]:
+               trace_dir: str | Path | None = None,
+               functional: bool = True) -> tuple[list[torch.Tensor], SystemTimeline]:
     """`trace_dir`: each chip's segment traces are written there (runtime/system_trace.py
-    merges them)."""
+    merges them). `functional=False` (timing only): chips that run the same program are
+    simulated once and replayed. The rule: the simulator's timing depends on the
+    instruction stream and the config, never on the data, and every chip of a
+    tensor-parallel group runs the same stream on the same config (identical chips are
+    required), so chip 0's times are every chip's; collectives are timed without moving
+    data. The outputs are then chip 0's timing-only values (not meaningful)."""
     n = sp.tp
     if len(inputs) != len(sp.user_inputs):
         raise TileccError(f"the system program takes {len(sp.user_inputs)} inputs, got {len(inputs)}")
@@ -73,10 +80,20 @@ def run_system(sp: SystemProgram, inputs: tuple, *, mode: str = "contention", sa
     for stage in sp.graph.stages:
         if isinstance(stage, Segment):
             ends = []
+            outs: list[torch.Tensor] = []
+            t_ns = 0.0
             for r in range(n):
+                if not functional and r > 0:  # replay chip 0 (see the rule above)
+                    reports[r].append(reports[0][-1])
+                    envs[r].update(zip(stage.outputs, outs))
+                    events.append(Event("segment", f"segment {seg_i}", r, now, now + t_ns, {"trace": None,
+                                                                                           "replayed": True}))
+                    ends.append(now + t_ns)
+                    continue
                 args = tuple(envs[r][name] for name in stage.inputs)
                 trace = None if trace_dir is None else Path(trace_dir) / f"chip{r}_segment{seg_i}.json"
-                outs, rep = run_program(sp.programs[seg_i], args, sanitize=sanitize, trace=trace)
+                outs, rep = run_program(sp.programs[seg_i], args, sanitize=sanitize and functional, trace=trace,
+                                        functional=functional)
                 t_ns = rep.time_us * 1e3
                 reports[r].append(rep)
                 envs[r].update(zip(stage.outputs, outs))
@@ -88,7 +105,7 @@ def run_system(sp: SystemProgram, inputs: tuple, *, mode: str = "contention", sa
             continue
         for c in stage:
             blocks = [envs[r][c.input] for r in range(n)]
-            outs, t_ns, lb, e_uj, algo = _collective(c, blocks, sp, mode)
+            outs, t_ns, lb, e_uj, algo = _collective(c, blocks, sp, mode, functional)
             link_bytes += lb
             link_energy += e_uj
             for r in range(n):
@@ -101,8 +118,8 @@ def run_system(sp: SystemProgram, inputs: tuple, *, mode: str = "contention", sa
     return outputs, SystemTimeline(events, reports, link_bytes, link_energy, now)
 
 
-def _collective(c: Collective, blocks: list[torch.Tensor], sp: SystemProgram,
-                mode: str) -> tuple[list[torch.Tensor], float, np.ndarray, float, str]:
+def _collective(c: Collective, blocks: list[torch.Tensor], sp: SystemProgram, mode: str,
+                functional: bool = True) -> tuple[list[torch.Tensor], float, np.ndarray, float, str]:
     n = len(blocks)
     topo, link = sp.system.topology, sp.system.link
     if c.op == "shard":  # a local cut of a replicated value: no traffic
@@ -117,7 +134,9 @@ def _collective(c: Collective, blocks: list[torch.Tensor], sp: SystemProgram,
     elements = len(flat[0]) * (n if c.op == "all_gather" else 1)
     res = run_collective(c.op, elements * itemsize, topo, link, mode=mode, itemsize=itemsize)
     sched = make_schedule(c.op, res.algorithm, topo, link, elements, itemsize)
-    outs_np = functional.run(sched, flat)
+    outs_np = run_schedule(sched, flat) if functional else [np.zeros(sched.elements, np.float32)] * n
+    if not functional and c.op == "reduce_scatter":
+        outs_np = [o[: sched.elements // n] for o in outs_np]
     moved = list(blocks[0].movedim(c.dim, 0).shape)
     moved[0] = moved[0] * n if c.op == "all_gather" else moved[0] // n if c.op == "reduce_scatter" else moved[0]
     outs = [torch.from_numpy(o).to(dtype).reshape(moved).movedim(0, c.dim).contiguous() for o in outs_np]

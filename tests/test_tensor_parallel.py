@@ -86,6 +86,11 @@ def test_link_bytes_equal_the_collectives_traffic():
     assert rep.link_bytes == pytest.approx(2 * per_collective)
     # a reduction of S over n chips must bring (n-1)/n x S into every chip at least
     assert per_collective >= 4 * (3 / 4) * s
+    # timing only: chip 0 simulated once and replayed for its identical peers gives the same timeline
+    busy = [c.busy_us for c in rep.chips]
+    sm.run(IDS, timing_only=True)
+    assert sm.report.time_us == rep.time_us and sm.report.link_bytes == rep.link_bytes
+    assert [c.busy_us for c in sm.report.chips] == busy
 
 
 def test_user_plan_in_pytorch_vocabulary_and_trace(tmp_path):
@@ -129,7 +134,8 @@ def test_cli_errors(capsys):
     from tilecc.cli import main
 
     assert main(["run", "examples/llama_tp.py:llama", "--tp", "2"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --tp / --pp / --sp / --micro-batches need --system (e.g. --system ring:4)"
+    assert capsys.readouterr().err.strip() == (
+        "error: --tp / --pp / --sp / --micro-batches / --timing-only need --system (e.g. --system ring:4)")
     assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:4", "--tp", "3"]) == 2
     assert "tp x pp = 3 must equal the system's 4 chips" in capsys.readouterr().err
 
@@ -141,3 +147,39 @@ def test_cli_runs_the_example(capsys):
     assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:2", "--tp", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["allclose"] and d["tp"] == 2 and d["link_bytes"] > 0 and len(d["chips"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["Qwen2", "Mistral"])
+def test_auto_plan_other_families(family):
+    import transformers
+
+    cfg_cls, model_cls = getattr(transformers, f"{family}Config"), getattr(transformers, f"{family}Model")
+    torch.manual_seed(0)
+    cfg = cfg_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=8,
+                  num_key_value_heads=4, vocab_size=100, max_position_embeddings=64, use_cache=False,
+                  attn_implementation="eager")
+    model = LastHidden(model_cls(cfg)).eval()  # Qwen2: q / k / v with biases (column-parallel: sliced)
+    for sp in (False, True):
+        sm = tilecc.compile(model, (IDS,), target="tiny", system="ring:2", parallel={"tp": 2, "sp": sp}, cache=False)
+        torch.testing.assert_close(sm(IDS), eager(model), rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_tp_within_bf16_tolerance():
+    """bf16 weights and activations: the sharded model is as close to eager as one chip is."""
+    model = llama().to(torch.bfloat16)
+    ref = eager(model).float()
+    sm = tilecc.compile(model, (IDS,), target="tiny", system="ring:2", parallel={"tp": 2}, cache=False)
+    out = sm(IDS)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.slow
+def test_cli_timing_only(capsys):
+    from tilecc.cli import main
+
+    assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:4", "--tp", "4", "--timing-only",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["allclose"] is None and d["time_us"] > d["comm_us"] > 0

@@ -15,6 +15,7 @@ chip config is the target of every chip (`system` may name its own: `ring:4;chip
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +37,17 @@ class SystemModel:
     def __init__(self, program: Any, mode: str = "contention"):
         self.program = program
         self.mode = mode
-        self.sanitize = False
+        self.sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"  # as CompiledModel
         self.report: SystemReport | None = None
         self.timeline: SystemTimeline | None = None
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         return self.run(*inputs)
 
-    def run(self, *inputs: torch.Tensor, trace: str | Path | None = None) -> Any:
-        """Run every chip and link; `trace`: write a Perfetto trace there (runtime/system_trace.py)."""
+    def run(self, *inputs: torch.Tensor, trace: str | Path | None = None, timing_only: bool = False) -> Any:
+        """Run every chip and link; `trace`: write a Perfetto trace there (runtime/system_trace.py).
+        `timing_only` (tensor parallelism): no data moves and chip 0 is simulated for all the
+        identical chips (runtime/system_run.py states the rule); the outputs are not meaningful."""
         import tempfile
 
         from tilecc.runtime.system_trace import write_system_trace
@@ -53,9 +56,11 @@ class SystemModel:
             tdir = tmp if trace is not None else None
             if isinstance(self.program, SystemProgram):
                 outs, self.timeline = run_system(self.program, inputs, mode=self.mode, sanitize=self.sanitize,
-                                                 trace_dir=tdir)
+                                                 trace_dir=tdir, functional=not timing_only)
                 self.report = system_report(self.program, self.timeline)
             else:
+                if timing_only:
+                    raise TileccError("timing_only: pipelines run functionally (their stages differ)")
                 from tilecc.runtime.pipeline_run import run_pipeline
 
                 outs, self.timeline, self.report = run_pipeline(self.program, inputs, mode=self.mode,
@@ -87,7 +92,7 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
     return p
 
 
-def compile_for_system(model: torch.nn.Module, example_inputs: tuple, *, target: Any, system: Any,
+def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any, system: Any,
                        parallel: dict[str, Any] | None, tp_plan: dict[str, Any] | None = None,
                        opt_level: int = 2, cache: Any = None, mode: str = "contention") -> SystemModel:
     if isinstance(model, torch.export.ExportedProgram):
@@ -102,6 +107,8 @@ def compile_for_system(model: torch.nn.Module, example_inputs: tuple, *, target:
     if p.get("pp", 1) > 1:
         from tilecc.runtime.pipeline_run import compile_pipeline
 
+        if tp_plan is not None:
+            raise ShardingError("tp_plan= applies to tensor parallelism (parallel={'tp': N}), not to a pipeline")
         return SystemModel(compile_pipeline(model, tuple(example_inputs), cfg, pp=p["pp"],
                                             micro_batches=p.get("micro_batches", 1), opt_level=opt_level,
                                             cache=cache), mode)
