@@ -41,7 +41,8 @@ def test_kernel_figures_add_up(mlp):
     assert [r["kernel"] for r in rows] == [k for k, _, _ in mlp.program.kernels]
     assert sum(r["macs"] for r in rows) == mlp.report.macs
     assert all(r["cycles"] > 0 for r in rows)
-    assert sum(r["cycles"] for r in rows) <= mlp.report.cycles
+    # linked kernels (codegen/link.py) overlap in time: each lies within the run
+    assert all(r["cycles"] <= mlp.report.cycles for r in rows)
 
 
 def test_page_renders_in_headless_chromium(mlp, tmp_path):

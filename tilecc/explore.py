@@ -323,7 +323,7 @@ def explore(
     ex = Exploration(
         source, cfg.name, opt_level, records,
         [Remark.from_dict(d) for d in program.meta.get("remarks", [])],
-        program, asm_listing(npu_module[0]) if npu_module else "", seconds,
+        program, asm_listing(npu_module[0], program) if npu_module else "", seconds,
     )
     if run:
         _simulate(ex)
@@ -344,20 +344,33 @@ def _simulate(ex: Exploration) -> None:
     ex.matches, ex.max_abs_error = compare(outputs, ex.source.reference(ex.source.inputs))
 
 
-def asm_listing(module) -> str:
+def asm_listing(module, program=None) -> str:
     """The program's assembly, one line per record, each ending in ``# file:line`` of
-    the op it came from; a comment line names each kernel (`parse_asm` reads it back)."""
+    the op it came from; a comment line names each kernel (`parse_asm` reads it back).
+    With `program`, its final stream is listed (linked kernels: the cross-kernel waits
+    and only the barriers the link kept, codegen/link.py); each kernel's records are its
+    launch's records in order, so the locations still apply."""
     from tilecc.codegen.asm import print_asm
     from tilecc.codegen.expand import barrier, launches
 
+    spans = list(program.kernels) if program is not None else None
     out: list[str] = []
-    for name, stream, origin, insts, k in launches(module):
+    end = 0
+    for i, (name, stream, origin, insts, k) in enumerate(launches(module)):
+        if spans is not None and i < len(spans) and spans[i][2] == len(stream):
+            first = spans[i][1]
+            if first > end:  # a barrier the link kept (or the expansion's own)
+                out.append(print_asm(program.stream[end:first]).rstrip("\n"))
+            stream, end = program.stream[first : first + len(stream)], first + len(stream)
         out.append(f"# kernel {name}{_loc_suffix(k)}")
         locs = [_loc_of(i.op) for i in insts]
         text = print_asm(stream) if stream.size else ""
         for line, o in zip(text.splitlines(), origin.tolist()):
             out.append(f"{line}  # {locs[o]}" if locs[o] else line)
-        out.append(print_asm(barrier()).rstrip("\n"))
+        if spans is None:
+            out.append(print_asm(barrier()).rstrip("\n"))
+    if spans is not None and end < len(program.stream):
+        out.append(print_asm(program.stream[end:]).rstrip("\n"))
     return "\n".join(out) + "\n"
 
 

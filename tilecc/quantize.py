@@ -75,6 +75,8 @@ class QuantizedLinear(nn.Module):
         self.out_features = linear.out_features
         self.format = _check_format(fmt)
         q, scale = quantize_tensor(linear.weight, fmt)
+        self.weight_q: torch.Tensor
+        self.scale: torch.Tensor
         self.register_buffer("weight_q", q)
         self.register_buffer("scale", scale)
         self.bias = linear.bias

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ class CompiledGeneration:
         return None if self.eager_tokens is None else self.tokens == self.eager_tokens
 
 
-def generate_compiled(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, *,
+def generate_compiled(model: Any, ids: torch.Tensor, max_new_tokens: int, *,
                       target: str | Path | HardwareConfig = "tiny", check_eager: bool = True) -> CompiledGeneration:
     """Greedy `model.generate` (static cache) with its forward compiled by the tilecc backend."""
     model = model.eval()

@@ -92,7 +92,7 @@ def _check_ids(ids: torch.Tensor, vocab: int | None) -> None:
         raise InputMismatchError(f"generate: token ids must lie in [0, {vocab}) (the vocabulary)")
 
 
-def eager_generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int) -> list[list[int]]:
+def eager_generate(model: Any, ids: torch.Tensor, max_new_tokens: int) -> list[list[int]]:
     """`model.generate(ids, do_sample=False)` for exactly `max_new_tokens` tokens (no
     stopping at an end-of-sequence token, as tilecc's loop does not stop either)."""
     gen_cfg = copy.deepcopy(model.generation_config)

@@ -20,6 +20,8 @@ serves every decode step: the position is an input, never a constant.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
@@ -81,6 +83,8 @@ class _RotaryTable(torch.nn.Module):
         positions = torch.arange(max_len, device=like.device).unsqueeze(0)
         with torch.no_grad():
             cos, sin = rotary(like, positions)
+        self.cos_table: torch.Tensor
+        self.sin_table: torch.Tensor
         self.register_buffer("cos_table", cos[0].clone(), persistent=False)
         self.register_buffer("sin_table", sin[0].clone(), persistent=False)
 
@@ -107,7 +111,7 @@ class _BufferCache(Cache):
         self.position = torch.zeros(1, dtype=torch.long)  # set by each forward()
 
 
-def _text_config(model: torch.nn.Module):
+def _text_config(model: Any) -> Any:
     cfg = model.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 

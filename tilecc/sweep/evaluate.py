@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilecc.cli_args import one_line
-from tilecc.errors import TileccError
+from tilecc.errors import InternalError, TileccError
 from tilecc.simulator.area import area
 from tilecc.simulator.config import from_dict
 from tilecc.sweep.knobs import MODEL_KNOBS, system_spec, to_toml
@@ -153,6 +153,8 @@ def _run_system(task: Task, cfg: Any, ep: Any, inputs: tuple, expected: list, mo
     if not ok:
         return f"the sharded program does not match eager (max abs error {worst:.3g})", cfg
     rep = sm.report
+    if rep is None:
+        raise InternalError("the system run left no report")
     work = graph_work(import_exported_program(ep), cfg, dsl_call_work)
     bounds = roofline(work.figures(), cfg)
     resource = max(bounds, key=lambda k: bounds[k])
