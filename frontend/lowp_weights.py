@@ -83,7 +83,7 @@ def track(imp: Any, node: Node) -> None:
         return
     if node.target in (aten.permute.default, aten.t.default) and isinstance(args[0], Node):
         src = imp.lowp.get(args[0])
-        perm = list(args[1]) if len(args) > 1 else [1, 0]
+        perm = list(args[1]) if len(args) > 1 else [1, 0]  # pyright: ignore[reportArgumentType]
         if src is not None and src.scale is not None and perm == [1, 0]:
             imp.lowp[node] = LowpWeight(src.q, src.q_name, src.dtype, src.scale, src.scale_name, not src.transposed)
 

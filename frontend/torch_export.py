@@ -756,11 +756,13 @@ def _on_meta_device(args: Any, kwargs: Any) -> tuple[Any, Any]:
     causal masks) on that device: a factory's values need no weights, so they are made
     on the CPU and keep their values; an op mixing such constants with weights that have
     none (meta) runs on the meta device."""
+    from torch.utils import _pytree
+
     meta = torch.device("meta")
-    flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    flat = [a for a in _pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
     if any(a.is_meta for a in flat):
         if not all(a.is_meta for a in flat):
-            args, kwargs = torch.utils._pytree.tree_map(
+            args, kwargs = _pytree.tree_map(
                 lambda a: a.to(meta) if isinstance(a, torch.Tensor) else a, (args, kwargs))
         return args, kwargs
     if isinstance(kwargs, dict) and kwargs.get("device") == meta:

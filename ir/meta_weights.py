@@ -63,7 +63,7 @@ def is_meta(w: object) -> bool:
     return isinstance(w, MetaWeight)
 
 
-def any_meta(weights: dict) -> bool:
+def any_meta(weights: dict[str, object]) -> bool:
     return any(isinstance(w, MetaWeight) for w in weights.values())
 
 

@@ -525,7 +525,7 @@ def lower_tile_to_npu(op: ModuleOp, cfg: HardwareConfig) -> None:
         name = call.callee.root_reference.data
         args = [bound[a] for a in call.arguments]
         if name in first:
-            kernels.append(_copy_loc(call, npu.LaunchOp(name, _deltas(name, first[name], args))))
+            kernels.append(_copy_loc(call, npu.LaunchOp(name, _deltas(name, first[name], args))))  # pyright: ignore[reportArgumentType]
             continue
         first[name] = args
         kernels.append(KernelLowering(cfg, name).lower(funcs[name], args))

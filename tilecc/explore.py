@@ -354,14 +354,15 @@ def asm_listing(module, program=None) -> str:
     from tilecc.codegen.expand import barrier, launches
 
     spans = list(program.kernels) if program is not None else None
+    final = program.stream if program is not None else None
     out: list[str] = []
     end = 0
     for i, (name, stream, origin, insts, k) in enumerate(launches(module)):
-        if spans is not None and i < len(spans) and spans[i][2] == len(stream):
+        if spans is not None and final is not None and i < len(spans) and spans[i][2] == len(stream):
             first = spans[i][1]
             if first > end:  # a barrier the link kept (or the expansion's own)
-                out.append(print_asm(program.stream[end:first]).rstrip("\n"))
-            stream, end = program.stream[first : first + len(stream)], first + len(stream)
+                out.append(print_asm(final[end:first]).rstrip("\n"))
+            stream, end = final[first : first + len(stream)], first + len(stream)
         out.append(f"# kernel {name}{_loc_suffix(k)}")
         locs = [_loc_of(i.op) for i in insts]
         text = print_asm(stream) if stream.size else ""
@@ -369,8 +370,8 @@ def asm_listing(module, program=None) -> str:
             out.append(f"{line}  # {locs[o]}" if locs[o] else line)
         if spans is None:
             out.append(print_asm(barrier()).rstrip("\n"))
-    if spans is not None and end < len(program.stream):
-        out.append(print_asm(program.stream[end:]).rstrip("\n"))
+    if final is not None and end < len(final):
+        out.append(print_asm(final[end:]).rstrip("\n"))
     return "\n".join(out) + "\n"
 
 

@@ -121,7 +121,7 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     ln.operands[1] = one.results[0]
     ln.operands[2] = zero.results[0]
     wname = _fresh(weights, f"{wop.weight}.norm_folded")
-    weights[wname] = MetaWeight(W.shape, np.dtype(np.float32)) if meta else (gamma[:, None] * W).astype(np.float32)
+    weights[wname] = MetaWeight(W.shape, np.dtype(np.float32)) if meta else (gamma[:, None] * W).astype(np.float32)  # pyright: ignore[reportArgumentType]
     new_w = g.WeightOp.make(wname, wop.result.type, loc=g.source_loc(mm))  # mm's operand 1 is wop's result
     block.insert_op_before(new_w, mm)
     mm.operands[1] = new_w.results[0]
@@ -129,7 +129,7 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
         c = _values(weights[cop.weight]).reshape(-1)
         cname = _fresh(weights, f"{cop.weight}.norm_folded")
         cshape = tuple(weights[cop.weight].shape)
-        weights[cname] = (MetaWeight(cshape, np.dtype(np.float32)) if meta
+        weights[cname] = (MetaWeight(cshape, np.dtype(np.float32)) if meta  # pyright: ignore[reportArgumentType]
                           else (c + shift).astype(np.float32).reshape(cshape))
         new_c = g.WeightOp.make(cname, cop.result.type, loc=g.source_loc(add))
         block.insert_op_before(new_c, add)
@@ -137,7 +137,7 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
         add.operands[idx] = new_c.results[0]
     else:
         cname = _fresh(weights, f"{wop.weight}.norm_shift")
-        weights[cname] = MetaWeight(shift.shape, np.dtype(np.float32)) if meta else shift.astype(np.float32)
+        weights[cname] = MetaWeight(shift.shape, np.dtype(np.float32)) if meta else shift.astype(np.float32)  # pyright: ignore[reportArgumentType]
         new_c = g.WeightOp.make(cname, g.tensor_type([W.shape[1]], g.element_dtype(res.type)), loc=g.source_loc(mm))
         after = g.AddOp.make(res, new_c.results[0], loc=g.source_loc(mm))
         block.insert_op_after(new_c, mm)

@@ -144,7 +144,7 @@ def lower_op(lw: LoweringContext, op: Operation) -> None:
                 raise CompileError(f"lower-graph-to-tile: no lowering for {op.name} at {loc}")
             lowering(lw, op, loc)
         if recording is not None:
-            lw.memo.replays[key] = recording.finish()
+            lw.memo.replays[key] = recording.finish()  # pyright: ignore[reportArgumentType]
         members = numbering.members.get(op)
         owner = (("unfuse", members) if members else ("baseline", frozenset({ordinal}))
                  if lw.opt_level >= 2 and ordinal is not None else None)

@@ -178,7 +178,7 @@ class Recording:
         if _nn_state(lw) != self.nn or any(v not in mine for v in new) or len(lw.kernels) == self.kernel_start:
             return None
         return _Replay(
-            inputs=self.inputs,
+            inputs=self.inputs,  # pyright: ignore[reportArgumentType]
             main_ops=lw.main_ops[self.main_start:],
             results=[lw.values.get(r) for r in defined],
             scalars=[lw.scalars.get(r) for r in defined],
@@ -191,7 +191,7 @@ class Recording:
 def replay(lw, op: Operation, r: _Replay) -> None:
     """Lower `op` as the first lowering of its key did, on `op`'s own tensors."""
     now = [c for v in op.operands if v in lw.values for c in _chain(lw.values[v])]
-    mapping: dict[SSAValue, SSAValue] = dict(zip(r.inputs, now, strict=True))
+    mapping: dict[SSAValue, SSAValue] = dict(zip(r.inputs, now, strict=True))  # pyright: ignore[reportAssignmentType]
     loc = g.source_loc(op)
     for o in r.main_ops:
         new = o.clone(value_mapper=mapping)

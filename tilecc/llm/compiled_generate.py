@@ -51,7 +51,8 @@ def generate_compiled(model: Any, ids: torch.Tensor, max_new_tokens: int, *,
     gen_cfg.max_new_tokens = max_new_tokens
     if gen_cfg.pad_token_id is None:
         gen_cfg.pad_token_id = 0
-    model.forward = torch.compile(model.forward, backend="tilecc", options={"target": target, "plans": plans})
+    options: Any = {"target": target, "plans": plans}  # tilecc's backend options (frontend/dynamo.py)
+    model.forward = torch.compile(model.forward, backend="tilecc", options=options)
     try:
         with torch.no_grad():
             out = model.generate(ids, generation_config=gen_cfg, cache_implementation="static",

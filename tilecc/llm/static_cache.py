@@ -102,7 +102,7 @@ def _tabulate_rotary(model: torch.nn.Module, max_len: int, dtype: torch.dtype) -
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         like = torch.zeros(1, dtype=dtype, device=next(model.parameters()).device)
-        setattr(parent, attr, _RotaryTable(module, max_len, like))
+        setattr(parent, attr, _RotaryTable(module, max_len, like))  # pyright: ignore[reportArgumentType]
 
 
 class _BufferCache(Cache):
