@@ -23,14 +23,14 @@ def test_events_of_a_compile_and_a_run_arrive_in_order():
     phases = [e.phase for e in events]
     passes = [p for i, p in enumerate(phases) if p != "simulate" and (i == 0 or phases[i - 1] != p)]
     assert passes == ["fold-norm-affine", "canonicalize-graph", "fuse-graph", "lower-graph-to-tile",
-                      "plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync"]
+                      "plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync", "link-kernels"]
     lower = [e for e in events if e.phase == "lower-graph-to-tile" and e.total]
     # one event per op of @forward lowered (the last is func.return, not reported)
     assert [e.done for e in lower] == sorted({e.done for e in lower}) and lower[-1].done < lower[-1].total
     assert lower[-1].detail == "k1_fused_matmul" and {e.detail for e in lower} >= {"k0_fused_matmul"}
     assert str(lower[-1]) == f"lower-graph-to-tile: op {lower[-1].done}/{lower[-1].total} k1_fused_matmul"
     sim = [e for e in events if e.phase == "simulate"]
-    assert sim and phases.index("simulate") > phases.index("npu-insert-sync")
+    assert sim and phases.index("simulate") > phases.index("link-kernels")
     done = [e.done for e in sim]
     assert done == sorted(done) and sim[-1].done == sim[-1].total > 0 and sim[-1].unit == "instruction"
 

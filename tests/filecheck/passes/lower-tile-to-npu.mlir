@@ -32,7 +32,7 @@ builtin.module {
 
 // CHECK:      npu.kernel "k0_relu" {
 // CHECK-NEXT:   npu.loop attributes {trip = 2 : i64} {
-// CHECK-NEXT:     npu.dma_load {fields = {queue = 0 : i64, a_addr = "512*i0", a_dtype = 1 : i64, hbm_rs = 8 : i64, hbm_cs = 1 : i64, o_mem = 1 : i64, o_part = 0 : i64, o_addr = 0 : i64, o_dtype = 1 : i64, rows = "min(16, 20 - 16*i0)", cols = 8 : i64}, waits = [], reads = [], writes = ["in0"]}
+// CHECK-NEXT:     npu.dma_load {fields = {queue = 0 : i64, a_addr = "512*i0", a_dtype = 1 : i64, hbm_rs = 8 : i64, hbm_cs = 1 : i64, o_mem = 1 : i64, o_part = 0 : i64, o_addr = 0 : i64, o_dtype = 1 : i64, rows = "min(16, 20 - 16*i0)", cols = 8 : i64}, waits = [], reads = [], writes = ["in0"], hbm_arg = 0 : i64}
 // CHECK-NEXT:     npu.vec_unary {fields = {func = 1 : i64, {{.*}} o_addr = 64 : i64, {{.*}}}, waits = [], reads = ["in0"], writes = ["out"]}
-// CHECK-NEXT:     npu.dma_store {fields = {queue = 1 : i64, {{.*}} o_addr = "640 + 512*i0", {{.*}}}, waits = [], reads = ["out"], writes = []}
+// CHECK-NEXT:     npu.dma_store {fields = {queue = 1 : i64, {{.*}} o_addr = "640 + 512*i0", {{.*}}}, waits = [], reads = ["out"], writes = [], hbm_arg = 1 : i64}
 // CHECK-NOT:  func.func

@@ -32,12 +32,12 @@ builtin.module {
 
 // -----
 builtin.module {
-  func.func @f(%x: tensor<4x8xi8>) -> tensor<4x8xi8> {
-    %y = graph.relu %x : tensor<4x8xi8>
-    func.return %y : tensor<4x8xi8>
+  func.func @f(%x: tensor<4x8xi64>) -> tensor<4x8xi64> {
+    %y = graph.relu %x : tensor<4x8xi64>
+    func.return %y : tensor<4x8xi64>
   }
 }
-// CHECK: graph.relu: operand #0 element type must be f32, bf16, f16 or i32, got i8
+// CHECK: graph.relu: operand #0 element type must be f32, bf16, f16 or i32, got i64
 
 // -----
 builtin.module {
