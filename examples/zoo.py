@@ -338,4 +338,4 @@ ZOO: tuple[ZooModel, ...] = (
 
 # compiled by the default test profile (half a minute on two cores; tests/test_nn_ops.py
 # runs MobileNet v3 and ResNet-18 too); the rest are `slow`
-FAST = ("llama", "bert", "vit")
+FAST = ("llama", "bert")

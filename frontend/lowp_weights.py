@@ -91,7 +91,7 @@ def track(imp: Any, node: Node) -> None:
 def materialise(imp: Any, node: Node) -> Any:
     """The graph value of a tracked constant: one-byte weight, cast, times the scale.
     None for a value that is not a scaled one-byte weight (the caller folds it)."""
-    from tilecc.frontend.torch_export import _dtype
+    from tilecc.frontend.torch_export import _dtype, _weight_values
 
     w = imp.lowp.get(node)
     if w is None or w.scale is None:
@@ -101,9 +101,9 @@ def materialise(imp: Any, node: Node) -> Any:
     q_name = f"{w.q_name}.T" if w.transposed else w.q_name
     s_name = f"{w.scale_name}.{'row' if w.transposed else 'column'}"
     if q_name not in imp.weights:
-        imp.weights[q_name] = q.float().numpy().copy()
+        imp.weights[q_name] = _weight_values(q.float(), q_name)  # a MetaWeight on the meta device
     if s_name not in imp.weights:
-        imp.weights[s_name] = s.float().numpy().copy()
+        imp.weights[s_name] = _weight_values(s.float(), s_name)
     dt = _dtype(w.dtype)
     qv = imp.emit(g.WeightOp.make(q_name, g.tensor_type(list(q.shape), ONE_BYTE[w.q.dtype])))
     sv = imp.emit(g.WeightOp.make(s_name, g.tensor_type(list(s.shape), dt)))

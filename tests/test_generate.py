@@ -147,6 +147,31 @@ def test_timing_only_gives_the_functional_figures():
     assert timing.ttft_us == pytest.approx(full.ttft_us, rel=1e-6)
 
 
+@pytest.mark.parametrize("weights", [pytest.param("bf16", marks=pytest.mark.slow), "int8"])
+def test_meta_device_model_times_like_the_same_model_with_weights(weights):
+    """A model built on the meta device (no weight values, as benchmarks/llm.py builds
+    Llama-1B/8B shapes) generates timing-only with exactly the figures of the same
+    architecture holding real weights: timing never depends on values."""
+    tiny = _examples().TINY  # first: it stubs torchvision's registrations for transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tilecc.quantize import quantize_weights
+
+    cfg = LlamaConfig(**tiny)
+    torch.manual_seed(0)
+    real = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    if weights == "int8":
+        real, meta = (quantize_weights(m, "int8", skip=("lm_head",)) for m in (real, meta))
+    ids = _prompt(real, 1, 5)
+    got = [tilecc.generate(m, ids, 2, timing_only=True, check_eager=False) for m in (real, meta)]
+    assert got[1].tpot_us == got[0].tpot_us > 0 and got[1].ttft_us == got[0].ttft_us > 0
+    assert got[1].decode_roofline_ratio == got[0].decode_roofline_ratio
+    with pytest.raises(TileccError, match="meta device"):
+        tilecc.generate(meta, ids, 2, timing_only=True, check_eager=False, trace="t.json")
+
+
 class _RotateHalf(torch.nn.Module):
     def forward(self, x):
         half = x.shape[-1] // 2

@@ -68,7 +68,7 @@ def test_other_sequence_length_and_a_second_input():
     torch.testing.assert_close(cm(other), want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert"])
+@pytest.mark.parametrize("name", ["gpt2", pytest.param("bert", marks=pytest.mark.slow)])
 def test_dynamic_sequence_length(name):
     """Exported with a symbolic sequence length: the masks and positions are computed
     at run time (comparisons, cumsum, multi-tensor indexing, torch.gather), compiled once

@@ -617,6 +617,7 @@ def test_nchw_elementwise_and_permute_are_collapsed():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~9 s; CNNs in the default profile: resnet18 32x32
 def test_mobilenet_v3_small_64x64_tiny():
     tv = resnet_example._torchvision()
     torch.manual_seed(0)
@@ -709,6 +710,7 @@ def test_resnet18_conv_layers_match_eager_on_cloud(res, dtype):
         assert cm.report.roofline_ratio < 13.0
 
 
+@pytest.mark.slow  # ~6 s; determinism in the default profile: tests/test_determinism.py
 def test_resnet18_224_compiles_to_identical_streams():
     model, (x,) = resnet_example.make_resnet18(224)
     model = model.to(torch.bfloat16)

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 from tilecc.api import CompiledModel
-from tilecc.errors import InputMismatchError, TileccError
+from tilecc.errors import InputMismatchError, TileccError, TimingOnlyError
 from tilecc.llm.programs import LMPrograms, compile_programs
-from tilecc.runtime.executor import run_program
+from tilecc.runtime.executor import run_program, time_program
 from tilecc.runtime.report import Report
 from tilecc.simulator.config import HardwareConfig
 
@@ -117,6 +117,11 @@ def _timed_run(cm: CompiledModel, inputs: tuple, functional: bool,
         return [out], cm.report
     program = cm.program_for(inputs)
     args = cm.state.program_inputs(program, inputs)
+    if not functional and trace is None:
+        return [], time_program(program, args)  # shapes only: meta-device weights and cache too
+    if program.timing_only:
+        raise TimingOnlyError("generate: a trace needs the model's weights (this one is on the meta device); "
+                              "run without --trace, or load the weights")
     outputs, report = run_program(program, args, functional=functional, sanitize=cm.sanitize, trace=trace)
     if not functional:
         return [], report  # no values: the outputs are not computed

@@ -87,10 +87,13 @@ def compile_programs(
     lm = StaticCacheLM(model, batch=batch, max_len=max_len, dtype=dtype).eval()
     top = _LastLogits(lm).eval()
     t0 = time.perf_counter()
-    ids = torch.zeros(batch, prompt_len, dtype=torch.long)
-    prefill = tilecc_compile(top, (ids, torch.arange(prompt_len)), target=target, **compile_kwargs)
-    step = torch.zeros(batch, 1, dtype=torch.long)
-    decode = tilecc_compile(top, (step, torch.tensor([min(prompt_len, max_len - 1)])), target=target,
+    # example inputs on the weights' device: a model on the meta device (timing only)
+    # exports with meta positions, as the cache update mixes them with the meta cache
+    dev = next(model.parameters()).device
+    ids = torch.zeros(batch, prompt_len, dtype=torch.long, device=dev)
+    prefill = tilecc_compile(top, (ids, torch.arange(prompt_len, device=dev)), target=target, **compile_kwargs)
+    step = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+    decode = tilecc_compile(top, (step, torch.tensor([min(prompt_len, max_len - 1)], device=dev)), target=target,
                             **compile_kwargs)
     decode.share_state(prefill)
     seconds = time.perf_counter() - t0
