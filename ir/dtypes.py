@@ -1,13 +1,13 @@
 """Element types: the size of one element and the mask value, each decided in one place.
 
     element_size(f32) -> 4    element_size(bf16) -> 2    element_size(i32) -> 4
-    element_size(i8) -> 1     element_size(i1) -> 1
+    element_size(i8) -> 1     element_size(i1) -> 1     element_size(f8E4M3FN) -> 1
 """
 
 from __future__ import annotations
 
 import numpy as np
-from xdsl.dialects.builtin import Float32Type, Float64Type, IntegerType
+from xdsl.dialects.builtin import Float8E4M3FNType, Float32Type, Float64Type, IntegerType
 from xdsl.ir import Attribute
 
 from tilecc.simulator.isa import DType
@@ -15,6 +15,8 @@ from tilecc.simulator.isa import DType
 
 def element_size(elem: Attribute) -> int:
     """Bytes of one element of type `elem` (bf16 / f16 and other 16-bit floats: 2)."""
+    if isinstance(elem, Float8E4M3FNType):
+        return 1
     if isinstance(elem, Float32Type):
         return 4
     if isinstance(elem, Float64Type):

@@ -110,6 +110,23 @@ def test_compiled_quantized_mlp_bf16_matches_eager(fmt):
     run_and_compare(m, (torch.randn(4, 32, dtype=torch.bfloat16),))
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_long_contraction_decode_gemv_keeps_its_optimised_kernel(fmt):
+    """A decode-shaped GEMV with a long contraction (K = 8,192: 64 one-byte B tiles per
+    chunk, two chunk sets) fits SRAM by the schedule's own count: fp8 buffers are one
+    byte per element in plan-sram too (they were planned as two, the kernel overflowed
+    SRAM and fell back to -O0, 20x slower)."""
+    from xdsl.dialects.builtin import Float8E4M3FNType
+
+    from tilecc.ir.dtypes import element_size
+
+    assert element_size(Float8E4M3FNType()) == 1
+    torch.manual_seed(0)
+    m = quantize_weights(nn.Sequential(nn.Linear(8192, 256, bias=False)).to(torch.bfloat16), fmt).eval()
+    cm = run_and_compare(m, (torch.randn(1, 8192, dtype=torch.bfloat16),), target="cloud")
+    assert not cm.program.meta.get("fallbacks")
+
+
 def _tiny_llama(layers: int = 2, hidden: int = 128):
     from transformers import LlamaConfig, LlamaForCausalLM
 
