@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import types
@@ -42,6 +43,8 @@ for _m in ("torchvision._meta_registrations", "torchvision._autograd_registratio
     sys.modules.setdefault(_m, types.ModuleType(_m))
 
 import torch  # noqa: E402
+
+from tilecc.errors import HbmOverflowError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(head))
     rows = []
     for shape, weights, batch, prompt in points:
-        r = run_point(shape, weights, batch, prompt, args.target)
+        try:
+            r = run_point(shape, weights, batch, prompt, args.target)
+        except HbmOverflowError as e:  # the model is larger than the target's HBM: say so
+            need = re.search(r"needs (\d+) bytes of HBM", str(e))
+            have = re.search(r"the target has (\d+)", str(e))
+            print(f"{NAMES[shape]:<20} {weights:>7} {batch:>5} {prompt:>6}   does not fit: needs "
+                  f"{int(need[1]) / 2**30 if need else float('nan'):.1f} GiB of HBM, {args.target} has "
+                  f"{int(have[1]) / 2**30 if have else float('nan'):.1f} GiB", flush=True)
+            continue
         rows.append(r)
         print(f"{NAMES[shape]:<20} {weights:>7} {batch:>5} {prompt:>6} {r['ttft_us'] / 1e3:>9.2f} "
               f"{r['tpot_us'] / 1e3:>8.3f} {r['tokens_per_second']:>9.1f} {r['joules_per_token'] * 1e3:>9.3f} "

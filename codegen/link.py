@@ -37,9 +37,10 @@ kernel: the race detector sees the instructions of the whole group in one segmen
   `plan-sram` mirrors every other kernel, so consecutive kernels' buffers are disjoint
   where they fit side by side.
 - A group ends (a full BARRIER stays) where it would exceed `max_group` instructions
-  (it bounds the sanitisers' and the scheduler's per-segment work) or where a group
-  cannot be linked (more pooled semaphores than the target has, a semaphore signalled
-  from several engines, no wait slot): each reason is a remark.
+  (it bounds the sanitisers' and the scheduler's per-segment work) or before the first
+  kernel that cannot be linked to the ones before it (more pooled semaphores than the
+  target has, a semaphore signalled from several engines, no wait slot; the longest
+  linkable runs are found by bisection): each reason is a remark.
 """
 
 from __future__ import annotations
@@ -95,21 +96,53 @@ def link_kernels(
         for k in g:
             local.append((spans[k][0], at, spans[k][2]))
             at += spans[k][2]
-        if len(g) > 1:
-            try:
-                part = _link_group(part, local, config)
-            except _NoLink as e:
-                remarks.append(f"link: barriers kept in the group from kernel '{local[0][0]}': {e}")
-                for name, start, count in local[:-1]:
-                    out += [part[start : start + count], _barrier()]
-                    new_spans.append((name, pos, count))
-                    pos += count + 1
-                name, start, count = local[-1]
-                part, local = part[start:], [(name, 0, count)]
-        out += [part, _barrier()]
-        new_spans += [(name, pos + s, c) for name, s, c in local]
-        pos += len(part) + 1
+        for seg, seg_spans in _link_prefixes(part, local, config, remarks):
+            out += [seg, _barrier()]
+            new_spans += [(name, pos + s, c) for name, s, c in seg_spans]
+            pos += len(seg) + 1
     return np.concatenate(out), new_spans, remarks
+
+
+def _link_prefixes(part: np.ndarray, local: Spans, config: HardwareConfig,
+                   remarks: list[str]) -> list[tuple[np.ndarray, Spans]]:
+    """The group linked, or, where it cannot be as a whole, cut into the longest
+    linkable runs of consecutive kernels (found by bisection; linking a run needs
+    no more than linking a longer run that contains it), a barrier between runs."""
+    segments: list[tuple[np.ndarray, Spans]] = []
+    i = 0
+    while i < len(local):
+
+        def attempt(j: int) -> tuple[np.ndarray, Spans] | str:
+            run = local[i:j]
+            base = run[0][1]
+            end = run[-1][1] + run[-1][2]
+            spans = [(name, a - base, c) for name, a, c in run]
+            if len(run) == 1:
+                return part[base:end], spans
+            try:
+                return _link_group(part[base:end], spans, config), spans
+            except _NoLink as e:
+                return str(e)
+
+        got = attempt(len(local))
+        if not isinstance(got, str):
+            segments.append(got)
+            break
+        why = got
+        lo, hi = i + 1, len(local)  # run [i, lo) links; [i, hi) does not
+        best = attempt(lo)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            res = attempt(mid)
+            if isinstance(res, str):
+                hi, why = mid, res
+            else:
+                lo, best = mid, res
+        assert not isinstance(best, str)  # a single kernel always "links"
+        segments.append(best)
+        remarks.append(f"link: barrier kept before kernel '{local[lo][0]}': {why}")
+        i = lo
+    return segments
 
 
 def _barrier() -> np.ndarray:

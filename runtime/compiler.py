@@ -29,6 +29,7 @@ from tilecc.ir import float64, tile
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.graph_work import graph_work
 from tilecc.ir.meta_weights import MetaWeight
+from tilecc.ir.weight_layout import weight_values
 from tilecc.passes import break_pass, remarks
 from tilecc.passes.fallback import FallbackPlan, OptimisationFailed, describe_exception
 from tilecc.passes.graph.fold_norm_affine import fold_norm_affine
@@ -339,12 +340,14 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
             inputs[idx] = _spec(gp.input_names[idx], t, _at(gp.input_dtypes, idx))
         elif op.weight is not None or op.value is not None:
             name = op.weight.data if op.weight is not None else f"__const{len(weights)}"
-            if op.weight is not None and isinstance(gp.weights[name], MetaWeight):  # no values: timing-only
+            # a weight of the graph program, or one derived from it (pre-tiled: ir/weight_layout.py)
+            wv = weight_values(gp.weights, name) if op.weight is not None else None
+            if isinstance(wv, MetaWeight):  # no values: timing-only
                 weights.append(_spec(name, t))
                 meta = True
                 continue
             if op.weight is not None:
-                values = np.asarray(gp.weights[name])
+                values = np.asarray(wv)
             elif op.value is not None:
                 values = np.asarray(op.value.get_values())
             else:  # the branch's condition: a weight or a value

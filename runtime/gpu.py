@@ -24,6 +24,7 @@ from tilecc.codegen.triton import emit_kernel
 from tilecc.errors import TileccError
 from tilecc.ir import tile
 from tilecc.ir.graph import GraphProgram
+from tilecc.ir.weight_layout import weight_values
 from tilecc.passes.registry import default_pipeline
 from tilecc.simulator.config import HardwareConfig
 
@@ -96,7 +97,7 @@ def run_prepared(prepared: tuple, weights: dict, inputs: tuple, device: str = "c
             if op.input is not None:
                 buf.copy_(inputs[op.input.value.data].reshape(shape))
             elif op.weight is not None:
-                buf.copy_(torch.from_numpy(np.asarray(weights[op.weight.data])).reshape(shape))
+                buf.copy_(torch.from_numpy(np.asarray(weight_values(weights, op.weight.data))).reshape(shape))
             elif op.value is not None:
                 buf.copy_(torch.tensor(np.asarray(op.value.get_values()), dtype=torch.float32).reshape(shape))
             env[op.result] = buf

@@ -244,3 +244,36 @@ def test_gpt2_two_layers_matches_eager():
     s = cm.program.stream
     notes = [r["message"] for r in cm.program.meta["remarks"] if r["pass_name"] == "link-kernels"]
     assert int((s["opcode"] == Opcode.BARRIER).sum()) == 1, notes
+
+
+def test_a_kernel_that_cannot_link_keeps_one_barrier(monkeypatch):
+    """Six independent kernels; linking any run that puts kernel 3 after an earlier one
+    fails (as a kernel with no free wait slot does): one barrier stays, before kernel 3,
+    and the runs on either side link (were all six kept apart before)."""
+    import tilecc.codegen.link as link
+
+    cfg = load_config("tiny")
+    bar = empty_stream(1)
+    bar["opcode"], bar["engine"] = Opcode.BARRIER, Engine.ALL
+    parts, spans, at = [], [], 0
+    for k in range(6):
+        a = stream_of(_dma(Opcode.DMA_LOAD, k % 2, 4096 * k, part=0, addr=256 * k))
+        parts += [a, bar]
+        spans.append((f"k{k}", at, len(a)))
+        at += len(a) + 1
+    stream = np.concatenate(parts)
+    real = link._link_group
+
+    def fussy(s, local, config):
+        names = [n for n, _, _ in local]
+        if "k3" in names and names[0] != "k3":
+            raise link._NoLink("no free wait slot for a cross-kernel wait")
+        return real(s, local, config)
+
+    monkeypatch.setattr(link, "_link_group", fussy)
+    linked, new_spans, notes = link_kernels(stream, spans, cfg)
+    assert notes == ["link: barrier kept before kernel 'k3': no free wait slot for a cross-kernel wait"]
+    bars = np.flatnonzero(linked["opcode"] == Opcode.BARRIER)
+    assert len(bars) == 2 and bars[0] == new_spans[3][1] - 1  # before k3, and the final one
+    assert [n for n, _, _ in new_spans] == [f"k{k}" for k in range(6)]
+    simulate(linked, cfg, np.zeros(1 << 16, np.uint8), sanitize=True)

@@ -46,7 +46,9 @@ from xdsl.passes import ModulePass
 
 from tilecc.errors import CompileError, InternalError, TileccError
 from tilecc.ir import graph as g
+from tilecc.ir import tile
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.ir.weight_layout import source_of
 from tilecc.passes import remarks
 from tilecc.passes.fallback import OptimisationFailed, describe_exception
 from tilecc.passes.graph_to_tile.context import DslKernelSource, LoweringContext
@@ -106,6 +108,7 @@ def convert(lw: LoweringContext, module: ModuleOp) -> None:
     for op in lw.main_ops:
         main.body.block.add_op(op)
     main.body.block.add_op(func.ReturnOp(*outputs))
+    _drop_replaced_weights(main)
     forward.detach()
     forward.erase()
     for name, n in lw.memo.shared():
@@ -114,6 +117,17 @@ def convert(lw: LoweringContext, module: ModuleOp) -> None:
         module.body.block.add_op(k)
     module.body.block.add_op(main)
 
+
+
+def _drop_replaced_weights(main: func.FuncOp) -> None:
+    """A weight every user of which reads a pre-tiled copy (ir/weight_layout.py) leaves
+    HBM: its allocation has no use."""
+    allocs = [op for op in main.body.block.ops if isinstance(op, tile.HbmAllocOp) and op.weight is not None]
+    sources = {source_of(op.weight.data) for op in allocs}  # pyright: ignore[reportOptionalMemberAccess]
+    for op in allocs:
+        if op.weight.data in sources and not op.result.uses:  # pyright: ignore[reportOptionalMemberAccess]
+            op.detach()
+            op.erase()
 
 
 def lower_op(lw: LoweringContext, op: Operation) -> None:

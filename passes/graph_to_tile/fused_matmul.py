@@ -38,10 +38,11 @@ from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.ir.meta_weights import MetaWeight
 from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, Leaf, TileProgram, leaf_elem, vector_steps
 from tilecc.passes.graph_to_tile.elementwise.dag import ALIGN
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.matmul import BlockedMatmulKernel, choose_schedule, problem_of
+from tilecc.passes.graph_to_tile.matmul import BlockedMatmulKernel, b_operand, choose_schedule, problem_of
 from tilecc.passes.graph_to_tile.shapes import Operand, dense_attr, elem_of, shape_of
 from tilecc.passes.schedule.matmul_schedule import MatmulProblem, MatmulSchedule
 from tilecc.simulator.config import HardwareConfig
@@ -157,7 +158,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         A = Operand(A_val, [0, 1])
     else:
         A = lw.aligned_batch(a, out_shape[:-2], (M, K))
-    B = lw.aligned_batch(b, out_shape[:-2], (K, N))
+    B = b_operand(lw, b, problem, sched, out_shape[:-2])
     ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
     epi_outs = [lw.view(o, space) for o in _outputs(lw, epi, space)] if epi is not None else []
     pro_outs = [lw.view(o, (M, K)) for o in _outputs(lw, pro, (M, K))] if pro is not None else []
@@ -193,9 +194,23 @@ def group_alone(group: FusedOp) -> g.GraphProgram:
     from xdsl.dialects.builtin import ModuleOp
     from xdsl.ir import Block, Region
 
-    types = [a.type for a in group.block.args]
+    # inputs that are weights stay weights (shapes only: the program is timed, not run),
+    # so a matmul may store its B pre-tiled as in the whole program
+    weights: dict = {}
+    is_w = [isinstance(v.owner, g.WeightOp) for v in group.operands]
+    types = [a.type for a, w in zip(group.block.args, is_w) if not w]
     block = Block(arg_types=types)
-    mapping: dict[SSAValue, SSAValue] = dict(zip(group.block.args, block.args))
+    args = iter(block.args)
+    mapping: dict[SSAValue, SSAValue] = {}
+    for a, v, w in zip(group.block.args, group.operands, is_w):
+        if w:
+            name = v.owner.weight  # pyright: ignore[reportAttributeAccessIssue]
+            weights[name] = MetaWeight(tuple(shape_of(a.type)), np.dtype(np.float32))
+            wop = g.WeightOp.make(name, a.type)  # pyright: ignore[reportArgumentType]
+            block.add_op(wop)
+            mapping[a] = wop.results[0]
+        else:
+            mapping[a] = next(args)
     for o in group.block.ops:
         if isinstance(o, YieldOp):
             block.add_op(func.ReturnOp(*[mapping[v] for v in o.values]))
@@ -204,7 +219,7 @@ def group_alone(group: FusedOp) -> g.GraphProgram:
         block.add_op(clone)
         mapping.update(zip(o.results, clone.results))
     fn = func.FuncOp("forward", (types, [r.type for r in group.results]), Region(block))
-    return g.GraphProgram(ModuleOp([fn]), {}, [f"in{i}" for i in range(len(types))],
+    return g.GraphProgram(ModuleOp([fn]), weights, [f"in{i}" for i in range(len(types))],
                           [f"out{i}" for i in range(len(group.results))])
 
 

@@ -58,6 +58,7 @@ uses the -O0 kernel).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -69,10 +70,10 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from tilecc.errors import CompileError
 from tilecc.ir import tile
-from tilecc.ir.graph import GraphProgram
+from tilecc.ir.graph import GraphProgram, WeightOp
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.shapes import MatmulDims, shape_of
+from tilecc.passes.graph_to_tile.shapes import MatmulDims, Operand, shape_of
 from tilecc.passes.schedule.matmul_schedule import (
     BlockPlan,
     Item,
@@ -324,12 +325,18 @@ class BlockedMatmulKernel:
         self.kb.add(tile.UnaryOp("copy", t, self.window(dst, dst_col + kt * p.TM, [p.TK, p.TM]),
                                  self.c(ksz), self.c(ms)))
 
-    def load_b_chunk(self, bp: int, n0: _Aff, width: int, first: bool = False) -> None:
+    def load_b_chunk(self, bp: int, n0: _Aff, width: int, first: bool = False, chunk: _Aff | None = None) -> None:
         """The chunk's B tiles into B set `bp`, group by group. In the kernel's first
         chunk (`first`, with `stagger`) the first tile of the i-th queue loads in i+1
         row pieces, so the queues' fixed DMA latencies fall at different times from
-        then on (equal transfers sharing HBM otherwise start and end together)."""
+        then on (equal transfers sharing HBM otherwise start and end together).
+        Pre-tiled B (`chunk`: the chunk's index) loads each group with one transfer."""
         p, s = self.p, self.s
+        if s.pretiled:
+            if chunk is None:
+                raise CompileError("lower-graph-to-tile: a pre-tiled B chunk needs its index")
+            self._load_b_pretiled(bp, chunk, first)
+            return
         n0s = self.ix(n0)
         for g, (kt0, n) in enumerate(self.groups):
             q = s.qb[(bp * self.KG + g) % len(s.qb)]
@@ -358,6 +365,25 @@ class BlockedMatmulKernel:
                 self.loop1(full, lambda i: one(i, p.TK))
             if short:
                 one(_Aff(n - 1), self.ksz[-1], pieces=split if full == 0 else 1)
+
+    def _load_b_pretiled(self, bp: int, chunk: _Aff, first: bool) -> None:
+        """Group G of chunk c is rows ``(c*nG + G)*TK ..`` of the pre-tiled B
+        (`ir/weight_layout.py`), all ``g*TNL`` columns: its group buffer's image."""
+        p, s = self.p, self.s
+        cols = s.g * self.TNL
+        for g in range(self.KG):
+            q = s.qb[(bp * self.KG + g) % len(s.qb)]
+            buf = self.bset[bp][g]
+            row0 = chunk * (self.KG * p.TK) + g * p.TK
+            pieces = 1 + g if first and s.stagger and g < len(s.qb) else 1
+            for r in range(pieces):
+                r0, r1 = r * p.TK // pieces, (r + 1) * p.TK // pieces
+                if r1 == r0:
+                    continue
+                dst = buf if pieces == 1 else self.kb.add(
+                    tile.SubviewOp(buf, self.c(r0), self.c(0), [p.TK - r0, cols])).results[0]
+                self.kb.add(tile.LoadOp(self.argB, [self.ix(row0 + r0), self.c(0)], dst, self.c(r1 - r0),
+                                        self.c(cols), 0, 1, queue=q))
 
     # -- a step: one m-tile on one chunk --------------------------------------------------
 
@@ -439,7 +465,7 @@ class BlockedMatmulKernel:
         # global chunk / step counters continue across batch indices (consecutive batch
         # indices have opposite parities), so the next batch's loads prefetch too
         bp = (self.beta_par * self.chunks_per_batch + b.par * nch + c.par) % 2 if s.b_sets == 2 else 0
-        self.load_b_chunk(bp, n0, width, first)
+        self.load_b_chunk(bp, n0, width, first, c.aff)
         msz = plan.msz
         nbb = len(msz)
         keys = [(msz[j], items[j] if j < len(items) else None) for j in range(nbb)]
@@ -562,6 +588,8 @@ def problem_of(lw: LoweringContext, op: Operation) -> tuple[MatmulProblem, Matmu
 
     problem = MatmulProblem.make(lw.cfg, M, K, N, batch=batch, a_batch=walks(a_shape), b_batch=walks(b_shape),
                                  a_dtype=names[0], b_dtype=names[1], o_dtype=names[2])
+    if not batch and weight_of(b) is not None and tuple(b_shape) == (K, N):
+        problem = dataclasses.replace(problem, b_weight=True)
     return problem, dims
 
 
@@ -596,6 +624,40 @@ def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg: HardwareCon
             f"(best of {n} schedules)")
 
 
+def weight_of(v: SSAValue) -> WeightOp | None:
+    """The `graph.weight` behind `v` (through a fused group's block argument), or None."""
+    from xdsl.ir import BlockArgument
+
+    if isinstance(v, BlockArgument):
+        parent = v.owner.parent_op()
+        if parent is None or v.index >= len(parent.operands):
+            return None
+        v = parent.operands[v.index]
+    return v.owner if isinstance(v.owner, WeightOp) else None
+
+
+def b_operand(lw: LoweringContext, b: SSAValue, p: MatmulProblem, s: MatmulSchedule,
+              batch: Sequence[int]) -> Operand:
+    """The kernel's B argument: the operand as it is, or (`s.pretiled`) the weight stored
+    in the kernel's tile order (`ir/weight_layout.py`), a new weight derived from it."""
+    from tilecc.ir.weight_layout import tiled_name, tiled_shape
+    from tilecc.passes.graph_to_tile.shapes import elem_of
+
+    if not s.pretiled:
+        return lw.aligned_batch(b, batch, (p.K, p.N))
+    w = weight_of(b)
+    if w is None:
+        raise CompileError("lower-graph-to-tile: a pre-tiled B must be a weight")
+    tnl = s.w * p.TN
+    dims = (p.K // (s.g * p.TK), s.g, p.TK, p.N // tnl, tnl)
+    lw.materialise(b)  # the source's allocation: replays of this kernel map it to their own weight
+    v = lw.hbm(list(tiled_shape(*dims)), elem_of(b.type), weight=tiled_name(w.weight, *dims))
+    remarks.emit("lower-graph-to-tile", "passed",
+                 lambda: f"weight '{w.weight}' stored pre-tiled for its matmul: {s.g} k-tiles x {tnl} columns "
+                         f"per transfer ({s.g * tnl * p.ib:,} contiguous bytes per partition)")
+    return Operand(v, [0, 1])
+
+
 def lower_matmul_blocked(lw: LoweringContext, op: Operation, loc: str) -> bool:
     from tilecc.passes.graph_to_tile.shapes import dense_attr, elem_of
 
@@ -609,7 +671,7 @@ def lower_matmul_blocked(lw: LoweringContext, op: Operation, loc: str) -> bool:
     ea, eb, eo = elem_of(a.type), elem_of(b.type), elem_of(res.type)
     TM = problem.TM
     A = lw.aligned_batch(a, out_shape[:-2], (M, K))
-    B = lw.aligned_batch(b, out_shape[:-2], (K, N))
+    B = b_operand(lw, b, problem, sched, out_shape[:-2])
     ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
     out = lw.hbm(out_shape, eo)
     kb = KernelBuilder(lw.kernel_name("matmul"), [A.value.type, B.value.type, ident.type, out.type], loc)

@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import islice
 
+from xdsl.dialects.builtin import StringAttr
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
@@ -47,6 +48,7 @@ from tilecc.ir import tile
 from tilecc.ir.graph_base import LOC_ATTR
 from tilecc.ir.graph_fusion import FusedOp
 from tilecc.ir.graph_index import SdpaOp
+from tilecc.ir.weight_layout import rebase
 
 # the op kinds repeated per layer whose lowerings are known to keep their state to
 # their own results (the CNN family's padded layouts and ahead-of-time lowerings are not)
@@ -192,9 +194,17 @@ def replay(lw, op: Operation, r: _Replay) -> None:
     """Lower `op` as the first lowering of its key did, on `op`'s own tensors."""
     now = [c for v in op.operands if v in lw.values for c in _chain(lw.values[v])]
     mapping: dict[SSAValue, SSAValue] = dict(zip(r.inputs, now, strict=True))  # pyright: ignore[reportAssignmentType]
+    # weights derived from an operand's weight (pre-tiled B, ir/weight_layout.py) derive
+    # from this op's own weight
+    renamed = {_weight_name(a): _weight_name(b) for a, b in zip(r.inputs, now)
+               if _weight_name(a) is not None and _weight_name(b) is not None}
     loc = g.source_loc(op)
     for o in r.main_ops:
         new = o.clone(value_mapper=mapping)
+        if isinstance(new, tile.HbmAllocOp) and new.weight is not None:
+            new_name = rebase(new.weight.data, renamed)
+            if new_name is not None:
+                new.properties["weight"] = StringAttr(new_name)
         if LOC_ATTR in new.attributes:
             g.set_loc(new, loc)
         lw.main_ops.append(new)
@@ -210,6 +220,13 @@ def replay(lw, op: Operation, r: _Replay) -> None:
         if ab is not None:
             lw.absorbed[res] = mapping.get(ab, ab)
     r.launches += 1
+
+
+def _weight_name(v: SSAValue | None) -> str | None:
+    alloc = v.owner if v is not None else None
+    if isinstance(alloc, tile.HbmAllocOp) and alloc.weight is not None:
+        return alloc.weight.data
+    return None
 
 
 __all__ = ["KernelMemo", "Recording", "SHAREABLE", "replay", "structural_key"]

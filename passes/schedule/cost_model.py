@@ -11,7 +11,7 @@ Every figure is in core cycles (the rules convert each engine's own cycles).
   dimension of the dataflow); a result is ready ``preload + T * passes + R + C - 2``
   after issue. Compatible mode holds the engine for ``preload + stream + drain`` per
   matmul.
-- DMA: ``F + bytes / rate`` per transfer, ``F = latency + hbm latency +
+- DMA: ``F + bytes / rate`` per transfer (a pre-tiled B group is one transfer), ``F = latency + hbm latency +
   descriptors * per_descriptor`` (``rate``: `TimingRules.dma_rate`, the engines the
   tile's rows span at the short-chunk-derated engine peak, at most HBM's), one
   transfer at a time per queue, transfers in flight sharing the engines and HBM (a
@@ -175,6 +175,11 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
             for bp in range(s.b_sets):
                 for g, (kt0, cnt) in enumerate(grp):
                     q = qb[(bp * KG + g) % nbq]
+                    if s.pretiled:  # the group is one transfer, cnt*width contiguous per partition
+                        n[q] += 1 / s.b_sets
+                        x[q] += tm.dma_transfer(TK, cnt * width, p.ib) / s.b_sets
+                        w[q] += tm.dma_occupancy(TK, cnt * width, p.ib) / s.b_sets
+                        continue
                     short = klast and kt0 + cnt == p.nk
                     n[q] += cnt / s.b_sets
                     x[q] += ((cnt - 1) * full_x + last_x if short else cnt * full_x) / s.b_sets

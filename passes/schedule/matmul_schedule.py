@@ -69,6 +69,9 @@ class MatmulProblem:
     fused_sram: int = 0
     fused_sram_per_col: int = 0
     fused_ops: str = ""  # the fused group's ops and shapes (part of the cache signature)
+    # B is a constant weight (no batch): the compiler may store it in HBM pre-tiled
+    # (`MatmulSchedule.pretiled`, `pretile_ok`)
+    b_weight: bool = False
 
     @staticmethod
     def make(
@@ -123,6 +126,7 @@ class MatmulProblem:
             "dtypes": [self.a_dtype, self.b_dtype, self.o_dtype], "layout": "A[M,K] row-major, B[K,N] row-major",
             "fused": [self.evac_cost, self.evac_ops, self.prep_cost, self.prep_ops, self.fused_sram,
                       self.fused_sram_per_col, self.fused_ops],
+            **({"b_weight": True} if self.b_weight else {}),
         }
 
 
@@ -143,6 +147,11 @@ class MatmulSchedule:
       copied during this block's first n-chunk. Without it a block's first m-tile is
       prepared before the block (its matmuls wait) and the others during its first chunk.
     - `qb` / `qa`: DMA queues of the B groups and of the A loads (round robin).
+    - `pretiled`: B is a weight stored in HBM in the kernel's tile order
+      (`ir/weight_layout.py`): each B group of a chunk, ``TK x g*TNL``, is one
+      contiguous block, loaded by one transfer whose rows are ``g*TNL`` elements
+      contiguous per partition (g transfers of TNL-element rows otherwise). Only where
+      `pretile_ok`.
     """
 
     nb: int
@@ -153,6 +162,7 @@ class MatmulSchedule:
     qb: tuple[int, ...] = (0,)
     qa: tuple[int, ...] = (0,)
     stagger: bool = False
+    pretiled: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -165,12 +175,22 @@ class MatmulSchedule:
             nb=int(d["nb"]), w=int(d["w"]), g=int(d["g"]), b_sets=int(d["b_sets"]),
             pipelined=bool(d["pipelined"]), qb=tuple(int(q) for q in d["qb"]),
             qa=tuple(int(q) for q in d["qa"]), stagger=bool(d["stagger"]),
+            pretiled=bool(d.get("pretiled", False)),
         )
 
     def short(self) -> str:
         return (f"nb={self.nb} w={self.w} g={self.g} sets={self.b_sets} "
                 f"{'pipe' if self.pipelined else 'serial'} qb={list(self.qb)} qa={list(self.qa)}"
-                f"{' stagger' if self.stagger else ''}")
+                f"{' stagger' if self.stagger else ''}{' pretiled' if self.pretiled else ''}")
+
+
+def pretile_ok(p: MatmulProblem, w: int, g: int) -> bool:
+    """Whether B may be stored pre-tiled for chunks of w*TN columns and groups of g
+    k-tiles: a weight without batch, whole k-tiles and groups (K a multiple of g*TK),
+    equal chunks (N a multiple of w*TN), and one m-block (M <= TM: B streams once, the
+    decode-shaped matmuls whose time is their weight's transfer)."""
+    return (p.b_weight and not p.batch and p.K % (g * p.TK) == 0 and p.N % (w * p.TN) == 0
+            and p.n_mtiles == 1)
 
 
 def groups(p: MatmulProblem, g: int) -> list[tuple[int, int]]:
@@ -462,11 +482,12 @@ def candidates(p: MatmulProblem, cfg: HardwareConfig) -> list[MatmulSchedule]:
                 for pipelined in ((True, False) if multi else (False,)):
                     for qb, qa in queue_plans(cfg):
                         for stagger in ((False, True) if len(qb) > 1 else (False,)):
-                            s = MatmulSchedule(nb, w, g, 2, pipelined, qb, qa, stagger)
-                            if fits(p, s, cfg):
-                                out.append(s)
-                                continue
-                            s = MatmulSchedule(nb, w, g, 1, pipelined, qb, qa, stagger)
-                            if fits(p, s, cfg):
-                                out.append(s)
+                            for pre in ((False, True) if pretile_ok(p, w, g) else (False,)):
+                                s = MatmulSchedule(nb, w, g, 2, pipelined, qb, qa, stagger, pre)
+                                if fits(p, s, cfg):
+                                    out.append(s)
+                                    continue
+                                s = MatmulSchedule(nb, w, g, 1, pipelined, qb, qa, stagger, pre)
+                                if fits(p, s, cfg):
+                                    out.append(s)
     return out

@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import BFloat16Type, Float8E4M3FNType, Float16Type, IntegerType, ModuleOp, TensorType, f32
 from xdsl.ir import Block, Region
 
 from tilecc.ir import graph as g
+from tilecc.ir.meta_weights import MetaWeight
 from tilecc.passes.schedule.autotune import Autotuner
 from tilecc.passes.schedule.cost_model import choose, rank
 from tilecc.passes.schedule.matmul_schedule import MatmulProblem, MatmulSchedule, fits
@@ -42,12 +44,21 @@ def kernel_alone(problem: MatmulProblem, cfg: HardwareConfig) -> GraphProgram:
     a_shape = [x if w else 1 for x, w in zip(p.batch, p.a_batch)] + [p.M, p.K]
     b_shape = [x if w else 1 for x, w in zip(p.batch, p.b_batch)] + [p.K, p.N]
     ta, tb = TensorType(elem[p.a_dtype], a_shape), TensorType(elem[p.b_dtype], b_shape)
-    block = Block(arg_types=[ta, tb])
-    mm = g.MatmulOp.make(block.args[0], block.args[1], loc="<autotune>")
+    if p.b_weight:  # B a weight (it may be stored pre-tiled): shapes only, timed without values
+        block = Block(arg_types=[ta])
+        wop = g.WeightOp.make("b", tb)
+        block.add_op(wop)
+        b_val = wop.results[0]
+        weights: dict = {"b": MetaWeight(tuple(b_shape), np.dtype(np.float32))}
+    else:
+        block = Block(arg_types=[ta, tb])
+        b_val, weights = block.args[1], {}
+    mm = g.MatmulOp.make(block.args[0], b_val, loc="<autotune>")
     block.add_op(mm)
     block.add_op(func.ReturnOp(mm.results[0]))
-    fn = func.FuncOp("forward", ([ta, tb], [mm.results[0].type]), Region(block))
-    return g.GraphProgram(ModuleOp([fn]), {}, ["a", "b"], ["out"])
+    args = [ta] if p.b_weight else [ta, tb]
+    fn = func.FuncOp("forward", (args, [mm.results[0].type]), Region(block))
+    return g.GraphProgram(ModuleOp([fn]), weights, ["a", "b"][:len(args)], ["out"])
 
 
 def diverse(ranked: Sequence[tuple[float, MatmulSchedule]], first: MatmulSchedule, n: int) -> list[MatmulSchedule]:

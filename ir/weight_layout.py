@@ -1,0 +1,78 @@
+"""Weights stored in HBM in a kernel's tile order: derived weights, named after their source.
+
+A matmul whose B operand is a weight (`[K, N]`, no batch) may store it pre-tiled
+(`MatmulSchedule.pretiled`, passes/graph_to_tile/matmul.py): the B group of g k-tiles
+of chunk c, ``TK x g*TNL``, becomes one contiguous block, so one DMA moves it with
+``g*TNL`` contiguous elements per partition instead of g transfers of ``TNL``
+(the per-packet overhead and the fixed cost per transfer amortised; the decode
+GEMVs' time is their weight's transfer). The derived tensor is
+
+    Bt[(c*nG + G)*TK + r, i*TNL + j] = B[(G*g + i)*TK + r, c*TNL + j]
+
+(nG = K / (g*TK) groups, nch = N / TNL chunks), i.e. B reshaped to
+``[nG, g, TK, nch, TNL]``, transposed to ``[nch, nG, TK, g, TNL]`` and viewed
+``[nch*nG*TK, g*TNL]``. The lowering names it ``"<source>@btiles[nG x g x TK x nch x TNL]"``
+(`tiled_name`) in a `tile.hbm_alloc {weight = ...}`; whoever fills HBM with weights
+(runtime/compiler.read_layout, runtime/gpu.py) gets its values from `weight_values`,
+which derives them from the source weight (a `MetaWeight` for a model on the meta
+device: shapes only). The graph program's weights are never changed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+from tilecc.errors import CompileError
+from tilecc.ir.meta_weights import MetaWeight
+
+_TILED = re.compile(r"^(?P<base>.+)@btiles\[(?P<dims>\d+x\d+x\d+x\d+x\d+)\]$")
+
+
+def tiled_name(base: str, n_groups: int, g: int, tk: int, n_chunks: int, tnl: int) -> str:
+    return f"{base}@btiles[{n_groups}x{g}x{tk}x{n_chunks}x{tnl}]"
+
+
+def tiled_shape(n_groups: int, g: int, tk: int, n_chunks: int, tnl: int) -> tuple[int, int]:
+    return n_chunks * n_groups * tk, g * tnl
+
+
+def is_derived(name: str) -> bool:
+    return _TILED.match(name) is not None
+
+
+def tile_b(b: np.ndarray, n_groups: int, g: int, tk: int, n_chunks: int, tnl: int) -> np.ndarray:
+    """B (any shape holding K*N elements, row-major [K, N]) in the pre-tiled order."""
+    five = np.asarray(b).reshape(n_groups, g, tk, n_chunks, tnl)
+    return np.ascontiguousarray(five.transpose(3, 0, 2, 1, 4)).reshape(tiled_shape(n_groups, g, tk, n_chunks, tnl))
+
+
+def rebase(name: str, renamed: Mapping[str, str]) -> str | None:
+    """A derived weight's name with its source renamed (`renamed`: old -> new source);
+    None when `name` is not derived from one of them."""
+    m = _TILED.match(name)
+    if m is None or m["base"] not in renamed:
+        return None
+    return f"{renamed[m['base']]}@btiles[{m['dims']}]"
+
+
+def source_of(name: str) -> str | None:
+    """The weight a derived weight is made from (None: `name` is not derived)."""
+    m = _TILED.match(name)
+    return m["base"] if m is not None else None
+
+
+def weight_values(weights: Mapping[str, object], name: str) -> object:
+    """The values of weight `name`: the program's own, or derived from its source."""
+    if name in weights:
+        return weights[name]
+    m = _TILED.match(name)
+    if m is None or m["base"] not in weights:
+        raise CompileError(f"the program refers to weight '{name}', which the graph program does not hold")
+    dims = tuple(int(x) for x in m["dims"].split("x"))
+    src = weights[m["base"]]
+    if isinstance(src, MetaWeight):
+        return MetaWeight(tiled_shape(*dims), src.dtype)
+    return tile_b(np.asarray(src), *dims)

@@ -1,0 +1,84 @@
+"""Weights stored pre-tiled for the decode-shaped matmuls (ir/weight_layout.py,
+`MatmulSchedule.pretiled`): the derived layout, the kernels reading it against eager
+(also when identical layers share one kernel and each launch must read its own
+weight), and the transfers it buys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from tests.helpers import run_and_compare
+from tilecc.ir.meta_weights import MetaWeight
+from tilecc.ir.weight_layout import rebase, source_of, tile_b, tiled_name, weight_values
+from tilecc.simulator.isa import Opcode
+
+
+@settings(max_examples=30, deadline=None)
+@given(nG=st.integers(1, 3), g=st.integers(1, 3), tk=st.integers(1, 4), nch=st.integers(1, 3), tnl=st.integers(1, 5))
+def test_tiled_layout_is_the_kernels_group_order(nG, g, tk, nch, tnl):
+    K, N = nG * g * tk, nch * tnl
+    b = np.arange(K * N, dtype=np.float32).reshape(K, N)
+    t = tile_b(b, nG, g, tk, nch, tnl)
+    assert t.shape == (nch * nG * tk, g * tnl)
+    for c in range(nch):
+        for G in range(nG):
+            for r in range(tk):
+                for i in range(g):
+                    row = t[(c * nG + G) * tk + r, i * tnl:(i + 1) * tnl]
+                    np.testing.assert_array_equal(row, b[(G * g + i) * tk + r, c * tnl:(c + 1) * tnl])
+
+
+def test_derived_names_values_and_meta():
+    name = tiled_name("layer.w", 2, 4, 128, 8, 1024)
+    assert source_of(name) == "layer.w" and source_of("layer.w") is None
+    assert rebase(name, {"layer.w": "other.w"}) == tiled_name("other.w", 2, 4, 128, 8, 1024)
+    meta = weight_values({"layer.w": MetaWeight((1024, 8192), np.dtype(np.float32))}, name)
+    assert isinstance(meta, MetaWeight) and meta.shape == (8 * 2 * 128, 4 * 1024)
+    with pytest.raises(Exception, match="does not hold"):
+        weight_values({}, name)
+
+
+class _Gemvs(nn.Module):
+    """Identical layers (one shared kernel), each with its own weight [K, N]."""
+
+    def __init__(self, d: int, layers: int):
+        super().__init__()
+        self.w = nn.ParameterList([nn.Parameter(torch.randn(d, d) / d**0.5) for _ in range(layers)])
+
+    def forward(self, x):
+        for w in self.w:
+            x = torch.tanh(x @ w)
+        return x
+
+
+def test_decode_gemv_reads_pretiled_weights_of_each_layer():
+    dtype = torch.bfloat16
+    torch.manual_seed(0)
+    model = _Gemvs(1024, 3).to(dtype)
+    cm = run_and_compare(model, (torch.randn(1, 1024, dtype=dtype),), target="cloud")
+    names = [s.name for s in cm.program.weights]
+    tiled = [n for n in names if source_of(n) is not None]
+    # every layer's own weight, derived; the [K, N] originals no longer in HBM
+    assert sorted(source_of(n) for n in tiled) == ["w.0", "w.1", "w.2"]
+    assert not {"w.0", "w.1", "w.2"} & set(names)
+    remarks = [r["message"] for r in cm.program.meta["remarks"]]
+    assert any("stored pre-tiled" in m for m in remarks)
+    # each B load moves a whole group: several k-tiles per partition row
+    s = cm.program.stream
+    loads = s[(s["opcode"] == Opcode.DMA_LOAD) & (s["rows"] == 128)]
+    assert loads.size and int(loads["cols"].max()) > 1024
+
+
+def test_batched_rows_and_int8_weights_match_eager():
+    from tilecc.quantize import quantize_weights
+
+    torch.manual_seed(0)
+    lin = nn.Sequential(nn.Linear(2048, 1024), nn.GELU(), nn.Linear(1024, 2048, bias=False)).to(torch.bfloat16)
+    model = quantize_weights(lin, "int8").eval()
+    cm = run_and_compare(model, (torch.randn(8, 2048, dtype=torch.bfloat16),), target="cloud")
+    assert any(source_of(s.name) is not None for s in cm.program.weights)
