@@ -5,7 +5,7 @@ FUZZ_EXAMPLES ?= 5000
 .PHONY: test fuzz bench-cache
 
 test:
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n 2
 
 # the deep differential-fuzzing profile (docs/reliability.md): failing programs, shrunk,
 # are written to tests/fuzz_regressions/ and replayed by every test run
