@@ -7,6 +7,7 @@ headless Chromium, and a local Ray run (or a process pool) gives the same table.
 from __future__ import annotations
 
 import csv
+import math
 import re
 import shutil
 import subprocess
@@ -323,3 +324,39 @@ def test_tp_knob_sweeps_chips_and_topology_against_eager(tmp_path):
     by = {r["link_bandwidth_gbs"]: float(r["latency"]) for r in two}
     assert by["25.0"] > by["400.0"]  # a slower link costs time
     assert all(float(r["roofline_ratio"]) > 1 for r in rows)
+
+
+def test_decode_phase_sweeps_the_serving_figures_against_eager_tokens(tmp_path):
+    """`phase = "decode"`: the factory's causal LM generates on the simulator with a
+    static KV cache (tilecc/llm/), its tokens compared with eager model.generate; the
+    figures are one decode step's, so the per-token objectives are defined. Forward
+    points of the same sweep leave them undefined (never Pareto)."""
+    from tilecc.sweep.objectives import OBJECTIVES, Figures
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "llm.py"
+    spec = tmp_path / "decode.toml"
+    spec.write_text(f'[sweep]\nworkload = "{example}:tiny_llama"\nbase = "tiny"\n'
+                    'objectives = ["tpot", "joules_per_token", "tokens_per_second"]\n[sweep.grid]\n'
+                    '"hbm.bytes_per_cycle" = [8.0, 64.0]\nphase = ["decode"]\nbatch = [1, 2]\nprompt_len = [6]\n')
+    summary = run_sweep(load_spec(spec), str(tmp_path / "o"), workers=1)
+    rows = _rows((tmp_path / "o" / "results.csv").read_text())
+    assert summary.failed == 0, [r["failure"] for r in rows]
+    assert len(rows) == 4 and all(r["phase"] == "decode" for r in rows)
+    for r in rows:
+        tpot, jpt, tps = (float(r[k]) for k in ("tpot", "joules_per_token", "tokens_per_second"))
+        assert tpot > 0 and jpt > 0 and tps == pytest.approx(int(r["batch"]) * 1e6 / tpot, rel=1e-6)
+    # more HBM bandwidth: a decode step (weight-bound) is faster
+    by = {(r["hbm.bytes_per_cycle"], r["batch"]): float(r["tpot"]) for r in rows}
+    assert by[("64.0", "1")] < by[("8.0", "1")]
+    forward = Figures(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "hbm")
+    assert math.isnan(OBJECTIVES["joules_per_token"].value(forward))
+
+
+def test_decode_knobs_are_checked():
+    from tilecc.sweep.knobs import check_knob, effective_knobs
+
+    assert check_knob("phase", "train") == "'phase' takes one of forward, decode"
+    assert check_knob("batch", 0) == "'batch' takes a whole number in 1..65536"
+    # the generation's shape does not change a forward point (one compile for both)
+    assert effective_knobs({"phase": "forward", "batch": 4}) == {}
+    assert effective_knobs({"phase": "decode", "batch": 4}) == {"phase": "decode", "batch": 4}

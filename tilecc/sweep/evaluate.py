@@ -112,6 +112,8 @@ def _run(task: Task) -> tuple[Any, Any]:
     from tilecc.runtime.executor import run_program
 
     cfg = from_dict(task.config, f"point {task.points[0]}")
+    if task.knobs.get("phase", "forward") == "decode":
+        return _run_decode(task, cfg)
     model_knobs = {k: v for k, v in task.knobs.items() if k in MODEL_KNOBS}
     ep, inputs, expected, model = _workload(task.workload, json.dumps(model_knobs, sort_keys=True))
     if task.knobs.get("tp", 1) > 1:
@@ -123,6 +125,45 @@ def _run(task: Task) -> tuple[Any, Any]:
     if not ok:
         return f"the compiled program does not match eager (max abs error {worst:.3g})", cfg
     return report, cfg
+
+
+DECODE_STEPS = 3  # greedy tokens a decode point generates and compares (the prefill's, then 2 decode steps)
+
+
+def _run_decode(task: Task, cfg: Any) -> tuple[Any, Any]:
+    """A `phase = "decode"` point: the LM's prefill and decode programs (static KV cache,
+    tilecc/llm/) on the point's config, `DECODE_STEPS` greedy tokens on the simulator
+    against eager `model.generate`; the figures of one decode step, `tokens` = the batch."""
+    import torch
+
+    from tilecc.generate_cli import load_lm
+    from tilecc.llm.generate import eager_generate, run_generation
+    from tilecc.llm.programs import compile_programs
+    from tilecc.sweep.knobs import apply_knobs
+
+    if task.knobs.get("tp", 1) > 1:
+        return "phase \"decode\" runs on one chip (tp = 1)", cfg
+    batch, prompt = int(task.knobs.get("batch", 1)), int(task.knobs.get("prompt_len", 16))
+    model, _ = apply_knobs(load_lm(task.workload), (), {k: v for k, v in task.knobs.items() if k in MODEL_KNOBS})
+    model = model.eval()
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(0, vocab, (batch, prompt), generator=torch.Generator().manual_seed(0))
+    expected = eager_generate(model, ids, DECODE_STEPS)  # before the cache wrapper changes the rotary
+    progs = compile_programs(model, batch=batch, prompt_len=prompt, max_len=prompt + DECODE_STEPS, target=cfg)
+    tokens, _, steps = run_generation(progs, ids, DECODE_STEPS)
+    if tokens != expected:
+        return "the generated tokens differ from eager model.generate's", cfg
+    step = steps[-1]
+    return Figures(
+        cycles=float(step.cycles),
+        latency_us=float(step.time_us),
+        energy_j=float(step.energy["joules"]),
+        roofline_cycles=float(step.roofline_cycles),
+        macs=float(step.macs),
+        area_mm2=area(cfg).total if cfg.area is not None else float("nan"),
+        bottleneck=str(step.bottleneck),
+        tokens=float(batch),
+    ), cfg
 
 
 def _run_system(task: Task, cfg: Any, ep: Any, inputs: tuple, expected: list, model: Any) -> tuple[Any, Any]:

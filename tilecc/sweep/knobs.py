@@ -16,6 +16,13 @@ one line naming the key and the value before anything runs.
   the system's (every chip and link); its area is the chips' sum; its roofline bound is
   the single chip's intrinsic bound over `tp` (the work spread evenly, communication
   free), so `roofline_ratio` also charges the communication.
+- `phase`: "forward" (one call of the factory's model on its inputs) or "decode" (the
+  factory returns a `transformers` causal LM, as for `tilecc generate`: its prefill and
+  decode programs compiled with a static KV cache, `batch` sequences (default 1) of a
+  `prompt_len`-token random prompt (default 16), three greedy tokens generated on the
+  simulator and compared with eager `model.generate`; a point's figures are one decode
+  step's, `tokens` = the batch, so `tpot`, `tokens_per_second` and `joules_per_token`
+  are defined). Decode runs on one chip (a tp > 1 decode point fails, saying so).
 - `weights`: "native" (the model as its factory builds it), "bf16" (model and floating
   inputs cast to bfloat16), "int8" / "fp8" (weight-only quantisation of the linear
   layers by `tilecc.quantize.quantize_weights`, `lm_head` kept). The eager reference is
@@ -26,13 +33,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KNOBS", "MODEL_KNOBS", "WEIGHTS", "apply_knobs", "check_knob", "effective_knobs", "is_knob",
-           "system_spec", "to_toml"]
+__all__ = ["DECODE_KNOBS", "KNOBS", "MODEL_KNOBS", "PHASES", "WEIGHTS", "apply_knobs", "check_knob",
+           "effective_knobs", "is_knob", "system_spec", "to_toml"]
 
 WEIGHTS = ("native", "bf16", "int8", "fp8")
 TOPOLOGIES = ("ring", "switch")
 MODEL_KNOBS = ("weights",)  # change the model itself (the rest change how it is deployed)
-KNOBS = ("weights", "tp", "topology", "link_bandwidth_gbs", "link_latency_ns")
+PHASES = ("forward", "decode")
+DECODE_KNOBS = ("phase", "batch", "prompt_len")  # the generation's shape (phase "decode")
+KNOBS = ("weights", "tp", "topology", "link_bandwidth_gbs", "link_latency_ns", *DECODE_KNOBS)
 
 
 def is_knob(key: str) -> bool:
@@ -46,6 +55,11 @@ def check_knob(key: str, value: Any) -> str | None:
     if key == "tp":
         ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024
         return None if ok else "'tp' takes a whole number of chips in 1..1024"
+    if key == "phase":
+        return None if value in PHASES else f"'phase' takes one of {', '.join(PHASES)}"
+    if key in ("batch", "prompt_len"):
+        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65536
+        return None if ok else f"'{key}' takes a whole number in 1..65536"
     if key == "topology":
         return None if value in TOPOLOGIES else f"'topology' takes one of {', '.join(TOPOLOGIES)}"
     if key in ("link_bandwidth_gbs", "link_latency_ns"):
@@ -56,10 +70,13 @@ def check_knob(key: str, value: Any) -> str | None:
 
 
 def effective_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
-    """The knobs that change a point's result: the interconnect's do not on one chip."""
-    if knobs.get("tp", 1) == 1:
-        return {k: v for k, v in knobs.items() if k in MODEL_KNOBS}
-    return dict(knobs)
+    """The knobs that change a point's result: the interconnect's do not on one chip, the
+    generation's shape does not in a forward point."""
+    decode = knobs.get("phase", "forward") == "decode"
+    keep = {k: v for k, v in knobs.items() if decode or k not in DECODE_KNOBS}
+    if keep.get("tp", 1) == 1:
+        return {k: v for k, v in keep.items() if k in MODEL_KNOBS or k in DECODE_KNOBS}
+    return keep
 
 
 def system_spec(knobs: dict[str, Any], chip_toml: str) -> str | None:

@@ -4,7 +4,9 @@
 A point's figures (`Figures`) come from a simulated report (`tilecc/sweep/evaluate.py`)
 or from the cost-model estimate (`tilecc/sweep/estimate.py`): the core cycles, time,
 energy, the MACs done, the silicon area (`simulator/area.py`) and the roofline
-bound's resource. One inference is one call of the workload's forward.
+bound's resource. One inference is one call of the workload's forward, or with the knob
+`phase = "decode"` one decode step of the whole batch (tilecc/sweep/knobs.py); the
+per-token objectives are defined for decode points only (NaN, never Pareto, elsewhere).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Figures:
     macs: float  # MACs of one inference
     area_mm2: float  # the core's silicon area (simulator/area.py)
     bottleneck: str  # the roofline bound's resource (matrix, hbm, vector)
+    tokens: float = float("nan")  # tokens one inference produces (a decode step: the batch; forward: undefined)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,12 @@ OBJECTIVES: dict[str, Objective] = {
     "area": Objective("mm2", False, lambda f: f.area_mm2, "silicon area of the core (the [area] model)"),
     "roofline_ratio": Objective("x", False, lambda f: _div(f.cycles, f.roofline_cycles),
                                 "cycles over the workload's roofline bound (1.0 is the limit)"),
+    "tokens_per_second": Objective("tokens/s", True, lambda f: _div(f.tokens * 1e6, f.latency_us),
+                                   "tokens per second (phase = \"decode\": batch / time per output token)"),
+    "joules_per_token": Objective("J", False, lambda f: _div(f.energy_j, f.tokens),
+                                  "energy per generated token (phase = \"decode\")"),
+    "tpot": Objective("us", False, lambda f: f.latency_us if f.tokens == f.tokens else float("nan"),
+                      "time per output token (phase = \"decode\")"),
     "edp": Objective("J*s", False, lambda f: f.energy_j * f.latency_us * 1e-6, "energy-delay product"),
 }
 

@@ -17,8 +17,9 @@ key must exist in the base config and every value must have the type of the base
 value; whether a combination is a valid config (`matrix.rows` <= `sram.partitions`) is
 decided per point, and a point that is not is a failed point with the reason.
 
-Workload knobs (`weights = ["native", "int8"]`: tilecc/sweep/knobs.py) are swept like
-config keys but change the model, not the config.
+Workload knobs (`weights = ["native", "int8"]`, `phase = ["decode"]` with `batch` and
+`prompt_len`: tilecc/sweep/knobs.py) are swept like config keys but change the model or
+what is run, not the config.
 
 Multi-chip systems are swept with the knobs `tp`, `topology`, `link_bandwidth_gbs` and
 `link_latency_ns`; `system.*` tables, `pp` and `dp` are named in `FUTURE_KEYS` and
