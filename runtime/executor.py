@@ -88,7 +88,7 @@ def time_program(program: Program, inputs: tuple) -> Report:
     sim = simulate(program.stream, program.config, None, functional=False, record=False)
     seconds = time.perf_counter() - t0
     return make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
-                       program.meta.get("remarks"))
+                       program.meta.get("remarks"), launches=len(program.kernels))
 
 
 def run_program(
@@ -124,4 +124,4 @@ def run_program(
             raise SimulatorError("the simulation kept no per-instruction times to write the trace from")
         write_trace(trace, program.stream, program.config, sim.start, sim.end, program.kernels)
     return outputs, make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
-                                program.meta.get("remarks"))
+                                program.meta.get("remarks"), launches=len(program.kernels))

@@ -93,7 +93,7 @@ class Report:
     instructions: int
     instructions_by_engine: dict[str, int]
     macs: int
-    kernels: int
+    kernels: int  # barrier-separated groups the simulator ran (linked kernels form one)
     simulate_seconds: float
     clock_ghz: float = 0.0  # the core clock: the time base of every cycle figure
     # the roofline formula over the program's own work (max over resources) and its parts
@@ -111,6 +111,7 @@ class Report:
     # the compiler's optimisation remarks (passes/remarks.py: pass_name, kind, message, loc)
     remarks: list[dict[str, str]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    launches: int = 0  # kernel launches of the program (0: not known, a bare stream)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,7 +155,8 @@ class Report:
         lines += [
             f"instructions      {self.instructions:,} ("
             + ", ".join(f"{k} {v:,}" for k, v in self.instructions_by_engine.items())
-            + f") in {self.kernels} kernels",
+            + (f") in {self.launches} kernel launches, {self.kernels} barrier-separated "
+               f"group{'s' if self.kernels != 1 else ''}" if self.launches else f") in {self.kernels} kernels"),
             f"MACs              {self.macs:,}",
         ]
         if self.remarks:
@@ -182,6 +184,7 @@ def make_report(
     sim: SimResult, work: dict[str, float], cfg: HardwareConfig, simulate_seconds: float,
     hbm_plan: dict[str, int] | None = None,
     remarks: list[dict[str, str]] | None = None,
+    launches: int = 0,
 ) -> Report:
     """The report of `sim`, a run of a program whose `work` holds the intrinsic figures
     (`WORK_KEYS`, the bound's) and its own (`program_*`, see `program_work`)."""
@@ -207,6 +210,7 @@ def make_report(
         instructions_by_engine=dict(sim.instructions_by_engine),
         macs=int(sim.macs),
         kernels=int(sim.kernels),
+        launches=int(launches),
         simulate_seconds=simulate_seconds,
         clock_ghz=cfg.clock_ghz,
         program_work_cycles=max(own.values()),

@@ -195,7 +195,11 @@ def test_no_link_gives_the_barrier_stream():
 
 def test_mlp_matches_eager_tiny():
     m, x = _mlp()
-    run_and_compare(m, x, target="tiny")
+    cm = run_and_compare(m, x, target="tiny")
+    # the report counts the program's kernel launches and the groups linking left
+    r = cm.report
+    assert r.launches == len(cm.program.kernels) > r.kernels >= 1
+    assert f"in {r.launches} kernel launches, {r.kernels} barrier-separated group" in str(r)
 
 
 def _gpt2(n_layer: int):
