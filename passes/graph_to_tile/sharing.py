@@ -196,8 +196,11 @@ def replay(lw, op: Operation, r: _Replay) -> None:
     mapping: dict[SSAValue, SSAValue] = dict(zip(r.inputs, now, strict=True))  # pyright: ignore[reportAssignmentType]
     # weights derived from an operand's weight (pre-tiled B, ir/weight_layout.py) derive
     # from this op's own weight
-    renamed = {_weight_name(a): _weight_name(b) for a, b in zip(r.inputs, now)
-               if _weight_name(a) is not None and _weight_name(b) is not None}
+    renamed: dict[str, str] = {}
+    for a, b in zip(r.inputs, now):
+        old_name, new_name = _weight_name(a), _weight_name(b)
+        if old_name is not None and new_name is not None:
+            renamed[old_name] = new_name
     loc = g.source_loc(op)
     for o in r.main_ops:
         new = o.clone(value_mapper=mapping)
