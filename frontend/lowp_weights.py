@@ -91,7 +91,8 @@ def track(imp: Any, node: Node) -> None:
 def materialise(imp: Any, node: Node) -> Any:
     """The graph value of a tracked constant: one-byte weight, cast, times the scale.
     None for a value that is not a scaled one-byte weight (the caller folds it)."""
-    from tilecc.frontend.torch_export import _dtype, _weight_values
+    from tilecc.frontend.torch_export import _dtype
+    from tilecc.frontend.torch_values import _weight_values
 
     w = imp.lowp.get(node)
     if w is None or w.scale is None:

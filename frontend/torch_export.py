@@ -35,28 +35,18 @@ from tilecc.frontend import aten_rounding as rounding
 from tilecc.frontend import lowp_weights
 from tilecc.frontend.decompositions import decomposition_table  # noqa: F401 (shared table)
 from tilecc.frontend.export import export_model, node_location  # noqa: F401 (this module's API)
+from tilecc.frontend.torch_values import (  # noqa: F401 (TORCH_*_DTYPES, _Unsupported: this module's API)
+    TORCH_FLOAT_DTYPES,
+    TORCH_INT_DTYPES,
+    _on_meta_device,
+    _Unsupported,
+    _weight_values,
+)
 from tilecc.ir import float64
 from tilecc.ir import graph as g
-from tilecc.ir.meta_weights import MetaWeight
 from tilecc.simulator.isa import DType
 
 aten = torch.ops.aten
-
-TORCH_FLOAT_DTYPES: dict[torch.dtype, DType] = {
-    torch.float32: DType.F32,
-    torch.bfloat16: DType.BF16,
-    torch.float16: DType.F16,
-    torch.float64: DType.F32,  # the float64 policy: computed in fp32 (ir/float64.py)
-}
-# integer and bool tensors live as i32 (bools as 0 / 1); int64 values must fit int32
-TORCH_INT_DTYPES: dict[torch.dtype, DType] = {
-    torch.int64: DType.I32,
-    torch.int32: DType.I32,
-    torch.int16: DType.I32,
-    torch.int8: DType.I32,
-    torch.uint8: DType.I32,
-    torch.bool: DType.I32,
-}
 
 # A registered buffer that forward() updates in place (a static KV cache) is program
 # state: an input and an output named STATE_PREFIX + its name (its value before and
@@ -68,14 +58,6 @@ MUTATED_INPUT_PREFIX = "mutated:"
 # ---------------------------------------------------------------------------
 # Importer
 # ---------------------------------------------------------------------------
-
-
-class _Unsupported(Exception):
-    """A node the importer cannot convert (reason appended to the op name)."""
-
-    def __init__(self, reason: str = ""):
-        super().__init__(reason)
-        self.reason = reason
 
 
 # tensors whose values torch leaves unspecified (folded as zeros: deterministic, in range)
@@ -749,40 +731,6 @@ class _Importer:
             input_dtypes=self.input_dtypes,
             output_dtypes=self.output_dtypes,
         )
-
-
-def _on_meta_device(args: Any, kwargs: Any) -> tuple[Any, Any]:
-    """A model built on the meta device makes its compile-time constants (positions,
-    causal masks) on that device: a factory's values need no weights, so they are made
-    on the CPU and keep their values; an op mixing such constants with weights that have
-    none (meta) runs on the meta device."""
-    from torch.utils import _pytree
-
-    meta = torch.device("meta")
-    flat = [a for a in _pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    if any(a.is_meta for a in flat):
-        if not all(a.is_meta for a in flat):
-            args, kwargs = _pytree.tree_map(
-                lambda a: a.to(meta) if isinstance(a, torch.Tensor) else a, (args, kwargs))
-        return args, kwargs
-    if isinstance(kwargs, dict) and kwargs.get("device") == meta:
-        kwargs = {**kwargs, "device": torch.device("cpu")}
-    return args, kwargs
-
-
-def _weight_values(data: torch.Tensor, name: str) -> np.ndarray:
-    """A weight's values: float32, or int32 for integer / bool tensors (checked to fit); a
-    tensor on the meta device (no values) is a `MetaWeight` (ir/meta_weights.py)."""
-    if data.is_meta:
-        return MetaWeight(tuple(int(d) for d in data.shape),  # type: ignore[return-value]
-                          np.dtype(np.int32 if data.dtype in TORCH_INT_DTYPES else np.float32))
-    data = data.detach().to("cpu")
-    if data.dtype in TORCH_INT_DTYPES:
-        wide = data.to(torch.int64)
-        if wide.numel() and (wide.min() < -(2**31) or wide.max() >= 2**31):
-            raise _Unsupported(f"integer constant '{name}' has values outside the int32 range")
-        return wide.to(torch.int32).contiguous().numpy().copy()
-    return data.to(torch.float32).contiguous().numpy().copy()
 
 
 def import_exported_program(

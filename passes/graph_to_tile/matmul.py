@@ -59,7 +59,7 @@ uses the -O0 kernel).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -347,17 +347,12 @@ class BlockedMatmulKernel:
             def one(i: _Aff, ksz: int, buf: SSAValue = buf, q: int = q, kt0: int = kt0, pieces: int = 1) -> None:
                 k0 = (i + kt0) * p.TK
                 win = self.window(buf, i * self.TNL, [p.TK, self.TNL])
-                for r in range(pieces):
-                    r0, r1 = r * ksz // pieces, (r + 1) * ksz // pieces
-                    if r1 == r0:
-                        continue
-                    dst = win if pieces == 1 else self.kb.add(
-                        tile.SubviewOp(win, self.c(r0), self.c(0), [p.TK - r0, self.TNL])).results[0]
+                for r0, r1, dst in self._row_pieces(win, ksz, pieces):
                     self.kb.add(tile.LoadOp(self.argB, [*self.batch_idx(self.b_imap), self.ix(k0 + r0), n0s],
                                             dst, self.c(r1 - r0), self.c(width), self.rank - 2, self.rank - 1,
                                             queue=q))
 
-            split = 1 + g if first and s.stagger and g < len(s.qb) else 1
+            split = self._stagger_pieces(g, first)
             if split > 1 and full >= 1:
                 one(_Aff(0), p.TK, pieces=split)
                 self.loop1(full - 1, lambda i: one(i + 1, p.TK))
@@ -365,6 +360,23 @@ class BlockedMatmulKernel:
                 self.loop1(full, lambda i: one(i, p.TK))
             if short:
                 one(_Aff(n - 1), self.ksz[-1], pieces=split if full == 0 else 1)
+
+    def _stagger_pieces(self, g: int, first: bool) -> int:
+        """Row pieces of group g's first tile: i+1 on the i-th B queue in the kernel's
+        first chunk with `stagger` (the queues' fixed latencies then fall apart), else 1."""
+        s = self.s
+        return 1 + g if first and s.stagger and g < len(s.qb) else 1
+
+    def _row_pieces(self, buf: SSAValue, rows: int, pieces: int) -> Iterator[tuple[int, int, SSAValue]]:
+        """(first row, end row, destination) of `rows` rows of `buf` loaded in `pieces`
+        near-equal pieces (a subview from each piece's first row on, made as it is used)."""
+        cols = tile_shape(buf)[1]
+        for r in range(pieces):
+            r0, r1 = r * rows // pieces, (r + 1) * rows // pieces
+            if r1 == r0:
+                continue
+            yield r0, r1, buf if pieces == 1 else self.kb.add(
+                tile.SubviewOp(buf, self.c(r0), self.c(0), [self.p.TK - r0, cols])).results[0]
 
     def _load_b_pretiled(self, bp: int, chunk: _Aff, first: bool) -> None:
         """Group G of chunk c is rows ``(c*nG + G)*TK ..`` of the pre-tiled B
@@ -375,13 +387,7 @@ class BlockedMatmulKernel:
             q = s.qb[(bp * self.KG + g) % len(s.qb)]
             buf = self.bset[bp][g]
             row0 = chunk * (self.KG * p.TK) + g * p.TK
-            pieces = 1 + g if first and s.stagger and g < len(s.qb) else 1
-            for r in range(pieces):
-                r0, r1 = r * p.TK // pieces, (r + 1) * p.TK // pieces
-                if r1 == r0:
-                    continue
-                dst = buf if pieces == 1 else self.kb.add(
-                    tile.SubviewOp(buf, self.c(r0), self.c(0), [p.TK - r0, cols])).results[0]
+            for r0, r1, dst in self._row_pieces(buf, p.TK, self._stagger_pieces(g, first)):
                 self.kb.add(tile.LoadOp(self.argB, [self.ix(row0 + r0), self.c(0)], dst, self.c(r1 - r0),
                                         self.c(cols), 0, 1, queue=q))
 

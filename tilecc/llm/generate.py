@@ -34,7 +34,7 @@ import torch
 from tilecc.api import CompiledModel
 from tilecc.errors import InputMismatchError, TileccError, TimingOnlyError
 from tilecc.llm.programs import LMPrograms, compile_programs
-from tilecc.runtime.executor import run_program, time_program
+from tilecc.runtime.executor import run_program
 from tilecc.runtime.report import Report
 from tilecc.simulator.config import HardwareConfig
 
@@ -115,10 +115,10 @@ def _timed_run(cm: CompiledModel, inputs: tuple, functional: bool,
         out = cm(*inputs)
         assert cm.report is not None
         return [out], cm.report
+    if not functional and trace is None:
+        return [], cm.simulate(*inputs)  # shapes only: meta-device weights and cache too
     program = cm.program_for(inputs)
     args = cm.state.program_inputs(program, inputs)
-    if not functional and trace is None:
-        return [], time_program(program, args)  # shapes only: meta-device weights and cache too
     if program.timing_only:
         raise TimingOnlyError("generate: a trace needs the model's weights (this one is on the meta device); "
                               "run without --trace, or load the weights")

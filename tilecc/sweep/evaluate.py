@@ -17,6 +17,7 @@ exported program) for the next task of the same workload (`_workload`, a small L
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -153,17 +154,7 @@ def _run_decode(task: Task, cfg: Any) -> tuple[Any, Any]:
     tokens, _, steps = run_generation(progs, ids, DECODE_STEPS)
     if tokens != expected:
         return "the generated tokens differ from eager model.generate's", cfg
-    step = steps[-1]
-    return Figures(
-        cycles=float(step.cycles),
-        latency_us=float(step.time_us),
-        energy_j=float(step.energy["joules"]),
-        roofline_cycles=float(step.roofline_cycles),
-        macs=float(step.macs),
-        area_mm2=area(cfg).total if cfg.area is not None else float("nan"),
-        bottleneck=str(step.bottleneck),
-        tokens=float(batch),
-    ), cfg
+    return dataclasses.replace(figures_of(steps[-1], cfg), tokens=float(batch)), cfg
 
 
 def _run_system(task: Task, cfg: Any, ep: Any, inputs: tuple, expected: list, model: Any) -> tuple[Any, Any]:
