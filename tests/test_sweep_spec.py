@@ -183,3 +183,15 @@ def test_example_studies_are_valid(name, monkeypatch):
     assert len(points) == (16 if name == "gpt2_edge.toml" else 1728)
     for p in points[:: max(1, len(points) // 50)]:
         spec.config(p, "example")  # every drawn design is a valid config
+
+
+def test_chips_study_is_valid(monkeypatch):
+    """examples/sweep/llama_chips.toml: 24 designs over array x SRAM x DRAM x chips; its
+    base ring resized by `system.chips` (tensor parallelism over the chips)."""
+    monkeypatch.chdir(ROOT)
+    spec = load_spec(ROOT / "examples" / "sweep" / "llama_chips.toml")
+    points = spec.points()
+    assert len(points) == 24 and spec.system_data == {"topology": "ring:4", "link": {"preset": "tpu-v5e-ici"}}
+    tps = {p["system.chips"]: spec.deployment(p) for p in points}
+    assert tps[1].system is None and (tps[2].tp, tps[2].system["topology"]) == (2, "ring:2")
+    assert (tps[4].tp, tps[4].chips) == (4, 4)

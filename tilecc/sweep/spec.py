@@ -4,6 +4,7 @@ the search strategy and the space, validated before anything runs.
     [sweep]
     workload = "examples/mlp.py:mlp"      # FILE.py:FACTORY, or a list of them
     base = "tiny"                         # a preset or a hardware TOML (relative to the spec)
+    system = "ring:4;link=nvlink4"        # optional: a base system (tilecc/sweep/systems.py)
     objectives = ["latency", "energy"]    # names in tilecc/sweep/objectives.py
     strategy = "grid"                     # grid | random (n = ...) | nsga2 (trials = ...)
     seed = 0                              # random and nsga2 draws
