@@ -146,3 +146,20 @@ def test_a_chips_axis_pareto_column_equals_brute_force(workload, tmp_path):
     brute = [not any(dominates(o, v) for o in vals) for v in vals]
     assert [r["pareto"] == "true" for r in rows] == brute
     assert not any(math.isnan(x) for v in vals for x in v) and 0 < sum(brute) < len(rows)
+
+
+@pytest.mark.slow  # ~50 s: two decode points (prefill and decode programs, tokens against eager)
+def test_dp_decode_replicas_serve_the_batch_between_them(tmp_path):
+    """phase = "decode" with dp = 2: each replica generates batch / dp sequences (checked
+    against eager tokens); tokens per step stay the batch, area and energy double, and the
+    bound of the whole batch over dp chips is not measured (NaN)."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "llm.py"
+    summary, rows = _sweep(tmp_path, f"{example}:tiny_llama", ["tpot", "tokens_per_second", "area", "roofline_ratio"],
+                           'phase = ["decode"]\nbatch = [2]\nprompt_len = [6]\ndp = [1, 2]\n')
+    assert summary.failed == 0, [r["failure"] for r in rows]
+    one, two = rows
+    assert float(two["area"]) == pytest.approx(2 * float(one["area"]))
+    for r in rows:
+        assert float(r["tokens_per_second"]) == pytest.approx(2e6 / float(r["tpot"]))  # the whole batch per step
+    assert float(two["tpot"]) < float(one["tpot"])  # a replica decodes one sequence, not two
+    assert math.isnan(float(two["roofline_ratio"])) and not math.isnan(float(one["roofline_ratio"]))
