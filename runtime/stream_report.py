@@ -1,0 +1,52 @@
+"""The report of a run with the collectives in the instruction streams (runtime/system_stream.py).
+
+    rep = stream_report(ssp, run)      # a runtime/system_report.py SystemReport
+    rep.time_us, rep.comm_us, rep.comm_exposed_share, rep.extra["hidden_share"]
+
+Communication time: the union, over all chips, of the intervals a link transfer is in flight
+(a send's start to its last byte's arrival). Exposed: the part of it during which no chip has
+compute work (a DMA, matrix or vector instruction) in flight; hidden share = 1 - exposed /
+communication (simulator/multichip.py). Per chip: busy = time with any engine's
+instruction in flight. Per link: bytes and utilisation (bytes / (bandwidth x run time)).
+Energy: only the links' (pJ per byte per link crossed, static power): the chips' energy is
+not summed in this path yet (reported as NaN).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilecc.runtime.system_report import ChipFigures, LinkFigures, SystemReport
+from tilecc.runtime.system_stream import StreamProgram, StreamRun
+
+__all__ = ["stream_report"]
+
+
+def stream_report(ssp: StreamProgram, run: StreamRun) -> SystemReport:
+    sp, res = ssp.system, run.result
+    topo, link = sp.system.topology, sp.system.link
+    total_ns = res.finish_ns
+    ghz = res.clock_ghz
+    chips = []
+    for r, ct in enumerate(res.chips):
+        work = ct.end >= 0
+        iv = sorted(zip(ct.start[work].tolist(), ct.end[work].tolist()))
+        busy, hi = 0.0, -np.inf
+        for a, b in iv:
+            if b > hi:
+                busy += b - max(a, hi)
+                hi = b
+        chips.append(ChipFigures(r, busy / ghz / 1e3, (total_ns - busy / ghz) / 1e3, float("nan"), ct.finish))
+    links = []
+    for i in range(len(topo.link_src)):
+        cap = link.bandwidth_gbs * float(topo.link_scale[i]) * total_ns
+        b = float(res.link_bytes[i])
+        links.append(LinkFigures(i, int(topo.link_src[i]), int(topo.link_dst[i]), b, b / cap if cap > 0 else 0.0))
+    link_energy = float(res.link_bytes.sum()) * link.pj_per_byte * 1e-12 \
+        + link.static_watts * len(topo.link_src) * total_ns * 1e-9
+    exposed = res.exposed_comm_ns
+    extra = {"tp": sp.tp, "collectives": "stream", "chunks": ssp.chunks,
+             "hidden_share": round(res.hidden_fraction, 4)}
+    return SystemReport(topo.spec, sp.system.chips, sp.tp, total_ns / 1e3, (total_ns - exposed) / 1e3,
+                        res.comm_ns / 1e3, exposed / total_ns if total_ns > 0 else 0.0, chips, links,
+                        run.collectives, float("nan"), link_energy, len(sp.programs), extra)
