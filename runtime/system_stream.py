@@ -17,7 +17,9 @@ depend on the rank, so the streams differ only there). One HBM layout serves eve
   collective's result) gets one region; each segment's records are relocated so that
   their input and output regions are those values' regions, and everything else of the
   segment (its weights held as constants, its scratch) lies in a private region;
-- the all-reduce of value x into value y reads x's region and writes y's region.
+- the all-reduce of value x into value y reads x's region and writes y's region;
+- a segment output the compiler folded to a constant (a mask, a rotary table) lies in the
+  segment's weights: its bytes are also put in the value's region when the HBM is loaded.
 
 Then `codegen/link.py` links the whole stream (the segments' kernel groups and the
 collective as kernels): each instruction waits, through semaphores, only on earlier
@@ -189,11 +191,17 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True
         hbms = []
         for r in range(sp.tp):
             hbm = np.zeros(ssp.hbm_size, np.uint8)
-            for base, prog in ssp.weights:
+            for (base, prog), seg in zip(ssp.weights, sp.graph.segments):
+                outs = [(o, ssp.values[name]) for o, name in zip(prog.outputs, seg.outputs)]
                 for spec in prog.weights:
                     data = prog.weight_data.get(spec.name)
-                    if data is not None:
-                        hbm[base + spec.offset: base + spec.offset + data.size] = data
+                    if data is None:
+                        continue
+                    hbm[base + spec.offset: base + spec.offset + data.size] = data
+                    for o, v in outs:  # an output the compiler folded to a constant: its bytes there
+                        lo = o.offset - spec.offset
+                        if 0 <= lo and o.offset + o.nbytes <= spec.offset + data.size:
+                            hbm[v.offset: v.offset + o.nbytes] = data[lo: lo + o.nbytes]
             env = dict(sp.chip_values[r])
             env.update(zip(sp.user_inputs, inputs))
             for name, t in env.items():

@@ -114,3 +114,29 @@ def _records(recs: list[dict]) -> np.ndarray:
             s["wait_sem"][i, 0] = sem
             s["wait_val"][i, 0] = val
     return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tilecc.passes.npu.collectives --chips N --rank R --elements E [--chunks C]
+    [--x ADDR --y ADDR --dtype f32]`: print chip R's lowered all-reduce (the FileCheck tests)."""
+    import argparse
+
+    from tilecc.simulator.isa import DTYPE_BY_NAME
+    from tilecc.simulator.listing import instruction_lines
+
+    ap = argparse.ArgumentParser(prog="python -m tilecc.passes.npu.collectives")
+    ap.add_argument("--chips", type=int, required=True)
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--elements", type=int, required=True)
+    ap.add_argument("--chunks", type=int, default=1)
+    ap.add_argument("--x", type=lambda s: int(s, 0), default=0)
+    ap.add_argument("--y", type=lambda s: int(s, 0), default=0x1000)
+    ap.add_argument("--dtype", choices=sorted(DTYPE_BY_NAME), default="f32")
+    a = ap.parse_args(argv)
+    recs = ring_all_reduce(a.rank, a.chips, a.x, a.y, a.elements, DTYPE_BY_NAME[a.dtype], a.chunks)
+    print("\n".join(instruction_lines(recs)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
