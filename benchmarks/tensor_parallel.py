@@ -105,7 +105,7 @@ def stream_table(args: argparse.Namespace, compiled: dict, ids: torch.Tensor, re
     print(f"\ncollectives in the streams (ring all-reduce, {args.chunks} chunks per block) against between "
           "the programs (bulk-synchronous)")
     print(f"{'tp':>3} {'system':>10} {'between us':>11} {'stream us':>10} {'x between':>10} {'x stream':>9} "
-          f"{'exposed between':>16} {'exposed stream':>15} {'hidden':>7} {'eager':>6} {'sim s':>6}")
+          f"{'exposed between':>16} {'exposed stream':>15} {'comm stream':>12} {'hidden':>7} {'eager':>6} {'sim s':>6}")
     for tp, prog in compiled.items():
         for spec in (f"ring:{tp}", f"switch:{tp}"):
             system = load_system(f"{spec};chip={args.target};link={args.link}")
@@ -121,6 +121,7 @@ def stream_table(args: argparse.Namespace, compiled: dict, ids: torch.Tensor, re
             st = f"{base / r.time_us:8.2f}x" if base else f"{'-':>9}"
             print(f"{tp:>3} {spec:>10} {between.time_us:11.2f} {r.time_us:10.2f} {sx} {st} "
                   f"{between.comm_exposed_share * between.time_us:16.2f} {r.comm_exposed_share * r.time_us:15.2f} "
+                  f"{r.comm_us:12.2f} "
                   f"{100 * r.extra['hidden_share']:6.1f}% {'yes' if ok else 'NO':>6} {time.perf_counter() - t1:6.2f}")
 
 

@@ -4,8 +4,8 @@
     rep.time_us, rep.comm_us, rep.comm_exposed_share, rep.extra["hidden_share"]
 
 Communication time: the union, over all chips, of the intervals a link transfer is in flight
-(a send's start to its last byte's arrival). Exposed: the part of it during which no chip has
-compute work (a DMA, matrix or vector instruction) in flight; hidden share = 1 - exposed /
+(a send's start to its last byte's arrival). Exposed: the run's time less the time of the
+same streams with free links (infinite bandwidth, no latency); hidden share = 1 - exposed /
 communication (simulator/multichip.py). Per chip: busy = time with any engine's
 instruction in flight. Per link: bytes and utilisation (bytes / (bandwidth x run time)).
 Energy: only the links' (pJ per byte per link crossed, static power): the chips' energy is
@@ -44,9 +44,9 @@ def stream_report(ssp: StreamProgram, run: StreamRun) -> SystemReport:
         links.append(LinkFigures(i, int(topo.link_src[i]), int(topo.link_dst[i]), b, b / cap if cap > 0 else 0.0))
     link_energy = float(res.link_bytes.sum()) * link.pj_per_byte * 1e-12 \
         + link.static_watts * len(topo.link_src) * total_ns * 1e-9
-    exposed = res.exposed_comm_ns
+    exposed = run.exposed_ns
     extra = {"tp": sp.tp, "collectives": "stream", "chunks": ssp.chunks,
-             "hidden_share": round(res.hidden_fraction, 4)}
+             "hidden_share": round(run.hidden_share, 4), "free_links_us": round(run.free_ns / 1e3, 4)}
     return SystemReport(topo.spec, sp.system.chips, sp.tp, total_ns / 1e3, (total_ns - exposed) / 1e3,
                         res.comm_ns / 1e3, exposed / total_ns if total_ns > 0 else 0.0, chips, links,
                         run.collectives, float("nan"), link_energy, len(sp.programs), extra)

@@ -2,7 +2,7 @@
 
     ssp = build_streams(sp, chunks=4)         # sp: runtime/system_compile.py's SystemProgram
     outputs, run = run_streams(ssp, (x,))     # every chip co-simulated (simulator/multichip.py)
-    run.result.hidden_fraction                # the share of communication hidden under compute
+    run.hidden_share                          # the share of communication hidden under compute
 
 `tilecc.compile(..., parallel={"tp": N, "collectives": "stream"})` takes this path; the
 default ("between": runtime/system_run.py) runs the collectives between the segments'
@@ -45,7 +45,7 @@ from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.system_compile import SystemProgram
 from tilecc.simulator import numerics
 from tilecc.simulator.isa import STORAGE, Engine, Opcode, empty_stream
-from tilecc.simulator.multichip import MultiChipResult, cosimulate
+from tilecc.simulator.multichip import MultiChipResult, cosimulate, exposed_comm_ns
 
 __all__ = ["StreamProgram", "StreamRun", "build_streams", "run_streams"]
 
@@ -67,7 +67,15 @@ class StreamProgram:
 @dataclass
 class StreamRun:
     result: MultiChipResult
-    collectives: list[dict]  # op, value, bytes, chunks
+    collectives: list[dict]  # op, value, bytes, chunks, algorithm, time_us
+    exposed_ns: float  # the run's time less its time with free links (simulator/multichip.py)
+    free_ns: float  # the time with free links
+
+    @property
+    def hidden_share(self) -> float:
+        """The share of the communication time (`result.comm_ns`) not exposed."""
+        c = self.result.comm_ns
+        return max(0.0, 1.0 - self.exposed_ns / c) if c > 0 else 0.0
 
 
 def build_streams(sp: SystemProgram, *, chunks: int = 4) -> StreamProgram:
@@ -234,4 +242,5 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True
                     hi = max(hi, float(res.chips[r].end[start: start + count].max()))
         colls.append({"op": c.op, "value": c.input, "bytes": ssp.values[c.input].nbytes, "chunks": ssp.chunks,
                       "algorithm": "ring (in-stream)", "time_us": (hi - lo) / res.clock_ghz / 1e3})
-    return outs, StreamRun(res, colls)
+    exposed, free = exposed_comm_ns(ssp.streams, cfg, sp.system.topology, sp.system.link, res)
+    return outs, StreamRun(res, colls, exposed, free)

@@ -1,7 +1,7 @@
 """Co-simulation: every chip's instruction stream in one event loop, the links shared.
 
     res = cosimulate(streams, config, system, hbms)      # hbms: one HBM image per chip, or None
-    res.finish_ns, res.chips[r].start / .end (cycles), res.link_bytes, res.hidden_fraction
+    res.finish_ns, res.chips[r].start / .end (cycles), res.link_bytes, res.comm_ns
 
 Each chip runs its own engines exactly as `simulator/scheduler.py`'s general algorithm
 does (one in-order queue per DMA queue, matrix, vector; semaphores; DMA transfers
@@ -23,6 +23,11 @@ receive is done on write, at line rate: an assumption, it costs no extra time; t
 DMA's HBM traffic is not charged against the chip's HBM bandwidth, also an assumption).
 Transfers pair first in, first out per (sender, receiver) pair of chips.
 
+Exposed communication (`exposed_comm_ns`): the run's time less the time of the same
+streams with free links (infinite bandwidth, no latency), as the pipeline report does;
+the communication time is the union over chips of the intervals a transfer is in flight
+(a send's start to its last byte's arrival); hidden = communication - exposed.
+
 Functional mode replays the schedule on real data as `simulator/functional.py` does for
 one chip (operands read at an instruction's start, results written at its end, all chips'
 events in one time order): a send reads its source at its start, a receive writes at
@@ -34,6 +39,7 @@ link peers and block offsets; tp <= 8 chips here).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -52,7 +58,7 @@ from tilecc.simulator.numerics import from_storage, to_storage
 from tilecc.simulator.scheduler import durations
 from tilecc.simulator.timing import TimingRules
 
-__all__ = ["ChipTimes", "MultiChipResult", "cosimulate"]
+__all__ = ["ChipTimes", "MultiChipResult", "cosimulate", "exposed_comm_ns", "free_link"]
 
 _DONE, _JOIN, _FREE, _LINK = 0, 1, 2, 3
 
@@ -73,14 +79,8 @@ class MultiChipResult:
     link_bytes: np.ndarray  # per directed link of the topology
     link_busy_ns: np.ndarray  # per directed link: time with at least one transfer streaming
     comm_ns: float  # the union over chips and time of link transfers in flight (send starts to arrivals)
-    exposed_comm_ns: float  # of it, the time no chip computes (no DMA, matrix or vector work in flight)
     clock_ghz: float
     extra: dict = field(default_factory=dict)
-
-    @property
-    def hidden_fraction(self) -> float:
-        """The share of the communication time some chip computes under (0 when none)."""
-        return 1.0 - self.exposed_comm_ns / self.comm_ns if self.comm_ns > 0 else 0.0
 
 
 class _Chip:
@@ -179,7 +179,7 @@ def cosimulate(streams: list[np.ndarray], config: HardwareConfig, topo: Topology
     rate: dict[tuple[int, int], float] = {}
     link_bytes = np.zeros(n_links)
     link_intervals: list[list[tuple[float, float]]] = [[] for _ in range(n_links)]
-    stream_since: dict[tuple[int, int], float] = {}
+    stream_since: dict[tuple[tuple[int, int], int], float] = {}  # ((chip, send), link) -> since
     t_link = [0.0]
 
     arrival: dict[tuple[int, int], float] = {}  # (chip, send) -> when its last byte arrives
@@ -359,12 +359,27 @@ def cosimulate(streams: list[np.ndarray], config: HardwareConfig, topo: Topology
     times = [ChipTimes(np.array(c.start), np.array(c.end), c.finish, c.prog.engine_names, _busy(c))
              for c in chips]
     finish = max(c.finish for c in chips)
-    comm, exposed = _exposure(chips, arrival)
+    comm = _union([(c.start[i], arrival[c.r, i]) for c in chips for i in np.flatnonzero(c.prog.is_send).tolist()])
     busy_ns = np.array([_union(iv) for iv in link_intervals]) / ghz
-    res = MultiChipResult(times, finish / ghz, link_bytes, busy_ns, comm / ghz, exposed / ghz, ghz)
+    res = MultiChipResult(times, finish / ghz, link_bytes, busy_ns, comm / ghz, ghz)
     if hbms is not None:
         _functional(chips, hbms, config, send_seq, recv_seq)
     return res
+
+
+def free_link(link: LinkConfig) -> LinkConfig:
+    """The link with infinite bandwidth and no latency: communication costs nothing."""
+    return dataclasses.replace(link, bandwidth_gbs=float("inf"), latency_ns=0.0, hop_latency_ns=0.0,
+                               switch_latency_ns=0.0)
+
+
+def exposed_comm_ns(streams: list[np.ndarray], config: HardwareConfig, topo: Topology, link: LinkConfig,
+                    res: MultiChipResult) -> tuple[float, float]:
+    """(exposed, time with free links): the communication's cost to the run, its time less
+    the time of the same streams with `free_link` (the same schedule rules, no data). The
+    rest of the communication time `res.comm_ns` was hidden under compute."""
+    free = cosimulate(streams, config, topo, free_link(link)).finish_ns
+    return max(res.finish_ns - free, 0.0), free
 
 
 def _arrive(c: _Chip, i: int, t: float, send_seq, arrived, waiting_recv, push, arrival) -> None:
@@ -398,45 +413,6 @@ def _union(iv: list[tuple[float, float]]) -> float:
 def _busy(c: _Chip) -> list[float]:
     s, t = np.array(c.start), np.array(c.end)
     return [_union(list(zip(s[q].tolist(), t[q].tolist()))) for q in (np.asarray(x, dtype=np.int64) for x in c.queues)]
-
-
-def _exposure(chips: list[_Chip], arrival: dict[tuple[int, int], float]) -> tuple[float, float]:
-    """Communication time (the union over chips of the link sends in flight: from a send's
-    start to its last byte's arrival) and the part of it during which no chip has compute
-    work (DMA, matrix, vector) in flight."""
-    comm: list[tuple[float, float]] = []
-    work: list[tuple[float, float]] = []
-    for c in chips:
-        p = c.prog
-        s, t = np.array(c.start), np.array(c.end)
-        for i in np.flatnonzero(p.is_send).tolist():
-            comm.append((s[i], arrival[c.r, i]))
-        for i in np.flatnonzero(p.is_dma | p.is_mm | p.is_vec).tolist():
-            work.append((s[i], t[i]))
-    total = _union(comm)
-    # comm minus work: walk the merged work intervals
-    merged: list[list[float]] = []
-    for a, b in sorted(work):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    hidden = 0.0
-    cm: list[list[float]] = []
-    for a, b in sorted(comm):
-        if cm and a <= cm[-1][1]:
-            cm[-1][1] = max(cm[-1][1], b)
-        else:
-            cm.append([a, b])
-    j = 0
-    for a, b in cm:
-        while j < len(merged) and merged[j][1] <= a:
-            j += 1
-        k = j
-        while k < len(merged) and merged[k][0] < b:
-            hidden += min(b, merged[k][1]) - max(a, merged[k][0])
-            k += 1
-    return total, total - hidden
 
 
 def _functional(chips: list[_Chip], hbms: list[np.ndarray], config: HardwareConfig,
