@@ -102,7 +102,7 @@ def stream_table(args: argparse.Namespace, compiled: dict, ids: torch.Tensor, re
     from tilecc.runtime.stream_report import stream_report
     from tilecc.runtime.system_stream import build_streams, run_streams
 
-    print(f"\ncollectives in the streams (ring all-reduce, {args.chunks} chunks per block) against between "
+    print(f"\ncollectives in the streams (ring, {args.chunks} chunks per block) against between "
           "the programs (bulk-synchronous)")
     print(f"{'tp':>3} {'system':>10} {'between us':>11} {'stream us':>10} {'x between':>10} {'x stream':>9} "
           f"{'exposed between':>16} {'exposed stream':>15} {'comm stream':>12} {'hidden':>7} {'eager':>6} {'sim s':>6}")

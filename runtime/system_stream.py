@@ -31,6 +31,7 @@ Where link.py cannot link (too many semaphores), a barrier stays and its remark 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +40,7 @@ import torch
 from tilecc.codegen.link import link_kernels
 from tilecc.errors import TileccError
 from tilecc.frontend.segments import Collective, Segment
-from tilecc.passes.npu.collectives import ring_all_reduce
+from tilecc.passes.npu.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from tilecc.runtime.executor import _to_device_dtype, _to_user_dtype
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.system_compile import SystemProgram
@@ -62,6 +63,11 @@ class StreamProgram:
     weights: list[tuple[int, Program]]  # (base of the segment's private region, its program)
     kernels: list[list[tuple[str, int, int]]] = field(default_factory=list)  # per chip: (name, start, count)
     remarks: list[str] = field(default_factory=list)
+    alias: list[dict[str, int]] = field(default_factory=list)  # per chip: values placed in another's region
+
+    def offset(self, r: int, name: str) -> int:
+        """Where value `name` lies in chip r's HBM."""
+        return self.alias[r].get(name, self.values[name].offset) if self.alias else self.values[name].offset
 
 
 @dataclass
@@ -102,39 +108,85 @@ def build_streams(sp: SystemProgram, *, chunks: int = 4) -> StreamProgram:
             region(name, spec)
         for name, spec in zip(seg.outputs, prog.outputs):
             region(name, spec)
-    for stage in stages:
-        if isinstance(stage, list):
-            for c in stage:
-                _supported(c, n)
-                region(c.output, values[c.input])
-    weights: list[tuple[int, Program]] = []
-    pieces: list[tuple[str, list[np.ndarray] | np.ndarray]] = []  # kernels: common or per chip
+    # per chip: values placed inside another value's region (shard, reduce-scatter outputs,
+    # all-gather inputs), the rest at their common region
+    alias: list[dict[str, int]] = [{} for _ in range(n)]
+
+    def off(r: int, name: str) -> int:
+        return alias[r].get(name, values[name].offset)
+
+    colls: list[tuple[Collective, int, int]] = []  # (collective, scratch buffer or -1, elements)
     seg_i = 0
+    for stage in stages:
+        if isinstance(stage, Segment):  # an output that is an input's bytes (a view): placed there
+            prog = sp.programs[seg_i]
+            seg_i += 1
+            for o_name, o in zip(stage.outputs, prog.outputs):
+                host = _inside(o, list(zip(stage.inputs, prog.inputs)))
+                if host is not None:
+                    h_name, h = host
+                    for r in range(n):
+                        alias[r][o_name] = off(r, h_name) + o.offset - h.offset
+            continue
+        for c in stage:
+            x = values[c.input]
+            shape = list(x.shape)
+            if c.op == "all_gather":
+                shape[c.dim] *= n
+            elif c.op in ("reduce_scatter", "shard"):
+                shape[c.dim] //= n
+            y = region(c.output, TensorSpec(c.output, 0, tuple(shape), x.dtype, x.torch_dtype))
+            _supported(c, n, x, y, sp.graph.placeholders, alias[0])
+            scratch = -1
+            if c.op == "shard":
+                for r in range(n):
+                    alias[r][c.output] = off(r, c.input) + r * y.nbytes
+            elif c.op == "reduce_scatter":
+                scratch = -(-top[0] // _ALIGN) * _ALIGN
+                top[0] = scratch + x.nbytes
+                for r in range(n):
+                    alias[r][c.output] = scratch + r * y.nbytes
+            elif c.op == "all_gather":
+                for r in range(n):
+                    alias[r][c.input] = y.offset + r * x.nbytes
+            colls.append((c, scratch, int(np.prod(x.shape if c.op != "all_gather" else y.shape, dtype=np.int64))))
+    weights: list[tuple[int, Program]] = []
+    pieces: list[tuple[str, list[np.ndarray]]] = []  # kernels, per chip
+    seg_i = 0
+    coll_i = 0
     for stage in stages:
         if isinstance(stage, Segment):
             prog = sp.programs[seg_i]
             base = -(-top[0] // _ALIGN) * _ALIGN
             top[0] = base + prog.hbm_size
             weights.append((base, prog))
-            stream = _relocate(prog, stage, values, base)
-            cuts = np.flatnonzero(stream["opcode"] == Opcode.BARRIER).tolist()
+            per_chip = [_relocate(prog, stage, lambda name, r=r: off(r, name), base) for r in range(n)]
+            cuts = np.flatnonzero(per_chip[0]["opcode"] == Opcode.BARRIER).tolist()
             lo = 0
-            for j, hi in enumerate(cuts + [len(stream)]):
+            for j, hi in enumerate(cuts + [len(per_chip[0])]):
                 if hi > lo:
-                    pieces.append((f"segment{seg_i}.{j}", stream[lo:hi]))
+                    pieces.append((f"segment{seg_i}.{j}", [s[lo:hi] for s in per_chip]))
                 lo = hi + 1
             seg_i += 1
             continue
-        for c in stage:
-            x, y = values[c.input], values[c.output]
-            count = int(np.prod(x.shape, dtype=np.int64))
-            pieces.append((f"{c.op}({c.input})",
-                           [ring_all_reduce(r, n, x.offset, y.offset, count, x.dtype, chunks) for r in range(n)]))
+        for _ in stage:
+            c, scratch, count = colls[coll_i]
+            coll_i += 1
+            if c.op == "shard":
+                continue  # a local cut: the consumers read the chip's block in place
+            dt = values[c.input].dtype
+            if c.op == "all_reduce":
+                recs = [ring_all_reduce(r, n, off(r, c.input), off(r, c.output), count, dt, chunks) for r in range(n)]
+            elif c.op == "reduce_scatter":
+                recs = [ring_reduce_scatter(r, n, off(r, c.input), scratch, count, dt, chunks) for r in range(n)]
+            else:
+                recs = [ring_all_gather(r, n, off(r, c.output), count, dt, chunks) for r in range(n)]
+            pieces.append((f"{c.op}({c.input})", recs))
     streams, remarks, all_spans = [], [], []
     for r in range(n):
         parts, spans, pos = [], [], 0
         for name, piece in pieces:
-            rec = piece[r] if isinstance(piece, list) else piece
+            rec = piece[r]
             parts += [rec, _barrier()]
             spans.append((name, pos, len(rec)))
             pos += len(rec) + 1
@@ -143,23 +195,44 @@ def build_streams(sp: SystemProgram, *, chunks: int = 4) -> StreamProgram:
         all_spans.append(new_spans)
         if r == 0:
             remarks = why
-    return StreamProgram(sp, chunks, streams, top[0], values, weights, all_spans, remarks)
+    return StreamProgram(sp, chunks, streams, top[0], values, weights, all_spans, remarks, alias)
 
 
-def _supported(c: Collective, n: int) -> None:
-    if c.op != "all_reduce":
-        raise TileccError(f"collectives='stream' lowers all_reduce only (the ring); the model needs {c.op} "
-                          f"of '{c.input}' (sequence parallelism or a pipeline): use the default "
-                          "collectives='between'")
+def _supported(c: Collective, n: int, x: TensorSpec, y: TensorSpec, placeholders: list[str],
+               aliased: dict[str, int]) -> None:
+    if c.op not in ("all_reduce", "reduce_scatter", "all_gather", "shard"):
+        raise TileccError(f"collectives='stream' lowers all_reduce, reduce_scatter, all_gather and shard; the "
+                          f"model needs {c.op} of '{c.input}' (a pipeline): use collectives='between'")
     if n < 2:
         raise TileccError(f"collectives='stream' needs tp >= 2, got {n}")
+    if c.op == "all_reduce":
+        return
+    full = y.shape if c.op == "all_gather" else x.shape
+    if full[c.dim] % n or int(np.prod(full[: c.dim], dtype=np.int64)) != 1:
+        raise TileccError(f"collectives='stream': {c.op} of '{c.input}' {tuple(x.shape)} along dim {c.dim} over "
+                          f"{n} chips needs {n} contiguous equal blocks (size along the dim a multiple of {n}, "
+                          f"every dim before it 1): use collectives='between'")
+    if c.op == "all_gather" and (c.input in placeholders or c.input in aliased):
+        raise TileccError(f"collectives='stream': all_gather of '{c.input}', which is a graph input or itself "
+                          "placed in another value's region: use collectives='between'")
 
 
-def _relocate(prog: Program, seg: Segment, values: dict[str, TensorSpec], base: int) -> np.ndarray:
+def _inside(o: TensorSpec, specs: list[tuple[str, TensorSpec]]) -> tuple[str, TensorSpec] | None:
+    """The (name, spec) whose HBM range holds `o`'s, if any."""
+    for name, spec in specs:
+        if spec.offset <= o.offset and o.offset + o.nbytes <= spec.offset + spec.nbytes:
+            return name, spec
+    return None
+
+
+def _relocate(prog: Program, seg: Segment, offset: Callable[[str], int], base: int) -> np.ndarray:
     """The segment's records with HBM addresses moved: its inputs' and outputs' regions to
-    the values' regions, everything else by `base`."""
-    spans = [(spec.offset, spec.nbytes, values[name].offset) for name, spec in zip(seg.inputs, prog.inputs)]
-    spans += [(spec.offset, spec.nbytes, values[name].offset) for name, spec in zip(seg.outputs, prog.outputs)]
+    the values' regions (`offset`), everything else by `base` (an output inside an input's
+    range is that input's bytes: its own span is dropped)."""
+    ins = list(zip(seg.inputs, prog.inputs))
+    spans = [(spec.offset, spec.nbytes, offset(name)) for name, spec in ins]
+    spans += [(spec.offset, spec.nbytes, offset(name)) for name, spec in zip(seg.outputs, prog.outputs)
+              if _inside(spec, ins) is None]
     spans.sort()
     for (a, na, _), (b, _, _) in zip(spans, spans[1:]):
         if b < a + na:
@@ -209,7 +282,8 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True
                     for o, v in outs:  # an output the compiler folded to a constant: its bytes there
                         lo = o.offset - spec.offset
                         if 0 <= lo and o.offset + o.nbytes <= spec.offset + data.size:
-                            hbm[v.offset: v.offset + o.nbytes] = data[lo: lo + o.nbytes]
+                            at = ssp.offset(r, v.name)
+                            hbm[at: at + o.nbytes] = data[lo: lo + o.nbytes]
             env = dict(sp.chip_values[r])
             env.update(zip(sp.user_inputs, inputs))
             for name, t in env.items():
@@ -219,7 +293,8 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True
                 raw = numerics.torch_to_storage(_to_device_dtype(spec, t.contiguous()))[0].reshape(-1).view(np.uint8)
                 if raw.size != spec.nbytes:
                     raise TileccError(f"value '{name}': {raw.size} bytes for a region of {spec.nbytes}")
-                hbm[spec.offset: spec.offset + raw.size] = raw
+                at = ssp.offset(r, name)
+                hbm[at: at + raw.size] = raw
             hbms.append(hbm)
     cfg = sp.system.chip_config(0)
     res = cosimulate(ssp.streams, cfg, sp.system.topology, sp.system.link, hbms)
@@ -229,7 +304,8 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True
         if hbms is None:
             outs.append(torch.zeros(spec.shape, dtype=numerics.DTYPE_TO_TORCH[spec.dtype]))
             continue
-        raw = hbms[0][spec.offset: spec.offset + spec.nbytes].view(STORAGE[spec.dtype]).reshape(spec.shape)
+        at = ssp.offset(0, name)
+        raw = hbms[0][at: at + spec.nbytes].view(STORAGE[spec.dtype]).reshape(spec.shape)
         outs.append(_to_user_dtype(spec, numerics.storage_to_torch(raw.copy(), spec.dtype)))
     colls = []
     for c in sp.graph.collectives:  # each collective's span: its first send to its last receive, any chip
@@ -240,7 +316,9 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True
                 if kname == name:
                     lo = min(lo, float(res.chips[r].start[start: start + count].min()))
                     hi = max(hi, float(res.chips[r].end[start: start + count].max()))
+        local = lo == np.inf  # a shard: no instructions
         colls.append({"op": c.op, "value": c.input, "bytes": ssp.values[c.input].nbytes, "chunks": ssp.chunks,
-                      "algorithm": "ring (in-stream)", "time_us": (hi - lo) / res.clock_ghz / 1e3})
+                      "algorithm": "local" if local else "ring (in-stream)",
+                      "time_us": 0.0 if local else (hi - lo) / res.clock_ghz / 1e3})
     exposed, free = exposed_comm_ns(ssp.streams, cfg, sp.system.topology, sp.system.link, res)
     return outs, StreamRun(res, colls, exposed, free)

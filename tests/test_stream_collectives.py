@@ -20,7 +20,7 @@ import tilecc  # noqa: E402
 from tilecc.codegen.binary import decode_stream, encode_stream  # noqa: E402
 from tilecc.errors import ProgramFormatError, SimulatorError  # noqa: E402
 from tilecc.frontend.tensor_parallel import ShardingError  # noqa: E402
-from tilecc.passes.npu.collectives import ring_all_reduce  # noqa: E402
+from tilecc.passes.npu.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter  # noqa: E402
 from tilecc.simulator.config import load_config  # noqa: E402
 from tilecc.simulator.decode import DecodedProgram  # noqa: E402
 from tilecc.simulator.interconnect.system import load_system  # noqa: E402
@@ -57,6 +57,35 @@ def test_ring_all_reduce_functional_equals_sum(n, elements, chunks, kind):
     for r in range(n):
         np.testing.assert_allclose(ys[r], want, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(hbms[r][: elements * 4].view(np.float32), xs[r])  # x unchanged
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 8), per=st.integers(1, 40), chunks=st.integers(1, 4))
+def test_ring_halves_functional(n, per, chunks):
+    """Reduce-scatter: chip r's block r of its buffer is block r of the sum; all-gather: every
+    chip ends with every chip's block r."""
+    elements = n * per
+    rng = np.random.default_rng(n * 1000 + per)
+    xs = [rng.standard_normal(elements).astype(np.float32) for _ in range(n)]
+    y_addr = -(-elements * 4 // 64) * 64
+    system = load_system(f"ring:{n}")
+    hbms = [np.zeros(2 * y_addr, np.uint8) for _ in range(n)]
+    for r in range(n):
+        hbms[r][: elements * 4] = xs[r].view(np.uint8)
+    cosimulate([ring_reduce_scatter(r, n, 0, y_addr, elements, DType.F32, chunks) for r in range(n)], CFG,
+               system.topology, system.link, hbms)
+    total = np.sum(np.stack(xs), axis=0, dtype=np.float64)
+    for r in range(n):
+        got = hbms[r][y_addr: y_addr + elements * 4].view(np.float32)[r * per: (r + 1) * per]
+        np.testing.assert_allclose(got, total[r * per: (r + 1) * per], rtol=1e-5, atol=1e-5)
+    hbms = [np.zeros(elements * 4, np.uint8) for _ in range(n)]
+    for r in range(n):
+        hbms[r].view(np.float32)[r * per: (r + 1) * per] = xs[r][r * per: (r + 1) * per]
+    cosimulate([ring_all_gather(r, n, 0, elements, DType.F32, chunks) for r in range(n)], CFG,
+               system.topology, system.link, hbms)
+    want = np.concatenate([xs[r][r * per: (r + 1) * per] for r in range(n)])
+    for r in range(n):
+        np.testing.assert_array_equal(hbms[r].view(np.float32), want)
 
 
 def test_ring_all_reduce_time_matches_alpha_beta_without_chunking():
@@ -193,10 +222,30 @@ def test_tp_in_stream_matches_eager(tp, topology, layers):
     assert rep.link_bytes == pytest.approx(2 * layers * 2 * (tp - 1) * s_bytes)
 
 
-def test_stream_mode_rejects_sp():
+@pytest.mark.parametrize("tp,topology", [(2, "ring:2"), (4, "switch:4")])
+def test_sequence_parallel_in_stream_matches_eager(tp, topology):
+    """sp: shard (in place), reduce-scatter and all-gather halves of the ring in the streams."""
+    model = _llama(layers=2)
+    sm = tilecc.compile(model, (IDS,), target="tiny", system=topology,
+                        parallel={"tp": tp, "sp": True, "collectives": "stream", "chunks": 2}, cache=False)
+    out = sm(IDS)
+    with torch.no_grad():
+        ref = model(IDS)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    rep = sm.report
+    assert rep is not None
+    ops = [c["op"] for c in rep.collectives]
+    assert ops == ["shard"] + ["all_gather", "reduce_scatter"] * 4 + ["all_gather"]
+    # every all-gather / reduce-scatter moves (n-1)/n of the whole tensor out of each chip,
+    # over 1 link on a ring, 2 through a switch
+    s_bytes, hops = 16 * 64 * 4, 2 if topology.startswith("switch") else 1
+    assert rep.link_bytes == pytest.approx(9 * (tp - 1) * s_bytes * hops)
+
+
+def test_stream_mode_rejects_bad_options():
     with pytest.raises(ShardingError, match="collectives='stream'"):
         tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2",
-                       parallel={"tp": 2, "sp": True, "collectives": "stream"}, cache=False)
+                       parallel={"pp": 2, "collectives": "stream"}, cache=False)
     with pytest.raises(ShardingError, match="'collectives'"):
         tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2",
                        parallel={"tp": 2, "collectives": "later"}, cache=False)

@@ -105,13 +105,13 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
 
 
 def _check_stream(p: dict[str, Any], tp: int) -> None:
-    """`collectives`: "between" (default) or "stream" (tp > 1, no sp: the ring all-reduce in the
-    chips' streams); `chunks`: pieces per ring block (stream only)."""
+    """`collectives`: "between" (default) or "stream" (tp > 1: the ring collectives in the
+    chips' streams, runtime/system_stream.py); `chunks`: pieces per ring block (stream only)."""
     mode = p.get("collectives", "between")
     if mode not in COLLECTIVE_MODES:
         raise ShardingError(f"parallel: 'collectives' = {mode!r} (allowed: {', '.join(COLLECTIVE_MODES)})")
-    if mode == "stream" and (tp < 2 or p.get("sp") or p.get("pp", 1) > 1):
-        raise ShardingError("parallel: collectives='stream' needs tensor parallelism (tp > 1) without sp or pp")
+    if mode == "stream" and (tp < 2 or p.get("pp", 1) > 1):
+        raise ShardingError("parallel: collectives='stream' needs tensor parallelism (tp > 1), not pp")
     if "chunks" in p and mode != "stream":
         raise ShardingError("parallel: 'chunks' applies to collectives='stream'")
     c = p.get("chunks", 4)

@@ -1,4 +1,5 @@
-"""npu-collectives: a graph-level all-reduce lowered into one chip's instruction stream.
+"""npu-collectives: a graph-level all-reduce (reduce-scatter, all-gather) lowered into one
+chip's instruction stream.
 
 The chunked ring (Patarasuk and Yuan 2009; NCCL's ring): the tensor of S elements is cut
 into n blocks (one per chip), each block into C chunks. Reduce-scatter: n-1 steps; in
@@ -22,8 +23,11 @@ counts this chip's completed sends, 1 its completed receives):
     link.send l0 hbm[Y+16 ...]:f32 -> chip0 1x4  wait(s1 >= 1)   signal(s0)   block 1 forwarded
     link.recv l1 chip0 -> hbm[Y+0 ...]:f32 1x4                   signal(s1)   block 0 received
 
-One stream per chip: the peers and the block offsets depend on the rank, so each chip
-gets its own records (the kernels around them are every chip's same records).
+`ring_reduce_scatter` and `ring_all_gather` are the two halves alone (sequence
+parallelism): after the first, chip r's block r of its buffer is the sum; the second
+starts from every chip's block r in place. One stream per chip: the peers and the block
+offsets depend on the rank, so each chip gets its own records (the kernels around them
+are every chip's same records).
 Hazards inside the collective are ordered here: a send of Y waits for the receive that
 wrote it (read after write), and an all-gather receive into a block waits for the
 reduce-scatter send that read it (write after read); receives write in queue order.
@@ -36,7 +40,7 @@ import numpy as np
 from tilecc.simulator.interconnect.schedule import bounds
 from tilecc.simulator.isa import ITEMSIZE, DType, Engine, Flag, Mem, Opcode, empty_stream
 
-__all__ = ["RING_QUEUES", "ring_all_reduce"]
+__all__ = ["RING_QUEUES", "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
 
 RING_QUEUES = (0, 1)  # link queue of the sends, of the receives
 _SEND_SEM, _RECV_SEM = 0, 1
@@ -46,8 +50,27 @@ def ring_all_reduce(rank: int, n: int, x_addr: int, y_addr: int, elements: int, 
                     chunks: int = 1) -> np.ndarray:
     """Chip `rank`'s records of a ring all-reduce of `elements` elements of `dtype` from
     HBM `x_addr` (its contribution, left unchanged) into HBM `y_addr` (the sum)."""
+    return _ring(rank, n, x_addr, y_addr, elements, dtype, chunks, True, True)
+
+
+def ring_reduce_scatter(rank: int, n: int, x_addr: int, y_addr: int, elements: int, dtype: DType,
+                        chunks: int = 1) -> np.ndarray:
+    """The reduce-scatter half: chip `rank` ends with block `rank` of the sum at its place in
+    the `elements`-element buffer at `y_addr` (the other blocks of it hold partial sums)."""
+    return _ring(rank, n, x_addr, y_addr, elements, dtype, chunks, True, False)
+
+
+def ring_all_gather(rank: int, n: int, y_addr: int, elements: int, dtype: DType, chunks: int = 1) -> np.ndarray:
+    """The all-gather half: chip `rank`'s block `rank` is already at its place in the
+    `elements`-element buffer at `y_addr` (its producer wrote it there); every chip ends
+    with the whole buffer."""
+    return _ring(rank, n, y_addr, y_addr, elements, dtype, chunks, False, True)
+
+
+def _ring(rank: int, n: int, x_addr: int, y_addr: int, elements: int, dtype: DType, chunks: int,
+          scatter: bool, gather: bool) -> np.ndarray:
     if n < 2:
-        raise ValueError(f"a ring all-reduce needs at least 2 chips, got {n}")
+        raise ValueError(f"a ring collective needs at least 2 chips, got {n}")
     if chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
     isz = ITEMSIZE[dtype]
@@ -80,7 +103,7 @@ def ring_all_reduce(rank: int, n: int, x_addr: int, y_addr: int, elements: int, 
         n_recv += 1
         return n_recv
 
-    for t in range(n - 1):  # reduce-scatter
+    for t in range(n - 1 if scatter else 0):  # reduce-scatter
         b_s, b_r = (rank - t - 1) % n, (rank - t - 2) % n
         for c in range(chunks):
             off, cnt = piece(b_s, c)
@@ -89,16 +112,16 @@ def ring_all_reduce(rank: int, n: int, x_addr: int, y_addr: int, elements: int, 
             off, cnt = piece(b_r, c)
             if cnt:
                 rs_recv[t, c] = recv(off, cnt, True, (-1, 0))
-    for t in range(n - 1):  # all-gather
+    for t in range(n - 1 if gather else 0):  # all-gather
         b_s, b_r = (rank - t) % n, (rank - t - 1) % n
         for c in range(chunks):
             off, cnt = piece(b_s, c)
             if cnt:
-                got = rs_recv[n - 2, c] if t == 0 else ag_recv[t - 1, c]
+                got = (rs_recv[n - 2, c] if scatter else 0) if t == 0 else ag_recv[t - 1, c]
                 send(y_addr, off, cnt, got)
             off, cnt = piece(b_r, c)
             if cnt:
-                war = (_SEND_SEM, rs_send[t, c]) if t >= 1 else (-1, 0)
+                war = (_SEND_SEM, rs_send[t, c]) if t >= 1 and scatter else (-1, 0)
                 ag_recv[t, c] = recv(off, cnt, False, war)
     return _records(recs)
 
