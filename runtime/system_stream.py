@@ -260,10 +260,12 @@ def _barrier() -> np.ndarray:
     return rec
 
 
-def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True
+def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True, sanitize: bool = False
                 ) -> tuple[list[torch.Tensor], StreamRun]:
     """Co-simulate every chip; with `functional`, on the real weights and `inputs`
-    (outputs: chip 0's, every chip holds the same)."""
+    (outputs: chip 0's, every chip holds the same). `sanitize`: each chip's stream goes
+    through the sanitisers (races, uninitialised reads, deadlocks; a receive is its chip's
+    writer of the bytes it receives) with the co-simulated times, before its data moves."""
     sp = ssp.system
     if len(inputs) != len(sp.user_inputs):
         raise TileccError(f"the system program takes {len(sp.user_inputs)} inputs, got {len(inputs)}")
@@ -297,6 +299,12 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True
                 hbm[at: at + raw.size] = raw
             hbms.append(hbm)
     cfg = sp.system.chip_config(0)
+    if sanitize:
+        from tilecc.simulator.sanitizers import sanitize as run_sanitizers
+
+        timing = cosimulate(ssp.streams, cfg, sp.system.topology, sp.system.link)
+        for r, stream in enumerate(ssp.streams):
+            run_sanitizers(stream, cfg, timing.chips[r].start, timing.chips[r].end, hbm_size=ssp.hbm_size)
     res = cosimulate(ssp.streams, cfg, sp.system.topology, sp.system.link, hbms)
     outs = []
     for name in sp.graph.outputs:

@@ -242,6 +242,24 @@ def test_sequence_parallel_in_stream_matches_eager(tp, topology):
     assert rep.link_bytes == pytest.approx(9 * (tp - 1) * s_bytes * hops)
 
 
+def test_sanitizers_check_the_chip_streams():
+    """The linked chip streams are race-free; dropping a ring send's wait on the receive that
+    wrote its chunk is a race the detector names."""
+    from tilecc.errors import RaceError
+    from tilecc.runtime.system_stream import run_streams
+
+    sm = tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2",
+                        parallel={"tp": 2, "collectives": "stream", "chunks": 2}, cache=False)
+    ssp = sm.program
+    run_streams(ssp, (IDS,), sanitize=True)
+    s = ssp.streams[0]
+    sends = np.flatnonzero((s["opcode"] == Opcode.LINK_SEND) & (s["wait_sem"][:, 0] >= 0))
+    s["wait_sem"][sends[0]] = -1
+    s["wait_val"][sends[0]] = 0
+    with pytest.raises(RaceError):
+        run_streams(ssp, (IDS,), sanitize=True)
+
+
 def test_stream_mode_rejects_bad_options():
     with pytest.raises(ShardingError, match="collectives='stream'"):
         tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2",

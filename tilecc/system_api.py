@@ -62,7 +62,8 @@ class SystemModel:
 
                 if trace is not None:
                     raise TileccError("trace=: not written for collectives='stream' yet")
-                outs, self.stream_run = run_streams(self.program, inputs, functional=not timing_only)
+                outs, self.stream_run = run_streams(self.program, inputs, functional=not timing_only,
+                                                    sanitize=self.sanitize and not timing_only)
                 self.report = stream_report(self.program, self.stream_run)
                 return outs[0] if len(outs) == 1 else tuple(outs)
             if isinstance(self.program, SystemProgram):
