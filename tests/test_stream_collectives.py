@@ -260,6 +260,26 @@ def test_sanitizers_check_the_chip_streams():
         run_streams(ssp, (IDS,), sanitize=True)
 
 
+@pytest.mark.slow
+def test_cli_stream_collectives_and_trace(tmp_path):
+    """`tilecc run ... --tp 2 --collectives stream --trace`: matches eager, a track per chip
+    engine (the link queues included) and per link in the trace."""
+    import json
+    import subprocess
+
+    trace = tmp_path / "tp2.json"
+    p = subprocess.run([sys.executable, "-m", "tilecc.cli", "run", "examples/llama_tp.py:llama", "--system",
+                        "ring:2", "--tp", "2", "--collectives", "stream", "--chunks", "2", "--trace", str(trace),
+                        "--json"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    d = json.loads(p.stdout.strip().splitlines()[-1])
+    assert d["allclose"] and d["extra"]["collectives"] == "stream"
+    names = {(e["pid"], e["args"]["name"]) for e in json.loads(trace.read_text())["traceEvents"]
+             if e.get("name") == "thread_name"}
+    assert {(1, "link0"), (1, "link1"), (2, "matrix")} <= names
+    assert {(3, "link 0->1"), (3, "link 1->0")} <= names
+
+
 def test_stream_mode_rejects_bad_options():
     with pytest.raises(ShardingError, match="collectives='stream'"):
         tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2",

@@ -60,11 +60,13 @@ class SystemModel:
                 from tilecc.runtime.stream_report import stream_report
                 from tilecc.runtime.system_stream import run_streams
 
-                if trace is not None:
-                    raise TileccError("trace=: not written for collectives='stream' yet")
                 outs, self.stream_run = run_streams(self.program, inputs, functional=not timing_only,
                                                     sanitize=self.sanitize and not timing_only)
                 self.report = stream_report(self.program, self.stream_run)
+                if trace is not None:
+                    from tilecc.runtime.stream_trace import write_stream_trace
+
+                    write_stream_trace(trace, self.program, self.stream_run)
                 return outs[0] if len(outs) == 1 else tuple(outs)
             if isinstance(self.program, SystemProgram):
                 outs, self.timeline = run_system(self.program, inputs, mode=self.mode, sanitize=self.sanitize,
