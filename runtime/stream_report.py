@@ -8,8 +8,10 @@ Communication time: the union, over all chips, of the intervals a link transfer 
 same streams with free links (infinite bandwidth, no latency); hidden share = 1 - exposed /
 communication (simulator/multichip.py). Per chip: busy = time with any engine's
 instruction in flight. Per link: bytes and utilisation (bytes / (bandwidth x run time)).
-Energy: only the links' (pJ per byte per link crossed, static power): the chips' energy is
-not summed in this path yet (reported as NaN).
+Energy: per chip, `simulator/energy.py`'s estimate of its stream's work (MACs, SRAM, ACC
+and HBM traffic; the link transfers' HBM reads and writes counted as HBM traffic) with
+static power over the whole run; plus the links' (pJ per byte per link crossed, static
+power per link).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import numpy as np
 
 from tilecc.runtime.system_report import ChipFigures, LinkFigures, SystemReport
 from tilecc.runtime.system_stream import StreamProgram, StreamRun
+from tilecc.simulator.decode import DecodedProgram
+from tilecc.simulator.energy import estimate
+from tilecc.simulator.isa import ITEMSIZE, DType
+from tilecc.simulator.stats import counts
 
 __all__ = ["stream_report"]
 
@@ -36,7 +42,8 @@ def stream_report(ssp: StreamProgram, run: StreamRun) -> SystemReport:
             if b > hi:
                 busy += b - max(a, hi)
                 hi = b
-        chips.append(ChipFigures(r, busy / ghz / 1e3, (total_ns - busy / ghz) / 1e3, float("nan"), ct.finish))
+        chips.append(ChipFigures(r, busy / ghz / 1e3, (total_ns - busy / ghz) / 1e3,
+                                 _chip_energy(ssp, r, total_ns * ghz), ct.finish))
     links = []
     for i in range(len(topo.link_src)):
         cap = link.bandwidth_gbs * float(topo.link_scale[i]) * total_ns
@@ -49,4 +56,20 @@ def stream_report(ssp: StreamProgram, run: StreamRun) -> SystemReport:
              "hidden_share": round(run.hidden_share, 4), "free_links_us": round(run.free_ns / 1e3, 4)}
     return SystemReport(topo.spec, sp.system.chips, sp.tp, total_ns / 1e3, (total_ns - exposed) / 1e3,
                         res.comm_ns / 1e3, exposed / total_ns if total_ns > 0 else 0.0, chips, links,
-                        run.collectives, float("nan"), link_energy, len(sp.programs), extra)
+                        run.collectives, sum(c.energy_j for c in chips) + link_energy, link_energy,
+                        len(sp.programs), extra)
+
+
+def _chip_energy(ssp: StreamProgram, r: int, cycles: float) -> float:
+    cfg = ssp.system.system.chip_config(r)
+    prog = DecodedProgram(ssp.streams[r], cfg)
+    f = counts(prog)
+    link = prog.is_link
+    isz = np.array([ITEMSIZE[DType(int(d))] for d in prog.col["a_dtype"][link]], np.int64)
+    size = prog.rows[link] * prog.cols[link] * isz
+    # a send reads its source, a receive writes its destination, a reducing one also reads its addend
+    link_hbm = int(size.sum() + size[prog.is_reduce_recv[link]].sum())
+    e = estimate(cfg, cycles=cycles, macs=f.get("macs", 0), macs_fp32=f.get("macs_fp32", 0),
+                 sram_bytes=f.get("sram_bytes", 0) - f.get("acc_bytes", 0), acc_bytes=f.get("acc_bytes", 0),
+                 hbm_bytes=f.get("hbm_bytes_read", 0) + f.get("hbm_bytes_written", 0) + link_hbm)
+    return float(e.joules)

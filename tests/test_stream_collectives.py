@@ -217,6 +217,7 @@ def test_tp_in_stream_matches_eager(tp, topology, layers):
     rep = sm.report
     assert rep is not None and [c["op"] for c in rep.collectives] == ["all_reduce"] * 2 * layers
     assert rep.comm_us > 0 and rep.link_bytes > 0 and len(rep.chips) == tp
+    assert rep.energy_j > rep.link_energy_j > 0 and all(c.energy_j > 0 for c in rep.chips)
     # every link byte is the ring's: 2 all-reduces a layer x 2(n-1)/n x S per chip, over n chips
     s_bytes = 16 * 64 * 4
     assert rep.link_bytes == pytest.approx(2 * layers * 2 * (tp - 1) * s_bytes)
