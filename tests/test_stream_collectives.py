@@ -140,21 +140,39 @@ def test_unpaired_transfers_are_an_error():
         cosimulate([s, s[:0]], CFG, system.topology, system.link)
 
 
-def test_single_chip_engines_match_the_scheduler():
-    """Without links the co-simulation of a chip is the single-chip general scheduler's timing."""
-    import tilecc.runtime.compiler  # noqa: F401
+@pytest.mark.parametrize("linked", [True, False], ids=["linked", "barriers"])
+def test_single_chip_engines_match_the_scheduler(linked):
+    """Without links the co-simulation of a chip is the single-chip general scheduler's timing
+    (one linked group, or a barrier after every kernel)."""
+    from tilecc.frontend.torch_export import export_model, import_exported_program
+    from tilecc.runtime.compiler import compile_graph
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
-    cm = tilecc.compile(m, (torch.randn(32, 64),), target="tiny", cache=False)
-    stream = cm.program.stream
-    prog = DecodedProgram(stream, CFG)
-    ref = schedule(prog, general=True)
+    gp = import_exported_program(export_model(m, (torch.randn(32, 64),)))
+    stream = compile_graph(gp, CFG, disabled=frozenset() if linked else frozenset({"link-kernels"})).stream
+    assert linked or int((stream["opcode"] == Opcode.BARRIER).sum()) > 1
+    ref = schedule(DecodedProgram(stream, CFG), general=True)
     system = load_system("ring:2")
     res = cosimulate([stream, stream], CFG, system.topology, system.link)
     assert res.chips[0].finish == pytest.approx(ref.finish, rel=1e-12)
-    assert ref.start is not None
+    assert ref.start is not None and ref.end is not None
     np.testing.assert_allclose(res.chips[1].start, ref.start, rtol=1e-12)
+    np.testing.assert_allclose(res.chips[1].end, ref.end, rtol=1e-12)
+
+
+def test_circular_waits_deadlock():
+    """Each chip's send waits for its own receive: nobody sends; the error names the engines."""
+    from tilecc.errors import DeadlockError
+
+    system = load_system("ring:2")
+    streams = []
+    for r in range(2):
+        s = ring_all_reduce(r, 2, 0, 256, 16, DType.F32, 1)
+        s["wait_sem"][0, 0], s["wait_val"][0, 0] = 1, 1  # the first send waits for the first receive
+        streams.append(s)
+    with pytest.raises(DeadlockError, match="chip 0 kernel 0: link0 at instruction 0"):
+        cosimulate(streams, CFG, system.topology, system.link)
 
 
 def test_link_opcodes_binary_version_2_and_listing():
