@@ -397,7 +397,11 @@ def _blocked(c: _Chip) -> str:
     for e in range(c.n_eng):
         if c.head[e] < c.tail[e]:
             i = c.queues[e][c.head[e]]
-            parts.append(f"{c.prog.engine_names[e]} at instruction {i} ({Opcode(int(c.prog.op[i])).name})")
+            unmet = [f"semaphore {w} >= {v} (value {c.sem[w]})" for w, v in c.waits[i] if c.sem[w] < v]
+            why = ", ".join(unmet) if unmet else (
+                f"its data from chip {int(c.prog.col['k'][i])}" if c.prog.is_recv[i] else "nothing (in flight)")
+            parts.append(f"{c.prog.engine_names[e]} at instruction {i} ({Opcode(int(c.prog.op[i])).name}) "
+                         f"waiting on {why}")
     return f"chip {c.r} kernel {c.kernel}: " + (", ".join(parts) or "no engine blocked")
 
 
