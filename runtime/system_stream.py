@@ -67,7 +67,9 @@ class StreamProgram:
 
     def offset(self, r: int, name: str) -> int:
         """Where value `name` lies in chip r's HBM."""
-        return self.alias[r].get(name, self.values[name].offset) if self.alias else self.values[name].offset
+        if self.alias and name in self.alias[r]:
+            return self.alias[r][name]
+        return int(self.values[name].offset)
 
 
 @dataclass
@@ -113,7 +115,7 @@ def build_streams(sp: SystemProgram, *, chunks: int = 4) -> StreamProgram:
     alias: list[dict[str, int]] = [{} for _ in range(n)]
 
     def off(r: int, name: str) -> int:
-        return alias[r].get(name, values[name].offset)
+        return alias[r][name] if name in alias[r] else int(values[name].offset)
 
     colls: list[tuple[Collective, int, int]] = []  # (collective, scratch buffer or -1, elements)
     seg_i = 0
