@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tilecc.ir.bf16_weights import Bf16Weight
 from tilecc.ir.meta_weights import MetaWeight
 from tilecc.simulator.isa import DType
 
@@ -65,7 +66,8 @@ def _on_meta_device(args: Any, kwargs: Any) -> tuple[Any, Any]:
 
 def _weight_values(data: torch.Tensor, name: str) -> np.ndarray:
     """A weight's values: float32, or int32 for integer / bool tensors (checked to fit); a
-    tensor on the meta device (no values) is a `MetaWeight` (ir/meta_weights.py)."""
+    tensor on the meta device (no values) is a `MetaWeight` (ir/meta_weights.py), a bf16
+    one a `Bf16Weight` (its bits; it reads as float32: ir/bf16_weights.py)."""
     if data.is_meta:
         return MetaWeight(tuple(int(d) for d in data.shape),  # type: ignore[return-value]
                           np.dtype(np.int32 if data.dtype in TORCH_INT_DTYPES else np.float32))
@@ -75,4 +77,6 @@ def _weight_values(data: torch.Tensor, name: str) -> np.ndarray:
         if wide.numel() and (wide.min() < -(2**31) or wide.max() >= 2**31):
             raise _Unsupported(f"integer constant '{name}' has values outside the int32 range")
         return wide.to(torch.int32).contiguous().numpy().copy()
+    if data.dtype == torch.bfloat16:  # kept as bf16 bits: half the bytes (ir/bf16_weights.py)
+        return Bf16Weight(data.contiguous().view(torch.int16).numpy().view(np.uint16).copy())  # type: ignore[return-value]
     return data.to(torch.float32).contiguous().numpy().copy()

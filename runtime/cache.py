@@ -45,6 +45,7 @@ import numpy as np
 
 from tilecc.errors import ProgramFormatError
 from tilecc.fsutil import atomic_write
+from tilecc.ir.bf16_weights import Bf16Weight
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.meta_weights import MetaWeight
 from tilecc.runtime.program import PROGRAM_VERSION, Program
@@ -124,6 +125,11 @@ def graph_digest(gp: GraphProgram) -> str:
     for name in sorted(gp.weights):
         if isinstance(gp.weights[name], MetaWeight):
             h.update(json.dumps([name, str(gp.weights[name].dtype), list(gp.weights[name].shape), "meta"]).encode())
+            continue
+        if isinstance(gp.weights[name], Bf16Weight):  # its bits (reading it as float32 would copy it)
+            bits = gp.weights[name].bits
+            h.update(json.dumps([name, "bf16", list(bits.shape)]).encode())
+            h.update(np.ascontiguousarray(bits).tobytes())
             continue
         w = np.ascontiguousarray(np.asarray(gp.weights[name]))
         h.update(json.dumps([name, str(w.dtype), list(w.shape)]).encode())

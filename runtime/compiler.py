@@ -26,6 +26,7 @@ from tilecc.errors import CompileError, InternalError, SramOverflowError, Tilecc
 from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.frontend.dsl.work import dsl_call_work
 from tilecc.ir import float64, tile
+from tilecc.ir.bf16_weights import Bf16Weight
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.graph_work import graph_work
 from tilecc.ir.meta_weights import MetaWeight
@@ -346,6 +347,10 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
                 weights.append(_spec(name, t))
                 meta = True
                 continue
+            if isinstance(wv, Bf16Weight) and t.dtype == DType.BF16:  # stored as it is held
+                weights.append(_spec(name, t))
+                data[name] = wv.bits.reshape(t.shape).reshape(-1).view(np.uint8)  # shared: both only read it
+                continue
             if op.weight is not None:
                 values = np.asarray(wv)
             elif op.value is not None:
@@ -356,7 +361,7 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
                 values = values.astype(np.float32)
             values = values.reshape(t.shape)
             weights.append(_spec(name, t))
-            data[name] = numerics.to_storage(values, t.dtype).reshape(-1).view(np.uint8).copy()
+            data[name] = numerics.to_storage(values, t.dtype).reshape(-1).view(np.uint8)  # a new array
     ret = main.body.block.last_op
     assert isinstance(ret, func.ReturnOp)
     outputs = [

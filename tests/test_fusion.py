@@ -281,3 +281,29 @@ def test_layer_norm_affine_folds_into_the_linear(bias, dtype):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))
     cm = run_and_compare(model, (x,), "edge")
     assert len(cm.program.kernels) == 1  # layer norm, linear and relu in one kernel
+
+
+def test_a_bf16_weight_is_held_and_folded_as_bf16_bits():
+    """A bf16 model's weights stay bf16 in the graph program (ir/bf16_weights.py), and the
+    folded weight is the bf16 rounding of gamma * W, row block by row block (the bias
+    shift exact in float64): what the packager would store from float32 values."""
+    from tilecc.ir.bf16_weights import Bf16Weight
+    from tilecc.passes.graph.fold_norm_affine import _fold_rows, fold_norm_affine
+    from tilecc.simulator.numerics import f32_to_bf16_bits
+
+    model = NormLinear(d=150, n=24).to(torch.bfloat16)
+    gp = _graph(model, (torch.randn(2, 150, dtype=torch.bfloat16),))
+    w = next(v for v in gp.weights.values() if v.ndim == 2)  # fc.weight, held transposed
+    assert isinstance(w, Bf16Weight)
+    np.testing.assert_array_equal(np.asarray(w), model.fc.weight.detach().float().numpy().T)
+    weights = dict(gp.weights)
+    assert fold_norm_affine(gp.module, weights) == 1
+    folded = next(v for k, v in weights.items() if k.endswith(".norm_folded") and v.ndim == 2)
+    assert isinstance(folded, Bf16Weight)
+    rng = np.random.default_rng(0)
+    src = Bf16Weight(f32_to_bf16_bits(rng.standard_normal((150, 7)).astype(np.float32)))
+    gamma, beta = rng.standard_normal(150).astype(np.float32), rng.standard_normal(150).astype(np.float32)
+    got, shift = _fold_rows(src, gamma, beta, rows=64)
+    W = np.asarray(src)
+    np.testing.assert_array_equal(got.bits, f32_to_bf16_bits(gamma[:, None] * W))
+    np.testing.assert_allclose(shift, beta.astype(np.float64) @ W.astype(np.float64), rtol=1e-12)

@@ -60,10 +60,8 @@ CASES = [
     (('[8, 16]', '8'), "'sweep.grid.\"matrix.rows\"' = 8: expected a non-empty list"),
     (('[8, 16]', '[8, 8]'), "lists a value twice"),
     (('"matrix.rows"', '"matrix"'), "'matrix' is a table of the config, not a value"),
-    (('"matrix.rows" = [8, 16]', 'tp = [0, 2]'), "'sweep.grid.\"tp\"' has value 0: 'tp' takes a whole number of chips in 1..1024"),
-    (('"matrix.rows"', '"pp"'), "'sweep.grid.\"pp\"': a multi-chip system is swept with the knobs tp"),
+    (('"matrix.rows" = [8, 16]', 'tp = [0, 2]'), "'sweep.grid.\"tp\"' has value 0: 'tp' takes a whole number in 1..1024"),
     (('"matrix.rows" = [8, 16]', 'weights = ["int4"]'), "'sweep.grid.\"weights\"' has value 'int4': 'weights' takes one of native, bf16, int8, fp8"),
-    (('"matrix.rows"', '"system.chips"'), "pp and dp are not supported yet"),
     (('"matrix.rows"', 'matrix.rows'), "'sweep.grid.matrix' is a table: quote dotted keys"),
     (('"energy"]', '"speed"]'), "'sweep.objectives' has unknown objective 'speed'"),
     (('["latency", "energy"]', '[]'), "'sweep.objectives' = []: expected a non-empty list"),
@@ -85,6 +83,54 @@ CASES = [
     (('[sweep.grid]', '[sweep.gird]'), "unknown key 'sweep.gird'"),
     (('[sweep]', '[other]\nx = 1\n[sweep]'), "unknown table or key 'other'"),
 ]
+
+
+# the multi-chip axes (tilecc/sweep/systems.py): system keys validated by the system
+# config's own rules, the parallelism knobs, and the combinations the runtime refuses
+SYSTEM_CASES = [
+    (('"matrix.rows" = [8, 16]', '"system.colour" = ["red"]'),
+     "'sweep.grid.\"system.colour\"' has value 'red': unknown key 'system.colour' (system keys: system.topology"),
+    (('"matrix.rows" = [8, 16]', '"system.link.bandwidth_gbs" = [100.0, -1.0]'),
+     "'sweep.grid.\"system.link.bandwidth_gbs\"' has value -1.0: 'system.link.bandwidth_gbs' must be a finite "
+     "number >= 0, got -1.0"),
+    (('"matrix.rows" = [8, 16]', '"system.link.bandwidth_gbs" = [0.0]'),
+     "has value 0.0: 'system.link.bandwidth_gbs' must be > 0, got 0.0"),
+    (('"matrix.rows" = [8, 16]', '"system.link.latency_ns" = ["slow"]'),
+     "has value 'slow': 'system.link.latency_ns' must be a number, got 'slow'"),
+    (('"matrix.rows" = [8, 16]', '"system.topology" = ["ring:4", "hexagon:3"]'),
+     "has value 'hexagon:3': 'system.topology' = 'hexagon:3' is not a topology"),
+    (('"matrix.rows" = [8, 16]', '"system.link.preset" = ["nvlink9"]'),
+     "has value 'nvlink9': 'system.link.preset' = 'nvlink9' is not a link preset (allowed: trn2-neuronlink"),
+    (('"matrix.rows" = [8, 16]', '"system.chips" = [0]'), "has value 0: 'system.chips' takes a whole number"),
+    (('"matrix.rows" = [8, 16]', '"system.cores_per_chip" = [0]'),
+     "has value 0: 'system.cores_per_chip' must be a whole number in 1..1024, got 0"),
+    (('"matrix.rows" = [8, 16]', '"system.cores_per_chip" = [2]'),
+     "has value 2: not supported yet: the system runtime runs one core per chip"),
+    (('"matrix.rows" = [8, 16]', '"system.chip" = ["edge"]'), "'system.chip' is not a sweep key"),
+    (('"matrix.rows" = [8, 16]', 'topology = ["ring"]\n"system.topology" = ["ring:2"]'),
+     "sweeps both 'topology' and 'system.topology'"),
+    (('"matrix.rows" = [8, 16]', 'link_latency_ns = [1.0]\n"system.link.latency_ns" = [2.0]'),
+     "sweeps both 'link_latency_ns' and 'system.link.latency_ns'"),
+    (('"matrix.rows" = [8, 16]', 'pp = [1, 0]'), "'sweep.grid.\"pp\"' has value 0: 'pp' takes a whole number"),
+    (('"matrix.rows" = [8, 16]', 'dp = [true]'), "'sweep.grid.\"dp\"' has value True: 'dp' takes a whole number"),
+    (('"matrix.rows" = [8, 16]', 'micro_batches = [2.5]'), "has value 2.5: 'micro_batches' takes a whole number"),
+    (('"matrix.rows" = [8, 16]', 'tp = [1, 2]\npp = [1, 2]'),
+     "'sweep.grid': the combination tp = 2, pp = 2 is not supported yet: parallel: tp=2 with pp=2 together is "
+     "not implemented yet"),
+    (('"matrix.rows" = [8, 16]', '"system.chips" = [4]\npp = [2]'),  # tp = chips / pp = 2
+     "the combination system.chips = 4, pp = 2 is not supported yet: parallel: tp=2 with pp=2"),
+    (('"matrix.rows" = [8, 16]', 'phase = ["decode"]\ntp = [2]'),
+     "the combination phase = 'decode', tp = 2 is not supported yet: phase \"decode\" runs each replica on one chip"),
+    (('base = "tiny"', 'base = "tiny"\nsystem = "ring:4;chip=edge"'),
+     "'sweep.system' = 'ring:4;chip=edge': sets 'system.chip'"),
+    (('base = "tiny"', 'base = "tiny"\nsystem = "blob:4"'),
+     "'sweep.system' = 'blob:4': 'system.topology' = 'blob:4' is not a topology"),
+    (('base = "tiny"', 'base = "tiny"\nsystem = "ring:4;bandwidth_gbs=-3"'),
+     "'sweep.system' = 'ring:4;bandwidth_gbs=-3': 'system.link.bandwidth_gbs' must be a finite number >= 0, got -3"),
+    (('base = "tiny"', 'base = "tiny"\nsystem = "nosuch.toml"'), "'sweep.system' = 'nosuch.toml': no such file"),
+    (('base = "tiny"', 'base = "tiny"\nsystem = 4'), "'sweep.system' = 4: expected a system in short form"),
+]
+CASES += SYSTEM_CASES
 
 
 @pytest.mark.parametrize("edit,message", CASES, ids=[c[1][:40] for c in CASES])
@@ -137,3 +183,15 @@ def test_example_studies_are_valid(name, monkeypatch):
     assert len(points) == (16 if name == "gpt2_edge.toml" else 1728)
     for p in points[:: max(1, len(points) // 50)]:
         spec.config(p, "example")  # every drawn design is a valid config
+
+
+def test_chips_study_is_valid(monkeypatch):
+    """examples/sweep/llama_chips.toml: 24 designs over array x SRAM x DRAM x chips; its
+    base ring resized by `system.chips` (tensor parallelism over the chips)."""
+    monkeypatch.chdir(ROOT)
+    spec = load_spec(ROOT / "examples" / "sweep" / "llama_chips.toml")
+    points = spec.points()
+    assert len(points) == 24 and spec.system_data == {"topology": "ring:4", "link": {"preset": "tpu-v5e-ici"}}
+    tps = {p["system.chips"]: spec.deployment(p) for p in points}
+    assert tps[1].system is None and (tps[2].tp, tps[2].system["topology"]) == (2, "ring:2")
+    assert (tps[4].tp, tps[4].chips) == (4, 4)

@@ -38,8 +38,10 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
+from tilecc.ir.bf16_weights import Bf16Weight
 from tilecc.ir.meta_weights import MetaWeight
 from tilecc.passes.graph.canonicalize import dead_code
+from tilecc.simulator.numerics import f32_to_bf16_bits
 
 
 def _weight(v: SSAValue) -> g.WeightOp | None:
@@ -97,8 +99,9 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     meta = any(isinstance(weights[o.weight], MetaWeight) for o in (gop, bop, wop))
     gamma = _values(weights[gop.weight]).reshape(-1)
     beta = _values(weights[bop.weight]).reshape(-1)
-    W = _values(weights[wop.weight])
-    if W.shape[0] != gamma.size:
+    wsrc = weights[wop.weight]
+    K, N = (int(d) for d in wsrc.shape)
+    if K != gamma.size:
         return False
     mm = user
     res = mm.results[0]
@@ -107,10 +110,10 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     if isinstance(add, g.AddOp):
         other = add.operands[1] if add.operands[0] is res else add.operands[0]
         cop = _weight(other)
-        if cop is None or _squeezed(other) != (W.shape[1],) or add.results[0].type != res.type:
+        if cop is None or _squeezed(other) != (N,) or add.results[0].type != res.type:
             cop = None
     meta = meta or (cop is not None and isinstance(weights[cop.weight], MetaWeight))
-    shift = beta.astype(np.float64) @ W.astype(np.float64)
+    folded, shift = (None, np.zeros(N)) if meta else _fold_rows(wsrc, gamma, beta)
     loc = g.source_loc(ln)
     block = fn.body.block
     et = gop.result.type.element_type  # gw is gop's result
@@ -121,7 +124,7 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     ln.operands[1] = one.results[0]
     ln.operands[2] = zero.results[0]
     wname = _fresh(weights, f"{wop.weight}.norm_folded")
-    weights[wname] = MetaWeight(W.shape, np.dtype(np.float32)) if meta else (gamma[:, None] * W).astype(np.float32)  # pyright: ignore[reportArgumentType]
+    weights[wname] = MetaWeight((K, N), np.dtype(np.float32)) if folded is None else folded  # pyright: ignore[reportArgumentType]
     new_w = g.WeightOp.make(wname, wop.result.type, loc=g.source_loc(mm))  # mm's operand 1 is wop's result
     block.insert_op_before(new_w, mm)
     mm.operands[1] = new_w.results[0]
@@ -138,13 +141,32 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     else:
         cname = _fresh(weights, f"{wop.weight}.norm_shift")
         weights[cname] = MetaWeight(shift.shape, np.dtype(np.float32)) if meta else shift.astype(np.float32)  # pyright: ignore[reportArgumentType]
-        new_c = g.WeightOp.make(cname, g.tensor_type([W.shape[1]], g.element_dtype(res.type)), loc=g.source_loc(mm))
+        new_c = g.WeightOp.make(cname, g.tensor_type([N], g.element_dtype(res.type)), loc=g.source_loc(mm))
         after = g.AddOp.make(res, new_c.results[0], loc=g.source_loc(mm))
         block.insert_op_after(new_c, mm)
         block.insert_op_after(after, new_c)
         res.replace_all_uses_with(after.results[0])
         after.operands[0] = res  # the add itself keeps the matmul's result
     return True
+
+
+def _fold_rows(w: np.ndarray | Bf16Weight, gamma: np.ndarray, beta: np.ndarray,
+               rows: int = 64) -> tuple[np.ndarray | Bf16Weight, np.ndarray]:
+    """(``gamma[:, None] * w``, ``beta @ w`` in float64), `rows` rows of w at a time, so
+    no whole-size float32 or float64 copy of a vocabulary-sized w is made. A bf16 weight
+    (`Bf16Weight`) folds to a bf16 one: the packager would round the folded values to
+    its bf16 HBM tensor anyway."""
+    K, N = w.shape
+    b = beta.astype(np.float64)
+    shift = np.zeros(N, dtype=np.float64)
+    bf16 = isinstance(w, Bf16Weight)
+    out = np.empty((K, N), dtype=np.uint16 if bf16 else np.float32)
+    for r0 in range(0, K, rows):
+        blk = np.asarray(w[r0:r0 + rows], dtype=np.float32)
+        shift += b[r0:r0 + rows] @ blk.astype(np.float64)
+        scaled = gamma[r0:r0 + rows, None] * blk
+        out[r0:r0 + rows] = f32_to_bf16_bits(scaled) if bf16 else scaled
+    return (Bf16Weight(out) if bf16 else out), shift
 
 
 def _values(w: np.ndarray | MetaWeight) -> np.ndarray:

@@ -176,6 +176,12 @@ SHORT_KEYS = {"chip": "chip", "cores": "cores_per_chip", "name": "name", "link":
 def parse_short(text: str) -> SystemConfig:
     """The command-line form: ``TOPOLOGY[;key=value]...`` with keys chip, cores, name,
     link (a link preset) and the keys of `[system.link]` (bandwidth_gbs, latency_ns, ...)."""
+    return system_from_dict(short_table(text), f"system '{text}'")
+
+
+def short_table(text: str) -> dict[str, Any]:
+    """The short form as the `[system]` table it stands for (not yet validated: the keys
+    it names only; `tilecc sweep` edits the table before validating it)."""
     topology, *items = text.split(";")
     data: dict[str, Any] = {"topology": topology.strip(), "link": {}}
     link_keys = {f.name for f in fields(LinkConfig)}
@@ -191,7 +197,7 @@ def parse_short(text: str) -> SystemConfig:
             data["link"][target[5:]] = value
         else:
             data[target] = value
-    return system_from_dict(data, f"system '{text}'")
+    return data
 
 
 def _parse_number(name: str, value: str) -> int | float | str:

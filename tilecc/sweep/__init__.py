@@ -3,7 +3,9 @@
     spec.py        the sweep spec (TOML), validated: workloads, base config, objectives, space
     objectives.py  the objectives' table: unit, direction, formula over a point's figures
     pareto.py      Pareto fronts (minimised and maximised objectives, ties, NaN)
+    systems.py     the multi-chip axes: system keys, tp / pp / dp, a point's deployment
     evaluate.py    full fidelity: compile, simulate and check one (workload, config)
+    evaluate_system.py  full fidelity over several chips or dp replicas
     estimate.py    estimate fidelity: the roofline bound, calibrated on simulated points
     backends.py    where tasks run: this process, a local pool, Ray
     nsga2.py       strategy = "nsga2" (Optuna's NSGA-II sampler)

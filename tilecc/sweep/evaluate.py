@@ -11,6 +11,9 @@ torch eager: a program that does not match is a failed point, as is one that doe
 compile or fit (the `TileccError`'s one line is the reason). Sanitisers run when
 ``TILECC_SANITIZE=1``, as everywhere.
 
+A point deployed over several chips or replicas (tilecc/sweep/systems.py) runs in
+tilecc/sweep/evaluate_system.py; every point's area is its chips' sum.
+
 A worker keeps each workload it loaded (the model, its inputs, eager's outputs and the
 exported program) for the next task of the same workload (`_workload`, a small LRU).
 """
@@ -26,11 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilecc.cli_args import one_line
-from tilecc.errors import InternalError, TileccError
+from tilecc.errors import TileccError
 from tilecc.simulator.area import area
 from tilecc.simulator.config import from_dict
-from tilecc.sweep.knobs import MODEL_KNOBS, system_spec, to_toml
+from tilecc.sweep.knobs import MODEL_KNOBS
 from tilecc.sweep.objectives import Figures
+from tilecc.sweep.systems import Deployment
 
 __all__ = ["Outcome", "Task", "evaluate_task", "figures_of"]
 
@@ -42,6 +46,7 @@ class Task:
     points: tuple[int, ...]  # the point indices it serves
     areas: tuple[dict[str, Any], ...] = ()  # each point's [area] table (default: the config's)
     knobs: dict[str, Any] = field(default_factory=dict)  # workload knobs (tilecc/sweep/knobs.py)
+    deployment: Deployment = field(default_factory=Deployment)  # over chips (tilecc/sweep/systems.py)
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,14 @@ def _workload(spec: str, knobs: str = "{}") -> tuple[Any, tuple, list, Any]:
     model, inputs = apply_knobs(model, inputs, json.loads(knobs))
     expected = run_eager(model, inputs)
     return export_model(model, inputs), inputs, expected, model
+
+
+@functools.lru_cache(maxsize=4)
+def _graph(spec: str, knobs: str = "{}") -> Any:
+    """The graph IR of `_workload(spec, knobs)`'s exported program (its bound's work)."""
+    from tilecc.frontend.torch_export import import_exported_program
+
+    return import_exported_program(_workload(spec, knobs)[0])
 
 
 def figures_of(report: Any, cfg: Any) -> Figures:
@@ -96,12 +109,9 @@ def evaluate_task(task: Task) -> list[Outcome]:
     out = []
     for index, area_table in zip(task.points, areas):
         point_cfg = from_dict({**task.config, "area": area_table}, f"point {index}")
-        if isinstance(report, Figures):  # a system point (_run_system): every chip's area
-            chips = task.knobs.get("tp", 1)
-            mm2 = chips * area(point_cfg).total if point_cfg.area is not None else float("nan")
-            out.append(Outcome(index, figures={**vars(report), "area_mm2": mm2}))
-        else:
-            out.append(Outcome(index, figures=vars(figures_of(report, point_cfg))))
+        figures = report if isinstance(report, Figures) else figures_of(report, point_cfg)
+        mm2 = task.deployment.chips * area(point_cfg).total if point_cfg.area is not None else float("nan")
+        out.append(Outcome(index, figures={**vars(figures), "area_mm2": mm2}))  # every chip's area
     return out
 
 
@@ -117,8 +127,11 @@ def _run(task: Task) -> tuple[Any, Any]:
         return _run_decode(task, cfg)
     model_knobs = {k: v for k, v in task.knobs.items() if k in MODEL_KNOBS}
     ep, inputs, expected, model = _workload(task.workload, json.dumps(model_knobs, sort_keys=True))
-    if task.knobs.get("tp", 1) > 1:
-        return _run_system(task, cfg, ep, inputs, expected, model)
+    if task.deployment.chips > 1:
+        from tilecc.sweep.evaluate_system import run_deployed
+
+        graph = _graph(task.workload, json.dumps(model_knobs, sort_keys=True))
+        return run_deployed(task.deployment, task.config, cfg, graph, inputs, model), cfg
     program = compile_cached(ep, cfg, None)
     sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"
     outputs, report = run_program(program, inputs, sanitize=sanitize)
@@ -142,9 +155,13 @@ def _run_decode(task: Task, cfg: Any) -> tuple[Any, Any]:
     from tilecc.llm.programs import compile_programs
     from tilecc.sweep.knobs import apply_knobs
 
-    if task.knobs.get("tp", 1) > 1:
-        return "phase \"decode\" runs on one chip (tp = 1)", cfg
+    dp = task.deployment.dp
+    if task.deployment.replica_chips > 1:  # refused by the spec (tilecc/sweep/systems.py)
+        return "phase \"decode\" runs each replica on one chip (tp = pp = 1)", cfg
     batch, prompt = int(task.knobs.get("batch", 1)), int(task.knobs.get("prompt_len", 16))
+    if batch % dp:
+        return f"dp = {dp}: a batch of {batch} sequences cannot be split over {dp} replicas", cfg
+    batch //= dp  # one replica's share
     model, _ = apply_knobs(load_lm(task.workload), (), {k: v for k, v in task.knobs.items() if k in MODEL_KNOBS})
     model = model.eval()
     vocab = int(model.config.vocab_size)
@@ -154,49 +171,10 @@ def _run_decode(task: Task, cfg: Any) -> tuple[Any, Any]:
     tokens, _, steps = run_generation(progs, ids, DECODE_STEPS)
     if tokens != expected:
         return "the generated tokens differ from eager model.generate's", cfg
-    return dataclasses.replace(figures_of(steps[-1], cfg), tokens=float(batch)), cfg
-
-
-def _run_system(task: Task, cfg: Any, ep: Any, inputs: tuple, expected: list, model: Any) -> tuple[Any, Any]:
-    """A `tp` point: the model sharded over `tp` chips of the point's config, every chip
-    and link simulated (tilecc/system_api.py), compared with eager."""
-    import tempfile
-    from pathlib import Path
-
-    import torch
-
-    from tilecc.frontend.dsl.work import dsl_call_work
-    from tilecc.frontend.torch_export import import_exported_program
-    from tilecc.ir.graph_work import graph_work
-    from tilecc.runtime.compare import compare
-    from tilecc.simulator.roofline import roofline
-    from tilecc.system_api import compile_for_system
-
-    tp = task.knobs["tp"]
-    with tempfile.TemporaryDirectory() as d:
-        chip = Path(d) / "chip.toml"
-        chip.write_text(to_toml(task.config), encoding="utf-8")
-        spec = system_spec(task.knobs, str(chip))
-        sm = compile_for_system(model, inputs, target=str(chip), system=spec, parallel={"tp": tp})
-        sm.sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"
-        out = sm(*inputs)
-    outputs = list(out) if isinstance(out, (tuple, list)) else [out]
-    ok, worst = compare(outputs, [torch.as_tensor(e) for e in expected])
-    if not ok:
-        return f"the sharded program does not match eager (max abs error {worst:.3g})", cfg
-    rep = sm.report
-    if rep is None:
-        raise InternalError("the system run left no report")
-    work = graph_work(import_exported_program(ep), cfg, dsl_call_work)
-    bounds = roofline(work.figures(), cfg)
-    resource = max(bounds, key=lambda k: bounds[k])
-    exposed = rep.comm_exposed_share
-    return Figures(
-        cycles=rep.time_us * cfg.clock_ghz * 1e3,
-        latency_us=float(rep.time_us),
-        energy_j=float(rep.energy_j),
-        roofline_cycles=bounds[resource] / tp,
-        macs=float(work.macs_16 + work.macs_fp32),
-        area_mm2=tp * area(cfg).total if cfg.area is not None else float("nan"),
-        bottleneck="interconnect" if exposed >= 0.5 else resource,
-    ), cfg
+    step = figures_of(steps[-1], cfg)
+    if dp == 1:
+        return dataclasses.replace(step, tokens=float(batch)), cfg
+    # dp replicas step together: one replica's time, every replica's energy and tokens; the
+    # bound of the whole batch over dp chips is not the replica's (no full-batch program): NaN
+    return dataclasses.replace(step, energy_j=dp * step.energy_j, macs=dp * step.macs, tokens=float(dp * batch),
+                               roofline_cycles=float("nan")), cfg

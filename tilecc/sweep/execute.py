@@ -22,7 +22,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tilecc.errors import ConfigError, TileccError
@@ -31,7 +31,7 @@ from tilecc.simulator.config import HardwareConfig
 from tilecc.sweep.backends import Backend, make_backend, require
 from tilecc.sweep.estimate import EstimateError, Estimator
 from tilecc.sweep.evaluate import Outcome, Task
-from tilecc.sweep.knobs import KNOBS
+from tilecc.sweep.knobs import is_knob
 from tilecc.sweep.objectives import OBJECTIVES, Figures, objective_value
 from tilecc.sweep.pareto import pareto_mask
 from tilecc.sweep.results import ResultStore
@@ -117,9 +117,12 @@ class _Run:
         valid: list[tuple[int, dict[str, Any], HardwareConfig]] = []
         for index, point in items:
             try:
-                valid.append((index, point, self.spec.config(point, "config")))
+                cfg = self.spec.config(point, "config")
+                self.spec.deployment(point)
             except ConfigError as e:
                 yield index, point, None, str(e)
+                continue
+            valid.append((index, point, cfg))
         if self.fidelity == "estimate":
             yield from self._estimate(workload, valid)
         else:
@@ -143,12 +146,14 @@ class _Run:
             known = self.memo.get((workload, key))
             if known is not None:
                 for index, point, cfg in members:
-                    yield index, point, _with_area(known, cfg), known.failure
+                    yield index, point, _with_area(known, cfg, self.spec.deployment(point).chips), known.failure
                 continue
             eff = apply_point(self.spec.base_data, {k: v for k, v in members[0][1].items()
                                                     if not k.startswith("area.")})
             areas = tuple(apply_point(self.spec.base_data, p)["area"] for _, p, _ in members)
-            tasks.append(Task(workload, eff, tuple(i for i, _, _ in members), areas, knob_part(members[0][1])))
+            first = members[0][1]
+            tasks.append(Task(workload, eff, tuple(i for i, _, _ in members), areas, knob_part(first),
+                              self.spec.deployment(first)))
             key_of[members[0][0]] = key
         for outcomes in self.backend.run(tasks):
             self.memo.setdefault((workload, key_of[outcomes[0].index]), outcomes[0])
@@ -157,10 +162,10 @@ class _Run:
                 yield o.index, point, Figures(**o.figures) if o.figures else None, o.failure
 
     def _effective(self, point: dict[str, Any]) -> str:
-        """The config without its area, with the workload knobs: what the compile and the
-        simulation depend on."""
+        """The config without its area, with the workload knobs and the deployment over
+        chips: what the compile and the simulation depend on."""
         data = apply_point(self.spec.base_data, {k: v for k, v in point.items() if not k.startswith("area.")})
-        return json.dumps([data, knob_part(point)], sort_keys=True)
+        return json.dumps([data, knob_part(point), asdict(self.spec.deployment(point))], sort_keys=True)
 
     def calibrate(self, workload: str, points: list[tuple[int, dict[str, Any]]]) -> None:
         """Estimate fidelity: fit the workload's estimator on simulated sample points."""
@@ -183,10 +188,11 @@ class _Run:
         return out
 
 
-def _with_area(o: Outcome, cfg: HardwareConfig) -> Figures | None:
+def _with_area(o: Outcome, cfg: HardwareConfig, chips: int) -> Figures | None:
+    """A memoised outcome with this point's area (`chips` chips of `cfg`)."""
     if not o.figures:
         return None
-    return Figures(**{**o.figures, "area_mm2": area(cfg).total if cfg.area is not None else float("nan")})
+    return Figures(**{**o.figures, "area_mm2": chips * area(cfg).total if cfg.area is not None else float("nan")})
 
 
 def run_sweep(spec: SweepSpec, out_dir: str, *, workers: int = 1, resume: bool = False, ray: str | None = None,
@@ -198,10 +204,12 @@ def run_sweep(spec: SweepSpec, out_dir: str, *, workers: int = 1, resume: bool =
         raise TileccError(f"--fidelity {fidelity!r}: expected one of {', '.join(FIDELITIES)}")
     if spec.strategy == "nsga2":
         require("optuna", 'strategy = "nsga2"')
-    knobs = [k for k in spec.keys if k in KNOBS]
+    knobs = [k for k in spec.keys if is_knob(k)]
     if fidelity == "estimate" and knobs:
         raise TileccError(f"--fidelity estimate: the estimator models the hardware config only; "
                           f"the workload knob '{knobs[0]}' needs --fidelity full")
+    if fidelity == "estimate" and spec.system:
+        raise TileccError("--fidelity estimate: the estimator models one chip; 'sweep.system' needs --fidelity full")
     store = ResultStore.open(out_dir, spec, fidelity, resume)
     total = len(spec.workloads) * (spec.trials if spec.strategy == "nsga2" else len(spec.points()))
     backend = make_backend(workers, ray)

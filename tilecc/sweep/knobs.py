@@ -9,20 +9,23 @@ A knob's value travels with the point into `evaluate.Task.knobs`; points that di
 knob never share a compile. Each knob validates its values here, once, so a bad value is
 one line naming the key and the value before anything runs.
 
-- `tp` (a whole number >= 1): tensor parallelism over that many chips of the point's
-  config (`tilecc.compile(..., system=, parallel={"tp": N})`, tilecc/system_api.py);
-  `topology` ("ring" | "switch"), `link_bandwidth_gbs` and `link_latency_ns` describe the
-  interconnect (defaults: the system's link preset). A point's latency and energy are
-  the system's (every chip and link); its area is the chips' sum; its roofline bound is
-  the single chip's intrinsic bound over `tp` (the work spread evenly, communication
-  free), so `roofline_ratio` also charges the communication.
+- `tp`, `pp`, `micro_batches`, `dp` and the system keys `system.*` (with the aliases
+  `topology`, `link_bandwidth_gbs`, `link_latency_ns`): how the model is deployed over
+  chips, resolved per point by tilecc/sweep/systems.py (its docstring states the rules,
+  dp's included). A multi-chip point runs through `tilecc.compile(..., system=,
+  parallel=)` (tilecc/system_api.py): every chip and link simulated, compared with eager.
+  Its latency is the system's; its energy every chip's and link's, a chip's static power
+  counted for the whole run (idle too); its area the sum over every chip (dp x tp x pp);
+  its roofline bound the single chip's intrinsic bound of the whole workload over that
+  many chips (the work spread evenly, communication free), so `roofline_ratio` also
+  charges the communication and the replication.
 - `phase`: "forward" (one call of the factory's model on its inputs) or "decode" (the
   factory returns a `transformers` causal LM, as for `tilecc generate`: its prefill and
   decode programs compiled with a static KV cache, `batch` sequences (default 1) of a
   `prompt_len`-token random prompt (default 16), three greedy tokens generated on the
   simulator and compared with eager `model.generate`; a point's figures are one decode
   step's, `tokens` = the batch, so `tpot`, `tokens_per_second` and `joules_per_token`
-  are defined). Decode runs on one chip (a tp > 1 decode point fails, saying so).
+  are defined). A decode replica runs on one chip (tp = pp = 1; dp replicas allowed).
 - `weights`: "native" (the model as its factory builds it), "bf16" (model and floating
   inputs cast to bfloat16), "int8" / "fp8" (weight-only quantisation of the linear
   layers by `tilecc.quantize.quantize_weights`, `lm_head` kept). The eager reference is
@@ -33,63 +36,56 @@ from __future__ import annotations
 
 from typing import Any
 
+from tilecc.sweep.systems import (
+    ALIASES,
+    PARALLEL_KNOBS,
+    TOPOLOGY_FAMILIES,
+    check_parallel_value,
+    check_system_value,
+    is_system_key,
+)
+
 __all__ = ["DECODE_KNOBS", "KNOBS", "MODEL_KNOBS", "PHASES", "WEIGHTS", "apply_knobs", "check_knob",
-           "effective_knobs", "is_knob", "system_spec", "to_toml"]
+           "effective_knobs", "is_knob", "to_toml"]
 
 WEIGHTS = ("native", "bf16", "int8", "fp8")
-TOPOLOGIES = ("ring", "switch")
 MODEL_KNOBS = ("weights",)  # change the model itself (the rest change how it is deployed)
 PHASES = ("forward", "decode")
 DECODE_KNOBS = ("phase", "batch", "prompt_len")  # the generation's shape (phase "decode")
-KNOBS = ("weights", "tp", "topology", "link_bandwidth_gbs", "link_latency_ns", *DECODE_KNOBS)
+KNOBS = ("weights", *PARALLEL_KNOBS, "topology", *ALIASES, *DECODE_KNOBS)
 
 
 def is_knob(key: str) -> bool:
-    return key in KNOBS
+    """A knob or a system key (`system.*`): anything swept that is not a chip config key."""
+    return key in KNOBS or is_system_key(key)
 
 
 def check_knob(key: str, value: Any) -> str | None:
     """None if `value` is valid for knob `key`, else what is allowed (for the spec's error)."""
     if key == "weights":
         return None if value in WEIGHTS else f"'weights' takes one of {', '.join(WEIGHTS)}"
-    if key == "tp":
-        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024
-        return None if ok else "'tp' takes a whole number of chips in 1..1024"
+    if key in PARALLEL_KNOBS:
+        return check_parallel_value(key, value)
+    if is_system_key(key):
+        return check_system_value(key, value)
     if key == "phase":
         return None if value in PHASES else f"'phase' takes one of {', '.join(PHASES)}"
     if key in ("batch", "prompt_len"):
         ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65536
         return None if ok else f"'{key}' takes a whole number in 1..65536"
     if key == "topology":
-        return None if value in TOPOLOGIES else f"'topology' takes one of {', '.join(TOPOLOGIES)}"
-    if key in ("link_bandwidth_gbs", "link_latency_ns"):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-        ok = ok and (value > 0 or key == "link_latency_ns")
-        return None if ok else f"'{key}' takes a number {'> 0' if key == 'link_bandwidth_gbs' else '>= 0'}"
+        ok = value in TOPOLOGY_FAMILIES
+        return None if ok else f"'topology' takes one of {', '.join(TOPOLOGY_FAMILIES)} (or sweep 'system.topology')"
+    if key in ALIASES:
+        return check_system_value(ALIASES[key], value)
     return f"unknown knob '{key}'"
 
 
 def effective_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
-    """The knobs that change a point's result: the interconnect's do not on one chip, the
-    generation's shape does not in a forward point."""
+    """The knobs that change the model or what is run on each chip (the deployment over
+    chips is tilecc/sweep/systems.py's): the generation's shape only in a decode point."""
     decode = knobs.get("phase", "forward") == "decode"
-    keep = {k: v for k, v in knobs.items() if decode or k not in DECODE_KNOBS}
-    if keep.get("tp", 1) == 1:
-        return {k: v for k, v in keep.items() if k in MODEL_KNOBS or k in DECODE_KNOBS}
-    return keep
-
-
-def system_spec(knobs: dict[str, Any], chip_toml: str) -> str | None:
-    """The short-form system spec of a point's knobs (None: one chip, no system)."""
-    tp = knobs.get("tp", 1)
-    if tp == 1:
-        return None
-    spec = f"{knobs.get('topology', 'ring')}:{tp};chip={chip_toml}"
-    if "link_bandwidth_gbs" in knobs:
-        spec += f";bandwidth_gbs={knobs['link_bandwidth_gbs']}"
-    if "link_latency_ns" in knobs:
-        spec += f";latency_ns={knobs['link_latency_ns']}"
-    return spec
+    return {k: v for k, v in knobs.items() if k in MODEL_KNOBS or (decode and k in DECODE_KNOBS)}
 
 
 def to_toml(data: dict[str, Any]) -> str:

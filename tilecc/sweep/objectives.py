@@ -7,6 +7,8 @@ energy, the MACs done, the silicon area (`simulator/area.py`) and the roofline
 bound's resource. One inference is one call of the workload's forward, or with the knob
 `phase = "decode"` one decode step of the whole batch (tilecc/sweep/knobs.py); the
 per-token objectives are defined for decode points only (NaN, never Pareto, elsewhere).
+A multi-chip point's energy and area are every chip's (and link's), dp replicas' included
+(tilecc/sweep/systems.py), so the per-watt and per-mm^2 objectives count them all.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ class Figures:
 
     cycles: float  # core cycles of one inference
     latency_us: float  # those cycles at the core clock, microseconds
-    energy_j: float  # energy of one inference, joules (static included)
+    energy_j: float  # energy of one inference, joules (static included; every chip and link of the point)
     roofline_cycles: float  # the workload's roofline bound on this config, core cycles
     macs: float  # MACs of one inference
-    area_mm2: float  # the core's silicon area (simulator/area.py)
+    area_mm2: float  # silicon area of every chip of the point (simulator/area.py x dp x tp x pp)
     bottleneck: str  # the roofline bound's resource (matrix, hbm, vector)
     tokens: float = float("nan")  # tokens one inference produces (a decode step: the batch; forward: undefined)
 
@@ -63,8 +65,8 @@ OBJECTIVES: dict[str, Objective] = {
     "tops_per_watt": Objective("TOPS/W", True, lambda f: _div(2 * f.macs, f.energy_j) / 1e12,
                                "2 * MACs per joule, in 1e12"),
     "perf_per_mm2": Objective("inferences/s/mm2", True, lambda f: _div(_per_second(f), f.area_mm2),
-                              "throughput per mm^2 of silicon (the [area] model)"),
-    "area": Objective("mm2", False, lambda f: f.area_mm2, "silicon area of the core (the [area] model)"),
+                              "throughput per mm^2 of silicon, every chip (the [area] model)"),
+    "area": Objective("mm2", False, lambda f: f.area_mm2, "silicon area of every chip of the point (the [area] model)"),
     "roofline_ratio": Objective("x", False, lambda f: _div(f.cycles, f.roofline_cycles),
                                 "cycles over the workload's roofline bound (1.0 is the limit)"),
     "tokens_per_second": Objective("tokens/s", True, lambda f: _div(f.tokens * 1e6, f.latency_us),

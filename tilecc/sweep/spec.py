@@ -4,6 +4,7 @@ the search strategy and the space, validated before anything runs.
     [sweep]
     workload = "examples/mlp.py:mlp"      # FILE.py:FACTORY, or a list of them
     base = "tiny"                         # a preset or a hardware TOML (relative to the spec)
+    system = "ring:4;link=nvlink4"        # optional: a base system (tilecc/sweep/systems.py)
     objectives = ["latency", "energy"]    # names in tilecc/sweep/objectives.py
     strategy = "grid"                     # grid | random (n = ...) | nsga2 (trials = ...)
     seed = 0                              # random and nsga2 draws
@@ -21,9 +22,11 @@ Workload knobs (`weights = ["native", "int8"]`, `phase = ["decode"]` with `batch
 `prompt_len`: tilecc/sweep/knobs.py) are swept like config keys but change the model or
 what is run, not the config.
 
-Multi-chip systems are swept with the knobs `tp`, `topology`, `link_bandwidth_gbs` and
-`link_latency_ns`; `system.*` tables, `pp` and `dp` are named in `FUTURE_KEYS` and
-refused with that reason; a new key family is one entry in `_check_key`.
+Multi-chip deployments are swept with the system keys by their dotted path
+(`"system.chips"`, `"system.link.bandwidth_gbs"`, ...), the knobs `tp`, `pp`,
+`micro_batches` and `dp`, and `system = "..."` beside `base` (a base system, short form or
+TOML): tilecc/sweep/systems.py. A combination the runtime does not run (tp x pp today) is
+refused here, in one line, before anything runs.
 """
 
 from __future__ import annotations
@@ -41,12 +44,13 @@ from tilecc.errors import ConfigError, TileccError
 from tilecc.simulator.config import PRESET_DIR, HardwareConfig, from_dict
 from tilecc.sweep.knobs import check_knob, effective_knobs, is_knob
 from tilecc.sweep.objectives import OBJECTIVES
+from tilecc.sweep.systems import ALIASES, Deployment, base_table, check_combinations, resolve
 
 __all__ = ["SweepSpec", "SweepSpecError", "load_spec", "STRATEGIES"]
 
 STRATEGIES = ("grid", "random", "nsga2")
-SWEEP_KEYS = ("workload", "base", "objectives", "strategy", "n", "trials", "seed", "calibration_points", "grid")
-FUTURE_KEYS = ("system", "pp", "dp")  # swept systems are the tp knobs (tilecc/sweep/knobs.py) for now
+SWEEP_KEYS = ("workload", "base", "system", "objectives", "strategy", "n", "trials", "seed", "calibration_points",
+              "grid")
 MAX_POINTS = 1_000_000  # a grid larger than this is refused (use random or nsga2)
 
 
@@ -67,6 +71,8 @@ class SweepSpec:
     seed: int
     calibration_points: int
     grid: dict[str, list[Any]]  # dotted key -> values, in the spec's order
+    system: str = ""  # the base system as written ("": none)
+    system_data: dict[str, Any] | None = None  # its [system] table (tilecc/sweep/systems.py)
 
     @property
     def keys(self) -> list[str]:
@@ -98,6 +104,10 @@ class SweepSpec:
         """The base config with `point`'s values (ConfigError naming `where` if invalid)."""
         return from_dict(apply_point(self.base_data, config_part(point)), where)
 
+    def deployment(self, point: dict[str, Any]) -> Deployment:
+        """How `point` runs over chips (ConfigError if its system does not hold together)."""
+        return resolve(point, self.system_data)
+
     def fingerprint(self) -> str:
         """What a resumed sweep must match (the spec's meaning, not its text)."""
         d = asdict(self)
@@ -106,7 +116,8 @@ class SweepSpec:
 
 
 def config_part(point: dict[str, Any]) -> dict[str, Any]:
-    """The point's config keys (its workload knobs, tilecc/sweep/knobs.py, left out)."""
+    """The point's config keys (its workload knobs and system keys, tilecc/sweep/knobs.py,
+    left out)."""
     return {k: v for k, v in point.items() if not is_knob(k)}
 
 
@@ -167,6 +178,13 @@ def _parse(data: dict[str, Any], path: Path) -> SweepSpec:
     if not isinstance(base_value, str) or not base_value:
         raise SweepSpecError(f"'sweep.base' = {base_value!r}: expected a preset name or a .toml path")
     base_data = _base_data(base_value, path)
+    system_value = sw.get("system")
+    system_data = None
+    if system_value is not None:
+        try:
+            system_data = base_table(system_value, path.parent)
+        except ConfigError as e:
+            raise SweepSpecError(f"'sweep.system' = {system_value!r}: {e}") from None
     objectives = _objectives(sw.get("objectives", ["latency", "energy"]))
     strategy = sw.get("strategy", "grid")
     if strategy not in STRATEGIES:
@@ -178,11 +196,14 @@ def _parse(data: dict[str, Any], path: Path) -> SweepSpec:
     if strategy == "nsga2" and len(workloads) > 1:
         raise SweepSpecError(f"'sweep.workload' = {sw.get('workload')!r}: strategy \"nsga2\" optimises one workload")
     grid = _grid(sw.get("grid"), base_data)
+    why = check_combinations(grid, system_data)
+    if why:
+        raise SweepSpecError(f"'sweep.grid': {why}")
     if strategy == "grid" and _grid_size(grid) > MAX_POINTS:
         raise SweepSpecError(f"'sweep.grid' has {_grid_size(grid):,} points (more than {MAX_POINTS:,}: "
                              "use strategy = \"random\" or \"nsga2\")")
     return SweepSpec(str(path), workloads, base_value, base_data, objectives, strategy, n, trials, seed,
-                     calibration, grid)
+                     calibration, grid, system_value or "", system_data)
 
 
 def _resolve(text: str, spec_path: Path) -> Path:
@@ -280,15 +301,15 @@ def _grid(value: Any, base: dict[str, Any]) -> dict[str, list[Any]]:
         if len({json.dumps(v) for v in values}) != len(values):
             raise SweepSpecError(f"'sweep.grid.\"{key}\"' = {values!r} lists a value twice")
         grid[key] = list(values)
+    for alias, dotted in [*ALIASES.items(), ("topology", "system.topology")]:
+        if alias in grid and dotted in grid:
+            raise SweepSpecError(f"'sweep.grid' sweeps both '{alias}' and '{dotted}' (one names the other's key: "
+                                 "keep one)")
     return grid
 
 
 def _check_key(key: str, base: dict[str, Any]) -> Any:
     """The base config's value at dotted `key` (SweepSpecError if the config has none)."""
-    head = key.split(".")[0]
-    if head in FUTURE_KEYS:
-        raise SweepSpecError(f"'sweep.grid.\"{key}\"': a multi-chip system is swept with the knobs tp, "
-                             "topology, link_bandwidth_gbs and link_latency_ns; pp and dp are not supported yet")
     table: Any = base
     for part in key.split("."):
         if not isinstance(table, dict) or part not in table:
