@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/tensor_parallel.py [--target tiny] [--link nvlink4] [--tp 1,2,4,8]
                                                    [--seq 64] [--sp] [--quick] [--pipeline]
+                                                   [--stream] [--chunks 4]
 
 The model is examples/llama_tp.py's (2 layers, hidden 256, 16 heads, 8 key / value heads,
 MLP 512) at `--seq` tokens; every chip is a `--target` chip, the links the `--link` preset
@@ -42,6 +43,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--sp", action="store_true", help="sequence parallelism around the norms")
     ap.add_argument("--quick", action="store_true", help="tp 1,2 and 16 tokens (a smoke run)")
+    ap.add_argument("--stream", action="store_true",
+                    help="also the table of the collectives in the instruction streams against between programs")
+    ap.add_argument("--chunks", type=int, default=4, help="--stream: chunks per ring block")
     ap.add_argument("--pipeline", action="store_true",
                     help="also the pipeline table: pp=2 on a ring, micro-batches 1 / 2 / 4 of a batch of 4")
     args = ap.parse_args()
@@ -56,6 +60,7 @@ def main() -> None:
     print(f"{'tp':>3} {'system':>10} {'time us':>10} {'speed-up':>9} {'comm us':>9} {'comm %':>7} "
           f"{'link bytes':>11} {'eager':>6} {'compile s':>10} {'sim s':>7}")
     base = None
+    compiled = {}
     for tp in tps:
         if tp == 1:
             t0 = time.perf_counter()
@@ -73,6 +78,7 @@ def main() -> None:
         ring = load_system(f"ring:{tp};chip={args.target};link={args.link}")
         t0 = time.perf_counter()
         prog = compile_system(model, (ids,), ring, tp=tp, sp=args.sp)
+        compiled[tp] = prog
         c_s = time.perf_counter() - t0
         for spec in (f"ring:{tp}", f"switch:{tp}"):
             system = load_system(f"{spec};chip={args.target};link={args.link}")
@@ -85,8 +91,38 @@ def main() -> None:
             print(f"{tp:>3} {spec:>10} {r.time_us:10.2f} {speed} {r.comm_us:9.2f} {100 * r.comm_exposed_share:6.1f}% "
                   f"{r.link_bytes:11.0f} {'yes' if ok else 'NO':>6} {c_s:10.2f} {time.perf_counter() - t1:7.2f}")
             c_s = 0.0  # compiled once for both systems
+    if args.stream:
+        stream_table(args, compiled, ids, ref, base)
     if args.pipeline:
         pipeline(args)
+
+
+def stream_table(args: argparse.Namespace, compiled: dict, ids: torch.Tensor, ref: torch.Tensor,
+                 base: float | None) -> None:
+    from tilecc.runtime.stream_report import stream_report
+    from tilecc.runtime.system_stream import build_streams, run_streams
+
+    print(f"\ncollectives in the streams (ring, {args.chunks} chunks per block) against between "
+          "the programs (bulk-synchronous)")
+    print(f"{'tp':>3} {'system':>10} {'between us':>11} {'stream us':>10} {'x between':>10} {'x stream':>9} "
+          f"{'exposed between':>16} {'exposed stream':>15} {'comm stream':>12} {'hidden':>7} {'eager':>6} {'sim s':>6}")
+    for tp, prog in compiled.items():
+        for spec in (f"ring:{tp}", f"switch:{tp}"):
+            system = load_system(f"{spec};chip={args.target};link={args.link}")
+            p = dataclasses.replace(prog, system=system)
+            _, tl = run_system(p, (ids,), functional=False)
+            between = system_report(p, tl)
+            t1 = time.perf_counter()
+            ssp = build_streams(p, chunks=args.chunks)
+            outs, run = run_streams(ssp, (ids,))
+            r = stream_report(ssp, run)
+            ok = torch.allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
+            sx = f"{base / between.time_us:9.2f}x" if base else f"{'-':>10}"
+            st = f"{base / r.time_us:8.2f}x" if base else f"{'-':>9}"
+            print(f"{tp:>3} {spec:>10} {between.time_us:11.2f} {r.time_us:10.2f} {sx} {st} "
+                  f"{between.comm_exposed_share * between.time_us:16.2f} {r.comm_exposed_share * r.time_us:15.2f} "
+                  f"{r.comm_us:12.2f} "
+                  f"{100 * r.extra['hidden_share']:6.1f}% {'yes' if ok else 'NO':>6} {time.perf_counter() - t1:6.2f}")
 
 
 def pipeline(args: argparse.Namespace) -> None:

@@ -11,6 +11,8 @@ cleared, as ``isa.empty_stream`` leaves them, and the parser restores them so)::
     vec.add sram[p0 +0x0]:f32, col sram[p0 +0x800]:f32 -> sram[p0 +0x0]:f32 16x64
     vec.sub.swap acc[p0 +0x0]:f32, imm 0.5 -> sram[p0 +0x0]:f32 16x64 signal(s2)
     vec.reduce_max sram[p0 +0x0]:f32 -> sram[p0 +0x900]:f32 16x64
+    link.send l0 hbm[0x0 rs=64 cs=1]:f32 -> chip1:f32 1x64 signal(s0)
+    link.recv l1 chip3:f32 + hbm[0x0 rs=64 cs=1]:f32 -> hbm[0x400 rs=64 cs=1]:f32 1x64 signal(s1)
     dma.gather q0 hbm[0x1000 rs=768 bound=1000]:f32, index sram[p0 +0x0]:i32 -> sram[p0 +0x40]:f32 16x768
     dma.scatter q3 sram[p0 +0x40]:f32, index sram[p0 +0x0]:i32 -> hbm[0x1000 rs=768 bound=1000]:f32 16x768
 
@@ -420,6 +422,54 @@ class _Builder(lark.Transformer):
         self._shape(r, shape)
         return r
 
+    def peer(self, c: list[Any]):
+        chip_tok, dt_tok = c
+        dtype = _DT_BY_NAME.get(str(dt_tok))
+        if dtype is None:
+            raise _SemanticError(
+                f"unknown element type '{dt_tok}' (expected {', '.join(_DT_BY_NAME)})", dt_tok
+            )
+        return (_num(chip_tok, _U32, "peer chip", skip=4), dtype)
+
+    def _link_hbm(self, o: _Operand, what: str) -> None:
+        if o.mem != Mem.HBM or o.bound is not None:
+            raise _SemanticError(f"{what} is an hbm operand hbm[ADDR rs=ROW_STRIDE cs=COL_STRIDE]", o.tok)
+
+    def link_send(self, c: list[Any]):
+        _, q_tok, src, peer, shape, sync = c
+        self._link_hbm(src, "the source of link.send")
+        r = self._record(int(Opcode.LINK_SEND), sync)
+        r[_I["queue"]] = _num(q_tok, _U8, "link queue", skip=1)
+        self._put(r, "a", src)
+        r[_I["a_part"]] = 0
+        r[_I["hbm_rs"]], r[_I["hbm_cs"]] = src.rs, src.cs
+        r[_I["k"]], r[_I["o_dtype"]] = peer
+        self._shape(r, shape)
+        return r
+
+    def link_recv(self, c: list[Any]):
+        if len(c) == 7:
+            _, q_tok, peer, addend, dst, shape, sync = c
+        else:
+            _, q_tok, peer, dst, shape, sync = c
+            addend = None
+        self._link_hbm(dst, "the destination of link.recv")
+        r = self._record(int(Opcode.LINK_RECV), sync)
+        r[_I["queue"]] = _num(q_tok, _U8, "link queue", skip=1)
+        self._put(r, "o", dst)
+        r[_I["o_part"]] = 0
+        r[_I["hbm_rs"]], r[_I["hbm_cs"]] = dst.rs, dst.cs
+        r[_I["k"]], r[_I["a_dtype"]] = peer
+        if addend is not None:
+            self._link_hbm(addend, "the addend of link.recv")
+            if (addend.rs, addend.cs, addend.dtype) != (dst.rs, dst.cs, peer[1]):
+                raise _SemanticError("the addend of link.recv has the destination's strides and the "
+                                     "received data's element type", addend.tok)
+            r[_I["a_addr"]] = addend.addr
+            r[_I["flags"]] = int(Flag.REDUCE)
+        self._shape(r, shape)
+        return r
+
     def start(self, c: list[Any]):
         return c
 
@@ -439,9 +489,9 @@ def _parser() -> lark.Lark:
 
 _GROUPS = [
     (
-        frozenset({"BARRIER", "MATMUL", "DMA_OP", "GATHER", "SCATTER", "VEC_OP"}),
-        "an instruction (barrier, dma.load, dma.store, dma.gather, dma.scatter, matmul or "
-        "vec.<function>)",
+        frozenset({"BARRIER", "MATMUL", "DMA_OP", "GATHER", "SCATTER", "VEC_OP", "LINK_SEND", "LINK_RECV"}),
+        "an instruction (barrier, dma.load, dma.store, dma.gather, dma.scatter, matmul, "
+        "vec.<function>, link.send or link.recv)",
         frozenset({"_NL", "$END"}),
     ),
     (
@@ -458,6 +508,8 @@ _WORDS = {
     "SCATTER": "'dma.scatter'",
     "VEC_OP": "a vector instruction vec.<function>",
     "QUEUE": "a DMA queue (q0, q1, ...)",
+    "LINKQ": "a link queue (l0, l1, ...)",
+    "CHIP": "a peer chip and element type (chip1:f32)",
     "PART": "a start partition (p0, p1, ...)",
     "SEM": "a semaphore (s0, s1, ...)",
     "MEM": "an operand (sram[...], acc[...] or hbm[...])",

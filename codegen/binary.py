@@ -49,7 +49,12 @@ __all__ = [
 ]
 
 MAGIC = b"TLCCNPU\0"
-FORMAT_VERSION = 1
+# 2: the link opcodes LINK_SEND / LINK_RECV (engine LINK, flag REDUCE), same record
+# layout. A stream without them is written as version 1, so single-chip files and their
+# hashes do not change; both versions are read (a version-1 file holding a link opcode
+# is refused).
+FORMAT_VERSION = 2
+_READABLE = (1, 2)
 _HEADER = struct.Struct("<8sHHIQII")
 HEADER_SIZE = _HEADER.size  # 32
 assert HEADER_SIZE == 32
@@ -82,12 +87,22 @@ USED_FIELDS: dict[Opcode, frozenset[str]] = {
     Opcode.DMA_SCATTER: frozenset(
         ("queue", *_A, *_B, "o_dtype", "o_mem", "o_addr", "hbm_rs", "rows", "cols", "k", *_SYNC)
     ),
+    # (format version 2) a: the local HBM source; k: the peer chip; o_dtype: the data's type
+    Opcode.LINK_SEND: frozenset(
+        ("queue", "a_dtype", "a_mem", "a_addr", "o_dtype", "hbm_rs", "hbm_cs", "rows", "cols", "k", *_SYNC)
+    ),
+    # o: the local HBM destination; a: the local addend (flag REDUCE); k: the sending chip
+    Opcode.LINK_RECV: frozenset(
+        ("queue", "flags", "a_dtype", "a_mem", "a_addr", "o_dtype", "o_mem", "o_addr", "hbm_rs", "hbm_cs",
+         "rows", "cols", "k", *_SYNC)
+    ),
 }
 
 # flags each opcode may carry
 _ALLOWED_FLAGS = {
     Opcode.MATMUL: int(Flag.ACCUMULATE),
     Opcode.VEC_BINARY: int(Flag.B_COLUMN | Flag.B_IMM | Flag.SWAP),
+    Opcode.LINK_RECV: int(Flag.REDUCE),
 }
 
 _ENUM_FIELDS = (
@@ -112,7 +127,7 @@ _ENGINE_OF = np.full(256, -1, dtype=np.int16)
 for _op, _eng in OPCODE_ENGINE.items():
     _ENGINE_OF[int(_op)] = int(_eng)
 _FUNC_COUNT = {op: len(enum) for op, enum in FUNC_ENUM.items()}
-_ALL_FLAGS = int(Flag.ACCUMULATE | Flag.B_COLUMN | Flag.B_IMM | Flag.SWAP)
+_ALL_FLAGS = int(Flag.ACCUMULATE | Flag.B_COLUMN | Flag.B_IMM | Flag.SWAP | Flag.REDUCE)
 
 
 def _fail(i: int, what: str) -> None:
@@ -243,7 +258,8 @@ def _validate_canonical(stream: np.ndarray) -> None:
     is_bin_tile_b = (opcode == Opcode.VEC_BINARY) & ((flags & Flag.B_IMM) == 0)
     gather = opcode == Opcode.DMA_GATHER
     scatter = opcode == Opcode.DMA_SCATTER
-    compute = (opcode >= Opcode.MATMUL) & ~gather & ~scatter
+    send, recv = opcode == Opcode.LINK_SEND, opcode == Opcode.LINK_RECV
+    compute = (opcode >= Opcode.MATMUL) & ~gather & ~scatter & ~send & ~recv
     rules = [
         ("a_mem", opcode == Opcode.DMA_LOAD, True),
         ("o_mem", opcode == Opcode.DMA_LOAD, False),
@@ -258,6 +274,9 @@ def _validate_canonical(stream: np.ndarray) -> None:
         ("a_mem", scatter, False),
         ("b_mem", scatter, False),
         ("o_mem", scatter, True),
+        ("a_mem", send, True),
+        ("o_mem", recv, True),
+        ("a_mem", recv, True),
     ]
     for name, sel, want_hbm in rules:
         bad = _first(sel & ((stream[name] == hbm) != want_hbm))
@@ -268,6 +287,11 @@ def _validate_canonical(stream: np.ndarray) -> None:
                 f"{name} = {Mem(int(stream[name][bad])).name}, but {_opname(int(opcode[bad]))} "
                 f"needs this operand {where}",
             )
+    # a LINK_RECV without REDUCE has no addend
+    bad = _first(recv & ((flags & Flag.REDUCE) == 0) & (stream["a_addr"] != 0))
+    if bad is not None:
+        _fail(bad, f"a_addr = {int(stream['a_addr'][bad])}, but a link_recv without REDUCE has no addend "
+              "(it must be 0)")
     # B_IMM: imm instead of b_*; otherwise imm is unused
     binary = opcode == Opcode.VEC_BINARY
     b_imm = binary & ((flags & Flag.B_IMM) != 0)
@@ -298,8 +322,9 @@ def encode_stream(stream: np.ndarray) -> bytes:
     """A validated stream -> the bytes of a ``.tlc`` file (header + records)."""
     validate_stream(stream)
     payload = np.ascontiguousarray(stream).tobytes()
+    has_link = bool(np.isin(stream["opcode"], (int(Opcode.LINK_SEND), int(Opcode.LINK_RECV))).any())
     header = _HEADER.pack(
-        MAGIC, FORMAT_VERSION, RECORD.itemsize, 0, len(stream), zlib.crc32(payload), 0
+        MAGIC, FORMAT_VERSION if has_link else 1, RECORD.itemsize, 0, len(stream), zlib.crc32(payload), 0
     )
     return header + payload
 
@@ -317,9 +342,9 @@ def decode_stream(data: bytes | bytearray | memoryview) -> np.ndarray:
         raise ProgramFormatError(
             f"not a tilecc instruction stream (magic {magic!r}, expected {MAGIC!r})"
         )
-    if version != FORMAT_VERSION:
+    if version not in _READABLE:
         raise ProgramFormatError(
-            f"format version {version}, this tilecc reads version {FORMAT_VERSION}"
+            f"format version {version}, this tilecc reads versions {', '.join(map(str, _READABLE))}"
         )
     if rec_size != RECORD.itemsize:
         raise ProgramFormatError(
@@ -348,6 +373,11 @@ def decode_stream(data: bytes | bytearray | memoryview) -> np.ndarray:
             "the stream is corrupt"
         )
     stream = np.frombuffer(view, dtype=RECORD, count=count, offset=HEADER_SIZE).copy()
+    if version < 2:
+        link = _first(stream["opcode"] >= int(Opcode.LINK_SEND))
+        if link is not None:
+            raise ProgramFormatError(f"record {link}: opcode {int(stream['opcode'][link])} is a link "
+                                     "opcode, which format version 1 does not have")
     return validate_stream(stream)
 
 

@@ -162,7 +162,7 @@ def _link_group(s: np.ndarray, spans: Spans, config: HardwareConfig) -> np.ndarr
         kernel_of[start : start + count] = k
     prog = DecodedProgram(s, config)
     eng = prog.eng
-    n_eng = prog.queues + 2
+    n_eng = prog.n_engines  # DMA queues, matrix, vector, link queues
     link_sem = _pool_semaphores(s, eng, kernel_of, len(spans), n_eng, config)
 
     fp = Footprints.concat([on_chip_footprints(prog), hbm_bounding(prog)])

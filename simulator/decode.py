@@ -29,6 +29,7 @@ from tilecc.errors import MemoryAccessError, SimulatorError
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import (
     ITEMSIZE,
+    MAX_LINK_QUEUES,
     OPCODE_ENGINE,
     RECORD,
     RECORD_NAMES,
@@ -56,6 +57,7 @@ _ALLOWED_FLAGS = MappingProxyType(
     {
         Opcode.MATMUL: int(Flag.ACCUMULATE),
         Opcode.VEC_BINARY: int(Flag.B_COLUMN | Flag.B_IMM | Flag.SWAP),
+        Opcode.LINK_RECV: int(Flag.REDUCE),
     }
 )
 # operand roles by (opcode, slot) for error messages
@@ -74,6 +76,9 @@ _ROLE = MappingProxyType(
         (Opcode.MATMUL, "a"): "lhsT",
         (Opcode.MATMUL, "b"): "rhs",
         (Opcode.MATMUL, "o"): "output",
+        (Opcode.LINK_SEND, "a"): "source",
+        (Opcode.LINK_RECV, "a"): "addend",
+        (Opcode.LINK_RECV, "o"): "destination",
     }
 )
 
@@ -120,13 +125,23 @@ class DecodedProgram:
         self.is_vec = np.isin(self.op, _VECTOR_OPS)
         self.is_mm = self.op == Opcode.MATMUL
         self.is_barrier = self.op == Opcode.BARRIER
-        # engine index: DMA queue q -> q, matrix -> Q, vector -> Q + 1, barrier -> -1
+        self.is_send = self.op == Opcode.LINK_SEND
+        self.is_recv = self.op == Opcode.LINK_RECV
+        self.is_link = self.is_send | self.is_recv
+        self.is_reduce_recv = self.is_recv & ((self.flags & Flag.REDUCE) != 0)
+        # link queues: as many as the stream uses (none in a single-chip program)
+        link_q = np.minimum(col["queue"][self.is_link].astype(np.int64), MAX_LINK_QUEUES - 1)
+        self.links = int(link_q.max()) + 1 if link_q.size else 0
+        # engine index: DMA queue q -> q, matrix -> Q, vector -> Q + 1, link queue l ->
+        # Q + 2 + l, barrier -> -1
         eng = np.full(self.n, -1, dtype=np.int64)
         eng[is_dma] = col["queue"][is_dma]
         eng[self.is_mm] = self.queues
         eng[self.is_vec] = self.queues + 1
+        eng[self.is_link] = self.queues + 2 + link_q
         self.eng = eng
-        self.engine_names = [f"dma{q}" for q in range(self.queues)] + ["matrix", "vector"]
+        self.engine_names = ([f"dma{q}" for q in range(self.queues)] + ["matrix", "vector"]
+                             + [f"link{q}" for q in range(self.links)])
         b_imm = (self.flags & Flag.B_IMM) != 0
         b_col = (self.flags & Flag.B_COLUMN) != 0
         self.b_tile = (self.op == Opcode.VEC_BINARY) & ~b_imm & ~b_col
@@ -154,6 +169,8 @@ class DecodedProgram:
             engine = "all"
         elif self.is_dma[i]:
             engine = f"dma{int(self.col['queue'][i])}"
+        elif self.is_link[i]:
+            engine = f"link{int(self.col['queue'][i])}"
         elif self.is_mm[i]:
             engine = "matrix"
         elif self.is_vec[i]:
@@ -211,6 +228,11 @@ class DecodedProgram:
             self.is_dma & (s["queue"] >= self.queues),
             lambda i: f"DMA queue {s['queue'][i]} out of range (the target has "
             f"{self.queues} queues: 0..{self.queues - 1})",
+        )
+        fail(
+            problems,
+            self.is_link & (s["queue"] >= MAX_LINK_QUEUES),
+            lambda i: f"link queue {s['queue'][i]} out of range (0..{MAX_LINK_QUEUES - 1})",
         )
         self._check_sync(problems)
         self._check_sizes(problems)
@@ -352,6 +374,11 @@ class DecodedProgram:
             (self.is_vec & ~a_on, "vector operand a must be in SRAM or ACC (a_mem)"),
             ((self.b_tile | self.b_column) & ~b_on, "vector operand b must be in SRAM or ACC"),
             (self.is_vec & ~o_on, "vector output must be in SRAM or ACC (o_mem)"),
+            ((self.is_send | self.is_reduce_recv) & (s["a_mem"] != Mem.HBM),
+             "a link transfer reads HBM (a_mem must be HBM)"),
+            (self.is_recv & (s["o_mem"] != Mem.HBM), "a LINK_RECV writes HBM (o_mem must be HBM)"),
+            (self.is_link & (s["a_dtype"] != s["o_dtype"]), "a link transfer does not convert "
+             "(a_dtype must equal o_dtype)"),
         )
         for mask, text in rules:
             fail(problems, mask, lambda i, t=text: t)
@@ -420,7 +447,13 @@ class DecodedProgram:
         """(slot, mask) of the HBM operand: the source of loads, the destination of stores.
         (An indirect DMA's HBM rows depend on its indices: `_check_gather_tables` checks its
         whole table statically, the functional run each index.)"""
-        return [("a", self.op == Opcode.DMA_LOAD), ("o", self.op == Opcode.DMA_STORE)]
+        return [("a", (self.op == Opcode.DMA_LOAD) | self.is_send | self.is_reduce_recv),
+                ("o", (self.op == Opcode.DMA_STORE) | self.is_recv)]
+
+    @property
+    def n_engines(self) -> int:
+        """DMA queues, matrix, vector, then the link queues the stream uses."""
+        return self.queues + 2 + self.links
 
     def table_addr(self) -> np.ndarray:
         """The HBM table address of each indirect DMA (a gather's a_addr, a scatter's o_addr)."""

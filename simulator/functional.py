@@ -166,26 +166,7 @@ class FunctionalMachine:
         fields = {name: prog.col[name].tolist() for name in _EXEC_FIELDS}
         inst = _Fields(fields)
         op = prog.op.tolist()
-        read = {
-            Opcode.DMA_LOAD: self._read_load,
-            Opcode.DMA_STORE: self._read_store,
-            Opcode.MATMUL: self._read_matmul,
-            Opcode.VEC_UNARY: self._read_vector,
-            Opcode.VEC_BINARY: self._read_vector,
-            Opcode.VEC_REDUCE: self._read_vector,
-            Opcode.DMA_GATHER: self._read_gather,
-            Opcode.DMA_SCATTER: self._read_scatter,
-        }
-        write = {
-            Opcode.DMA_LOAD: self._write_tile,
-            Opcode.DMA_STORE: self._write_store,
-            Opcode.MATMUL: self._write_matmul,
-            Opcode.VEC_UNARY: self._write_tile,
-            Opcode.VEC_BINARY: self._write_tile,
-            Opcode.VEC_REDUCE: self._write_tile,
-            Opcode.DMA_GATHER: self._write_tile,
-            Opcode.DMA_SCATTER: self._write_scatter,
-        }
+        read, write = self.handlers()
         pending: dict[int, Any] = {}
         reads, idx = is_read[order].tolist(), index[order].tolist()
         events, n = zip(reads, idx, strict=True), len(idx)
@@ -197,6 +178,31 @@ class FunctionalMachine:
                 else:
                     write[op[i]](inst, pending.pop(i))
             progress.report("simulate", min(lo + _PROGRESS_STEP, n) // 2, n // 2, unit="instruction")
+
+    def handlers(self) -> tuple[dict[int, Callable[..., Any]], dict[int, Callable[..., Any]]]:
+        """Per opcode: the read step (at the start: operands -> value) and the write step
+        (at the end: value -> memory), each taking the instruction's `_Fields`."""
+        read: dict[int, Callable[..., Any]] = {
+            Opcode.DMA_LOAD: self._read_load,
+            Opcode.DMA_STORE: self._read_store,
+            Opcode.MATMUL: self._read_matmul,
+            Opcode.VEC_UNARY: self._read_vector,
+            Opcode.VEC_BINARY: self._read_vector,
+            Opcode.VEC_REDUCE: self._read_vector,
+            Opcode.DMA_GATHER: self._read_gather,
+            Opcode.DMA_SCATTER: self._read_scatter,
+        }
+        write: dict[int, Callable[..., Any]] = {
+            Opcode.DMA_LOAD: self._write_tile,
+            Opcode.DMA_STORE: self._write_store,
+            Opcode.MATMUL: self._write_matmul,
+            Opcode.VEC_UNARY: self._write_tile,
+            Opcode.VEC_BINARY: self._write_tile,
+            Opcode.VEC_REDUCE: self._write_tile,
+            Opcode.DMA_GATHER: self._write_tile,
+            Opcode.DMA_SCATTER: self._write_scatter,
+        }
+        return read, write
 
     # -- memory views -----------------------------------------------------------------
 

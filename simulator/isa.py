@@ -40,6 +40,17 @@ byte ``addr + c * itemsize`` of that partition. HBM operands are flat byte addre
 ``addr`` with element strides ``hbm_rs`` (between rows; 0 broadcasts) and ``hbm_cs``
 (between columns).
 
+- LINK (queue l, a chip-to-chip link DMA queue ``link0``, ``link1``, ...; only the
+  multi-chip simulator, `simulator/multichip.py`, runs them): ``LINK_SEND`` sends the
+  ``rows x cols`` HBM region at ``a_addr`` (strides ``hbm_rs``, ``hbm_cs``) to chip ``k``
+  over the interconnect; ``LINK_RECV`` takes the next transfer chip ``k`` sent it (first
+  in, first out per pair of chips, any queues; equal element counts) and writes it to the HBM
+  region at ``o_addr``, or, with flag ``REDUCE``, writes ``a + data`` there (``a`` the
+  local HBM region at ``a_addr``: the reduction is done on write). A send completes (and
+  signals its semaphore, on the sender) when its last byte has left the sender; a receive
+  completes (and signals its semaphore, on the receiver) once its data has arrived and
+  it has been written.
+
 Synchronisation: semaphores are counters starting at 0 at the start of each kernel.
 An instruction starts once each ``wait_sem[i] >= 0`` has value ``>= wait_val[i]``; on
 completion it adds 1 to ``signal_sem`` (if ``>= 0``). Instructions with opcode
@@ -57,6 +68,7 @@ class Engine(enum.IntEnum):
     DMA = 0
     MATRIX = 1
     VECTOR = 2
+    LINK = 3
     ALL = 255
 
 
@@ -70,6 +82,8 @@ class Opcode(enum.IntEnum):
     VEC_REDUCE = 6
     DMA_GATHER = 7
     DMA_SCATTER = 8
+    LINK_SEND = 9
+    LINK_RECV = 10
 
 
 OPCODE_ENGINE = {
@@ -82,7 +96,11 @@ OPCODE_ENGINE = {
     Opcode.VEC_REDUCE: Engine.VECTOR,
     Opcode.DMA_GATHER: Engine.DMA,
     Opcode.DMA_SCATTER: Engine.DMA,
+    Opcode.LINK_SEND: Engine.LINK,
+    Opcode.LINK_RECV: Engine.LINK,
 }
+LINK_OPS = (Opcode.LINK_SEND, Opcode.LINK_RECV)
+MAX_LINK_QUEUES = 8  # link DMA queues per chip (link0 .. link7)
 
 
 class Mem(enum.IntEnum):
@@ -165,6 +183,7 @@ class Flag(enum.IntFlag):
     B_COLUMN = 2
     B_IMM = 4
     SWAP = 8
+    REDUCE = 16  # LINK_RECV: add the local a_* region to the data received
 
 
 FUNC_ENUM = {

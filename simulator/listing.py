@@ -195,6 +195,17 @@ def instruction_lines(stream: np.ndarray) -> Iterator[str]:
                 f"vec.{BINARY_NAMES[func]}{swap} {_chip(amem, apart, aaddr, adt)}, {b}"
                 f" -> {_chip(omem, opart, oaddr, odt)} {rows}x{ncols}{_sync(wsem, wval, signal)}"
             )
+        elif op == int(Opcode.LINK_SEND):
+            yield (
+                f"link.send l{queue} {_hbm(aaddr, rs, cs, adt)} -> chip{k}:{DT_NAMES[odt]}"
+                f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
+            )
+        elif op == int(Opcode.LINK_RECV):
+            add = f" + {_hbm(aaddr, rs, cs, adt)}" if flags & int(Flag.REDUCE) else ""
+            yield (
+                f"link.recv l{queue} chip{k}:{DT_NAMES[adt]}{add} -> {_hbm(oaddr, rs, cs, odt)}"
+                f" {rows}x{ncols}{_sync(wsem, wval, signal)}"
+            )
         else:  # barrier
             yield "barrier"
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilecc.errors import DeadlockError
+from tilecc.errors import DeadlockError, SimulatorError
 from tilecc.simulator.decode import DecodedProgram, itemsize_lut
 from tilecc.simulator.isa import DType, Opcode
 from tilecc.simulator.timing import TimingRules, vector_cost_factors
@@ -153,6 +153,9 @@ def schedule(
     virtual time reaches ``V + alone time``; the next finish is at real time ``t +
     (tag - V) * k``, recomputed whenever a transfer joins or leaves.
     """
+    if prog.links:
+        raise SimulatorError("the stream has link instructions (LINK_SEND / LINK_RECV): it is one chip's "
+                             "part of a multi-chip program; run it with simulator/multichip.py's cosimulate")
     sch = _Scheduler(prog, t0, kernel0)
     if general:
         for kernel in range(len(sch.bounds)):

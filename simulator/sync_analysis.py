@@ -81,7 +81,7 @@ def analyze(prog: DecodedProgram, want_redundant: bool) -> SyncAnalysis:
 
 
 def _analyze_walk(prog: DecodedProgram, want_redundant: bool) -> SyncAnalysis:
-    n, nq = prog.n, prog.queues + 2
+    n, nq = prog.n, prog.n_engines
     s = prog.col
     stream_records = prog.records()
     eng_np = prog.eng

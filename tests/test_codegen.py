@@ -97,6 +97,18 @@ def records(draw, opcode=None) -> np.ndarray:
         operand("b")
         operand("o", hbm)
         r["hbm_rs"], r["k"] = draw(i64), draw(u32)
+    elif op in (Opcode.LINK_SEND, Opcode.LINK_RECV):
+        r["queue"], r["k"] = draw(u8), draw(u32)
+        r["a_dtype"], r["o_dtype"] = draw(dtypes), draw(dtypes)
+        r["hbm_rs"], r["hbm_cs"] = draw(i64), draw(i64)
+        if op == Opcode.LINK_SEND:
+            r["a_addr"] = draw(u64)
+        else:
+            r["o_addr"] = draw(u64)
+            if draw(st.booleans()):
+                r["flags"] = Flag.REDUCE
+                r["a_addr"] = draw(u64)
+                r["o_dtype"] = r["a_dtype"]
     elif op == Opcode.MATMUL:
         for p in "abo":
             operand(p)
@@ -275,7 +287,7 @@ def test_golden_binary_header():
     payload = s.tobytes()
     assert data[:8] == b"TLCCNPU\0" == MAGIC
     assert struct.unpack_from("<HHIQII", data, 8) == (
-        FORMAT_VERSION, RECORD.itemsize, 0, 9, zlib.crc32(payload), 0)  # fmt: skip
+        1, RECORD.itemsize, 0, 9, zlib.crc32(payload), 0)  # fmt: skip  (no link opcodes: version 1)
     assert data[HEADER_SIZE:] == payload
 
 
@@ -377,8 +389,8 @@ def test_header_layout_is_32_bytes():
             r"not a tilecc instruction stream (magic b'\x7fELF\x02\x01\x01\x00', "
             r"expected b'TLCCNPU\x00')",
         ),
-        (header(version=2), "format version 2, this tilecc reads version 1"),
-        (header(version=0), "format version 0, this tilecc reads version 1"),
+        (header(version=3), "format version 3, this tilecc reads versions 1, 2"),
+        (header(version=0), "format version 0, this tilecc reads versions 1, 2"),
         (
             header(size=64),
             f"record size 64 bytes, this tilecc's records are {RECORD.itemsize} bytes",
@@ -386,7 +398,7 @@ def test_header_layout_is_32_bytes():
         (header(flags=1), "unknown header flags 0x1 (version 1 defines none)"),
         (header(reserved=0xAB), "reserved header field is 0xab, expected 0"),
     ],
-    ids=["empty", "short", "magic", "version2", "version0", "recsize", "flags", "reserved"],
+    ids=["empty", "short", "magic", "version3", "version0", "recsize", "flags", "reserved"],
 )
 def test_decode_rejects_header(data, message):
     with pytest.raises(ProgramFormatError) as e:
@@ -442,11 +454,11 @@ def _bad(field: str, value, index: int = 1) -> np.ndarray:
 @pytest.mark.parametrize(
     "stream, message",
     [
-        (_bad("opcode", 9), "record 1: unknown opcode 9 (known: 0 (BARRIER), 1 (DMA_LOAD), "
+        (_bad("opcode", 11), "record 1: unknown opcode 11 (known: 0 (BARRIER), 1 (DMA_LOAD), "
          "2 (DMA_STORE), 3 (MATMUL), 4 (VEC_UNARY), 5 (VEC_BINARY), 6 (VEC_REDUCE), 7 (DMA_GATHER), "
-         "8 (DMA_SCATTER))"),
+         "8 (DMA_SCATTER), 9 (LINK_SEND), 10 (LINK_RECV))"),
         (_bad("engine", 7), "record 1: unknown engine 7 (known: 0 (DMA), 1 (MATRIX), "
-         "2 (VECTOR), 255 (ALL))"),
+         "2 (VECTOR), 3 (LINK), 255 (ALL))"),
         (_bad("engine", 2), "record 1: opcode MATMUL runs on engine MATRIX, "
          "but the record names engine VECTOR"),
         (_bad("b_mem", 3), "record 1: unknown b mem 3 (known: 0 (HBM), 1 (SRAM), 2 (ACC))"),
@@ -551,8 +563,8 @@ OK = "vec.exp sram[p0 +0x0]:f32 -> sram[p0 +0x0]:f32 16x16"
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("foo", "1: expected an instruction (barrier, dma.load, dma.store, dma.gather, dma.scatter, matmul or "
-         "vec.<function>), got 'foo'"),
+        ("foo", "1: expected an instruction (barrier, dma.load, dma.store, dma.gather, dma.scatter, matmul, "
+         "vec.<function>, link.send or link.recv), got 'foo'"),
         ("dma.load sram[p0 +0x0]:f32", "10: expected a DMA queue (q0, q1, ...), got 'sram'"),
         ("dma.load q0 hbm[0x0 rs=1 cs=1]:f32 sram[p0 +0x0]:f32 1x1",
          "36: expected '->', got 'sram'"),

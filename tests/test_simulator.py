@@ -888,7 +888,7 @@ def test_huge_addresses_and_strides_are_out_of_bounds():
         (dict(load(0, 1, 1), o_dtype=DType.BF16), r"a DMA does not convert"),
         (dict(load(0, 1, 1), engine=isa.Engine.VECTOR), r"engine field 2 does not match"),
         (dict(load(0, 1, 1), rows=0), r"empty tile"),
-        (dict(opcode=9), r"unknown opcode 9"),
+        (dict(opcode=11), r"unknown opcode 11"),
         (vector(Opcode.VEC_UNARY, 16, 1, 1), r"unknown function 16 for VEC_UNARY"),
         (vector(Opcode.VEC_UNARY, 0, 1, 1, a=(Mem.HBM, 0, 0)), r"vector operand a must be in SRAM or ACC"),
         (vector(Opcode.VEC_BINARY, 0, 1, 1, flags=Flag.B_IMM | Flag.B_COLUMN), r"exclude each other"),

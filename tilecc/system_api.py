@@ -28,7 +28,8 @@ from tilecc.runtime.system_report import SystemReport, system_report
 from tilecc.runtime.system_run import SystemTimeline, run_system
 from tilecc.simulator.interconnect.system import SystemConfig, load_system
 
-PARALLEL_KEYS = ("tp", "sp", "pp", "micro_batches", "dp")
+PARALLEL_KEYS = ("tp", "sp", "pp", "micro_batches", "dp", "collectives", "chunks")
+COLLECTIVE_MODES = ("between", "stream")  # runtime/system_run.py (default), runtime/system_stream.py
 
 
 class SystemModel:
@@ -40,6 +41,7 @@ class SystemModel:
         self.sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"  # as CompiledModel
         self.report: SystemReport | None = None
         self.timeline: SystemTimeline | None = None
+        self.stream_run: Any = None  # collectives='stream': runtime/system_stream.py's StreamRun
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         return self.run(*inputs)
@@ -54,6 +56,18 @@ class SystemModel:
 
         with tempfile.TemporaryDirectory() as tmp:
             tdir = tmp if trace is not None else None
+            if not isinstance(self.program, SystemProgram) and hasattr(self.program, "streams"):
+                from tilecc.runtime.stream_report import stream_report
+                from tilecc.runtime.system_stream import run_streams
+
+                outs, self.stream_run = run_streams(self.program, inputs, functional=not timing_only,
+                                                    sanitize=self.sanitize and not timing_only)
+                self.report = stream_report(self.program, self.stream_run)
+                if trace is not None:
+                    from tilecc.runtime.stream_trace import write_stream_trace
+
+                    write_stream_trace(trace, self.program, self.stream_run)
+                return outs[0] if len(outs) == 1 else tuple(outs)
             if isinstance(self.program, SystemProgram):
                 outs, self.timeline = run_system(self.program, inputs, mode=self.mode, sanitize=self.sanitize,
                                                  trace_dir=tdir, functional=not timing_only)
@@ -75,7 +89,7 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
     for k in p:
         if k not in PARALLEL_KEYS:
             raise ShardingError(f"parallel: unknown key '{k}' (allowed: {', '.join(PARALLEL_KEYS)})")
-    for k in ("tp", "pp", "dp", "micro_batches"):
+    for k in ("tp", "pp", "dp", "micro_batches", "chunks"):
         v = p.get(k, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ShardingError(f"parallel: '{k}' must be a whole number >= 1, got {v!r}")
@@ -89,7 +103,23 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
                             f"({system.topology.spec})")
     if p.get("sp") and tp == 1:
         raise ShardingError("parallel: sequence parallelism (sp) needs tp > 1")
+    _check_stream(p, tp)
     return p
+
+
+def _check_stream(p: dict[str, Any], tp: int) -> None:
+    """`collectives`: "between" (default) or "stream" (tp > 1: the ring collectives in the
+    chips' streams, runtime/system_stream.py); `chunks`: pieces per ring block (stream only)."""
+    mode = p.get("collectives", "between")
+    if mode not in COLLECTIVE_MODES:
+        raise ShardingError(f"parallel: 'collectives' = {mode!r} (allowed: {', '.join(COLLECTIVE_MODES)})")
+    if mode == "stream" and (tp < 2 or p.get("pp", 1) > 1):
+        raise ShardingError("parallel: collectives='stream' needs tensor parallelism (tp > 1), not pp")
+    if "chunks" in p and mode != "stream":
+        raise ShardingError("parallel: 'chunks' applies to collectives='stream'")
+    c = p.get("chunks", 4)
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise ShardingError(f"parallel: 'chunks' must be a whole number >= 1, got {c!r}")
 
 
 def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any, system: Any,
@@ -112,5 +142,10 @@ def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any,
         return SystemModel(compile_pipeline(model, tuple(example_inputs), cfg, pp=p["pp"],
                                             micro_batches=p.get("micro_batches", 1), opt_level=opt_level,
                                             cache=cache), mode)
-    return SystemModel(compile_system(model, tuple(example_inputs), cfg, tp=p.get("tp", 1), sp=bool(p.get("sp")),
-                                      plan=tp_plan, opt_level=opt_level, cache=cache), mode)
+    sp = compile_system(model, tuple(example_inputs), cfg, tp=p.get("tp", 1), sp=bool(p.get("sp")),
+                        plan=tp_plan, opt_level=opt_level, cache=cache)
+    if p.get("collectives") == "stream":
+        from tilecc.runtime.system_stream import build_streams
+
+        return SystemModel(build_streams(sp, chunks=p.get("chunks", 4)), mode)
+    return SystemModel(sp, mode)

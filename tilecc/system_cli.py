@@ -1,4 +1,5 @@
-"""`tilecc run FILE.py:FACTORY --system SPEC (--tp N [--sp] | --pp N [--micro-batches M])`:
+"""`tilecc run FILE.py:FACTORY --system SPEC (--tp N [--sp] [--collectives stream [--chunks C]] |
+--pp N [--micro-batches M])`:
 a model on many simulated chips, compared with eager.
 
     tilecc run examples/llama_tp.py:llama --system "ring:4;link=nvlink4" --tp 4 --sp --trace run.json
@@ -22,6 +23,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--system", help="many chips: a system spec (ring:4, torus:2x4, switch:8, a .toml file)")
     run.add_argument("--tp", type=int, default=1, help="with --system: tensor-parallel chips")
     run.add_argument("--sp", action="store_true", help="with --tp: sequence parallelism around the norms")
+    run.add_argument("--collectives", choices=("between", "stream"), default="between",
+                     help="with --tp: collectives between the chips' programs (bulk-synchronous), or in the "
+                          "instruction streams (the ring on link DMA queues, every chip co-simulated)")
+    run.add_argument("--chunks", type=int, default=4, help="with --collectives stream: chunks per ring block")
     run.add_argument("--pp", type=int, default=1, help="with --system: pipeline stages (one chip each)")
     run.add_argument("--micro-batches", type=int, default=1, help="with --pp: micro-batches the batch is cut into")
     run.add_argument("--timing-only", action="store_true",
@@ -30,7 +35,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 
 
 def wants_system(args: argparse.Namespace) -> bool:
-    return bool(args.system) or args.tp != 1 or args.pp != 1 or args.sp or args.micro_batches != 1 or args.timing_only
+    return (bool(args.system) or args.tp != 1 or args.pp != 1 or args.sp or args.micro_batches != 1
+            or args.timing_only or args.collectives != "between")
 
 
 def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) -> int:
@@ -52,6 +58,8 @@ def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) 
         {"pp": args.pp, "micro_batches": args.micro_batches}
     if args.tp != 1 and args.pp != 1:
         parallel = {"tp": args.tp, "pp": args.pp}
+    if args.collectives != "between":
+        parallel.update(collectives=args.collectives, chunks=args.chunks)
     progress.report("export")
     t0 = time.perf_counter()
     sm = tilecc.compile(model, inputs, target=args.target, system=args.system, parallel=parallel,
