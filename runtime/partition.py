@@ -467,6 +467,16 @@ class NpuPartition(torch.nn.Module):
             if n.op == "call_function" and n.target is not operator.getitem:
                 self.plan.fallbacks.append(Fallback(_op_name(n.target), node_location(n), why))
 
+    def program_for(self, args: tuple) -> Any:
+        """The Program for these arguments (compiled on first sight), or None when the
+        region cannot compile (it then runs eagerly, see `_give_up`)."""
+        if self.failed is not None or self.gpu:
+            return None
+        key = _key_of(args)
+        if key in self.programs:
+            return self.programs[key]
+        return self._compile(args, bindings_for(self.sub.graph, args))
+
     def forward(self, *args: Any) -> Any:
         if self.failed is not None:
             return self.sub(*args)
