@@ -6,8 +6,10 @@
     sm.run(ids, trace="run.json")   # Perfetto: a process per chip (its engines), one for the links
 
 `parallel`: {"tp": N, "sp": bool} (tensor parallelism, Megatron-style, with sequence
-parallelism around the norms) or {"pp": N, "micro_batches": M} (pipeline parallelism by
-layers, runtime/pipeline_run.py). `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
+parallelism around the norms), {"pp": N, "micro_batches": M} (pipeline parallelism by
+layers, runtime/pipeline_run.py) or {"dp": N} (data parallelism: `sm.train(*inputs,
+loss="mean")` runs a training step, runtime/data_parallel.py). tp x pp x dp must equal the
+system's chips. `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
 ColwiseParallel / RowwiseParallel / SequenceParallel / PrepareModuleInput/Output); by default
 the automatic plan of a `transformers` decoder (frontend/tensor_parallel.py). The system's
 chip config is the target of every chip (`system` may name its own: `ring:4;chip=edge`).
@@ -40,9 +42,20 @@ class SystemModel:
         self.sanitize = os.environ.get("TILECC_SANITIZE", "0") == "1"  # as CompiledModel
         self.report: SystemReport | None = None
         self.timeline: SystemTimeline | None = None
+        self.train_result: Any = None
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         return self.run(*inputs)
+
+    def train(self, *inputs: torch.Tensor, loss: str = "mean", target: torch.Tensor | None = None) -> Any:
+        """One training step (data parallelism: runtime/data_parallel.py): the loss's
+        gradients, equal to eager's, and the step's timeline; also kept as `train_result`."""
+        from tilecc.runtime.data_parallel import DataParallelProgram
+
+        if not isinstance(self.program, DataParallelProgram):
+            raise TileccError("train(): training steps are compiled with parallel={'dp': N} for now")
+        self.train_result = self.program.step(inputs, loss=loss, target=target, mode=self.mode)
+        return self.train_result
 
     def run(self, *inputs: torch.Tensor, trace: str | Path | None = None, timing_only: bool = False) -> Any:
         """Run every chip and link; `trace`: write a Perfetto trace there (runtime/system_trace.py).
@@ -54,6 +67,10 @@ class SystemModel:
 
         with tempfile.TemporaryDirectory() as tmp:
             tdir = tmp if trace is not None else None
+            from tilecc.runtime.data_parallel import DataParallelProgram
+
+            if isinstance(self.program, DataParallelProgram):
+                raise TileccError("data parallelism compiles a training step: call sm.train(*inputs)")
             if isinstance(self.program, SystemProgram):
                 outs, self.timeline = run_system(self.program, inputs, mode=self.mode, sanitize=self.sanitize,
                                                  trace_dir=tdir, functional=not timing_only)
@@ -79,14 +96,13 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
         v = p.get(k, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ShardingError(f"parallel: '{k}' must be a whole number >= 1, got {v!r}")
-    if p.get("dp", 1) > 1:
-        raise ShardingError("parallel: data parallelism (dp > 1) is not implemented yet")
-    tp, pp = p.get("tp", 1), p.get("pp", 1)
-    if tp > 1 and pp > 1:
-        raise ShardingError(f"parallel: tp={tp} with pp={pp} together is not implemented yet (one or the other)")
-    if tp * pp != system.chips:
-        raise ShardingError(f"parallel: tp x pp = {tp * pp} must equal the system's {system.chips} chips "
-                            f"({system.topology.spec})")
+    tp, pp, dp = p.get("tp", 1), p.get("pp", 1), p.get("dp", 1)
+    if tp * pp * dp != system.chips:
+        raise ShardingError(f"parallel: tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} must equal the system's "
+                            f"{system.chips} chips ({system.topology.spec})")
+    if sum(x > 1 for x in (tp, pp, dp)) > 1:
+        raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp}: one kind at a time runs functionally; "
+                            f"combinations are timed by runtime/parallel_step.py (benchmarks/cluster.py)")
     if p.get("sp") and tp == 1:
         raise ShardingError("parallel: sequence parallelism (sp) needs tp > 1")
     return p
@@ -104,6 +120,13 @@ def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any,
         system = f"{system};chip={target}"
     cfg = load_system(system)
     p = parse_parallel(parallel, cfg)
+    if p.get("dp", 1) > 1:
+        from tilecc.runtime.data_parallel import DataParallelProgram, split_batch
+
+        if tp_plan is not None:
+            raise ShardingError("tp_plan= applies to tensor parallelism (parallel={'tp': N}), not to dp")
+        split_batch(tuple(example_inputs), p["dp"])
+        return SystemModel(DataParallelProgram(model, cfg, p["dp"]), mode)
     if p.get("pp", 1) > 1:
         from tilecc.runtime.pipeline_run import compile_pipeline
 
