@@ -109,12 +109,13 @@ def _bytes(m: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in m.parameters())
 
 
-def _time(module: nn.Module, x: torch.Tensor, chip: str, **kw) -> tuple[float, float, float]:
-    """(forward ns, backward ns, simulate seconds) of one micro-batch through `module`."""
+def _time(module: nn.Module, x: torch.Tensor, chip: str, **kw) -> tuple[float, float, float, list]:
+    """(forward ns, backward ns, simulate seconds, the NPU programs' reports) of one
+    micro-batch through `module`."""
     step = TrainStep(module, target=chip, timing_only=True, loss=kw.pop("loss", None))
     r = step.run(x, **kw)
-    sim = sum(rep.simulate_seconds for run in r.forward_runs + r.backward_runs for rep in run.reports)
-    return r.forward_ns, r.backward_ns, sim
+    reps = [rep for run in r.forward_runs + r.backward_runs for rep in run.reports]
+    return r.forward_ns, r.backward_ns, sum(rep.simulate_seconds for rep in reps), reps
 
 
 def main() -> None:
@@ -148,12 +149,12 @@ def main() -> None:
         block, embed, head = Block(d, a.heads, a.tp).to(DTYPE), Embed(vocab, s, d).to(DTYPE), Head(vocab, d).to(DTYPE)
     x = torch.empty(mb, s, d, dtype=DTYPE, device="meta")
     ids = torch.zeros(mb, s, dtype=torch.int64, device="meta")
-    lf, lb, sim1 = _time(block, x, target, grad_output=torch.empty_like(x), input_grad=True)
-    ef, eb, sim2 = _time(embed, ids, target, grad_output=torch.empty_like(x))
+    lf, lb, sim1, block_reps = _time(block, x, target, grad_output=torch.empty_like(x), input_grad=True)
+    ef, eb, sim2, _ = _time(embed, ids, target, grad_output=torch.empty_like(x))
     # the loss: the sum of the log-softmax stands for the cross-entropy (its gather of one
     # column per row is negligible); timing CE's own graph on the meta device gives AOTAutograd
     # an empty backward (a torch limit met here), so it is not used
-    hf, hb, sim3 = _time(head, x, target, loss="sum", input_grad=True)
+    hf, hb, sim3, _ = _time(head, x, target, loss="sum", input_grad=True)
     t_parts = time.perf_counter() - t0
     act = mb * s * d * 2
     t_tp = tp_all_reduce_ns(system, grid, act, mode=a.mode)
@@ -195,7 +196,9 @@ def main() -> None:
     if a.json:
         print(json.dumps({"step_s": st.step_ns / 1e9, "shares": shares, "bottleneck": st.bottleneck,
                           "compute_bound_s": compute_bound, "comm_bound_s": comm_bound, "wall_s": wall,
-                          "layer_fwd_us": lf / 1e3, "layer_bwd_us": lb / 1e3, "tp_all_reduce_us": t_tp / 1e3,
+                          "layer_fwd_us": lf / 1e3, "layer_bwd_us": lb / 1e3,
+                          "block_roofline_ratio": [rep.roofline_ratio for rep in block_reps],
+                          "tp_all_reduce_us": t_tp / 1e3,
                           "send_us": st.t_send_ns / 1e3, "algorithms": st.algorithms, "micro_batches": micro}))
         return
     print(f"GPT-3-175B-shaped step: {a.layers} layers, d {d}, {a.heads} heads, seq {s}, global batch "
@@ -204,6 +207,10 @@ def main() -> None:
           f"{a.mode} mode")
     print(f"one block (one TP rank): forward {lf / 1e3:,.0f} us, backward {lb / 1e3:,.0f} us; embedding "
           f"{ef / 1e3:,.0f} / {eb / 1e3:,.0f} us; head + loss {hf / 1e3:,.0f} / {hb / 1e3:,.0f} us")
+    for what, rep in zip(("forward", "backward"), block_reps):
+        util = ", ".join(f"{k} {v:.0%}" for k, v in rep.utilization.items())
+        print(f"  block {what} program: {rep.roofline_ratio:.1f}x its roofline bound (set by {rep.bottleneck}); "
+              f"utilisation {util}")
     print(f"collectives: TP all-reduce of {act / 2**20:.0f} MiB over {a.tp} ({st.algorithms.get('tp', '-')}, all "
           f"{grid.chips // a.tp} groups at once) {t_tp / 1e3:,.1f} us; stage-to-stage send "
           f"{st.t_send_ns / 1e3:,.1f} us; "

@@ -95,9 +95,10 @@ class _Timed(Interpreter):
         if n.op == "output":
             outs = n.args[0] if isinstance(n.args[0], list | tuple) else [n.args[0]]
             self.out_ready = [self._ready_of(a) if isinstance(a, Node) else 0.0 for a in outs]
-        elif n.op == "call_function" and n.target is operator.getitem and isinstance(self.ready.get(n.args[0]), list):
+        elif n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[0], Node) \
+                and isinstance(self.ready.get(n.args[0]), list):
             src = n.args[0]
-            assert isinstance(src, Node) and isinstance(n.args[1], int)
+            assert isinstance(n.args[1], int)
             self.ready[n] = self.ready[src][n.args[1]]
             if src in self.on_npu:
                 self.on_npu.add(n)

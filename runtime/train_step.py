@@ -42,12 +42,12 @@ class _WithLoss(nn.Module):
 
     def forward(self, *inputs: Any, target: torch.Tensor | None = None) -> torch.Tensor:
         out = self.model(*inputs)
+        if self.loss is None:  # a stage: every output
+            return out
         if isinstance(out, tuple | list):
             out = out[0]
         if hasattr(out, "last_hidden_state"):
             out = out.last_hidden_state
-        if self.loss is None:
-            return out
         if self.loss == "sum":
             return out.float().sum()
         if self.loss == "mean":
@@ -59,7 +59,7 @@ class _WithLoss(nn.Module):
 @dataclass
 class StepResult:
     loss: torch.Tensor | None  # None for a stage without the loss
-    output: torch.Tensor  # the loss, or the stage's output
+    output: Any  # the loss, or the stage's output(s)
     grads: dict[str, torch.Tensor]  # parameter FQN (of the model given) -> gradient
     input_grads: list[torch.Tensor | None]
     forward_ns: float
@@ -86,15 +86,14 @@ class TrainStep:
         opts = {"target": target, "cost_aware": cost_aware, "clock": self.clock, "plans": self.plans}
         self.compiled = torch.compile(self.module, backend=lambda gm, ex: backend(gm, ex, opts))
 
-    def run(self, *inputs: torch.Tensor, target: torch.Tensor | None = None, grad_output: torch.Tensor | None = None,
+    def run(self, *inputs: torch.Tensor, target: torch.Tensor | None = None, grad_output: Any = None,
             input_grad: bool = False) -> StepResult:
+        return self.backward(self.forward(*inputs, target=target, input_grad=input_grad), grad_output)
+
+    def forward(self, *inputs: torch.Tensor, target: torch.Tensor | None = None, input_grad: bool = False) -> Pending:
+        """The forward alone (a pipeline runs several before their backwards)."""
         if self.loss == "cross_entropy" and target is None:
             raise TileccError("train step: loss='cross_entropy' needs target= (the class ids)")
-        if self.loss is None and grad_output is None:
-            raise TileccError("train step: a stage without a loss needs grad_output= for its backward")
-        params = dict(self.model.named_parameters())
-        for p in params.values():
-            p.grad = None
         xs = tuple(x.detach().requires_grad_(input_grad and x.is_floating_point()) for x in inputs)
         self.clock.take()
         out = self.compiled(*xs, target=target) if target is not None else self.compiled(*xs)
@@ -102,17 +101,44 @@ class TrainStep:
         if not fwd:
             raise TileccError("train step: torch.compile ran the model without tilecc's graphs (a recompile "
                               "limit or a graph break into eager); nothing was simulated")
-        if self.loss is None:
-            assert grad_output is not None
-            out.backward(grad_output)
-        else:
+        return Pending(out, xs, fwd)
+
+    def backward(self, pending: Pending, grad_output: Any = None) -> StepResult:
+        """The backward of `pending`; `grad_output`: a stage's output gradient (a list for
+        several outputs, None where an output takes none). The gradients are this
+        backward's alone (`.grad` is reset first)."""
+        if self.loss is None and grad_output is None:
+            raise TileccError("train step: a stage without a loss needs grad_output= for its backward")
+        params = dict(self.model.named_parameters())
+        for p in params.values():
+            p.grad = None
+        out: Any = pending.output
+        if self.loss is not None:
             out.backward()
+        else:
+            outs = list(out) if isinstance(out, tuple | list) else [out]
+            gos = list(grad_output) if isinstance(grad_output, tuple | list) else [grad_output]
+            pairs = [(o, g) for o, g in zip(outs, gos) if g is not None and o.requires_grad]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         bwd = self.clock.take()
         grads = {k: p.grad for k, p in params.items() if p.grad is not None}
         ready = _ready_times(grads, bwd, self.timing_only)
-        return StepResult(out.detach() if self.loss is not None else None, out.detach(), grads,
-                          [x.grad for x in xs], sum(r.time_ns for r in fwd), sum(r.time_ns for r in bwd),
-                          ready, fwd, bwd)
+        detached = _detach(out)
+        loss = detached if self.loss is not None and isinstance(detached, torch.Tensor) else None
+        return StepResult(loss, detached, grads,
+                          [x.grad for x in pending.inputs], sum(r.time_ns for r in pending.forward_runs),
+                          sum(r.time_ns for r in bwd), ready, pending.forward_runs, bwd)
+
+
+@dataclass
+class Pending:
+    output: Any
+    inputs: tuple
+    forward_runs: list[GraphRun]
+
+
+def _detach(out: Any) -> Any:
+    return out.detach() if isinstance(out, torch.Tensor) else tuple(o.detach() for o in out)
 
 
 def _ready_times(grads: dict[str, torch.Tensor], runs: list[GraphRun], timing_only: bool) -> dict[str, float]:

@@ -48,12 +48,24 @@ class SystemModel:
         return self.run(*inputs)
 
     def train(self, *inputs: torch.Tensor, loss: str = "mean", target: torch.Tensor | None = None) -> Any:
-        """One training step (data parallelism: runtime/data_parallel.py): the loss's
-        gradients, equal to eager's, and the step's timeline; also kept as `train_result`."""
+        """One training step: data parallelism (runtime/data_parallel.py) or a 1F1B pipeline
+        (runtime/pipeline_train.py, the loss: the output's mean): the loss's gradients, equal
+        to eager's, and the step's timeline; also kept as `train_result`."""
         from tilecc.runtime.data_parallel import DataParallelProgram
+        from tilecc.runtime.pipeline_run import PipelineProgram
 
+        if isinstance(self.program, PipelineProgram):
+            from tilecc.runtime.pipeline_train import pipeline_train_step
+
+            if loss != "mean" or target is not None:
+                raise TileccError(f"train(): a pipeline trains on the mean of the output (loss='mean'), got "
+                                  f"loss={loss!r}")
+            self.train_result = pipeline_train_step(self.program.model, inputs, self.program.system,
+                                                    pp=self.program.pp, micro_batches=self.program.micro_batches,
+                                                    mode=self.mode)
+            return self.train_result
         if not isinstance(self.program, DataParallelProgram):
-            raise TileccError("train(): training steps are compiled with parallel={'dp': N} for now")
+            raise TileccError("train(): training steps are compiled with parallel={'dp': N} or {'pp': N}")
         self.train_result = self.program.step(inputs, loss=loss, target=target, mode=self.mode)
         return self.train_result
 
