@@ -169,3 +169,10 @@ def test_pipeline_1f1b_pp2_gradients_equal_eager():
     _, total = one_f_one_b(r.fwd_ns, r.bwd_ns, 2, r.send_ns, r.grad_send_ns)
     assert r.step_ns == total and all(t > 0 for t in r.fwd_ns + r.bwd_ns + r.send_ns + r.grad_send_ns)
     assert r.bubble_ns > 0 and r.exposed_comm_ns > 0
+
+
+def test_cli_dp_error_is_one_line(capsys):
+    from tilecc.cli import main
+
+    assert main(["run", "examples/llama_tp.py:llama_pipeline", "--system", "ring:3", "--dp", "3"]) == 2
+    assert "parallel: 'dp' = 3 must divide the batch; input 0 has batch 4" in capsys.readouterr().err
