@@ -91,9 +91,14 @@ class SystemModel:
                 if timing_only:
                     raise TileccError("timing_only: pipelines run functionally (their stages differ)")
                 from tilecc.runtime.pipeline_run import run_pipeline
+                from tilecc.runtime.tp_pipeline_run import TpPipelineProgram, run_tp_pipeline
 
-                outs, self.timeline, self.report = run_pipeline(self.program, inputs, mode=self.mode,
-                                                                sanitize=self.sanitize, trace_dir=tdir)
+                if isinstance(self.program, TpPipelineProgram):
+                    outs, self.timeline, self.report = run_tp_pipeline(self.program, inputs, mode=self.mode,
+                                                                       sanitize=self.sanitize)
+                else:
+                    outs, self.timeline, self.report = run_pipeline(self.program, inputs, mode=self.mode,
+                                                                    sanitize=self.sanitize, trace_dir=tdir)
             if trace is not None:
                 write_system_trace(trace, self.timeline, self.program.system)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -112,9 +117,9 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
     if tp * pp * dp != system.chips:
         raise ShardingError(f"parallel: tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} must equal the system's "
                             f"{system.chips} chips ({system.topology.spec})")
-    if sum(x > 1 for x in (tp, pp, dp)) > 1:
-        raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp}: one kind at a time runs functionally; "
-                            f"combinations are timed by runtime/parallel_step.py (benchmarks/cluster.py)")
+    if dp > 1 and (tp > 1 or pp > 1):
+        raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp}: data parallelism with tp or pp is timed by "
+                            f"runtime/parallel_step.py (benchmarks/cluster.py), not run functionally")
     if p.get("sp") and tp == 1:
         raise ShardingError("parallel: sequence parallelism (sp) needs tp > 1")
     return p
@@ -139,6 +144,14 @@ def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any,
             raise ShardingError("tp_plan= applies to tensor parallelism (parallel={'tp': N}), not to dp")
         split_batch(tuple(example_inputs), p["dp"])
         return SystemModel(DataParallelProgram(model, cfg, p["dp"]), mode)
+    if p.get("pp", 1) > 1 and p.get("tp", 1) > 1:
+        from tilecc.runtime.tp_pipeline_run import compile_tp_pipeline
+
+        if tp_plan is not None or p.get("sp"):
+            raise ShardingError("tp x pp uses the automatic plan without sequence parallelism (no tp_plan=, no sp)")
+        return SystemModel(compile_tp_pipeline(model, tuple(example_inputs), cfg, tp=p["tp"], pp=p["pp"],
+                                               micro_batches=p.get("micro_batches", 1), opt_level=opt_level,
+                                               cache=cache), mode)
     if p.get("pp", 1) > 1:
         from tilecc.runtime.pipeline_run import compile_pipeline
 
