@@ -16,6 +16,8 @@ Options (all optional):
     fallback_flops, fallback_bandwidth, link_bandwidth, link_latency_us
                         the modelled fallback device and link (see `CostOptions`)
     plans               a list: each graph's `Plan` is appended to it (tilecc.explain)
+    clock               a `runtime.graph_clock.GraphClock`: each graph's simulated time per
+                        call (a training step's forward and backward, runtime/train_step.py)
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from tilecc.errors import TileccError
 
 KNOWN = {"target", "fallback", "cost_aware", "fallback_flops", "fallback_bandwidth", "link_bandwidth",
-         "link_latency_us", "plans"}
+         "link_latency_us", "plans", "clock"}
 
 
 @dataclasses.dataclass
@@ -37,6 +39,7 @@ class BackendOptions:
     fallback: str = "cpu"
     cost: Any = None
     plans: list | None = None
+    clock: Any = None
 
     @staticmethod
     def parse(options: dict | None) -> BackendOptions:
@@ -61,7 +64,7 @@ class BackendOptions:
             torch.device(fallback)
         except RuntimeError as e:
             raise TileccError(f"tilecc backend option fallback={fallback!r} is no torch device: {e}") from None
-        return BackendOptions(str(options.get("target", "tiny")), fallback, cost, plans)
+        return BackendOptions(str(options.get("target", "tiny")), fallback, cost, plans, options.get("clock"))
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Any:
@@ -95,6 +98,8 @@ def _graph_compiler(opts: BackendOptions, kind: str) -> Any:
                 run = _on_device(run, torch.device(opts.fallback))
         if opts.plans is not None:
             opts.plans.append(plan)
+        if opts.clock is not None:
+            run = opts.clock.wrap(kind, plan, run)
         return make_boxed_func(run)
 
     return compile_graph

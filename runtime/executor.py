@@ -17,7 +17,7 @@ from tilecc.errors import InputMismatchError, SimulatorError, TimingOnlyError
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import Report, make_report
 from tilecc.simulator import numerics
-from tilecc.simulator.isa import STORAGE, DType
+from tilecc.simulator.isa import STORAGE, DType, Mem, Opcode
 from tilecc.simulator.machine import simulate
 from tilecc.simulator.trace import write_trace
 
@@ -123,5 +123,22 @@ def run_program(
         if sim.start is None or sim.end is None:  # kept by simulate's default record=True
             raise SimulatorError("the simulation kept no per-instruction times to write the trace from")
         write_trace(trace, program.stream, program.config, sim.start, sim.end, program.kernels)
-    return outputs, make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
-                                program.meta.get("remarks"), launches=len(program.kernels))
+    report = make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
+                         program.meta.get("remarks"), launches=len(program.kernels))
+    if sim.end is not None:
+        report.extra["output_ready_cycles"] = output_ready_cycles(program, sim.end)
+    return outputs, report
+
+
+def output_ready_cycles(program: Program, end: np.ndarray) -> list[float]:
+    """When each output is complete: the end of the last DMA store (or scatter) writing into
+    its HBM bytes (an output written by none, e.g. an input passed through: 0)."""
+    st = program.stream
+    store = ((st["opcode"] == Opcode.DMA_STORE) | (st["opcode"] == Opcode.DMA_SCATTER)) & (st["o_mem"] == Mem.HBM)
+    idx = np.flatnonzero(store)
+    addr, ends = st["o_addr"][idx].astype(np.int64), np.asarray(end)[idx]
+    out = []
+    for spec in program.outputs:
+        hit = (addr >= spec.offset) & (addr < spec.offset + spec.nbytes)
+        out.append(float(ends[hit].max()) if hit.any() else 0.0)
+    return out

@@ -37,7 +37,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from tilecc.errors import TileccError
 from tilecc.frontend.fx_import import bindings_for, hint_bindings, import_graph_module, node_support, tensor_inputs
 from tilecc.frontend.torch_export import _op_name, node_location
-from tilecc.runtime.compiler import compile_graph
+from tilecc.runtime.cache import compile_cached
 from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.timing import core_cycles_per
@@ -450,7 +450,7 @@ class NpuPartition(torch.nn.Module):
                 program = (gp, prepare_triton(gp, self.cfg))
                 self.part.sources = program[1][2]
             else:
-                program = compile_graph(gp, self.cfg)
+                program = compile_cached(gp, self.cfg, None)  # the default compile cache (runtime/cache.py)
         except TileccError as e:
             what = "the Triton backend" if self.gpu else "the NPU pipeline"
             self._give_up(f"{what} cannot compile it: {str(e).splitlines()[0]}")
@@ -466,6 +466,16 @@ class NpuPartition(torch.nn.Module):
         for n in self.sub.graph.nodes:
             if n.op == "call_function" and n.target is not operator.getitem:
                 self.plan.fallbacks.append(Fallback(_op_name(n.target), node_location(n), why))
+
+    def program_for(self, args: tuple) -> Any:
+        """The Program for these arguments (compiled on first sight), or None when the
+        region cannot compile (it then runs eagerly, see `_give_up`)."""
+        if self.failed is not None or self.gpu:
+            return None
+        key = _key_of(args)
+        if key in self.programs:
+            return self.programs[key]
+        return self._compile(args, bindings_for(self.sub.graph, args))
 
     def forward(self, *args: Any) -> Any:
         if self.failed is not None:

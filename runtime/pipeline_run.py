@@ -57,6 +57,7 @@ class PipelineProgram:
     stage_layers: list[tuple[int, int]]  # [first, last) decoder layer of each stage
     compile_seconds: float = 0.0
     report_extra: dict[str, Any] = field(default_factory=dict)
+    model: Any = None  # the nn.Module (a training step re-cuts it: runtime/pipeline_train.py)
 
 
 def _layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -73,22 +74,40 @@ def compile_pipeline(model: nn.Module, inputs: tuple, system: SystemConfig, *, p
     if pp != system.chips:
         raise ShardingError(f"pipeline of {pp} stages on a system of {system.chips} chips: pp must equal the "
                             f"chip count")
+    micro = _micro_batches(inputs, micro_batches)
+    graph, values, user, _, bounds = export_stages(model, micro[0], pp)
+    cfg = system.chip_config(0)
+    programs = []
+    for k, seg in enumerate(graph.segments):
+        programs.append(compile_cached(export_model(seg.module, tuple(seg.examples)), system.chip_config(k)
+                                       if len(system.chip_targets) > 1 else cfg, cache, stats=CompileStats(),
+                                       opt_level=opt_level))
+    return PipelineProgram(system, pp, micro_batches, graph, programs, values, user,
+                           list(zip(bounds, bounds[1:])), time.perf_counter() - t0,
+                           {"pp": pp, "micro_batches": micro_batches}, model)
+
+
+def export_stages(model: nn.Module, inputs: tuple, pp: int) -> tuple[SegmentedGraph, dict[str, torch.Tensor],
+                                                                    list[str], dict[str, str], list[int]]:
+    """The model exported on `inputs` (one micro-batch) and cut into `pp` stage segments:
+    (graph, weights by input name (W^T where graph.transposed), user-input names, parameter
+    FQN by input name, layer bounds)."""
     name, layers = _layers(model)
     if len(layers) < pp:
         raise ShardingError(f"{name}: {len(layers)} layers cannot make {pp} pipeline stages (one layer at least each)")
     bounds = [(k * len(layers)) // pp for k in range(pp + 1)]
-    micro = _micro_batches(inputs, micro_batches)
     handles = []
     for k in range(1, pp):
         handles.append(layers[bounds[k]].register_forward_pre_hook(_send_hook(k)))
     try:
-        ep = export_model(model.eval(), micro[0])
+        ep = export_model(model.eval(), inputs)
     finally:
         for h in handles:
             h.remove()
     values: dict[str, torch.Tensor] = {}
     shared: dict[str, torch.Tensor] = {}
     user: list[str] = []
+    fqn: dict[str, str] = {}
     names = [n.name for n in ep.graph_module.graph.nodes if n.op == "placeholder"]
     for spec, pname in zip(ep.graph_signature.input_specs, names):
         if spec.kind == InputKind.USER_INPUT:
@@ -96,6 +115,7 @@ def compile_pipeline(model: nn.Module, inputs: tuple, system: SystemConfig, *, p
         elif spec.kind == InputKind.PARAMETER:
             assert spec.target is not None
             values[pname] = model.get_parameter(spec.target).detach()
+            fqn[pname] = spec.target
         elif spec.kind == InputKind.BUFFER:
             assert spec.target is not None
             shared[pname] = model.get_buffer(spec.target).detach()
@@ -108,15 +128,7 @@ def compile_pipeline(model: nn.Module, inputs: tuple, system: SystemConfig, *, p
     values = {k: v.mT.contiguous() if k in graph.transposed else v for k, v in values.items()}
     if len(graph.segments) != pp:
         raise ShardingError(f"the pipeline cut gives {len(graph.segments)} stage programs for {pp} stages")
-    cfg = system.chip_config(0)
-    programs = []
-    for k, seg in enumerate(graph.segments):
-        programs.append(compile_cached(export_model(seg.module, tuple(seg.examples)), system.chip_config(k)
-                                       if len(system.chip_targets) > 1 else cfg, cache, stats=CompileStats(),
-                                       opt_level=opt_level))
-    return PipelineProgram(system, pp, micro_batches, graph, programs, values, user,
-                           list(zip(bounds, bounds[1:])), time.perf_counter() - t0,
-                           {"pp": pp, "micro_batches": micro_batches})
+    return graph, values, user, fqn, bounds
 
 
 def _send_hook(k: int) -> Any:

@@ -45,9 +45,9 @@ def test_pipeline_errors():
         tilecc.compile(model, (IDS,), system="ring:4", parallel={"pp": 4})
     with pytest.raises(ShardingError, match="input 0: batch 4 cannot be cut into 3 micro-batches"):
         tilecc.compile(model, (IDS,), system="ring:2", parallel={"pp": 2, "micro_batches": 3})
-    with pytest.raises(ShardingError, match="tp=2 with pp=2 together is not implemented yet"):
-        tilecc.compile(model, (IDS,), system="ring:4", parallel={"pp": 2, "tp": 2})
+    with pytest.raises(ShardingError, match="tp=2, pp=2, dp=2: data parallelism with tp or pp is timed"):
+        tilecc.compile(model, (IDS,), system="ring:8", parallel={"pp": 2, "tp": 2, "dp": 2})
     with pytest.raises(ShardingError, match="tp_plan= applies to tensor parallelism"):
         tilecc.compile(model, (IDS,), system="ring:2", parallel={"pp": 2}, tp_plan={})
-    with pytest.raises(ShardingError, match="data parallelism"):
-        tilecc.compile(model, (IDS,), system="ring:2", parallel={"dp": 2})
+    with pytest.raises(ShardingError, match="'dp' = 3 must divide the batch; input 0 has batch 4"):
+        tilecc.compile(model, (IDS,), system="ring:3", parallel={"dp": 3})

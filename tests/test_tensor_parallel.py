@@ -115,7 +115,7 @@ def test_sharding_errors():
     model = llama(heads=8, kv_heads=2)
     with pytest.raises(ShardingError, match=r"k_proj: 2 key / value heads cannot be split over 4 chips"):
         tilecc.compile(model, (IDS,), target="tiny", system="ring:4", parallel={"tp": 4}, cache=False)
-    with pytest.raises(ShardingError, match=r"tp x pp = 2 must equal the system's 4 chips"):
+    with pytest.raises(ShardingError, match=r"tp x pp x dp = 2 x 1 x 1 = 2 must equal the system's 4 chips"):
         tilecc.compile(model, (IDS,), target="tiny", system="ring:4", parallel={"tp": 2})
     with pytest.raises(ShardingError, match="no layer matches the automatic tensor-parallel plan"):
         tilecc.compile(torch.nn.Sequential(torch.nn.Linear(8, 8)), (torch.randn(2, 8),), system="ring:2",
@@ -137,7 +137,7 @@ def test_cli_errors(capsys):
     assert capsys.readouterr().err.strip() == (
         "error: --tp / --pp / --sp / --micro-batches / --timing-only need --system (e.g. --system ring:4)")
     assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:4", "--tp", "3"]) == 2
-    assert "tp x pp = 3 must equal the system's 4 chips" in capsys.readouterr().err
+    assert "tp x pp x dp = 3 x 1 x 1 = 3 must equal the system's 4 chips" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -6,8 +6,10 @@
     sm.run(ids, trace="run.json")   # Perfetto: a process per chip (its engines), one for the links
 
 `parallel`: {"tp": N, "sp": bool} (tensor parallelism, Megatron-style, with sequence
-parallelism around the norms) or {"pp": N, "micro_batches": M} (pipeline parallelism by
-layers, runtime/pipeline_run.py). `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
+parallelism around the norms), {"pp": N, "micro_batches": M} (pipeline parallelism by
+layers, runtime/pipeline_run.py) or {"dp": N} (data parallelism: `sm.train(*inputs,
+loss="mean")` runs a training step, runtime/data_parallel.py). tp x pp x dp must equal the
+system's chips. `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
 ColwiseParallel / RowwiseParallel / SequenceParallel / PrepareModuleInput/Output); by default
 the automatic plan of a `transformers` decoder (frontend/tensor_parallel.py). The system's
 chip config is the target of every chip (`system` may name its own: `ring:4;chip=edge`).
@@ -42,9 +44,32 @@ class SystemModel:
         self.report: SystemReport | None = None
         self.timeline: SystemTimeline | None = None
         self.stream_run: Any = None  # collectives='stream': runtime/system_stream.py's StreamRun
+        self.train_result: Any = None
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         return self.run(*inputs)
+
+    def train(self, *inputs: torch.Tensor, loss: str = "mean", target: torch.Tensor | None = None) -> Any:
+        """One training step: data parallelism (runtime/data_parallel.py) or a 1F1B pipeline
+        (runtime/pipeline_train.py, the loss: the output's mean): the loss's gradients, equal
+        to eager's, and the step's timeline; also kept as `train_result`."""
+        from tilecc.runtime.data_parallel import DataParallelProgram
+        from tilecc.runtime.pipeline_run import PipelineProgram
+
+        if isinstance(self.program, PipelineProgram):
+            from tilecc.runtime.pipeline_train import pipeline_train_step
+
+            if loss != "mean" or target is not None:
+                raise TileccError(f"train(): a pipeline trains on the mean of the output (loss='mean'), got "
+                                  f"loss={loss!r}")
+            self.train_result = pipeline_train_step(self.program.model, inputs, self.program.system,
+                                                    pp=self.program.pp, micro_batches=self.program.micro_batches,
+                                                    mode=self.mode)
+            return self.train_result
+        if not isinstance(self.program, DataParallelProgram):
+            raise TileccError("train(): training steps are compiled with parallel={'dp': N} or {'pp': N}")
+        self.train_result = self.program.step(inputs, loss=loss, target=target, mode=self.mode)
+        return self.train_result
 
     def run(self, *inputs: torch.Tensor, trace: str | Path | None = None, timing_only: bool = False) -> Any:
         """Run every chip and link; `trace`: write a Perfetto trace there (runtime/system_trace.py).
@@ -56,6 +81,10 @@ class SystemModel:
 
         with tempfile.TemporaryDirectory() as tmp:
             tdir = tmp if trace is not None else None
+            from tilecc.runtime.data_parallel import DataParallelProgram
+
+            if isinstance(self.program, DataParallelProgram):
+                raise TileccError("data parallelism compiles a training step: call sm.train(*inputs)")
             if not isinstance(self.program, SystemProgram) and hasattr(self.program, "streams"):
                 from tilecc.runtime.stream_report import stream_report
                 from tilecc.runtime.system_stream import run_streams
@@ -76,9 +105,14 @@ class SystemModel:
                 if timing_only:
                     raise TileccError("timing_only: pipelines run functionally (their stages differ)")
                 from tilecc.runtime.pipeline_run import run_pipeline
+                from tilecc.runtime.tp_pipeline_run import TpPipelineProgram, run_tp_pipeline
 
-                outs, self.timeline, self.report = run_pipeline(self.program, inputs, mode=self.mode,
-                                                                sanitize=self.sanitize, trace_dir=tdir)
+                if isinstance(self.program, TpPipelineProgram):
+                    outs, self.timeline, self.report = run_tp_pipeline(self.program, inputs, mode=self.mode,
+                                                                       sanitize=self.sanitize)
+                else:
+                    outs, self.timeline, self.report = run_pipeline(self.program, inputs, mode=self.mode,
+                                                                    sanitize=self.sanitize, trace_dir=tdir)
             if trace is not None:
                 write_system_trace(trace, self.timeline, self.program.system)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -93,14 +127,13 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
         v = p.get(k, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ShardingError(f"parallel: '{k}' must be a whole number >= 1, got {v!r}")
-    if p.get("dp", 1) > 1:
-        raise ShardingError("parallel: data parallelism (dp > 1) is not implemented yet")
-    tp, pp = p.get("tp", 1), p.get("pp", 1)
-    if tp > 1 and pp > 1:
-        raise ShardingError(f"parallel: tp={tp} with pp={pp} together is not implemented yet (one or the other)")
-    if tp * pp != system.chips:
-        raise ShardingError(f"parallel: tp x pp = {tp * pp} must equal the system's {system.chips} chips "
-                            f"({system.topology.spec})")
+    tp, pp, dp = p.get("tp", 1), p.get("pp", 1), p.get("dp", 1)
+    if tp * pp * dp != system.chips:
+        raise ShardingError(f"parallel: tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} must equal the system's "
+                            f"{system.chips} chips ({system.topology.spec})")
+    if dp > 1 and (tp > 1 or pp > 1):
+        raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp}: data parallelism with tp or pp is timed by "
+                            f"runtime/parallel_step.py (benchmarks/cluster.py), not run functionally")
     if p.get("sp") and tp == 1:
         raise ShardingError("parallel: sequence parallelism (sp) needs tp > 1")
     _check_stream(p, tp)
@@ -134,6 +167,21 @@ def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any,
         system = f"{system};chip={target}"
     cfg = load_system(system)
     p = parse_parallel(parallel, cfg)
+    if p.get("dp", 1) > 1:
+        from tilecc.runtime.data_parallel import DataParallelProgram, split_batch
+
+        if tp_plan is not None:
+            raise ShardingError("tp_plan= applies to tensor parallelism (parallel={'tp': N}), not to dp")
+        split_batch(tuple(example_inputs), p["dp"])
+        return SystemModel(DataParallelProgram(model, cfg, p["dp"]), mode)
+    if p.get("pp", 1) > 1 and p.get("tp", 1) > 1:
+        from tilecc.runtime.tp_pipeline_run import compile_tp_pipeline
+
+        if tp_plan is not None or p.get("sp"):
+            raise ShardingError("tp x pp uses the automatic plan without sequence parallelism (no tp_plan=, no sp)")
+        return SystemModel(compile_tp_pipeline(model, tuple(example_inputs), cfg, tp=p["tp"], pp=p["pp"],
+                                               micro_batches=p.get("micro_batches", 1), opt_level=opt_level,
+                                               cache=cache), mode)
     if p.get("pp", 1) > 1:
         from tilecc.runtime.pipeline_run import compile_pipeline
 

@@ -1,5 +1,5 @@
 """`tilecc run FILE.py:FACTORY --system SPEC (--tp N [--sp] [--collectives stream [--chunks C]] |
---pp N [--micro-batches M])`:
+--pp N [--micro-batches M] | --dp N)`:
 a model on many simulated chips, compared with eager.
 
     tilecc run examples/llama_tp.py:llama --system "ring:4;link=nvlink4" --tp 4 --sp --trace run.json
@@ -29,13 +29,16 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--chunks", type=int, default=4, help="with --collectives stream: chunks per ring block")
     run.add_argument("--pp", type=int, default=1, help="with --system: pipeline stages (one chip each)")
     run.add_argument("--micro-batches", type=int, default=1, help="with --pp: micro-batches the batch is cut into")
+    run.add_argument("--dp", type=int, default=1,
+                     help="with --system: data-parallel replicas; runs a training step (the loss: the output's "
+                          "mean) and compares its gradients with eager autograd")
     run.add_argument("--timing-only", action="store_true",
                      help="with --tp: no data moves, chip 0 is simulated for its identical peers (not compared "
                           "with eager)")
 
 
 def wants_system(args: argparse.Namespace) -> bool:
-    return (bool(args.system) or args.tp != 1 or args.pp != 1 or args.sp or args.micro_batches != 1
+    return (bool(args.system) or args.tp != 1 or args.dp != 1 or args.pp != 1 or args.sp or args.micro_batches != 1
             or args.timing_only or args.collectives != "between")
 
 
@@ -49,6 +52,8 @@ def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) 
 
     if not args.system:
         raise TileccError("--tp / --pp / --sp / --micro-batches / --timing-only need --system (e.g. --system ring:4)")
+    if args.dp != 1:
+        return _run_data_parallel(args, load_factory)
     for flag in ("save", "autotune"):
         if getattr(args, flag, None):
             raise TileccError(f"--{flag} is not supported with --system")
@@ -94,4 +99,39 @@ def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) 
         print(report)
         if args.trace:
             print(f"trace             {args.trace} (open in ui.perfetto.dev)")
+    return 0 if ok else 1
+
+
+def _run_data_parallel(args: argparse.Namespace, load_factory: Any) -> int:
+    """`--dp N`: one training step, its gradients against eager autograd's."""
+    import copy
+
+    import tilecc
+    from tilecc.errors import TileccError
+    from tilecc.runtime.compare import compare
+
+    if args.tp != 1 or args.pp != 1:
+        raise TileccError("--dp with --tp / --pp runs only as a timing (benchmarks/cluster.py)")
+    model, inputs = load_factory(args.source)
+    ref = copy.deepcopy(model).train()
+    out = ref(*inputs)
+    out = out[0] if isinstance(out, tuple | list) else out
+    out.float().mean().backward()
+    t0 = time.perf_counter()
+    sm = tilecc.compile(model, inputs, target=args.target, system=args.system, parallel={"dp": args.dp})
+    r = sm.train(*inputs, loss="mean")
+    seconds = time.perf_counter() - t0
+    names = [k for k, p in ref.named_parameters() if p.grad is not None]
+    ok, worst = compare([r.grads[k] for k in names], [dict(ref.named_parameters())[k].grad for k in names])
+    if args.json:
+        print(json.dumps({"source": args.source, "dp": args.dp, "allclose": ok, "max_abs_error": worst,
+                          "step_us": r.step_ns / 1e3, "forward_us": r.forward_ns / 1e3,
+                          "backward_us": r.backward_ns / 1e3, "comm_us": r.comm_ns / 1e3,
+                          "exposed_comm_us": r.exposed_ns / 1e3, "hidden_share": r.hidden_share,
+                          "seconds": seconds}, sort_keys=True))
+    else:
+        print(f"model             {args.source}")
+        print(f"compile + run     {seconds:.2f} s")
+        print(f"gradients = eager {'yes' if ok else 'NO'} (max abs error {worst:.3g}, {len(names)} parameters)")
+        print(r)
     return 0 if ok else 1
