@@ -187,6 +187,8 @@ class _Counter:
     dsl_call_work: DslCallWork | None
     macs_16: float = 0.0
     macs_fp32: float = 0.0
+    macs_int8: float = 0.0  # both operands int8 (matrix.int8_speedup)
+    macs_fp8: float = 0.0  # both operands fp8 e4m3 (matrix.fp8_speedup)
     vector: float = 0.0
     by_op: dict[str, dict[str, float]] = field(default_factory=dict[str, dict[str, float]])
     consts: ConstValues | None = None
@@ -207,15 +209,17 @@ class _Counter:
         return self.cfg.vector.op_cost.reduce[fn]
 
     def add(self, kind: str, *, macs: float = 0.0, fp32: bool = False, vector: float = 0.0,
-            macs_fp32: float = 0.0) -> None:
+            macs_fp32: float = 0.0, macs_int8: float = 0.0, macs_fp8: float = 0.0) -> None:
         """Count one op of `kind`: `macs` (fp32 ones when `fp32`), `macs_fp32` more fp32
-        MACs, `vector` element-cycles."""
+        MACs, `macs_int8` / `macs_fp8` MACs with both operands 8-bit, `vector` element-cycles."""
         m16, m32 = (0.0, macs + macs_fp32) if fp32 else (macs, macs_fp32)
         self.macs_16 += m16
         self.macs_fp32 += m32
+        self.macs_int8 += macs_int8
+        self.macs_fp8 += macs_fp8
         self.vector += vector
         row = self.by_op.setdefault(kind, {"macs": 0.0, "vector": 0.0, "count": 0.0})
-        row["macs"] += m16 + m32
+        row["macs"] += m16 + m32 + macs_int8 + macs_fp8
         row["vector"] += vector
         row["count"] += 1
 
@@ -252,7 +256,8 @@ class _Counter:
                 )
             rule[1](self, op)
         return IntrinsicWork(
-            macs_16=self.macs_16, macs_fp32=self.macs_fp32, vector_element_cycles=self.vector,
+            macs_16=self.macs_16, macs_fp32=self.macs_fp32, macs_int8=self.macs_int8, macs_fp8=self.macs_fp8,
+            vector_element_cycles=self.vector,
             compulsory_hbm_bytes=self.compulsory_bytes(), by_op=self.by_op,
         )
 
@@ -410,7 +415,14 @@ def _matmul(c: _Counter, op: Operation) -> None:
     m = cast(g.MatmulOp, op)
     macs = numel(m.result) * g.shape_of(m.lhs)[-1]
     fp32 = not (_is16(m.lhs) and _is16(m.rhs))
+    both = _dtype(m.lhs) if _dtype(m.lhs) == _dtype(m.rhs) else None  # both operands 8-bit: the 8-bit rate
+    if both in (DType.I8, DType.F8E4M3):
+        c.add(op.name, macs=0.0, vector=c.evacuation(m.result), **{_LOWP_KEY[both]: float(macs)})
+        return
     c.add(op.name, macs=macs, fp32=fp32, vector=c.evacuation(m.result))
+
+
+_LOWP_KEY = {DType.I8: "macs_int8", DType.F8E4M3: "macs_fp8"}
 
 
 def _conv(c: _Counter, op: Operation) -> None:

@@ -42,6 +42,8 @@ def stream_work(stream: np.ndarray, cfg: HardwareConfig) -> dict[str, float]:
     mm = stream[op == Opcode.MATMUL]
     macs = mm["rows"].astype(np.int64) * mm["cols"] * mm["k"]
     fp32 = (mm["a_dtype"] == DType.F32) | (mm["b_dtype"] == DType.F32)
+    i8 = (mm["a_dtype"] == DType.I8) & (mm["b_dtype"] == DType.I8)
+    f8 = (mm["a_dtype"] == DType.F8E4M3) & (mm["b_dtype"] == DType.F8E4M3)
     vec = stream[(op == Opcode.VEC_UNARY) | (op == Opcode.VEC_BINARY) | (op == Opcode.VEC_REDUCE)]
     elems = vec["rows"].astype(np.float64) * vec["cols"]
     factor = vector_cost_factors(
@@ -55,8 +57,10 @@ def stream_work(stream: np.ndarray, cfg: HardwareConfig) -> dict[str, float]:
         isz[int(d)] = ITEMSIZE[d]
     hbm = dma["rows"].astype(np.int64) * dma["cols"] * isz[dma["a_dtype"]]
     return {
-        "macs_16": float(macs[~fp32].sum()),
+        "macs_16": float(macs[~fp32 & ~i8 & ~f8].sum()),
         "macs_fp32": float(macs[fp32].sum()),
+        "macs_int8": float(macs[i8].sum()),
+        "macs_fp8": float(macs[f8].sum()),
         "vector_element_cycles": float((elems * factor).sum()),
         "hbm_bytes": float(hbm.sum()),
     }
@@ -72,6 +76,8 @@ def _as_work(program: dict[str, float]) -> dict[str, float]:
     return {
         "macs_16": program["program_macs_16"],
         "macs_fp32": program["program_macs_fp32"],
+        "macs_int8": program.get("program_macs_int8", 0.0),
+        "macs_fp8": program.get("program_macs_fp8", 0.0),
         "vector_element_cycles": program["program_vector_element_cycles"],
         "compulsory_hbm_bytes": program["program_hbm_bytes"],
     }

@@ -72,6 +72,11 @@ class MatrixConfig:
     mode: str  # "pipelined" (overlapped preload/fill/drain) or "compatible" (SCALE-Sim)
     dataflow: str  # "ws", "os" or "is": which operand stays in the array
     min_interval_cycles: int  # pipelined mode: shortest issue interval of two matmuls, matrix cycles
+    # MACs per PE per cycle relative to 16-bit operands when BOTH operands are int8 / fp8
+    # e4m3 (an 8-bit mode packing two element pairs per PE); mixed 8-bit x 16-bit operands
+    # run at the 16-bit rate. 1: no such mode.
+    int8_speedup: float = 1.0
+    fp8_speedup: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,9 @@ class EnergyConfig:
     pj_per_acc_byte: float  # pJ per byte read or written in the accumulator memory
     pj_per_hbm_byte: float  # pJ per byte of HBM traffic (read or written)
     static_watts: float  # leakage and clock tree, W, paid for the whole run
+    # pJ per MAC with both operands int8 / fp8 e4m3 (None: pj_per_mac_bf16, the 16-bit figure)
+    pj_per_mac_int8: float | None = None
+    pj_per_mac_fp8: float | None = None
 
 
 @dataclass(frozen=True)
@@ -157,10 +165,18 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
             if optional:  # an optional table (`X | None = None`) may be left out
                 values[f.name] = None
                 continue
+            if f.default is not dataclasses.MISSING:  # a key with a stated default
+                values[f.name] = f.default
+                continue
             raise ConfigError(f"missing key '{key}'")
         value = data[f.name]
+        if value is None and f.default is None:  # an optional number left unset (a saved config's null)
+            values[f.name] = None
+            continue
         if optional:
             typ = optional[0]
+        elif type(None) in get_args(typ):  # an optional number (`float | None = None`)
+            typ = next(t for t in get_args(typ) if t is not type(None))
         if isinstance(typ, type) and dataclasses.is_dataclass(typ):
             if not isinstance(value, dict):
                 raise ConfigError(f"'{key}' must be a table, got {value!r}")
@@ -230,6 +246,8 @@ _POSITIVE = [
     "matrix.cols",
     "matrix.fp32_slowdown",
     "matrix.min_interval_cycles",
+    "matrix.int8_speedup",
+    "matrix.fp8_speedup",
     "vector.clock_ghz",
     "vector.lanes",
     "area.mm2_per_mac_bf16",

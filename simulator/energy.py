@@ -8,7 +8,9 @@
     power   = (dynamic + static) * 1e-12 / seconds                              [W]
     TOPS/W  = 2 * MACs / ((dynamic + static) * 1e-12) / 1e12    (a MAC is 2 ops)
 
-MACs with an fp32 operand are charged `pj_per_mac_fp32` (MACs_bf16 = MACs - MACs_fp32).
+MACs with an fp32 operand are charged `pj_per_mac_fp32`, MACs with both operands int8 or
+both fp8 e4m3 `pj_per_mac_int8` / `pj_per_mac_fp8` (the bf16 figure when unset), the rest
+(16-bit, or one 8-bit operand with a 16-bit one) `pj_per_mac_bf16`.
 Traffic counts every byte read or written at each memory level: SRAM is
 `SimResult.sram_bytes - acc_bytes` (`sram_bytes` counts all on-chip traffic), the
 accumulator `acc_bytes`, HBM `hbm_bytes_read + hbm_bytes_written`.
@@ -49,6 +51,8 @@ def estimate(
     cycles: float,
     macs: int,
     macs_fp32: int = 0,
+    macs_int8: int = 0,
+    macs_fp8: int = 0,
     sram_bytes: int = 0,
     acc_bytes: int = 0,
     hbm_bytes: int = 0,
@@ -56,7 +60,10 @@ def estimate(
     """The energy of a run of `cycles` cycles doing that work and traffic on `cfg`."""
     e = cfg.energy
     seconds = cycles / (cfg.clock_ghz * 1e9)
-    mac_pj = (macs - macs_fp32) * e.pj_per_mac_bf16 + macs_fp32 * e.pj_per_mac_fp32
+    pj_int8 = e.pj_per_mac_bf16 if e.pj_per_mac_int8 is None else e.pj_per_mac_int8
+    pj_fp8 = e.pj_per_mac_bf16 if e.pj_per_mac_fp8 is None else e.pj_per_mac_fp8
+    mac_pj = ((macs - macs_fp32 - macs_int8 - macs_fp8) * e.pj_per_mac_bf16 + macs_fp32 * e.pj_per_mac_fp32
+              + macs_int8 * pj_int8 + macs_fp8 * pj_fp8)
     sram_pj = sram_bytes * e.pj_per_sram_byte
     acc_pj = acc_bytes * e.pj_per_acc_byte
     hbm_pj = hbm_bytes * e.pj_per_hbm_byte
@@ -84,6 +91,8 @@ def from_result(sim: Any, cfg: HardwareConfig) -> Energy:
         cycles=float(sim.cycles),
         macs=int(sim.macs),
         macs_fp32=int(sim.macs_fp32),
+        macs_int8=int(getattr(sim, "macs_int8", 0)),
+        macs_fp8=int(getattr(sim, "macs_fp8", 0)),
         sram_bytes=int(sim.sram_bytes) - int(getattr(sim, "acc_bytes", 0)),
         acc_bytes=int(getattr(sim, "acc_bytes", 0)),
         hbm_bytes=int(sim.hbm_bytes_read + sim.hbm_bytes_written),

@@ -89,7 +89,8 @@ def durations(prog: DecodedProgram) -> Durations:
     mm = prog.is_mm
     if mm.any():
         fp32 = (s["a_dtype"][mm] == DType.F32) | (s["b_dtype"][mm] == DType.F32)
-        stream = rules.matmul_stream(prog.rows[mm], prog.k[mm], prog.cols[mm], fp32)
+        speedup = rules.lowp_speedup(s["a_dtype"][mm].astype(np.int64), s["b_dtype"][mm].astype(np.int64))
+        stream = rules.matmul_stream(prog.rows[mm], prog.k[mm], prog.cols[mm], fp32, speedup)
         if rules.pipelined:
             first[mm] = rules.preload
             second[mm] = rules.matmul_streaming(stream)

@@ -49,6 +49,8 @@ class SimResult:
     start: np.ndarray | None  # float64 [n]: start cycle of each instruction
     end: np.ndarray | None  # float64 [n]: end cycle of each instruction (result ready)
     acc_bytes: int = 0  # the accumulator's part of `sram_bytes`
+    macs_int8: int = 0  # the part of `macs` with both operands int8 (the 8-bit rate and energy)
+    macs_fp8: int = 0  # ... both operands fp8 e4m3
     stalls: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,6 +67,8 @@ class SimResult:
             "acc_bytes": int(self.acc_bytes),
             "macs": int(self.macs),
             "macs_fp32": int(self.macs_fp32),
+            "macs_int8": int(self.macs_int8),
+            "macs_fp8": int(self.macs_fp8),
             "vector_elements": int(self.vector_elements),
             "kernels": int(self.kernels),
             "stalls": {e: {k: float(v) for k, v in d.items()} for e, d in self.stalls.items()},
@@ -111,6 +115,8 @@ def counts(prog: DecodedProgram) -> dict[str, int]:
         "acc_bytes": traffic[Mem.ACC],
         "macs": int(macs[mm].sum()),
         "macs_fp32": int(macs[mm & fp32].sum()),
+        "macs_int8": int(macs[mm & (s["a_dtype"] == DType.I8) & (s["b_dtype"] == DType.I8)].sum()),
+        "macs_fp8": int(macs[mm & (s["a_dtype"] == DType.F8E4M3) & (s["b_dtype"] == DType.F8E4M3)].sum()),
         "vector_elements": int(tile[vec].sum()),
         "kernels": int(np.unique(kernel_of).size),  # each chunk ends at a barrier
     }
@@ -144,6 +150,8 @@ def sim_result(
         sram_bytes=figures.get("sram_bytes", 0),
         macs=figures.get("macs", 0),
         macs_fp32=figures.get("macs_fp32", 0),
+        macs_int8=figures.get("macs_int8", 0),
+        macs_fp8=figures.get("macs_fp8", 0),
         vector_elements=figures.get("vector_elements", 0),
         kernels=figures.get("kernels", 0),
         start=sched.start,

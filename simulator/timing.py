@@ -36,7 +36,10 @@ bit. Every constant is a config key. In cycles:
   here are a transfer's time alone.
 - **MATMUL** ``[M x K] @ [K x N]``: `matmul_mapping` lays (Sr, Sc) on the array and
   streams T (WS (K, N, M), OS (M, N, K), IS (K, M, N)); streaming takes ``S = T * p``
-  (``p = matrix.fp32_slowdown`` with an fp32 operand, else 1: `matmul_stream`), the
+  (``p = matrix.fp32_slowdown`` with an fp32 operand, ``1 / matrix.int8_speedup`` or
+  ``1 / matrix.fp8_speedup`` with both operands int8 or both fp8 e4m3 (`lowp_speedup`:
+  an 8-bit mode packing two element pairs per PE, Trainium2's ``double_row``), else 1:
+  `matmul_stream`), the
   stationary operand's preload ``L = R`` (WS, IS; OS: 0), fill and drain ``D = R + C -
   2``. The result is ready ``L + S + D`` after the start (`matmul_latency`). Compatible
   mode holds the engine that long; pipelined mode holds the array for ``S' = max(S,
@@ -70,7 +73,7 @@ from typing import Any
 import numpy as np
 
 from tilecc.simulator.config import HardwareConfig
-from tilecc.simulator.isa import BinaryFn, Flag, Opcode, ReduceFn, UnaryFn
+from tilecc.simulator.isa import BinaryFn, DType, Flag, Opcode, ReduceFn, UnaryFn
 
 __all__ = ["DmaPattern", "TimingRules", "core_cycles_per", "matmul_mapping", "vector_cost_factors"]
 
@@ -281,11 +284,19 @@ class TimingRules:
 
     # -- matrix -------------------------------------------------------------------------
 
-    def matmul_stream(self, m: Num, k: Num, n: Num, fp32: Num) -> Num:
-        """S: cycles streaming the dataflow's T dimension (slower with an fp32 operand)."""
+    def matmul_stream(self, m: Num, k: Num, n: Num, fp32: Num, speedup: Num = 1.0) -> Num:
+        """S: cycles streaming the dataflow's T dimension (slower with an fp32 operand,
+        `speedup` times faster with both operands 8-bit: `lowp_speedup`)."""
         _, _, t = matmul_mapping(self.cfg, m, k, n)
         passes = _where(fp32, self._fp32_slowdown, 1)
-        return _float(t * passes) * self.matrix_cycle
+        return _float(t * passes) / speedup * self.matrix_cycle
+
+    def lowp_speedup(self, a_dtype: Num, b_dtype: Num) -> Num:
+        """The 8-bit rate of a matmul from its operands' `DType` codes: ``matrix.int8_speedup``
+        when both are int8, ``matrix.fp8_speedup`` when both are fp8 e4m3, else 1."""
+        i8, f8 = int(DType.I8), int(DType.F8E4M3)
+        return _where((a_dtype == i8) & (b_dtype == i8), self.cfg.matrix.int8_speedup,
+                      _where((a_dtype == f8) & (b_dtype == f8), self.cfg.matrix.fp8_speedup, 1.0))
 
     def matmul_streaming(self, stream: Num) -> Num:
         """S': cycles a pipelined matmul holds the array streaming (the shortest interval

@@ -35,6 +35,8 @@ def _tiny() -> dict:
         (lambda d: d["matrix"].update(rows=64), "'matrix.rows' = 64 exceeds 'sram.partitions' = 16"),
         (lambda d: d["dma"].update(queues=-1), "'dma.queues' must be >= 0, got -1"),
         (lambda d: d.update(hbm=5), "'hbm' must be a table"),
+        (lambda d: d["matrix"].update(fp8_speedup=0), "'matrix.fp8_speedup' must be > 0, got 0"),
+        (lambda d: d["energy"].update(pj_per_mac_int8="low"), "'energy.pj_per_mac_int8' must be a number, got 'low'"),
     ],
 )
 def test_invalid_configs(edit, message):
@@ -111,3 +113,21 @@ def test_packet_overhead_replaces_the_efficient_chunk():
     d["dma"]["efficient_chunk_bytes"] = 64
     with pytest.raises(ConfigError, match="^my.toml: unknown key 'dma.efficient_chunk_bytes'"):
         from_dict(d, "my.toml")
+
+
+def test_8_bit_rate_and_energy_keys_default_to_the_16_bit_ones():
+    """A config written before the per-dtype keys loads: no 8-bit mode, the bf16 MAC energy."""
+    from tilecc.simulator.energy import estimate
+
+    d = _tiny()
+    for key in ("int8_speedup", "fp8_speedup"):
+        d["matrix"].pop(key)
+    for key in ("pj_per_mac_int8", "pj_per_mac_fp8"):
+        d["energy"].pop(key)
+    cfg = from_dict(d, "old.toml")
+    assert cfg.matrix.int8_speedup == cfg.matrix.fp8_speedup == 1.0
+    assert cfg.energy.pj_per_mac_int8 is None
+    e = estimate(cfg, cycles=1.0, macs=10, macs_int8=4, macs_fp8=6)
+    assert e.mac_pj == 10 * cfg.energy.pj_per_mac_bf16
+    cloud = load_config("cloud")
+    assert cloud.matrix.int8_speedup == cloud.matrix.fp8_speedup == 2

@@ -984,3 +984,57 @@ def test_f32_to_bf16_bits_rounds_every_bit_pattern_to_nearest_even(words):
     for v in (x, ties, x.reshape(-1, 1)[::2]):
         np.testing.assert_array_equal(f32_to_bf16_bits(v), _bf16_bits_reference(v).reshape(np.shape(v)))
     assert f32_to_bf16_bits(np.float32(1.0)).shape == ()
+
+
+@pytest.mark.parametrize("dtype", [DType.I8, DType.F8E4M3])
+def test_both_operands_8_bit_run_at_the_8_bit_rate_and_energy(dtype):
+    """matrix.int8_speedup / fp8_speedup: a matmul with BOTH operands int8 (or fp8) streams
+    that many times faster, its MACs are counted apart and charged pj_per_mac_int8 / _fp8;
+    one 8-bit operand against a bf16 one stays at the 16-bit rate (weight-only quantisation)."""
+    from tilecc.simulator.energy import from_result
+    from tilecc.simulator.numerics import torch_to_storage
+    from tilecc.simulator.roofline import roofline
+    from tilecc.simulator.timing import TimingRules
+
+    m, k, n = TINY.accumulator.partitions, TINY.matrix.rows, 16
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(-8, 8, (m, k), generator=g).float()
+    b = torch.randint(-8, 8, (k, n), generator=g).float()
+    tdt = torch.int8 if dtype == DType.I8 else torch.float8_e4m3fn
+
+    def run_with(speedup: float, b_dtype: DType):
+        cfg = dataclasses.replace(TINY, matrix=dataclasses.replace(TINY.matrix, int8_speedup=speedup,
+                                                                    fp8_speedup=speedup))
+        hbm = Hbm()
+        at, bt = a.T.contiguous().to(tdt), (b.to(tdt) if b_dtype == dtype else b.bfloat16())
+        a_addr = hbm.alloc(at.numel())
+        hbm.bytes[a_addr:a_addr + at.numel()] = torch_to_storage(at)[0].reshape(-1).view(np.uint8)
+        b_bits = torch_to_storage(bt)[0].reshape(-1).view(np.uint8)
+        b_addr = hbm.alloc(b_bits.size)
+        hbm.bytes[b_addr:b_addr + b_bits.size] = b_bits
+        out = hbm.alloc(m * n * 4)
+        stream = program(
+            load(a_addr, k, m, dtype, signal=0),
+            load(b_addr, k, n, b_dtype, addr=1024, queue=1, signal=0),
+            matmul(m, k, n, dtype, b_dtype=b_dtype, a=(0, 0), b=(0, 1024), wait=[(0, 2)], signal=1),
+            store(out, m, n, mem=Mem.ACC, wait=[(1, 1)]),
+        )
+        sim = simulate(stream, cfg, hbm.bytes)
+        np.testing.assert_array_equal(hbm.get(out, (m, n), DType.F32).numpy(), (a @ b).numpy())
+        return sim, cfg, float(sim.end[2] - sim.start[2])
+
+    slow, _, t1 = run_with(1.0, dtype)
+    fast, cfg, t2 = run_with(2.0, dtype)
+    s1 = TimingRules(TINY).matmul_stream(m, k, n, False)
+    assert t1 - t2 == pytest.approx(s1 / 2)  # the streaming part halves, preload and drain stay
+    key = "macs_int8" if dtype == DType.I8 else "macs_fp8"
+    assert getattr(fast, key) == m * k * n and fast.macs == m * k * n
+    e = from_result(fast, cfg)
+    pj = cfg.energy.pj_per_mac_int8 if dtype == DType.I8 else cfg.energy.pj_per_mac_fp8
+    assert pj is not None and e.mac_pj == pytest.approx(m * k * n * pj)
+    bound = roofline({"macs_16": 0.0, "macs_fp32": 0.0, key: float(m * k * n), "vector_element_cycles": 0.0,
+                      "compulsory_hbm_bytes": 0.0}, cfg)["matrix"]
+    assert bound == pytest.approx(m * k * n / 2 / (cfg.matrix.rows * cfg.matrix.cols)
+                                  * cfg.clock_ghz / cfg.matrix.clock_ghz)
+    mixed, _, t3 = run_with(2.0, DType.BF16)  # one 8-bit operand: the bf16 rate and energy
+    assert t3 == pytest.approx(t1) and getattr(mixed, key) == 0

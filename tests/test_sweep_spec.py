@@ -114,11 +114,6 @@ SYSTEM_CASES = [
     (('"matrix.rows" = [8, 16]', 'pp = [1, 0]'), "'sweep.grid.\"pp\"' has value 0: 'pp' takes a whole number"),
     (('"matrix.rows" = [8, 16]', 'dp = [true]'), "'sweep.grid.\"dp\"' has value True: 'dp' takes a whole number"),
     (('"matrix.rows" = [8, 16]', 'micro_batches = [2.5]'), "has value 2.5: 'micro_batches' takes a whole number"),
-    (('"matrix.rows" = [8, 16]', 'tp = [1, 2]\npp = [1, 2]'),
-     "'sweep.grid': the combination tp = 2, pp = 2 is not supported yet: parallel: tp=2 with pp=2 together is "
-     "not implemented yet"),
-    (('"matrix.rows" = [8, 16]', '"system.chips" = [4]\npp = [2]'),  # tp = chips / pp = 2
-     "the combination system.chips = 4, pp = 2 is not supported yet: parallel: tp=2 with pp=2"),
     (('"matrix.rows" = [8, 16]', 'phase = ["decode"]\ntp = [2]'),
      "the combination phase = 'decode', tp = 2 is not supported yet: phase \"decode\" runs each replica on one chip"),
     (('base = "tiny"', 'base = "tiny"\nsystem = "ring:4;chip=edge"'),

@@ -88,13 +88,13 @@ class Timing(TimingRules):
     """The simulator's closed forms (`simulator.timing`) plus the kernel's composite
     figures: several vector instructions, an evacuation, a prologue."""
 
-    def mm_interval(self, m: int, k: int, n: int, fp32: bool) -> float:
+    def mm_interval(self, m: int, k: int, n: int, fp32: bool, speedup: float = 1.0) -> float:
         """Issue interval of back-to-back [m x k] @ [k x n] matmuls."""
-        return self.matmul_interval(self.matmul_stream(m, k, n, fp32))
+        return self.matmul_interval(self.matmul_stream(m, k, n, fp32, speedup))
 
-    def mm_latency(self, m: int, k: int, n: int, fp32: bool) -> float:
+    def mm_latency(self, m: int, k: int, n: int, fp32: bool, speedup: float = 1.0) -> float:
         """Start to result of one [m x k] @ [k x n] matmul."""
-        return self.matmul_latency(self.matmul_stream(m, k, n, fp32))
+        return self.matmul_latency(self.matmul_stream(m, k, n, fp32, speedup))
 
     def copy(self, rows: int, cols: int) -> float:
         return self.vector_time(rows, cols, self.cfg.vector.op_cost.unary["copy"])
@@ -136,6 +136,9 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     Q = cfg.dma.queues
     store_q = Q - 1
     fp32 = "f32" in (p.a_dtype, p.b_dtype)
+    # both operands 8-bit: the array's 8-bit rate (the A transposes stay at the 16-bit one)
+    lowp = {"i8": cfg.matrix.int8_speedup, "f8e4m3": cfg.matrix.fp8_speedup}.get(p.a_dtype, 1.0) \
+        if p.a_dtype == p.b_dtype else 1.0
     widths = chunk_widths(p, s.w)
     nch = len(widths)
     TK, TM, TN = p.TK, p.TM, p.TN
@@ -153,7 +156,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     a_fixed = tm.dma_fixed(TM)
 
     def mm_k(m: int, n: int) -> float:  # one TN-column block of an m-tile over all of K
-        return sum(c * tm.mm_interval(m, k, n, fp32) for k, c in ksizes)
+        return sum(c * tm.mm_interval(m, k, n, fp32, lowp) for k, c in ksizes)
 
     tr_item = sum(c * tm.mm_interval(k, TM, TM, fp32) for k, c in ksizes)  # transposes of one m-tile
     cp_item = sum(c * tm.copy(k, TM) for k, c in ksizes) + tm.prep(p)
@@ -299,7 +302,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     # the other on one queue)
     start = max(start, grp[0][1] * (fB + tm.dma_transfer(TK, widths[0], p.ib)))
     last_ms = blks[-1][-1]
-    end = tm.mm_latency(last_ms, TK, TN, fp32) + tm.evac(p, last_ms, widths[-1]) + tm.dma_fixed(last_ms) \
+    end = tm.mm_latency(last_ms, TK, TN, fp32, lowp) + tm.evac(p, last_ms, widths[-1]) + tm.dma_fixed(last_ms) \
         + tm.dma_transfer(last_ms, widths[-1], p.io)
     # the pipeline, chunk after chunk: loads of chunk i start when the previous loads
     # are done and the B set is free (two sets: chunk i-2 computed; one set: the

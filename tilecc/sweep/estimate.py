@@ -94,8 +94,10 @@ class Estimator:
         comps = roofline(w.figures(), cfg)
         bottleneck = max(comps, key=lambda k: comps[k])
         e = cfg.energy
-        pj = (w.macs_16 * e.pj_per_mac_bf16 + w.macs_fp32 * e.pj_per_mac_fp32
-              + w.compulsory_hbm_bytes * e.pj_per_hbm_byte)
+        pj_int8 = e.pj_per_mac_bf16 if e.pj_per_mac_int8 is None else e.pj_per_mac_int8
+        pj_fp8 = e.pj_per_mac_bf16 if e.pj_per_mac_fp8 is None else e.pj_per_mac_fp8
+        pj = (w.macs_16 * e.pj_per_mac_bf16 + w.macs_fp32 * e.pj_per_mac_fp32 + w.macs_int8 * pj_int8
+              + w.macs_fp8 * pj_fp8 + w.compulsory_hbm_bytes * e.pj_per_hbm_byte)
         return max(max(comps.values()), 1.0), pj * 1e-12, bottleneck
 
     def figures(self, cfg: HardwareConfig, k_cycles: float | None = None, k_energy: float | None = None) -> Figures:
@@ -109,7 +111,7 @@ class Estimator:
         energy = dynamic * (self.k_energy if k_energy is None else k_energy) + cfg.energy.static_watts * seconds
         mm2 = area(cfg).total if cfg.area is not None else float("nan")
         return Figures(cycles=cycles, latency_us=seconds * 1e6, energy_j=energy, roofline_cycles=bound,
-                       macs=w.macs_16 + w.macs_fp32, area_mm2=mm2, bottleneck=bottleneck)
+                       macs=w.macs_16 + w.macs_fp32 + w.macs_int8 + w.macs_fp8, area_mm2=mm2, bottleneck=bottleneck)
 
     def _ratios(self, sample: list[tuple[HardwareConfig, Figures]]) -> list[tuple[float, float]]:
         out = []

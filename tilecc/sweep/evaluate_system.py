@@ -125,4 +125,4 @@ def _bounds(graph: Any, cfg: Any) -> tuple[dict[str, float], float]:
     from tilecc.simulator.roofline import roofline
 
     work = graph_work(graph, cfg, dsl_call_work)
-    return roofline(work.figures(), cfg), float(work.macs_16 + work.macs_fp32)
+    return roofline(work.figures(), cfg), float(work.macs_16 + work.macs_fp32 + work.macs_int8 + work.macs_fp8)
