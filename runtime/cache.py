@@ -28,6 +28,11 @@ both write whole files and the last rename wins (both are the same bytes). A rea
 that finds a truncated, corrupt or foreign entry warns and returns None, and the
 compiler rebuilds and rewrites it. An unwritable directory is warned about and the
 compiled program is still returned.
+
+The directory is bounded: after each write, while the entries exceed
+``$TILECC_CACHE_MAX_GB`` (default 4 GiB; 0 turns the bound off) the least recently used
+entries are deleted (a hit refreshes an entry's modification time), so a cache that
+keeps whole programs with their weights does not fill the disk.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from tilecc.errors import ProgramFormatError
+from tilecc.errors import ConfigError, ProgramFormatError
 from tilecc.fsutil import atomic_write
 from tilecc.ir.bf16_weights import Bf16Weight
 from tilecc.ir.graph import GraphProgram
@@ -67,6 +72,21 @@ def default_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path(os.path.expanduser("~/.cache"))
     return base / "tilecc"
+
+
+ENV_MAX_GB = "TILECC_CACHE_MAX_GB"
+
+
+def max_bytes_from_env() -> int:
+    """The cache directory's bound in bytes (``$TILECC_CACHE_MAX_GB``, default 4; 0: none)."""
+    raw = os.environ.get(ENV_MAX_GB, "4").strip()
+    try:
+        gb = float(raw)
+    except ValueError:
+        raise ConfigError(f"'{ENV_MAX_GB}' = {raw!r} is not a number of GiB (0 turns the bound off)") from None
+    if not gb >= 0:
+        raise ConfigError(f"'{ENV_MAX_GB}' = {raw!r} must be >= 0 GiB (0 turns the bound off)")
+    return int(gb * (1 << 30))
 
 
 def enabled_by_default() -> bool:
@@ -177,6 +197,10 @@ class CompileCache:
             self.misses += 1
             return None
         self.hits += 1
+        try:
+            os.utime(path)  # recently used: evicted last
+        except OSError:
+            pass
         return program
 
     def put(self, key: str, program: Program) -> None:
@@ -185,6 +209,37 @@ class CompileCache:
         except OSError as e:
             warnings.warn(f"compile cache {self.dir} cannot be written ({e}); the program is not kept",
                           stacklevel=3)
+            return
+        self.evict(keep=key)
+
+    def evict(self, keep: str = "", max_bytes: int | None = None) -> int:
+        """Delete the least recently used entries (oldest modification time; `get`
+        refreshes it) until the directory holds at most `max_bytes` (default
+        ``$TILECC_CACHE_MAX_GB``); the entry `keep` stays. Returns the entries deleted."""
+        limit = max_bytes_from_env() if max_bytes is None else max_bytes
+        if limit <= 0:
+            return 0
+        entries = []
+        for p in self.dir.glob(f"*{SUFFIX}"):
+            try:
+                st = p.stat()
+            except OSError:  # removed by another process meanwhile
+                continue
+            entries.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in entries)
+        deleted = 0
+        for _, size, p in sorted(entries):
+            if total <= limit:
+                break
+            if p.stem == keep:
+                continue
+            try:
+                p.unlink()
+            except OSError:
+                continue
+            total -= size
+            deleted += 1
+        return deleted
 
 def resolve(cache: bool | str | os.PathLike | CompileCache | None) -> CompileCache | None:
     """The cache `tilecc.compile(cache=...)` means: None -> the default (on unless

@@ -226,3 +226,26 @@ def test_a_model_that_cannot_be_keyed_compiles_without_the_cache(tmp_path, monke
         cm = tilecc.compile(model, (x,), cache=c)
     assert not c.dir.exists()
     _check(cm, model, x)
+
+
+def test_the_cache_directory_is_bounded_least_recently_used_first(tmp_path, monkeypatch):
+    """Entries beyond $TILECC_CACHE_MAX_GB go, oldest use first; a hit refreshes an entry;
+    the entry just written stays; a bad bound is one clear error."""
+    c = CompileCache(tmp_path)
+    c.dir.mkdir(parents=True)
+    for i, name in enumerate(("a", "b", "c", "d")):
+        p = c.path(name)
+        p.write_bytes(b"x" * 1000)
+        os.utime(p, (1000 + i, 1000 + i))
+    os.utime(c.path("a"), (5000, 5000))  # used recently (as `get` does)
+    assert c.evict(keep="b", max_bytes=2500) == 2  # c and d: the oldest after b, which stays
+    assert sorted(p.stem for p in _entries(c)) == ["a", "b"]
+    assert c.evict(max_bytes=0) == 0  # no bound
+    model, x = _model()
+    monkeypatch.setenv("TILECC_CACHE_MAX_GB", str(1500 / (1 << 30)))
+    cm = tilecc.compile(model, (x,), target="tiny", cache=c)
+    _check(cm, model, x)
+    assert len(_entries(c)) == 1  # only the new program: it alone exceeds the bound
+    monkeypatch.setenv("TILECC_CACHE_MAX_GB", "lots")
+    with pytest.raises(tilecc.errors.ConfigError, match="TILECC_CACHE_MAX_GB"):
+        cache_mod.max_bytes_from_env()
