@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from tilecc.errors import TileccError
+from tilecc.simulator.config import HardwareConfig
 
 KNOWN = {"target", "fallback", "cost_aware", "fallback_flops", "fallback_bandwidth", "link_bandwidth",
          "link_latency_us", "plans", "clock"}
@@ -35,7 +36,7 @@ KNOWN = {"target", "fallback", "cost_aware", "fallback_flops", "fallback_bandwid
 
 @dataclasses.dataclass
 class BackendOptions:
-    target: str = "tiny"
+    target: Any = "tiny"  # a preset name, a TOML path, "gpu", or a loaded HardwareConfig
     fallback: str = "cpu"
     cost: Any = None
     plans: list | None = None
@@ -64,7 +65,10 @@ class BackendOptions:
             torch.device(fallback)
         except RuntimeError as e:
             raise TileccError(f"tilecc backend option fallback={fallback!r} is no torch device: {e}") from None
-        return BackendOptions(str(options.get("target", "tiny")), fallback, cost, plans, options.get("clock"))
+        target = options.get("target", "tiny")
+        if not isinstance(target, HardwareConfig):
+            target = str(target)
+        return BackendOptions(target, fallback, cost, plans, options.get("clock"))
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None) -> Any:

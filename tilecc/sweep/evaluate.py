@@ -125,6 +125,10 @@ def _run(task: Task) -> tuple[Any, Any]:
     cfg = from_dict(task.config, f"point {task.points[0]}")
     if task.knobs.get("phase", "forward") == "decode":
         return _run_decode(task, cfg)
+    if task.knobs.get("phase", "forward") == "train":
+        from tilecc.sweep.evaluate_train import run_train
+
+        return run_train(task.workload, {k: v for k, v in task.knobs.items() if k in MODEL_KNOBS}, cfg), cfg
     model_knobs = {k: v for k, v in task.knobs.items() if k in MODEL_KNOBS}
     ep, inputs, expected, model = _workload(task.workload, json.dumps(model_knobs, sort_keys=True))
     if task.deployment.chips > 1:

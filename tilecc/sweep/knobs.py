@@ -26,6 +26,12 @@ one line naming the key and the value before anything runs.
   simulator and compared with eager `model.generate`; a point's figures are one decode
   step's, `tokens` = the batch, so `tpot`, `tokens_per_second` and `joules_per_token`
   are defined). A decode replica runs on one chip (tp = pp = 1; dp replicas allowed).
+  Or "train": one training step of the factory's model on its inputs, the loss the
+  output's mean (runtime/train_step.py: AOTAutograd's forward and backward graphs
+  compiled and simulated on one chip, every gradient compared with eager autograd's);
+  the figures are the step's (forward plus backward, operations left on the host at
+  their modelled time), its energy and bound the NPU regions' (the bound of each
+  compiled forward and backward graph, summed). One chip (tp = pp = dp = 1).
 - `weights`: "native" (the model as its factory builds it), "bf16" (model and floating
   inputs cast to bfloat16), "int8" / "fp8" (weight-only quantisation of the linear
   layers by `tilecc.quantize.quantize_weights`, `lm_head` kept). The eager reference is
@@ -50,7 +56,7 @@ __all__ = ["DECODE_KNOBS", "KNOBS", "MODEL_KNOBS", "PHASES", "WEIGHTS", "apply_k
 
 WEIGHTS = ("native", "bf16", "int8", "fp8")
 MODEL_KNOBS = ("weights",)  # change the model itself (the rest change how it is deployed)
-PHASES = ("forward", "decode")
+PHASES = ("forward", "decode", "train")
 DECODE_KNOBS = ("phase", "batch", "prompt_len")  # the generation's shape (phase "decode")
 KNOBS = ("weights", *PARALLEL_KNOBS, "topology", *ALIASES, *DECODE_KNOBS)
 
@@ -83,9 +89,12 @@ def check_knob(key: str, value: Any) -> str | None:
 
 def effective_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     """The knobs that change the model or what is run on each chip (the deployment over
-    chips is tilecc/sweep/systems.py's): the generation's shape only in a decode point."""
-    decode = knobs.get("phase", "forward") == "decode"
-    return {k: v for k, v in knobs.items() if k in MODEL_KNOBS or (decode and k in DECODE_KNOBS)}
+    chips is tilecc/sweep/systems.py's): the generation's shape only in a decode point, the
+    phase in a training point."""
+    phase = knobs.get("phase", "forward")
+    decode = phase == "decode"
+    return {k: v for k, v in knobs.items()
+            if k in MODEL_KNOBS or (decode and k in DECODE_KNOBS) or (k == "phase" and phase == "train")}
 
 
 def to_toml(data: dict[str, Any]) -> str:

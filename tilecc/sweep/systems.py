@@ -225,6 +225,9 @@ def unsupported(d: Deployment, phase: str) -> str | None:
     """Why the runtime does not run deployment `d` (None: it does)."""
     if phase == "decode" and d.replica_chips > 1:
         return "phase \"decode\" runs each replica on one chip (tp = pp = 1; dp replicas allowed)"
+    if phase == "train" and d.chips > 1:
+        return ("phase \"train\" runs on one chip (tp = pp = dp = 1; a sharded training step: "
+                "tilecc.compile(..., parallel={'dp': N} or {'pp': P}).train)")
     if d.system is None:
         return None
     from tilecc.simulator.interconnect.system import load_system
