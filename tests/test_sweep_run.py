@@ -355,7 +355,7 @@ def test_decode_phase_sweeps_the_serving_figures_against_eager_tokens(tmp_path):
 def test_decode_knobs_are_checked():
     from tilecc.sweep.knobs import check_knob, effective_knobs
 
-    assert check_knob("phase", "train") == "'phase' takes one of forward, decode"
+    assert check_knob("phase", "prefill") == "'phase' takes one of forward, decode, train"
     assert check_knob("batch", 0) == "'batch' takes a whole number in 1..65536"
     # the generation's shape does not change a forward point (one compile for both)
     assert effective_knobs({"phase": "forward", "batch": 4}) == {}
