@@ -20,7 +20,11 @@ An embedding under `RowwiseParallel` keeps its whole table (it is not vocabulary
 here) and converts its output to `output_layouts`.
 
 `auto_plan(model, sp=...)` writes the plan for `transformers` decoders with Llama / Qwen2 /
-Mistral naming. A layer that cannot be sharded raises `ShardingError` naming it and why.
+Mistral naming, and (without `sp`) for GPT-2's: its `Conv1D` layers (weight [in, out],
+`x @ W + b`) shard like linears along the transposed dims, and the fused q / k / v
+projection `attn.c_attn` is column-sharded per block (each chip keeps its heads of q, of k
+and of v; the attention's `split_size` follows). A layer that cannot be sharded raises
+`ShardingError` naming it and why.
 The collectives are `frontend/collective_ops.py`'s operators, so `torch.export` of the
 copy is one chip's program with the communication as single nodes.
 """
@@ -76,6 +80,31 @@ ATTN_COL = ("q_proj", "k_proj", "v_proj")
 MLP_COL = ("gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
 NORMS = ("input_layernorm", "post_attention_layernorm")
+# GPT-2 naming (transformers' Conv1D layers): attn.c_attn (fused q / k / v), mlp.c_fc column-,
+# attn.c_proj and mlp.c_proj row-parallel
+GPT2_COL = ("attn.c_attn", "mlp.c_fc")
+GPT2_ROW = ("attn.c_proj", "mlp.c_proj")
+
+
+def _is_conv1d(mod: nn.Module) -> bool:
+    """transformers' `Conv1D`: a linear layer whose weight is stored [in, out] (`nf` outputs)."""
+    return type(mod).__name__ == "Conv1D" and hasattr(mod, "nf") and isinstance(getattr(mod, "weight", None),
+                                                                             torch.Tensor)
+
+
+def _gpt2_plan(model: nn.Module, names: list[str], sp: bool) -> dict[str, Any]:
+    st = _styles()
+    plan: dict[str, Any] = {}
+    for name in names:
+        two = ".".join(name.rsplit(".", 2)[-2:])
+        if two in GPT2_COL and _is_conv1d(model.get_submodule(name)):
+            plan[name] = st["colwise"]()
+        elif two in GPT2_ROW and _is_conv1d(model.get_submodule(name)):
+            plan[name] = st["rowwise"]()
+    if plan and sp:
+        raise ShardingError(f"{type(model).__name__}: the automatic plan's sequence parallelism covers Llama / "
+                            "Qwen2 / Mistral naming; for GPT-2 pass tp_plan= or leave sp off")
+    return plan
 
 
 def auto_plan(model: nn.Module, sp: bool = False) -> dict[str, Any]:
@@ -86,6 +115,9 @@ def auto_plan(model: nn.Module, sp: bool = False) -> dict[str, Any]:
     from torch.distributed.tensor import Replicate, Shard
     plan: dict[str, Any] = {}
     names = [n for n, _ in model.named_modules()]
+    gpt2 = _gpt2_plan(model, names, sp)
+    if gpt2:
+        return gpt2
     for name in names:
         leaf = name.rsplit(".", 1)[-1]
         if leaf in ATTN_COL + MLP_COL:
@@ -102,7 +134,8 @@ def auto_plan(model: nn.Module, sp: bool = False) -> dict[str, Any]:
     if not any(n.rsplit(".", 1)[-1] in ROW for n in plan):
         kind = type(model).__name__
         raise ShardingError(f"{kind}: no layer matches the automatic tensor-parallel plan (Llama / Qwen2 / Mistral "
-                            f"naming: {', '.join(ATTN_COL + MLP_COL + ROW)} as nn.Linear); pass tp_plan=")
+                            f"naming: {', '.join(ATTN_COL + MLP_COL + ROW)} as nn.Linear, or GPT-2's "
+                            f"{', '.join(GPT2_COL + GPT2_ROW)} as Conv1D); pass tp_plan=")
     if sp:
         layers = [n for n in names if n.rsplit(".", 1)[-1].isdigit() and n.rsplit(".", 1)[0].endswith("layers")]
         if not layers:
@@ -155,7 +188,9 @@ def shard_module(model: nn.Module, plan: dict[str, Any], tp: int, rank: int) -> 
     chip = copy.deepcopy(model)
     for name, style in resolved.items():
         mod = chip.get_submodule(name) if name else chip
-        if isinstance(style, st["colwise"]):
+        if isinstance(style, st["colwise"]) and _is_conv1d(mod):
+            _colwise_conv1d(chip, name, mod, style, tp, rank)
+        elif isinstance(style, st["colwise"]):
             _colwise(model, name, mod, style, tp, rank)
         elif isinstance(style, st["rowwise"]):
             _rowwise(name, mod, style, tp, rank)
@@ -190,8 +225,53 @@ def _colwise(model: nn.Module, name: str, mod: nn.Module, style: Any, tp: int, r
                             f"not Shard({d_out})")
 
 
+def _colwise_conv1d(chip: nn.Module, name: str, mod: Any, style: Any, tp: int, rank: int) -> None:
+    """A `Conv1D` (weight [in, out]) of the chip's copy `chip`, column-parallel: its output
+    columns split; a fused q / k / v projection (the parent attention's `split_size` is a
+    third of the outputs) split per block, so every chip keeps whole heads of q, k and v."""
+    if _shard_dim(_first(style.input_layouts)) is not None or _shard_dim(_first(style.output_layouts)) != -1:
+        raise ShardingError(f"{name}: a Conv1D column-parallel layer takes the default layouts "
+                            f"(Replicate() in, Shard(-1) out)")
+    parent = chip.get_submodule(name.rsplit(".", 1)[0]) if "." in name else chip
+    n_out = int(mod.nf)
+    fused = getattr(parent, "split_size", None) == n_out // 3 and n_out % 3 == 0
+    blocks = 3 if fused else 1
+    head_dim = getattr(parent, "head_dim", None)
+    if fused and isinstance(head_dim, int) and (n_out // 3 // head_dim) % tp:
+        raise ShardingError(f"{name}: {n_out // 3 // head_dim} attention heads cannot be split over {tp} chips "
+                            f"(tensor parallelism gives each chip whole heads)")
+    w = mod.weight.data.reshape(mod.weight.shape[0], blocks, n_out // blocks)
+    mod.weight = nn.Parameter(_split(w, 2, tp, rank, name).reshape(mod.weight.shape[0], -1), requires_grad=False)
+    if mod.bias is not None:
+        b = mod.bias.data.reshape(blocks, n_out // blocks)
+        mod.bias = nn.Parameter(_split(b, 1, tp, rank, name).reshape(-1), requires_grad=False)
+    mod.nf = n_out // tp
+    if fused:
+        parent.split_size = n_out // 3 // tp
+
+
+def _rowwise_conv1d(name: str, mod: Any, d_out: int | None, style: Any, tp: int, rank: int) -> None:
+    """A `Conv1D` row-parallel: its input rows split; the bias (Conv1D's addmm needs one)
+    is zero on the chip and added once after the sum."""
+    mod.weight = nn.Parameter(_split(mod.weight.data, 0, tp, rank, name), requires_grad=False)
+    bias = mod.bias.data.clone()
+    mod.bias = nn.Parameter(torch.zeros_like(bias), requires_grad=False)
+    mod.register_parameter("tp_bias", nn.Parameter(bias, requires_grad=False))
+    if _shard_dim(_first(style.input_layouts)) is None:
+        mod.register_forward_pre_hook(lambda m, args: (ops.shard(args[0], -1, tp), *args[1:]))
+
+    def reduce(m: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        out = ops.all_reduce(out, tp) if d_out is None else ops.reduce_scatter(out, d_out, tp)
+        return out + m.tp_bias
+
+    mod.register_forward_hook(reduce)
+
+
 def _rowwise(name: str, mod: nn.Module, style: Any, tp: int, rank: int) -> None:
     d_out = _shard_dim(_first(style.output_layouts))
+    if _is_conv1d(mod):
+        _rowwise_conv1d(name, mod, d_out, style, tp, rank)
+        return
     if isinstance(mod, nn.Embedding):  # replicated table; only the output layout applies
         if d_out is not None:
             mod.register_forward_hook(lambda m, args, out: ops.shard(out, d_out, tp))

@@ -3,6 +3,7 @@
 import json
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,3 +184,22 @@ def test_cli_timing_only(capsys):
                  "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["allclose"] is None and d["time_us"] > d["comm_us"] > 0
+
+
+@pytest.mark.parametrize("tp, attn", [(2, "eager"), (4, "sdpa")])
+def test_gpt2_conv1d_and_fused_qkv_shard_and_match_eager(tp, attn):
+    """GPT-2's Conv1D layers (weight [in, out]) under the automatic plan: the fused q / k / v
+    projection split per block (whole heads of q, k and v on every chip), c_fc
+    column-parallel, both c_proj row-parallel with their bias added once after the sum."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import gpt2
+
+    model, (ids,) = gpt2.build(attn, seq=16)
+    sm = tilecc.compile(model, (ids,), target="tiny", system=f"ring:{tp}", parallel={"tp": tp}, cache=False)
+    with torch.no_grad():
+        want = model(ids)
+    torch.testing.assert_close(sm(ids), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ShardingError, match="GPT-2"):
+        tilecc.compile(model, (ids,), target="tiny", system="ring:2", parallel={"tp": 2, "sp": True}, cache=False)
+    with pytest.raises(ShardingError, match="4 attention heads cannot be split over 8 chips"):
+        tilecc.compile(model, (ids,), target="tiny", system="ring:8", parallel={"tp": 8}, cache=False)
