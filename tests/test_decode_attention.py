@@ -148,3 +148,14 @@ def test_estimate_tracks_the_simulated_time():
     msg = next(r["message"] for r in cm.program.meta["remarks"] if r["message"].startswith("decode attention ["))
     sched = float(msg.split("schedule ")[1].split(";")[0].replace(",", ""))
     assert abs(sched - report.cycles) / report.cycles < 0.15, (sched, report.cycles)
+
+
+@pytest.mark.parametrize("batch,dtype", [(8, torch.float32), (16, torch.bfloat16)])
+def test_many_groups_in_a_loop_tiny(batch, dtype):
+    """More problems than fill the partitions (tiny: 16): groups of 4 problems, several
+    groups per loop body and several loop trips, every position of the cache in use."""
+    positions = [(7 * b) % 24 for b in range(batch)]
+    inputs = _decode_inputs(batch, 2, 4, 24, 8, positions, dtype, seed=batch)
+    cm = run_and_compare(_GqaDecode(), inputs, "tiny")
+    msg = next(r["message"] for r in cm.program.meta["remarks"] if r["message"].startswith("decode attention ["))
+    assert f"{batch * 2} problems of 4 rows in groups of 4" in msg, msg

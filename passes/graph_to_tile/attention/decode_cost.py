@@ -16,11 +16,12 @@ Per group (`decode_plan.DecodeSchedule`: n problems) the kernel issues
 Each engine's time comes from the simulator's timing rules (`AttentionTiming`: DMA
 fixed cost and transfer rate with its packet efficiency, the four queues sharing the
 DMA engines and HBM; a matmul's issue interval; a vector instruction's overhead and
-elements over the lanes). Groups pipeline (the list scheduler overlaps a group's loads
-with the previous group's compute), so the estimate is the busiest engine's time over
-all groups plus one group's latency chain (its loads, then its compute). The choice
+elements over the lanes). Groups of one loop body pipeline (the list scheduler overlaps a group's loads
+with the previous group's compute) but bodies do not (each engine runs a body's
+instructions in order), so the estimate is the busiest engine's time over all groups
+plus one group's latency chain (its loads, then its compute) per body. The choice
 (`choose`) is the schedule of least estimate; ties go to fewer windows (smaller f),
-then to larger groups.
+then to larger groups, then to fewer groups per body.
 """
 
 from __future__ import annotations
@@ -79,17 +80,17 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
         vector += vec("binary", "max", s.mask_span, p.S)
     chain = max(tm.dma_time(r, c, isz, pat) for r, c, pat in loads) + matrix / max(1, tiles) + vector
     busiest = max(dma, matrix, vector)
-    return DecodeCost(dma, matrix, vector, chain, busiest * s.groups(p) + chain)
+    return DecodeCost(dma, matrix, vector, chain, busiest * s.groups(p) + chain * (s.groups(p) // s.U))
 
 
 def choose(p: DecodeProblem, cfg: HardwareConfig) -> tuple[DecodeSchedule, DecodeCost, int] | None:
     """The schedule of least estimate (and its cost, and how many were weighed), or None
     where none fits the target."""
-    best: tuple[tuple[float, int, int], DecodeSchedule, DecodeCost] | None = None
+    best: tuple[tuple[float, int, int, int], DecodeSchedule, DecodeCost] | None = None
     cands = candidates(p, cfg)
     for s in cands:
         c = estimate(p, s, cfg)
-        key = (round(c.total), s.f, -s.n)
+        key = (round(c.total), s.f, -s.n, s.U)
         if best is None or key < best[0]:
             best = (key, s, c)
     return None if best is None else (best[1], best[2], len(cands))

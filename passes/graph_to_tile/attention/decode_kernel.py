@@ -125,14 +125,20 @@ class DecodeAttentionKernel(HeadProgram):
                 "l": self.alloc([nL, 1], SRAM, "l", f32),
                 "pT": self.alloc([s.T, blocks * nL], SRAM, "pT"),
                 "o": self.alloc([nL, p.Dv], SRAM, "out"),
+            }
+            if s.mask_span:
+                b["mrow"] = self.alloc([s.mask_span, p.S], SRAM, "mask")
+            self.sets.append(b)
+        # accumulators: two sets, alternating by group (a group's are free once it stored)
+        for u in range(min(2, s.U)):
+            acc = {
                 "acc_q": self.alloc([p.D, nL], ACC, "acc_qT", f32),
                 "acc_s": self.alloc([nL, s.width(p)], ACC, "acc_s", f32),
                 "acc_pT": self.alloc([s.T, blocks * nL], ACC, "acc_pT", f32),
                 "acc_o": self.alloc([nL, p.Dv], ACC, "acc_o", f32),
             }
-            if s.mask_span:
-                b["mrow"] = self.alloc([s.mask_span, p.S], SRAM, "mask")
-            self.sets.append(b)
+            for x in range(u, s.U, 2):
+                self.sets[x].update(acc)
         self.acc_kt = [self.alloc([p.D, s.m * p.S], ACC, "acc_kT", f32) for _ in range(2)]
 
     # -- the kernel ----------------------------------------------------------------------

@@ -65,8 +65,10 @@ class DecodeProblem:
 @dataclass(frozen=True)
 class DecodeSchedule:
     """n problems per group, f positions per partition row (R = S / f rows per
-    problem), m problems per K / V transfer; U groups per loop body (2: the buffer
-    sets alternate, so a group's loads run under the previous group's compute)."""
+    problem), m problems per K / V transfer; U groups per loop body (each its SRAM
+    buffers, two accumulator sets alternating: a group's loads and compute run under
+    the previous group's; the engines run a body's instructions in order, so a body
+    starts only once the previous one's last instruction on each engine has)."""
 
     T: int  # partitions / array rows and columns: the tile edge
     n: int
@@ -175,9 +177,10 @@ def candidates(p: DecodeProblem, cfg: HardwareConfig) -> list[DecodeSchedule]:
         for f in fs:
             R = p.S // f
             m = max(d for d in range(1, n + 1) if n % d == 0 and d * R <= parts)
-            s = DecodeSchedule(parts, n, f, m, 2 if groups % 2 == 0 else 1, *pat)
-            if fits(p, s, cfg):
-                out.append(s)
+            for U in (1, 2, 4):
+                s = DecodeSchedule(parts, n, f, m, U, *pat)
+                if groups % U == 0 and fits(p, s, cfg):
+                    out.append(s)
     return out
 
 
@@ -198,7 +201,7 @@ def acc_bytes(p: DecodeProblem, s: DecodeSchedule) -> int:
     """Accumulator bytes per partition."""
     nL = s.n * p.L
     per_set = _align(4 * nL) + _align(4 * s.width(p)) + _align(4 * s.blocks(p) * nL) + _align(4 * p.Dv)
-    return s.U * per_set + 2 * _align(4 * s.m * p.S)
+    return min(2, s.U) * per_set + 2 * _align(4 * s.m * p.S)
 
 
 def fits(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> bool:
