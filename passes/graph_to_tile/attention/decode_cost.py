@@ -21,7 +21,11 @@ with the previous group's compute) but bodies do not (each engine runs a body's
 instructions in order), so the estimate is the busiest engine's time over all groups
 plus one group's latency chain (its loads, then its compute) per body. The choice
 (`choose`) is the schedule of least estimate; ties go to fewer windows (smaller f),
-then to larger groups, then to fewer groups per body.
+then to larger groups, then to fewer groups per body. The closed form misses how a
+group's latency chain overlaps the others, which decides small problems (a batch of
+one: a single group): the lowering (`decode_entry`) builds the best `REPLAYED` of the
+ranking dry and takes the one whose list schedule (replayed with the timing rules, as
+the flash kernel's tilings are compared) ends first.
 """
 
 from __future__ import annotations
@@ -83,14 +87,15 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
     return DecodeCost(dma, matrix, vector, chain, busiest * s.groups(p) + chain * (s.groups(p) // s.U))
 
 
+def rank(p: DecodeProblem, cfg: HardwareConfig) -> list[tuple[DecodeSchedule, DecodeCost]]:
+    """Every fitting schedule with its cost, least estimate first (ties: fewer windows,
+    larger groups, fewer groups per body)."""
+    scored = [(s, estimate(p, s, cfg)) for s in candidates(p, cfg)]
+    return sorted(scored, key=lambda sc: (round(sc[1].total), sc[0].f, -sc[0].n, sc[0].U))
+
+
 def choose(p: DecodeProblem, cfg: HardwareConfig) -> tuple[DecodeSchedule, DecodeCost, int] | None:
     """The schedule of least estimate (and its cost, and how many were weighed), or None
     where none fits the target."""
-    best: tuple[tuple[float, int, int, int], DecodeSchedule, DecodeCost] | None = None
-    cands = candidates(p, cfg)
-    for s in cands:
-        c = estimate(p, s, cfg)
-        key = (round(c.total), s.f, -s.n, s.U)
-        if best is None or key < best[0]:
-            best = (key, s, c)
-    return None if best is None else (best[1], best[2], len(cands))
+    ranked = rank(p, cfg)
+    return (*ranked[0], len(ranked)) if ranked else None

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from xdsl.dialects.builtin import Float32Type, f32
+from xdsl.dialects.builtin import Float32Type, MemRefType, f32
 from xdsl.ir import Attribute, SSAValue
 
 from tilecc.errors import CompileError
@@ -60,7 +60,9 @@ class DecodeAttentionKernel(HeadProgram):
     """One decode-attention kernel: `build` emits it and returns the scheduled estimate."""
 
     def __init__(self, lw: LoweringContext, p: DecodeProblem, s: DecodeSchedule, elem: Attribute, scale: float,
-                 lowest: float, loc: str, tensors: DecodeTensors) -> None:
+                 lowest: float, loc: str, tensors: DecodeTensors | None) -> None:
+        """With `tensors` (q, k, v, mask or None, out: the row views) `build` emits and
+        launches the kernel; without, a dry run: `build` only schedules its bodies."""
         self.lw, self.prob, self.s, self.elem, self.scale, self.lowest = lw, p, s, elem, scale, lowest
         self.cfg = lw.cfg
         self.isz = element_size(elem)
@@ -71,32 +73,40 @@ class DecodeAttentionKernel(HeadProgram):
         self._win = {}
         self._true = self._false = None
         self.qmap: dict[str, int] = {}
-        q, k, v, mask, out = tensors
-        nL = s.n * p.L
-        T = s.T
-        ident = lw.hbm([T, T], elem, value=dense_attr(np.eye(T, dtype=np.float32), elem, (T, T)))
-        args = [q, k, v] + ([mask] if mask is not None else []) + [out, ident]
-        if mask is not None:
-            assert p.mask_rows is not None
-            sel = np.zeros((s.mask_span, nL), dtype=np.float32)
-            for j in range(s.n):
+        nL, T, W, R = s.n * p.L, s.T, s.width(p), s.R(p)
+        has_mask = s.mask_span > 0
+        # score column (t, c, r) of query row (j, l) belongs to problem j only if c = j mod m
+        slot = (np.arange(W) // R) % s.m
+        own = (np.arange(nL) // p.L) % s.m
+        sel = np.zeros((max(1, s.mask_span), nL), dtype=np.float32)
+        for j in range(s.n):
+            if p.mask_rows is not None:
                 sel[p.mask_rows[j], j * p.L:(j + 1) * p.L] = 1.0
-            args.append(lw.hbm(list(sel.shape), elem, value=dense_attr(sel, elem, sel.shape)))
+        consts = [("ident", np.eye(T, dtype=np.float32))]
+        if has_mask:
+            consts.append(("sel", sel))
         if s.m > 1:
-            # score column (t, c, r) of query row (j, l) belongs to problem j only if c = j mod m
-            W, R = s.width(p), s.R(p)
-            slot = (np.arange(W) // R) % s.m
-            own = (np.arange(nL) // p.L) % s.m
-            pat = np.where(slot[None, :] == own[:, None], 0.0, lowest / 2).astype(np.float32)
-            args.append(lw.hbm([nL, W], elem, value=dense_attr(pat, elem, (nL, W))))
+            consts.append(("pattern", np.where(slot[None, :] == own[:, None], 0.0, lowest / 2).astype(np.float32)))
+        self.dry = tensors is None
+        if tensors is None:  # a dry run: the arguments' types only
+            shapes = [(p.P * p.L, p.D), (p.P * R, s.f * p.D), (p.P * R, s.f * p.Dv)]
+            shapes += [(p.mask_count, p.S)] if has_mask else []
+            shapes += [(p.P * p.L, p.Dv)] + [c.shape for _, c in consts]
+            types = [MemRefType(elem, list(x)) for x in shapes]
+            args: list[SSAValue] = []
+        else:
+            q, k, v, mask, out = tensors
+            args = [q, k, v] + ([mask] if mask is not None else []) + [out]
+            args += [lw.hbm(list(c.shape), elem, value=dense_attr(c, elem, c.shape)) for _, c in consts]
+            types = [a.type for a in args]
         self.hbm_args = args
-        self.kb = KernelBuilder(lw.kernel_name("decode_attention"), [a.type for a in args], loc)
+        self.kb = KernelBuilder(lw.kernel_name("decode_attention"), types, loc)
         a = list(self.kb.args)
         self.a_q, self.a_k, self.a_v = a[:3]
         rest = a[3:]
-        self.a_mask = rest.pop(0) if mask is not None else None
+        self.a_mask = rest.pop(0) if has_mask else None
         self.a_out, self.a_ident = rest[0], rest[1]
-        self.a_sel = rest[2] if mask is not None else None
+        self.a_sel = rest[2] if has_mask else None
         self.a_pat = rest[-1] if s.m > 1 else None
 
     # -- buffers -----------------------------------------------------------------------
@@ -143,7 +153,8 @@ class DecodeAttentionKernel(HeadProgram):
 
     # -- the kernel ----------------------------------------------------------------------
     def build(self) -> float:
-        """Emit the kernel and launch it; the estimated cycles of its schedule."""
+        """Emit the kernel and launch it (unless a dry run); the estimated cycles of its
+        schedule (each body's replay times the loop trips)."""
         p, s, kb, c = self.prob, self.s, self.kb, self.kb.const
         T = s.T
         self.ident = self.alloc([T, T], tile.SRAM, "ident")
@@ -174,7 +185,8 @@ class DecodeAttentionKernel(HeadProgram):
         trips = s.groups(p) // s.U
         with kb.loop(trips) as it:
             span = self._body(it, trips, init)
-        self.lw.launch(kb, self.hbm_args)
+        if not self.dry:
+            self.lw.launch(kb, self.hbm_args)
         return span * trips
 
     def _body(self, it: SSAValue, trips: int, init: ScheduleInit) -> float:
@@ -186,7 +198,9 @@ class DecodeAttentionKernel(HeadProgram):
             else:
                 g = kb.const(u)
             self._group(ops, u, g)
-        order, span = schedule(ops, self.tm, self.queues, init, SCHEDULE_TRIES)
+        order, span = schedule(ops, self.tm, self.queues, init, 0 if self.dry else SCHEDULE_TRIES)
+        if self.dry:
+            return span
         for o, q in order:
             if o.kind == "load" and q is not None:
                 self.qmap.setdefault(o.writes[0], q)
