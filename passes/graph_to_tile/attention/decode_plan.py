@@ -8,9 +8,9 @@ each L (<= a few) query rows against S cached keys and values::
     graph.sdpa %q, %k, %v, %mask : tensor<32x8x4x64xbf16>, tensor<32x8x130x64xbf16>, ...,
         tensor<32x1x1x130xbf16> -> tensor<32x8x4x64xbf16>
       -> DecodeProblem(P=256, L=4, S=130, D=64, Dv=64, mask_rows=[0, 0, ..., 31])
-      -> DecodeSchedule(n=32, f=5, m=4): groups of 32 problems (128 query rows on the
-         partitions), the cache read as [P * 26, 5 * 64] (5 positions per partition row,
-         640 contiguous bytes), 4 problems per K / V transfer
+      -> DecodeSchedule(T=128, n=32, f=5, m=4, U=4): groups of 32 problems (128 query rows
+         on the partitions), the cache read as [P * 26, 5 * 64] (5 positions per partition
+         row, 640 contiguous bytes), 4 problems per K / V transfer, 4 groups per loop body
 
 The flash kernel (`kernel.py`) runs such a problem per head: five DMAs (q, k, v, mask,
 out) and a latency chain of some 30 instructions for one row. This kernel packs `n`
@@ -22,8 +22,10 @@ The cache is read as the view ``[P * R, f * D]`` of ``[P, S, D]`` (``R = S / f``
 partition row holds f consecutive positions (``f * D`` contiguous elements, so DMA
 packets grow with f), problem p holds view rows ``p R .. p R + R - 1``, and one
 transfer of ``m R`` rows brings m problems. Larger f means longer DMA chunks and
-fewer transfers, but every one of the f *windows* (position ``f r + t`` of row r) is
-a matmul of its own per problem; `decode_cost` weighs the engines and picks (n, f).
+fewer transfers, but each of the f *windows* (position ``f r + t`` of row r) is a K
+transpose, a score and a P V matmul of its own per transfer, and a query row's score
+columns grow to ``m S`` (the other problems of its transfer masked); `decode_cost`
+weighs the engines and ranks (n, f, U).
 
 Applies (`decode_problem`) to a non-causal sdpa with at most 16 query rows per head, q,
 k, v and the output viewable as rows, k and v not broadcast over the batch dims, and a
