@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sim.cycles
     ghz = prog.config.clock_ghz
     print(f"{llm.NAMES[args.model]}, bf16, batch {args.batch}, cache {args.prompt + 2} positions, {args.target}: "
-          f"decode step {total:,.0f} cycles ({total / ghz / 1e3:.3f} ms)")
+          f"decode step {total:,.0f} cycles ({total / ghz / 1e6:.3f} ms)")
     print(f"{'kernel family':<28} {'launches':>8} {'cycles':>14} {'share':>7}")
     rows = sorted(spans.items(), key=lambda kv: -sum(kv[1]))
     for fam, xs in rows[:args.top]:
