@@ -31,6 +31,11 @@ The package, by concept:
   its replay with the simulator's timing rules (the kernel's estimate);
 - `entry`: the lowering (`lower_attention`), the search over tilings, the session
   caches (`kernel_estimate`).
+
+The decode kernel (a few query rows per head over a KV cache, every (batch, KV head)
+problem in one kernel), tried first by `entry`: `decode_plan` (the problem and the
+schedule), `decode_cost` (the cost model and the choice), `decode_kernel` (the
+emitter), `decode_entry` (the lowering and its fallback remark).
 """
 
 from tilecc.passes.graph_to_tile.attention.entry import kernel_estimate, lower_attention, lower_attention_kernel

@@ -107,6 +107,10 @@ def lower_attention_kernel(lw: LoweringContext, op: Operation, loc: str) -> bool
         mask_shape = (1,) * (2 - len(ms)) + ms if len(ms) < 2 else ms
     a = AttentionShapes(shape_of(op.q.type), shape_of(op.k.type), shape_of(op.v.type), shape_of(res.type),
                         mask_shape, op.is_causal, elem, float(op.scale.value.data), g.element_dtype(res.type))
+    from tilecc.passes.graph_to_tile.attention.decode_entry import lower_decode_attention
+
+    if lower_decode_attention(lw, op, mask_shape, a.dt, loc):
+        return True
     q, k, v = (lw.materialise(x) for x in (op.q, op.k, op.v))
     # pairing reshapes rows: only of tensors laid out contiguously (a strided view's rows
     # 2r and 2r + 1 need not be neighbours)
