@@ -54,3 +54,19 @@ def gpt2_sdpa():
 
 def gpt2_bf16():
     return build("eager", dtype=torch.bfloat16)
+
+
+def gpt2_small(seq: int = 128):
+    """GPT-2 small's shape (12 layers, hidden 768, 12 heads, vocabulary 50,257, 1,024
+    positions; random weights) on one 128-token sequence, bf16: the design-space study's
+    workload (examples/sweep/gpt2_chips.toml)."""
+    from transformers import GPT2Config, GPT2Model
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024, use_cache=False,
+                     attn_implementation="sdpa")
+    model = LastHiddenState(GPT2Model(cfg)).eval().to(torch.bfloat16)
+    ids = torch.randint(0, cfg.vocab_size, (1, seq), generator=torch.Generator().manual_seed(0))
+    return model, (ids,)

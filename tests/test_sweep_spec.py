@@ -190,3 +190,13 @@ def test_chips_study_is_valid(monkeypatch):
     tps = {p["system.chips"]: spec.deployment(p) for p in points}
     assert tps[1].system is None and (tps[2].tp, tps[2].system["topology"]) == (2, "ring:2")
     assert (tps[4].tp, tps[4].chips) == (4, 4)
+
+
+def test_gpt2_chips_study_is_valid(monkeypatch):
+    """examples/sweep/gpt2_chips.toml: GPT-2 small's shape over array x SRAM x HBM x chips."""
+    monkeypatch.chdir(ROOT)
+    spec = load_spec(ROOT / "examples" / "sweep" / "gpt2_chips.toml")
+    points = spec.points()
+    assert len(points) == 24
+    tps = {p["system.chips"]: spec.deployment(p) for p in points}
+    assert tps[1].system is None and (tps[4].tp, tps[4].chips) == (4, 4)
