@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -247,7 +247,7 @@ def _colwise_conv1d(chip: nn.Module, name: str, mod: Any, style: Any, tp: int, r
         mod.bias = nn.Parameter(_split(b, 1, tp, rank, name).reshape(-1), requires_grad=False)
     mod.nf = n_out // tp
     if fused:
-        parent.split_size = n_out // 3 // tp
+        setattr(parent, "split_size", n_out // 3 // tp)  # noqa: B010 (an attribute nn.Module's type does not declare)
 
 
 def _rowwise_conv1d(name: str, mod: Any, d_out: int | None, style: Any, tp: int, rank: int) -> None:
@@ -262,7 +262,7 @@ def _rowwise_conv1d(name: str, mod: Any, d_out: int | None, style: Any, tp: int,
 
     def reduce(m: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
         out = ops.all_reduce(out, tp) if d_out is None else ops.reduce_scatter(out, d_out, tp)
-        return out + m.tp_bias
+        return out + cast(torch.Tensor, m.tp_bias)
 
     mod.register_forward_hook(reduce)
 

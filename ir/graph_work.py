@@ -415,14 +415,13 @@ def _matmul(c: _Counter, op: Operation) -> None:
     m = cast(g.MatmulOp, op)
     macs = numel(m.result) * g.shape_of(m.lhs)[-1]
     fp32 = not (_is16(m.lhs) and _is16(m.rhs))
-    both = _dtype(m.lhs) if _dtype(m.lhs) == _dtype(m.rhs) else None  # both operands 8-bit: the 8-bit rate
-    if both in (DType.I8, DType.F8E4M3):
-        c.add(op.name, macs=0.0, vector=c.evacuation(m.result), **{_LOWP_KEY[both]: float(macs)})
-        return
-    c.add(op.name, macs=macs, fp32=fp32, vector=c.evacuation(m.result))
-
-
-_LOWP_KEY = {DType.I8: "macs_int8", DType.F8E4M3: "macs_fp8"}
+    a, b = _dtype(m.lhs), _dtype(m.rhs)
+    if a == b == DType.I8:  # both operands 8-bit: the array's 8-bit rate
+        c.add(op.name, macs_int8=float(macs), vector=c.evacuation(m.result))
+    elif a == b == DType.F8E4M3:
+        c.add(op.name, macs_fp8=float(macs), vector=c.evacuation(m.result))
+    else:
+        c.add(op.name, macs=macs, fp32=fp32, vector=c.evacuation(m.result))
 
 
 def _conv(c: _Counter, op: Operation) -> None:

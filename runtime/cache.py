@@ -146,8 +146,9 @@ def graph_digest(gp: GraphProgram) -> str:
         if isinstance(gp.weights[name], MetaWeight):
             h.update(json.dumps([name, str(gp.weights[name].dtype), list(gp.weights[name].shape), "meta"]).encode())
             continue
-        if isinstance(gp.weights[name], Bf16Weight):  # its bits (reading it as float32 would copy it)
-            bits = gp.weights[name].bits
+        held: object = gp.weights[name]
+        if isinstance(held, Bf16Weight):  # its bits (reading it as float32 would copy it)
+            bits = held.bits
             h.update(json.dumps([name, "bf16", list(bits.shape)]).encode())
             h.update(np.ascontiguousarray(bits).tobytes())
             continue

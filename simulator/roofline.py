@@ -42,10 +42,10 @@ class IntrinsicWork:
     macs_fp32: float = 0.0  # MACs with an fp32 operand
     vector_element_cycles: float = 0.0  # sum of elements * op cost * inputs (one lane)
     compulsory_hbm_bytes: float = 0.0  # inputs + weights and buffers + outputs, once
-    macs_int8: float = 0.0  # MACs with both operands int8 (at matrix.int8_speedup)
-    macs_fp8: float = 0.0  # MACs with both operands fp8 e4m3 (at matrix.fp8_speedup)
     # what each kind of op contributed: kind -> {"macs": .., "vector": .., "count": ..}
     by_op: dict[str, dict[str, float]] = field(default_factory=dict)
+    macs_int8: float = 0.0  # MACs with both operands int8 (at matrix.int8_speedup)
+    macs_fp8: float = 0.0  # MACs with both operands fp8 e4m3 (at matrix.fp8_speedup)
 
     def figures(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in WORK_KEYS + LOWP_WORK_KEYS}

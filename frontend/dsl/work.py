@@ -82,6 +82,8 @@ class WorkTally:
         self.times = 1  # product of the trip counts of the enclosing scf.for loops
         self.macs_16 = 0.0
         self.macs_fp32 = 0.0
+        self.macs_int8 = 0.0
+        self.macs_fp8 = 0.0
         self.vector = 0.0
         self.by_op: dict[str, dict[str, float]] = {}
 
@@ -104,7 +106,7 @@ class WorkTally:
 
     def matmul(self, m: int, k: int, n: int, dtype: str) -> None:
         macs = float(m * k * n)
-        if dtype in SIXTEEN_BIT:
+        if dtype in SIXTEEN_BIT:  # (the DSL has no one-byte dtypes: macs_int8 / macs_fp8 stay 0)
             self.macs_16 += macs * self.times
         else:
             self.macs_fp32 += macs * self.times
@@ -122,8 +124,10 @@ class WorkTally:
         self._add(f"reduce.{fn}", 0.0, rows * cols * self.costs.reduce[fn])
 
     def work(self, compulsory_hbm_bytes: float) -> IntrinsicWork:
-        return IntrinsicWork(self.macs_16, self.macs_fp32, self.vector, float(compulsory_hbm_bytes),
-                             {k: dict(v) for k, v in sorted(self.by_op.items())})
+        return IntrinsicWork(macs_16=self.macs_16, macs_fp32=self.macs_fp32, vector_element_cycles=self.vector,
+                             compulsory_hbm_bytes=float(compulsory_hbm_bytes),
+                             by_op={k: dict(v) for k, v in sorted(self.by_op.items())},
+                             macs_int8=self.macs_int8, macs_fp8=self.macs_fp8)
 
 
 def compulsory_bytes(kernel: A.Kernel, dims: Sequence[tuple[int, ...]]) -> int:

@@ -170,9 +170,10 @@ class DecodeAttentionKernel(HeadProgram):
         self.ident = self.alloc([T, T], tile.SRAM, "ident")
         kb.add(tile.LoadOp(self.a_ident, [c(0), c(0)], self.ident, c(T), c(T), 0, 1, queue=0))
         fixed, transfer = self.tm.dma(T, T, self.isz)
-        init = ScheduleInit(qfree=[0.0] * self.queues, ready={"ident": fixed + transfer}, qmap=self.qmap, pre=[])
+        qfree = [0.0] * self.queues
+        init = ScheduleInit(qfree=qfree, ready={"ident": fixed + transfer}, qmap=self.qmap, pre=[])
         self.qmap["ident"] = 0
-        init.qfree[0] = fixed + transfer
+        qfree[0] = fixed + transfer
         self.sel: SSAValue | None = None
         if self.a_sel is not None:
             nL = s.n * p.L
@@ -180,7 +181,7 @@ class DecodeAttentionKernel(HeadProgram):
             kb.add(tile.LoadOp(self.a_sel, [c(0), c(0)], self.sel, c(s.mask_span), c(nL), 0, 1, queue=1))
             fixed, transfer = self.tm.dma(s.mask_span, nL, self.isz)
             init.ready["sel"] = fixed + transfer
-            init.qfree[1] = fixed + transfer
+            qfree[1] = fixed + transfer
             self.qmap["sel"] = 1
         self.pat: SSAValue | None = None
         if self.a_pat is not None:
@@ -189,7 +190,7 @@ class DecodeAttentionKernel(HeadProgram):
             kb.add(tile.LoadOp(self.a_pat, [c(0), c(0)], self.pat, c(nL), c(W), 0, 1, queue=2))
             fixed, transfer = self.tm.dma(nL, W, self.isz)
             init.ready["pattern"] = fixed + transfer
-            init.qfree[2 % self.queues] += fixed + transfer
+            qfree[2 % self.queues] += fixed + transfer
             self.qmap["pattern"] = 2 % self.queues
         self._buffers()
         trips = s.groups(p) // s.U
