@@ -20,7 +20,7 @@ from tilecc.frontend.dsl.parser import load_kernels
 from tilecc.frontend.dsl.work import dsl_call_work, kernel_work
 from tilecc.ir.graph_dsl import DslCallOp
 from tilecc.simulator.config import HardwareConfig, load_config
-from tilecc.simulator.roofline import WORK_KEYS, IntrinsicWork
+from tilecc.simulator.roofline import LOWP_WORK_KEYS, WORK_KEYS, IntrinsicWork
 
 KERNELS = Path(__file__).resolve().parent.parent / "examples" / "kernels"
 TINY, CLOUD = load_config("tiny"), load_config("cloud")
@@ -103,7 +103,7 @@ def test_transpose_adds_no_macs():
     np.testing.assert_allclose(k(x, target="tiny"), 2 * x.T, rtol=1e-6)
     work = k.compiled.program.work
     assert work["program_macs_fp32"] + work["program_macs_16"] > 0  # the identity matmuls
-    assert {key: work[key] for key in WORK_KEYS} == w.figures()
+    assert {key: work[key] for key in WORK_KEYS + LOWP_WORK_KEYS} == w.figures()
     assert k.report.roofline_components["matrix"] == 0
 
 
@@ -166,7 +166,7 @@ def test_the_same_work_for_every_schedule_variant():
     k = tilecc.kernel(KERNELS / "flash_attention.tdsl")
     c = k.compile(q, q, q, target="tiny")
     work = c.program.work
-    assert {key: work[key] for key in WORK_KEYS} == want.figures()
+    assert {key: work[key] for key in WORK_KEYS + LOWP_WORK_KEYS} == want.figures()
     assert work["program_macs_16"] > work["macs_16"]  # K's and P's transposes
     assert work["program_hbm_bytes"] > work["compulsory_hbm_bytes"]  # its constants, loaded too
 
