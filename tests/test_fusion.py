@@ -307,3 +307,24 @@ def test_a_bf16_weight_is_held_and_folded_as_bf16_bits():
     W = np.asarray(src)
     np.testing.assert_array_equal(got.bits, f32_to_bf16_bits(gamma[:, None] * W))
     np.testing.assert_allclose(shift, beta.astype(np.float64) @ W.astype(np.float64), rtol=1e-12)
+
+
+class TwiceTheSame(torch.nn.Module):
+    def forward(self, x):
+        a = torch.relu(x) * 2.0
+        b = torch.relu(x) * 2.0  # the same values again (as identical layers recompute them)
+        return a + b + torch.relu(x + 1.0)
+
+
+def test_common_subexpressions_are_computed_once():
+    from tilecc.passes.graph.canonicalize import canonicalize
+
+    x = torch.randn(4, 24)
+    gp = _graph(TwiceTheSame(), (x,))
+    names = [op.name for op in gp.func.body.block.ops]
+    assert names.count("graph.relu") == 3
+    canonicalize(gp.func)
+    names = [op.name for op in gp.func.body.block.ops]
+    assert names.count("graph.relu") == 2 and names.count("graph.mul") == 1  # relu(x + 1) differs
+    np.testing.assert_allclose(run_graph(gp, [x])[0], TwiceTheSame()(x).numpy(), rtol=1e-6)
+    run_and_compare(TwiceTheSame(), (x,), "tiny")

@@ -11,6 +11,8 @@ commutative ops in either order, constants compared to 1 %, as bf16 rounds them)
   (passes/graph/attention.py, which shows its IR before and after)
 - ``matmul(x, cast(q_i8) * s)``                                    ->  ``matmul(x, q_i8) * s``
   (one-byte weights: passes/graph/lowp_matmul.py)
+- an op equal to an earlier one (same kind, operands, attributes)  ->  the earlier one
+  (common subexpressions: passes/graph/cse.py)
 
 (the matchers live in `ir/graph_patterns.py`, which the roofline bound reads too)
 
@@ -43,6 +45,7 @@ from xdsl.passes import ModulePass
 
 from tilecc.ir import graph as g
 from tilecc.ir.graph_patterns import match_gelu, match_silu
+from tilecc.passes.graph.cse import eliminate_common_subexpressions
 from tilecc.passes.graph.lowp_matmul import rewrite_lowp_matmuls
 
 
@@ -71,6 +74,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     count += recognise_attention(fn, weights)
     count += rewrite_lowp_matmuls(fn)  # one-byte weights into the matrix engine (lowp_matmul.py)
     count += rewrite_decode_attention(fn)
+    count += eliminate_common_subexpressions(fn)  # identical layers' equal values computed once (cse.py)
     dead_code(fn)
     return count
 
