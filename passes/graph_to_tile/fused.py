@@ -22,6 +22,7 @@ from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes.graph_to_tile.conversion import lower_op
 from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, add_graph_op
+from tilecc.passes.graph_to_tile.rowwise import rms_norm_nodes
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.vector_fns import elementwise_fn
 
@@ -118,7 +119,8 @@ def _needed(part: list[Operation], later: list[Operation], y: YieldOp) -> list[S
 def _space(ops: list[Operation]) -> tuple[int, ...]:
     """The iteration space of a group's ops: its row-wise op's, else its first
     computing op's (reshapes in a group keep the element count)."""
-    rows: list[Operation] = [o for o in ops if isinstance(o, (g.LayerNormOp, g.SoftmaxOp, gi.LogSoftmaxOp))]
+    row_ops = (g.LayerNormOp, g.RmsNormOp, g.SoftmaxOp, gi.LogSoftmaxOp)
+    rows: list[Operation] = [o for o in ops if isinstance(o, row_ops)]
     ops = rows or [o for o in ops if not isinstance(o, (g.ReshapeOp, g.ConstantOp))] or ops
     return squeezed2(shape_of(ops[0].results[0].type))
 
@@ -170,6 +172,8 @@ def build_dag(ek: ElementwiseKernel, lw: LoweringContext, ops: list[Operation], 
             x, w, b = o.operands
             eps = o.eps.value.data
             ref[res] = ek.rowwise("layer_norm", [use(x, at), use(w, at), use(b, at)], elem_of(res.type), eps)
+        elif isinstance(o, g.RmsNormOp):
+            ref[res] = rms_norm_nodes(ek, o, use(o.operands[0], at), use(o.operands[1], at))
         elif isinstance(o, g.SoftmaxOp):
             ref[res] = ek.rowwise("softmax", [use(o.operands[0], at)], elem_of(res.type))
         elif isinstance(o, gi.LogSoftmaxOp):
@@ -186,7 +190,7 @@ def _kernel_name(op: FusedOp) -> str:
 def _ops_name(ops: list[Operation]) -> str:
     """`add` for one op, `fused_<anchor or first op>` for several."""
     names = [o.name.removeprefix("graph.") for o in ops if not isinstance(o, (YieldOp, g.ConstantOp, g.ReshapeOp))]
-    anchor = next((n for n in names if n in ("layer_norm", "softmax", "log_softmax", "matmul")), None)
+    anchor = next((n for n in names if n in ("layer_norm", "rms_norm", "softmax", "log_softmax", "matmul")), None)
     head = anchor or (names[0] if names else "fused")
     return f"fused_{head}" if len(names) > 1 else head
 
