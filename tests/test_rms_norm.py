@@ -92,6 +92,42 @@ def test_rms_norm_matches_eager_as_one_kernel(rows, width, eps, gemma, bf16):
 
 @pytest.mark.parametrize("gemma", [False, True])
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "target"), [((1, 1, 2048), "cloud"), ((3, 1, 256), "cloud"), ((2, 1, 96), "tiny")])
+def test_few_rows_split_over_partitions_match_eager(shape, target, gemma, dt):
+    """A decode step's rows: each spread over partitions, the row sums gathered by one
+    matmul (passes/graph_to_tile/rms_norm_split.py), still one kernel."""
+    torch.manual_seed(shape[0])
+    model = (GemmaStyleNorm if gemma else LlamaStyleNorm)(shape[-1], 1e-5).to(dt).eval()
+    x = torch.randn(*shape, dtype=dt) * 3
+    cm = tilecc.compile(model, (x,), target=target)
+    assert _names(cm) == ["k0_rms_norm"], _names(cm)
+    (sram,) = [r["message"] for r in cm.program.meta["remarks"] if r["message"].startswith("kernel k0_rms_norm: sram")]
+    assert "acc 0 of" not in sram, sram  # the row totals come from the matrix engine's accumulator
+    with torch.no_grad():
+        want = model(x)
+    got = cm(x)
+    if dt == torch.bfloat16:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_split_is_chosen_for_few_rows_only():
+    from tilecc.passes.graph_to_tile.rms_norm_split import split_of
+
+    class _Lw:  # the two fields split_of reads
+        cfg = load_config("cloud")
+        P = cfg.sram.partitions
+
+    lw = _Lw()
+    assert split_of(lw, 1, 2048) == 128  # type: ignore[arg-type]
+    assert split_of(lw, 8, 2048) == 16  # type: ignore[arg-type]
+    assert split_of(lw, 128, 2048) is None  # type: ignore[arg-type]  (prefill: the row-wise kernel)
+    assert split_of(lw, 1, 7) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("gemma", [False, True])
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
 def test_rms_norm_is_the_prologue_of_the_matmul_reading_it(gemma, dt):
     norm = (GemmaStyleNorm if gemma else LlamaStyleNorm)(64, 1e-6)
     model = NormThenLinear(norm, 64).to(dt).eval()

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from xdsl.ir import Operation, SSAValue
@@ -44,7 +45,8 @@ def lower_fused(lw: LoweringContext, op: FusedOp, loc: str) -> None:
         y = op.block.last_op
         assert isinstance(y, YieldOp)
         ops = [o for o in op.block.ops if o is not y]
-        lower_subdag(lw, ops, list(y.values), loc, _kernel_name(op), _space(ops))
+        if not _lone_rms_norm(lw, ops):
+            lower_subdag(lw, ops, list(y.values), loc, _kernel_name(op), _space(ops))
     elif kind == "matmul":
         lower_matmul_group(lw, op, loc)
     else:
@@ -84,6 +86,24 @@ def _results(lw: LoweringContext, op: FusedOp) -> None:
         lw.layout_requests.pop(v, None)
 
 
+def _lone_rms_norm(lw: LoweringContext, ops: list[Operation]) -> bool:
+    """Lower `ops` op by op when they are one RMS norm (and views, constants) over few
+    rows: its own lowering splits the rows over partitions (rms_norm_split.py), which a
+    row-wise DAG cannot. Whether it did."""
+    from tilecc.passes.graph_to_tile.rms_norm_split import split_of
+
+    norms = [o for o in ops if not isinstance(o, (g.ReshapeOp, g.ConstantOp))]
+    if len(norms) != 1 or not isinstance(norms[0], g.RmsNormOp):
+        return False
+    shape = shape_of(norms[0].results[0].type)
+    if split_of(lw, math.prod(shape[:-1]), shape[-1]) is None:
+        return False
+    for o in ops:
+        if not isinstance(o, g.ConstantOp):
+            lower_op(lw, o)
+    return True
+
+
 def lower_unfused(lw: LoweringContext, op: FusedOp) -> None:
     """The region's ops one by one (each its own kernel)."""
     for inner in op.block.ops:
@@ -103,7 +123,7 @@ def lower_matmul_group(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     y = op.block.last_op
     assert isinstance(y, YieldOp)
     pro, epi = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]
-    if pro:
+    if pro and not _lone_rms_norm(lw, pro):
         lower_subdag(lw, pro, _needed(pro, [mm, *epi], y), loc, _ops_name(pro), _space(pro))
     lower_op(lw, mm)
     if epi:

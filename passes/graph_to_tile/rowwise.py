@@ -27,6 +27,7 @@ from xdsl.ir import Operation
 from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.passes.graph_to_tile.context import LoweringContext
+from tilecc.passes.graph_to_tile.rms_norm_split import lower_rms_norm_split, split_of
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 
 if TYPE_CHECKING:
@@ -83,13 +84,18 @@ def rms_norm_nodes(ek: ElementwiseKernel, op: g.RmsNormOp, x: int, w: int) -> in
 
 
 def lower_rms_norm(lw: LoweringContext, op: Operation, loc: str) -> None:
-    """RMS norm over the last dim, with its weight: one row-wise kernel."""
+    """RMS norm over the last dim, with its weight: one row-wise kernel (few rows: one
+    kernel with each row split over partitions, `rms_norm_split.py`)."""
     from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
     if not isinstance(op, g.RmsNormOp):
         raise CompileError(f"lower_rms_norm at {loc}: {op.name} is not a graph.rms_norm")
     res = op.results[0]
     x, R, C = lw.rows_view(op.operands[0], loc, "graph.rms_norm")
+    k = split_of(lw, R, C)
+    if k is not None:  # few rows (a decode step): each spread over k partitions
+        lower_rms_norm_split(lw, op, x, R, C, k, loc)
+        return
     w = lw.view(lw.materialise(op.operands[1]), (1, C))
     ek = ElementwiseKernel(lw, "rms_norm", loc, (R, C))
     y = rms_norm_nodes(ek, op, ek.leaf_hbm(x, [0, 1]), ek.leaf_hbm(w, [None, 1]))
