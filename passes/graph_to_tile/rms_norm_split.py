@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 from xdsl.dialects.builtin import f32
+from xdsl.ir import SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import tile
@@ -59,12 +60,9 @@ def split_of(lw: LoweringContext, R: int, C: int) -> int | None:
     return k
 
 
-def lower_rms_norm_split(lw: LoweringContext, op: g.RmsNormOp, x: object, R: int, C: int, k: int,
+def lower_rms_norm_split(lw: LoweringContext, op: g.RmsNormOp, x: SSAValue, R: int, C: int, k: int,
                          loc: str) -> None:
     """`op` over the rows of HBM view `x` ([R, C]) as one kernel with rows split k ways."""
-    from xdsl.ir import SSAValue
-
-    assert isinstance(x, SSAValue)
     res = op.results[0]
     elem, in_elem = elem_of(res.type), elem_of(op.operands[0].type)
     w_elem = elem_of(op.operands[1].type)
