@@ -46,6 +46,10 @@ group of function f; `n` the result's elements, `n_in` the input's)::
                       absorbable when every consumer (through views) is a matmul whose
                       other operand is a weight (fold-norm-affine's rewrite,
                       LN(x)*g+b @ W = LN(x) @ (g W) + b W).
+    rms_norm          n * (square + sum-reduce + mul) + the weight mul (tile operand: 2
+                      inputs) when the weight is not all ones; a decomposed RMSNorm
+                      (`ir/graph_rms_norm_pattern.py`, as canonicalize-graph matches it)
+                      counts as that one op
     max_pool2d        min(direct: the taps of every output inside the input, separable:
                       a row pass over Hin rows then a column pass) per image and channel,
                       * cost(reduce max)
@@ -151,6 +155,7 @@ from tilecc.ir.graph_consts import ConstValues
 from tilecc.ir.graph_dsl import DslCallOp
 from tilecc.ir.graph_lowp import match_lowp_weight, only_matmul_rhs
 from tilecc.ir.graph_patterns import match_gelu, match_silu
+from tilecc.ir.graph_rms_norm_pattern import RmsNormMatch, match_rms_norm
 from tilecc.ir.vector_fns import BINARY, elementwise_fn
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType
@@ -245,6 +250,8 @@ class _Counter:
                     self.claimed |= chain
             elif isinstance(op, gi.SdpaOp) and op.mask is not None:
                 _additive_mask(self, op.mask)
+            elif isinstance(op, nn.MeanOp):
+                self.claim_rms_norm(op)
         for op in ops:
             if op in self.claimed or op in self.mask_ops or isinstance(op, func.ReturnOp):
                 continue
@@ -260,6 +267,14 @@ class _Counter:
             vector_element_cycles=self.vector,
             compulsory_hbm_bytes=self.compulsory_bytes(), by_op=self.by_op,
         )
+
+    def claim_rms_norm(self, mean: nn.MeanOp) -> None:
+        """Count a decomposed RMSNorm as the `graph.rms_norm` canonicalize-graph makes of it."""
+        m = match_rms_norm(mean)
+        if not isinstance(m, RmsNormMatch):
+            return
+        _rms_norm_work(self, numel(m.final.results[0]), m.weight)
+        self.claimed |= set(m.ops)
 
     def claim_activation(self, final: Operation, x: SSAValue, fn: str) -> None:
         """Count a decomposed activation ending at `final` as its one function: the ops
@@ -442,6 +457,18 @@ def _softmax(c: _Counter, op: Operation) -> None:
 def _log_softmax(c: _Counter, op: Operation) -> None:
     per = c.reduce("max") + c.binary("sub") + c.unary("exp") + c.reduce("sum") + c.binary("sub")
     c.add(op.name, vector=numel(op.results[0]) * per)
+
+
+def _rms_norm(c: _Counter, op: Operation) -> None:
+    rn = cast(g.RmsNormOp, op)
+    _rms_norm_work(c, numel(rn.result), rn.weight)
+
+
+def _rms_norm_work(c: _Counter, n: int, weight: SSAValue) -> None:
+    per = c.unary("square") + c.reduce("sum") + c.binary("mul")
+    w = c.const(weight)
+    per += 0.0 if w is not None and bool(np.all(w == 1)) else 2 * c.binary("mul")
+    c.add(g.RmsNormOp.name, vector=n * per)
 
 
 def _layer_norm(c: _Counter, op: Operation) -> None:
@@ -648,6 +675,7 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
     gi.LogSoftmaxOp: ("n * (max-reduce + sub + exp + sum-reduce + sub)", _log_softmax),
     g.LayerNormOp: ("n * (sum-reduce + sub + square + sum-reduce + mul) + an affine no matmul absorbs",
                     _layer_norm),
+    g.RmsNormOp: ("n * (square + sum-reduce + mul) + the weight mul unless all ones", _rms_norm),
     **{t: ("n_in * cost(reduce); mean + n * cost(mul)", _reduce) for t in nn.REDUCE_OPS},
     nn.MaxPool2dOp: ("min(direct, separable) window reads * cost(reduce max)", _max_pool),
     nn.AvgPool2dOp: ("min(direct, separable) window reads * cost(reduce sum) + n * cost(mul)", _avg_pool),
@@ -667,7 +695,7 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
 # ops whose rule has a vector pass reading its operands (they can read the accumulator)
 _VECTOR_READERS = tuple(
     t for t, (_, h) in WORK_TABLE.items()
-    if h in (_unary, _binary, _where, _softmax, _log_softmax, _layer_norm, _reduce, _max_pool, _avg_pool,
+    if h in (_unary, _binary, _where, _softmax, _log_softmax, _layer_norm, _rms_norm, _reduce, _max_pool, _avg_pool,
              _adaptive_avg_pool)
 )
 

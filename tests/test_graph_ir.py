@@ -145,6 +145,13 @@ def _layer_norm(x):
     return [y, g.LayerNormOp.make(x, w2, b2, 2, 1.0 / 3.0e5)]
 
 
+def _rms_norm(x):
+    w = g.WeightOp.make("norm.w", T([6], _dt(x)))
+    wf = g.WeightOp.make("norm.w1", T([6], F32))
+    return [g.RmsNormOp.make(x, w, 1e-6, x.type, cast_before_weight=True, loc="rms.py:1"),
+            g.RmsNormOp.make(x, wf, 1e-5, x.type, loc="rms.py:2")]
+
+
 def _permute(x):
     return g.PermuteOp.make(x, [1, 0], loc="p.py:1")
 
@@ -172,6 +179,7 @@ BUILDERS = {
     "graph.gelu": _gelu,
     "graph.softmax": _softmax,
     "graph.layer_norm": _layer_norm,
+    "graph.rms_norm": _rms_norm,
     "graph.permute": _permute,
     "graph.reshape": _reshape,
     "graph.expand": _expand,

@@ -13,6 +13,8 @@ commutative ops in either order, constants compared to 1 %, as bf16 rounds them)
   (one-byte weights: passes/graph/lowp_matmul.py)
 - an op equal to an earlier one (same kind, operands, attributes)  ->  the earlier one
   (common subexpressions: passes/graph/cse.py)
+- ``w * f32(x) * rsqrt(mean(f32(x)**2, -1) + eps)`` (casts back)  ->  ``rms_norm(x, w)``
+  (passes/graph/rms_norm.py)
 
 (the matchers live in `ir/graph_patterns.py`, which the roofline bound reads too)
 
@@ -55,6 +57,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     recognised as causal)."""
     from tilecc.passes.graph.attention import recognise_attention
     from tilecc.passes.graph.decode_attention import rewrite_decode_attention
+    from tilecc.passes.graph.rms_norm import recognise_rms_norm
 
     count = 0
     for op in list(fn.body.block.ops):
@@ -71,6 +74,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
         fn.body.block.insert_op_before(new, op)
         op.results[0].replace_all_uses_with(new.results[0])
         count += 1
+    count += recognise_rms_norm(fn)  # RMSNorm (passes/graph/rms_norm.py)
     count += recognise_attention(fn, weights)
     count += rewrite_lowp_matmuls(fn)  # one-byte weights into the matrix engine (lowp_matmul.py)
     count += rewrite_decode_attention(fn)

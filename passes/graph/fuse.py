@@ -6,9 +6,9 @@ producer-consumer fusion do):
 
 - **matmul** (kind ``matmul``): a `graph.matmul` with its epilogue (elementwise ops on
   its result: bias, activation, residual add, scaling, casts) and, when the A operand
-  is a layer norm used only by this matmul, that layer norm (with its own prologue)
+  is a layer norm or RMS norm used only by this matmul, that norm (with its own prologue)
   as the producer of the A rows;
-- **row-wise** (kind ``rowwise``): a layer norm over the last dim, a softmax or
+- **row-wise** (kind ``rowwise``): a layer norm or RMS norm over the last dim, a softmax or
   log_softmax along the last dim, with an elementwise prologue producing its input
   (a residual add: its value, used later, becomes a second output) and an
   elementwise epilogue;
@@ -60,6 +60,8 @@ from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes import remarks
 from tilecc.passes.session import CompileSession
 from tilecc.passes.vector_fns import elementwise_fn
+
+NORMS = (g.LayerNormOp, g.RmsNormOp)  # the row-wise ops a matmul takes as its prologue
 
 
 def squeezed(t: Attribute) -> tuple[int, ...]:
@@ -122,6 +124,8 @@ def is_rowwise(op: Operation) -> bool:
     if isinstance(op, g.LayerNormOp):
         shape = g.shape_of(op.results[0])
         return op.normalized_ndim.value.data == 1 and len(shape) >= 1 and shape[-1] > 1
+    if isinstance(op, g.RmsNormOp):
+        return g.shape_of(op.results[0])[-1] > 1
     if isinstance(op, (g.SoftmaxOp, gi.LogSoftmaxOp)):
         shape = g.shape_of(op.results[0])
         dim = op.dim.value.data if isinstance(op, g.SoftmaxOp) else op.axis
@@ -243,7 +247,7 @@ class Fuser:
         if any(c in self.excluded for c in chain):
             return
         prod = self.group.get(ln) if isinstance(ln, Operation) else None
-        if prod is None or prod.kind != "rowwise" or not isinstance(ln, g.LayerNormOp) or not a.has_one_use():
+        if prod is None or prod.kind != "rowwise" or not isinstance(ln, NORMS) or not a.has_one_use():
             return
         if prod.anchor is not ln or any(self.pos[o] > self.pos[ln] and o not in chain for o in prod.ops):
             return  # the layer norm's group has an epilogue: keep it a kernel of its own
@@ -321,9 +325,9 @@ class Fuser:
                 while isinstance(a.owner, g.ReshapeOp):  # the rows of A through reshapes
                     a = a.owner.operands[0]
                 users = sum(1 for _ in a.uses)
-                if isinstance(a.owner, g.LayerNormOp) and users > 1:
-                    return f"the layer norm's result has {users} users (a prologue feeds one matmul)"
-                return "a matmul takes only a single-use layer norm as its prologue"
+                if isinstance(a.owner, NORMS) and users > 1:
+                    return f"the norm's result has {users} users (a prologue feeds one matmul)"
+                return "a matmul takes only a single-use layer norm or RMS norm as its prologue"
             return f"{op.name} starts a {mine.kind} kernel; only an elementwise group joins it as prologue"
         if mine.kind != "elementwise" and mine.anchor is not None and prod.kind != "elementwise":
             return f"it belongs to the {mine.kind} group of {mine.anchor.name}"

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from xdsl.ir import Operation, SSAValue
@@ -22,6 +23,7 @@ from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes.graph_to_tile.conversion import lower_op
 from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, add_graph_op
+from tilecc.passes.graph_to_tile.rowwise import rms_norm_nodes
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.vector_fns import elementwise_fn
 
@@ -43,7 +45,8 @@ def lower_fused(lw: LoweringContext, op: FusedOp, loc: str) -> None:
         y = op.block.last_op
         assert isinstance(y, YieldOp)
         ops = [o for o in op.block.ops if o is not y]
-        lower_subdag(lw, ops, list(y.values), loc, _kernel_name(op), _space(ops))
+        if not _lone_rms_norm(lw, ops):
+            lower_subdag(lw, ops, list(y.values), loc, _kernel_name(op), _space(ops))
     elif kind == "matmul":
         lower_matmul_group(lw, op, loc)
     else:
@@ -83,6 +86,24 @@ def _results(lw: LoweringContext, op: FusedOp) -> None:
         lw.layout_requests.pop(v, None)
 
 
+def _lone_rms_norm(lw: LoweringContext, ops: list[Operation]) -> bool:
+    """Lower `ops` op by op when they are one RMS norm (and views, constants) over few
+    rows: its own lowering splits the rows over partitions (rms_norm_split.py), which a
+    row-wise DAG cannot. Whether it did."""
+    from tilecc.passes.graph_to_tile.rms_norm_split import split_of
+
+    norms = [o for o in ops if not isinstance(o, (g.ReshapeOp, g.ConstantOp))]
+    if len(norms) != 1 or not isinstance(norms[0], g.RmsNormOp):
+        return False
+    shape = shape_of(norms[0].results[0].type)
+    if split_of(lw, math.prod(shape[:-1]), shape[-1]) is None:
+        return False
+    for o in ops:
+        if not isinstance(o, g.ConstantOp):
+            lower_op(lw, o)
+    return True
+
+
 def lower_unfused(lw: LoweringContext, op: FusedOp) -> None:
     """The region's ops one by one (each its own kernel)."""
     for inner in op.block.ops:
@@ -102,7 +123,7 @@ def lower_matmul_group(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     y = op.block.last_op
     assert isinstance(y, YieldOp)
     pro, epi = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]
-    if pro:
+    if pro and not _lone_rms_norm(lw, pro):
         lower_subdag(lw, pro, _needed(pro, [mm, *epi], y), loc, _ops_name(pro), _space(pro))
     lower_op(lw, mm)
     if epi:
@@ -118,7 +139,8 @@ def _needed(part: list[Operation], later: list[Operation], y: YieldOp) -> list[S
 def _space(ops: list[Operation]) -> tuple[int, ...]:
     """The iteration space of a group's ops: its row-wise op's, else its first
     computing op's (reshapes in a group keep the element count)."""
-    rows: list[Operation] = [o for o in ops if isinstance(o, (g.LayerNormOp, g.SoftmaxOp, gi.LogSoftmaxOp))]
+    row_ops = (g.LayerNormOp, g.RmsNormOp, g.SoftmaxOp, gi.LogSoftmaxOp)
+    rows: list[Operation] = [o for o in ops if isinstance(o, row_ops)]
     ops = rows or [o for o in ops if not isinstance(o, (g.ReshapeOp, g.ConstantOp))] or ops
     return squeezed2(shape_of(ops[0].results[0].type))
 
@@ -170,6 +192,8 @@ def build_dag(ek: ElementwiseKernel, lw: LoweringContext, ops: list[Operation], 
             x, w, b = o.operands
             eps = o.eps.value.data
             ref[res] = ek.rowwise("layer_norm", [use(x, at), use(w, at), use(b, at)], elem_of(res.type), eps)
+        elif isinstance(o, g.RmsNormOp):
+            ref[res] = rms_norm_nodes(ek, o, use(o.operands[0], at), use(o.operands[1], at))
         elif isinstance(o, g.SoftmaxOp):
             ref[res] = ek.rowwise("softmax", [use(o.operands[0], at)], elem_of(res.type))
         elif isinstance(o, gi.LogSoftmaxOp):
@@ -186,7 +210,7 @@ def _kernel_name(op: FusedOp) -> str:
 def _ops_name(ops: list[Operation]) -> str:
     """`add` for one op, `fused_<anchor or first op>` for several."""
     names = [o.name.removeprefix("graph.") for o in ops if not isinstance(o, (YieldOp, g.ConstantOp, g.ReshapeOp))]
-    anchor = next((n for n in names if n in ("layer_norm", "softmax", "log_softmax", "matmul")), None)
+    anchor = next((n for n in names if n in ("layer_norm", "rms_norm", "softmax", "log_softmax", "matmul")), None)
     head = anchor or (names[0] if names else "fused")
     return f"fused_{head}" if len(names) > 1 else head
 

@@ -1,4 +1,4 @@
-"""Row-wise graph ops: softmax and layer norm keep whole rows on chip, one kernel each.
+"""Row-wise graph ops: softmax, layer norm and RMS norm keep whole rows on chip, one kernel each.
 
 A row is the last dim (softmax over another dim moves it last with a transposing copy
 and back); a row too long for an SRAM partition with its working buffers is a
@@ -19,13 +19,19 @@ After (tile)::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from xdsl.ir import Operation
 
 from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.passes.graph_to_tile.context import LoweringContext
+from tilecc.passes.graph_to_tile.rms_norm_split import lower_rms_norm_split, split_of
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
+
+if TYPE_CHECKING:
+    from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
 
 
 def lower_softmax(lw: LoweringContext, op: Operation, loc: str) -> None:
@@ -65,4 +71,36 @@ def lower_layer_norm(lw: LoweringContext, op: Operation, loc: str) -> None:
 
 
 
-LOWERINGS = {g.SoftmaxOp: lower_softmax, g.LayerNormOp: lower_layer_norm}
+def rms_norm_nodes(ek: ElementwiseKernel, op: g.RmsNormOp, x: int, w: int) -> int:
+    """The nodes of an RMS norm of node `x` with weight node `w` (a [1, C] row): the
+    row-wise ``rms_norm`` (the layer norm's statistics without the mean subtraction)
+    with the weight in fp32, or, with ``cast_before_weight``, the normalised rows rounded
+    to the result type and then multiplied by the weight (Llama's order)."""
+    elem = elem_of(op.result.type)
+    if not op.weight_after_cast:
+        return ek.rowwise("rms_norm", [x, w], elem, op.eps_value)
+    n = ek.rowwise("rms_norm", [x, ek.imm(1.0)], elem, op.eps_value)
+    return ek.binary("mul", n, w, elem)
+
+
+def lower_rms_norm(lw: LoweringContext, op: Operation, loc: str) -> None:
+    """RMS norm over the last dim, with its weight: one row-wise kernel (few rows: one
+    kernel with each row split over partitions, `rms_norm_split.py`)."""
+    from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel
+
+    if not isinstance(op, g.RmsNormOp):
+        raise CompileError(f"lower_rms_norm at {loc}: {op.name} is not a graph.rms_norm")
+    res = op.results[0]
+    x, R, C = lw.rows_view(op.operands[0], loc, "graph.rms_norm")
+    k = split_of(lw, R, C)
+    if k is not None:  # few rows (a decode step): each spread over k partitions
+        lower_rms_norm_split(lw, op, x, R, C, k, loc)
+        return
+    w = lw.view(lw.materialise(op.operands[1]), (1, C))
+    ek = ElementwiseKernel(lw, "rms_norm", loc, (R, C))
+    y = rms_norm_nodes(ek, op, ek.leaf_hbm(x, [0, 1]), ek.leaf_hbm(w, [None, 1]))
+    ek.output(y, elem_of(res.type))
+    lw.values[res] = lw.view(ek.build()[0], shape_of(res.type))
+
+
+LOWERINGS = {g.SoftmaxOp: lower_softmax, g.LayerNormOp: lower_layer_norm, g.RmsNormOp: lower_rms_norm}

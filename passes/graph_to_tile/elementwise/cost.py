@@ -46,6 +46,12 @@ def vector_steps(values: list[Value], cfg: HardwareConfig) -> list[tuple[float, 
                 steps.append((2 * costs.binary["mul"], False))
             if not (isinstance(b, Imm) and b.value == 0.0):
                 steps.append((2 * costs.binary["add"], False))
+        elif v.kind == "rms_norm":
+            steps += [(costs.unary["square"], False), (costs.reduce["sum"], False), (costs.binary["mul"], False)]
+            steps += [(1.0, True)] * 3
+            w = values[v.args[1]]
+            if not (isinstance(w, Imm) and w.value == 1.0):
+                steps.append((2 * costs.binary["mul"], False))
         elif v.kind == "softmax":
             steps += [(costs.reduce["max"], False), (costs.binary["sub"], False), (costs.unary["exp"], False),
                       (costs.reduce["sum"], False), (costs.binary["mul"], False)] + [(1.0, True)]

@@ -56,12 +56,12 @@ class Node:
     args: list[int]
     elem: Attribute
     cls: str = "tile"
-    eps: float = 0.0  # layer_norm
+    eps: float = 0.0  # layer_norm, rms_norm
 
 
 # row-wise nodes: whole rows (the last dim) in one tile; scratch they use per tile
 # (fp32 tiles, fp32 columns)
-ROWWISE = {"layer_norm": (2, 2), "softmax": (1, 2), "log_softmax": (2, 2)}
+ROWWISE = {"layer_norm": (2, 2), "rms_norm": (1, 1), "softmax": (1, 2), "log_softmax": (2, 2)}
 
 
 Value = Leaf | Imm | Node

@@ -136,7 +136,8 @@ class ElementwiseKernel:
         return len(self.values) - 1
 
     def rowwise(self, kind: str, args: list[int], elem: Attribute, eps: float = 0.0) -> int:
-        """A row-wise op over the last dim: layer_norm (args x, weight, bias), softmax or
+        """A row-wise op over the last dim: layer_norm (args x, weight, bias), rms_norm
+        (x, weight), softmax or
         log_softmax (x). Tiles then hold whole rows."""
         assert kind in ROWWISE
         self.values.append(Node(kind, "", list(args), elem, eps=float(eps)))

@@ -221,7 +221,7 @@ def _imm_or(v: Value, buf: Callable[[int], SSAValue], a: int) -> SSAValue | floa
 
 def emit_rowwise(kb: KernelBuilder, v: Node, ops: list[Arg], out: SSAValue, r: SSAValue, c: SSAValue,
                  scratch: tuple[list[SSAValue], list[SSAValue]], C: int) -> None:
-    """A layer norm, softmax or log_softmax of whole rows (`c` = C columns): the row
+    """A layer norm, RMS norm, softmax or log_softmax of whole rows (`c` = C columns): the row
     statistics are [rows x 1] fp32 columns, the arithmetic fp32, `out` rounded."""
     tiles, cols = scratch
     one = kb.const(1)
@@ -244,6 +244,18 @@ def emit_rowwise(kb: KernelBuilder, v: Node, ops: list[Arg], out: SSAValue, r: S
             emit_binary(kb, "mul", ("tile", xc), ops[1], xc if shift else out, r, c)
         if shift:
             emit_binary(kb, "add", ("tile", xc), ops[2], out, r, c)
+        return
+    if v.kind == "rms_norm":  # the layer norm without the mean subtraction
+        sq, ms = tiles[0], cols[0]
+        kb.add(tile.UnaryOp("square", x, sq, r, c))
+        kb.add(tile.ReduceOp("sum", sq, ms, r, c))
+        kb.add(tile.ScalarOp("mul", ms, 1.0 / C, ms, r, one))
+        kb.add(tile.ScalarOp("add", ms, v.eps, ms, r, one))
+        kb.add(tile.UnaryOp("rsqrt", ms, ms, r, one))
+        scale = ops[1] != ("imm", 1.0)
+        kb.add(tile.BinaryOp("mul", x, ms, sq if scale else out, r, c, "column"))
+        if scale:
+            emit_binary(kb, "mul", ("tile", sq), ops[1], out, r, c)
         return
     mx, sm = cols[0], cols[1]
     kb.add(tile.ReduceOp("max", x, mx, r, c))
