@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{int(have[1]) / 2**30 if have else float('nan'):.1f} GiB", flush=True)
             continue
         rows.append(r)
-        print(f"{NAMES[shape]:<20} {weights:>7} {batch:>5} {prompt:>6} {r['ttft_us'] / 1e3:>9.2f} "
+        print(f"{NAMES[shape]:<20} {r['weights']:>7} {batch:>5} {prompt:>6} {r['ttft_us'] / 1e3:>9.2f} "
               f"{r['tpot_us'] / 1e3:>8.3f} {r['tokens_per_second']:>9.1f} {r['joules_per_token'] * 1e3:>9.3f} "
               f"{r['prefill_ratio']:>9.2f} {r['decode_ratio']:>8.2f} {r['compile_s']:>9.1f}", flush=True)
     _targets(rows)
