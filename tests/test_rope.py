@@ -16,7 +16,7 @@ from tilecc.ir import graph as g
 from tilecc.ir.graph_interp import run_graph
 from tilecc.ir.graph_rope import RopeOp
 from tilecc.passes import remarks
-from tilecc.simulator.isa import DType
+from tilecc.simulator.isa import DType, Opcode
 
 # test_graph_ir's print / parse round trip of every op: x [4, 6] rotated by itself
 ROPE_BUILDERS = {"graph.rope": lambda x: RopeOp.make(x, x, x, loc="rope.py:1")}
@@ -85,6 +85,24 @@ def test_rope_kernel_reads_each_tile_of_rows_once():
     torch.testing.assert_close(cm(*args), QK(H, H, D)(*args), rtol=0, atol=0)
     msg = [r.message for r in rs if "rope over" in r.message]
     assert len(msg) == 2 and all("one DMA" in m and "once per tile for every head" in m for m in msg), msg
+
+
+def test_decode_rope_puts_heads_on_the_rows():
+    """One position (decode): the tile is [heads x D] with the position's cos / sin row
+    broadcast to every head, five vector instructions in all instead of four per head."""
+    B, S, H, KV, D = 1, 1, 8, 2, 16
+    args = (torch.randn(B, S, H * D), torch.randn(B, S, KV * D), torch.randn(B, S, D), torch.randn(B, S, D))
+    cm, rs = _compile(QK(H, KV, D), args)
+    torch.testing.assert_close(cm(*args), QK(H, KV, D)(*args), rtol=0, atol=0)
+    msg = [r.message for r in rs if "rope over" in r.message]
+    assert len(msg) == 2 and all("one position x" in m and "heads on the rows" in m for m in msg), msg
+    prog = cm.program
+    assert prog is not None
+    ropes = [(first, count) for name, first, count in prog.kernels if name.endswith("_rope")]
+    assert len(ropes) == 2
+    for first, count in ropes:
+        ops = [Opcode(int(o)).name for o in prog.stream["opcode"][first:first + count]]
+        assert sum(o.startswith("VEC_") for o in ops) == 5, ops
 
 
 def test_rotate_half_subtracted_is_left_decomposed_with_a_remark():

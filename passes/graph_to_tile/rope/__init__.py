@@ -62,17 +62,22 @@ def lower_rope(lw: LoweringContext, op: Operation, loc: str) -> None:
     if sch is None:
         raise TensorTooLargeError(f"graph.rope at {loc}: a head of D = {D} elements does not fit one SRAM "
                                   f"partition ({lw.cfg.sram.bytes_per_partition} bytes) with its buffers")
-    x_arg = lw.strided(x, [B, S, H * D], [strides4[0], strides4[2], 1], off) if p.heads_adjacent \
-        else lw.strided(x, shape4, strides4, off)
     out = lw.hbm([B, S, H * D], elem)
-    kb = KernelBuilder(lw.kernel_name("rope"), [x_arg.type, tables[0].type, tables[1].type, out.type], loc)
+    if sch.mode == "heads":  # one position per tile, heads on the rows
+        x_arg, out_arg = lw.strided(x, shape4, strides4, off), lw.view(out, [B, S, H, D])
+    else:
+        x_arg = lw.strided(x, [B, S, H * D], [strides4[0], strides4[2], 1], off) if p.heads_adjacent \
+            else lw.strided(x, shape4, strides4, off)
+        out_arg = out
+    kb = KernelBuilder(lw.kernel_name("rope"), [x_arg.type, tables[0].type, tables[1].type, out_arg.type], loc)
     RopeKernel(p, sch, lw.cfg.dma.queues).build(kb)
     remarks.emit("lower-graph-to-tile", "passed", lambda: (
-        f"kernel {kb.func.sym_name.data}: rope over [B {B}, S {S}, H {H} x D {D}], tiles {sch.TS} positions x "
-        f"{sch.hc} heads ({'one DMA' if p.heads_adjacent else 'a DMA per head'}), cos/sin "
-        f"{'once per tile for every head' if p.shared_table else 'per head'}, x{sch.nb} buffered, "
+        f"kernel {kb.func.sym_name.data}: rope over [B {B}, S {S}, H {H} x D {D}], "
+        + (f"tiles of one position x {sch.hc} heads on the rows" if sch.mode == "heads" else
+           f"tiles {sch.TS} positions x {sch.hc} heads ({'one DMA' if p.heads_adjacent else 'a DMA per head'})")
+        + f", cos/sin {'once per tile for every head' if p.shared_table else 'per head'}, x{sch.nb} buffered, "
         f"estimated {sch.estimate:,.0f} cycles"), loc)
-    lw.launch(kb, [x_arg, *tables, out])
+    lw.launch(kb, [x_arg, *tables, out_arg])
     # the result: the transposed view [B, H, S, D] of the rows written (at x's rank)
     out_strides = [S * H * D, D, H * D, 1]
     lw.values[op.result] = lw.strided(out, shape, out_strides[pad:], 0)

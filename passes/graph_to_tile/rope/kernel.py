@@ -11,6 +11,10 @@ Per tile of TS positions (rows on partitions) and chunk of hc heads (columns)::
                  y_h = y_h + t
     store y [TS x hc*D] into out [B, S, H*D]         (one DMA)
 
+With few positions (decode) a tile is one position with its heads on the rows
+(``[hc x D]``, the position's cos / sin row broadcast to every head): five vector
+instructions per tile instead of four per head.
+
 The loop over position tiles is unrolled nb times with nb buffer sets (the schedule), so
 the next tile's loads and the last one's store overlap this one's vector work; DMAs
 rotate over the queues.
@@ -40,6 +44,9 @@ class RopeKernel:
         return (self._q - 1) % self.queues
 
     def build(self, kb: KernelBuilder) -> None:
+        if self.sch.mode == "heads":
+            self.build_heads(kb)
+            return
         p, sch = self.p, self.sch
         TS, hc, nb, D, half = sch.TS, sch.hc, sch.nb, p.D, p.half
         self.kb = kb
@@ -112,3 +119,34 @@ class RopeKernel:
         kb.add(tile.BinaryOp("mul", x_hi, self.nsin, t_lo, r, hcols))
         kb.add(tile.BinaryOp("mul", x_lo, sin_hi, t_hi, r, hcols))
         kb.add(tile.BinaryOp("add", y, self.t, y, r, full))
+
+    def build_heads(self, kb: KernelBuilder) -> None:
+        """One position per tile, hc heads on the rows; args x ``[B, H, S, D]``, cos and
+        sin ``[B, H, S, D]`` (broadcast strides), out ``[B, S, H, D]``."""
+        p, hc = self.p, self.sch.hc
+        D, half = p.D, p.half
+        self.kb = kb
+        x, cos, sin, out = kb.args
+        xb = kb.alloc([hc, D], p.elem, "sram", "x")
+        cb = kb.alloc([hc, D], p.elem, "sram", "cos")
+        sb = kb.alloc([hc, D], p.elem, "sram", "sin")
+        nsin = kb.alloc([hc, half], p.elem, "sram", "nsin")
+        t = kb.alloc([hc, D], p.elem, "sram", "t")
+        yb = kb.alloc([hc, D], p.elem, "sram", "y")
+        c0, full, hcols = kb.const(0), kb.const(D), kb.const(half)
+        table_row_dim = -1 if p.shared_table else 1
+        with kb.loop(p.B) as b, kb.loop(p.S) as s:
+            for h0 in range(0, p.H, hc):
+                r = kb.const(min(hc, p.H - h0))
+                h = kb.const(h0)
+                for src, dst in ((cos, cb), (sin, sb)):
+                    kb.add(tile.LoadOp(src, [b, kb.const(0 if p.shared_table else h0), s, c0], dst, r, full,
+                                       table_row_dim, 3, queue=self.queue()))
+                kb.add(tile.LoadOp(x, [b, h, s, c0], xb, r, full, 1, 3, queue=self.queue()))
+                kb.add(tile.UnaryOp("neg", self.sub(sb, 0, hc, half), nsin, r, hcols))
+                kb.add(tile.BinaryOp("mul", xb, cb, yb, r, full))
+                kb.add(tile.BinaryOp("mul", self.sub(xb, half, hc, half), nsin, self.sub(t, 0, hc, half), r, hcols))
+                kb.add(tile.BinaryOp("mul", self.sub(xb, 0, hc, half), self.sub(sb, half, hc, half),
+                                     self.sub(t, half, hc, half), r, hcols))
+                kb.add(tile.BinaryOp("add", yb, t, yb, r, full))
+                kb.add(tile.StoreOp(yb, out, [b, s, h, c0], r, full, 2, 3, queue=self.queue()))
