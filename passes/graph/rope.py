@@ -64,7 +64,7 @@ def recognise_rope(fn: func.FuncOp) -> int:
         if x is None:
             continue
         loc = g.source_loc(op)
-        found = _match(op, x)
+        found = _match(op, x) if isinstance(x, SSAValue) else x
         if isinstance(found, str):
             remarks.emit(PASS, "missed", f"rotate_half left decomposed: {found}", loc)
             continue
@@ -79,8 +79,10 @@ def recognise_rope(fn: func.FuncOp) -> int:
     return count
 
 
-def rotate_half_input(cat: gi.ConcatOp) -> SSAValue | None:
-    """x when `cat` is ``cat(-x[..., D/2:], x[..., :D/2], dim=-1)``, else None."""
+def rotate_half_input(cat: gi.ConcatOp) -> SSAValue | str | None:
+    """x when `cat` is ``cat(-x[..., D/2:], x[..., :D/2], dim=-1)``; why not when it is
+    the concat of a negated slice and a slice of one tensor along the last dim (a near
+    miss); else None."""
     rank = len(g.shape_of(cat.result))
     if int(cat.dim.value.data) not in (rank - 1, -1) or len(cat.inputs) != 2:
         return None
@@ -95,14 +97,19 @@ def rotate_half_input(cat: gi.ConcatOp) -> SSAValue | None:
         return None
     D = g.shape_of(x)[-1]
     if D % 2 or not _half(lo.owner, rank, 0, D // 2) or not _half(hi.owner, rank, D // 2, D):
-        return None
+        return (f"the slices are not the two halves of the last dim ({D}) of one tensor "
+                "(an interleaved or partial rotation)")
     return x
 
 
 def _half(s: gi.SliceOp, rank: int, start: int, end: int) -> bool:
-    dim = int(s.dim.value.data)
-    return (dim in (rank - 1, -1) and int(s.start.value.data) == start and int(s.end.value.data) == end
-            and int(s.step.value.data) == 1)
+    """`s` takes elements [start, end) of the last dim, `end` being that dim's size when
+    the slice runs to it (an end past it, as ``x[..., D/2:]`` may export, counts)."""
+    dim, stop = int(s.dim.value.data), int(s.end.value.data)
+    size = g.shape_of(s.input)[-1]
+    if end == size:
+        stop = min(stop, size)
+    return dim in (rank - 1, -1) and int(s.start.value.data) == start and stop == end and int(s.step.value.data) == 1
 
 
 def _match(cat: gi.ConcatOp, x: SSAValue) -> RopeMatch | str:
