@@ -108,6 +108,7 @@ from tilecc.ir.graph_fusion import FUSION_OPS
 from tilecc.ir.graph_index import INDEX_OPS
 from tilecc.ir.graph_nn import NN_OPS
 from tilecc.ir.graph_rms_norm import RmsNormOp as RmsNormOp  # re-exported: g.RmsNormOp (its own file)
+from tilecc.ir.graph_rope import ROPE_OPS
 from tilecc.ir.graph_routing import ROUTING_OPS
 from tilecc.ir.graph_scatter import SCATTER_OPS
 from tilecc.simulator.isa import LOW_PRECISION, DType
@@ -580,9 +581,9 @@ BINARY_OPS: tuple[type[BinaryElementwiseOp], ...] = (AddOp, SubOp, MulOp, DivOp,
 ALL_OPS: tuple[type[GraphOp], ...] = (
     WeightOp, ConstantOp, MatmulOp, *BINARY_OPS, *UNARY_OPS, GeluOp, SoftmaxOp,
     LayerNormOp, RmsNormOp, PermuteOp, ReshapeOp, ExpandOp, CastOp,
-    # op families in their own files (graph_rms_norm, graph_nn, graph_index, graph_routing, graph_scatter;
-    # fusion regions: graph_fusion)
-    *NN_OPS, *INDEX_OPS, *ROUTING_OPS, *SCATTER_OPS,
+    # op families in their own files (graph_rms_norm, graph_nn, graph_index, graph_routing, graph_scatter,
+    # graph_rope; fusion regions: graph_fusion)
+    *NN_OPS, *INDEX_OPS, *ROUTING_OPS, *SCATTER_OPS, *ROPE_OPS,
 )
 Graph = Dialect("graph", [*ALL_OPS, *FUSION_OPS], [])
 

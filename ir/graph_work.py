@@ -148,6 +148,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import graph_nn as nn
+from tilecc.ir import graph_rope as grope
 from tilecc.ir import graph_routing as gr
 from tilecc.ir import graph_scatter as gs
 from tilecc.ir.graph_attention import CHAIN_VIEWS, MASKED_AT_OR_BELOW, masked, match_attention, numel
@@ -633,6 +634,16 @@ def _sdpa(c: _Counter, op: Operation) -> None:
     ))
 
 
+def _rope(c: _Counter, op: Operation) -> None:
+    """What the decomposition costs: x * cos and rot * sin (one full input each, cos and
+    sin broadcast; full when they are), the add of two full tensors, the half negated."""
+    r = cast(grope.RopeOp, op)
+    n = numel(r.result)
+    mul = c.binary("mul")
+    c.add(op.name, vector=n * (mul * _inputs(n, r.x, r.cos) + mul * _inputs(n, r.x, r.sin)
+                               + 2 * c.binary("add")) + n / 2 * c.unary("neg"))
+
+
 def _attention_chain(c: _Counter, sm: g.SoftmaxOp) -> set[Operation] | None:
     """The ops of an explicit attention around softmax `sm` (ir/graph_attention.py),
     counted as one attention; None when `sm` is not in one."""
@@ -684,6 +695,7 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
     gr.BincountOp: ("n_in * cost(eq)", _bincount),
     gr.CumsumOp: ("n * cost(add)", _cumsum),
     gi.SdpaOp: ("attention: (d_k + d_v) MACs, max-reduce and exp per unmasked pair", _sdpa),
+    grope.RopeOp: ("n * (2 * cost(mul) + 2 * cost(add)) + n/2 * cost(neg), as decomposed", _rope),
     DslCallOp: ("the kernel's own work (dsl_call_work)", _dsl_call),
     **{t: (_ZERO, _zero) for t in (
         g.WeightOp, g.ConstantOp, g.PermuteOp, g.ReshapeOp, g.ExpandOp, g.CastOp, gi.SliceOp,

@@ -188,12 +188,14 @@ BUILDERS = {
 # op families in their own files bring their builders
 from test_index_ops import INDEX_BUILDERS  # noqa: E402
 from test_nn_ops import NN_BUILDERS  # noqa: E402
+from test_rope import ROPE_BUILDERS  # noqa: E402
 from test_routing_ops import ROUTING_BUILDERS  # noqa: E402
 from test_scatter import SCATTER_BUILDERS  # noqa: E402
 
 BUILDERS.update(INDEX_BUILDERS)
 BUILDERS.update(NN_BUILDERS)
 BUILDERS.update(ROUTING_BUILDERS)
+BUILDERS.update(ROPE_BUILDERS)
 BUILDERS.update(SCATTER_BUILDERS)
 
 

@@ -9,6 +9,8 @@ commutative ops in either order, constants compared to 1 %, as bf16 rounds them)
 - ``x * sigmoid(x)``                                              ->  ``silu(x)``
 - ``matmul(q, k^T)``, scale, mask, softmax, ``matmul(p, v)``       ->  ``sdpa(q, k, v)``
   (passes/graph/attention.py, which shows its IR before and after)
+- ``x * cos + cat(-x[..., D/2:], x[..., :D/2]) * sin``              ->  ``rope(x, cos, sin)``
+  (rotary position embedding: passes/graph/rope.py)
 - ``matmul(x, cast(q_i8) * s)``                                    ->  ``matmul(x, q_i8) * s``
   (one-byte weights: passes/graph/lowp_matmul.py)
 - an op equal to an earlier one (same kind, operands, attributes)  ->  the earlier one
@@ -58,6 +60,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     from tilecc.passes.graph.attention import recognise_attention
     from tilecc.passes.graph.decode_attention import rewrite_decode_attention
     from tilecc.passes.graph.rms_norm import recognise_rms_norm
+    from tilecc.passes.graph.rope import recognise_rope
 
     count = 0
     for op in list(fn.body.block.ops):
@@ -75,6 +78,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
         op.results[0].replace_all_uses_with(new.results[0])
         count += 1
     count += recognise_rms_norm(fn)  # RMSNorm (passes/graph/rms_norm.py)
+    count += recognise_rope(fn)
     count += recognise_attention(fn, weights)
     count += rewrite_lowp_matmuls(fn)  # one-byte weights into the matrix engine (lowp_matmul.py)
     count += rewrite_decode_attention(fn)

@@ -43,6 +43,7 @@ FAMILIES = (
     "cumsum",  # running sums: triangular matmul per block, a carry between blocks
     "scatter",  # index_put / index_copy / scatter*: DMA scatters into a copy of the destination
     "as_strided",  # torch.as_strided: a strided view, or a strided DMA copy
+    "rope",  # rotary position embedding: one kernel over the projection's rows
 )
 
 

@@ -2,7 +2,7 @@
 
 A transformer's layers lower to the same kernels, differing only in the HBM tensors
 they are launched on. Before lowering a shareable op (a fused group, a matmul, an
-attention), the conversion computes its *structural key*: the op's kinds, attributes,
+attention, a rotary embedding), the conversion computes its *structural key*: the op's kinds, attributes,
 result types and inner structure (everything but its SSA names and source location),
 and per operand either the chain of HBM types from the operand's tensor to its root
 allocation (shape, dtype, strides, offset: the kernel's argument types) with the
@@ -48,11 +48,12 @@ from tilecc.ir import tile
 from tilecc.ir.graph_base import LOC_ATTR
 from tilecc.ir.graph_fusion import FusedOp
 from tilecc.ir.graph_index import SdpaOp
+from tilecc.ir.graph_rope import RopeOp
 from tilecc.ir.weight_layout import rebase
 
 # the op kinds repeated per layer whose lowerings are known to keep their state to
 # their own results (the CNN family's padded layouts and ahead-of-time lowerings are not)
-SHAREABLE: tuple[type[Operation], ...] = (FusedOp, SdpaOp, g.MatmulOp)
+SHAREABLE: tuple[type[Operation], ...] = (FusedOp, SdpaOp, g.MatmulOp, RopeOp)
 
 
 @dataclass
