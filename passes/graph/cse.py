@@ -4,7 +4,8 @@ Graph ops have no side effects (an in-place update of a buffer is a graph op who
 result is the updated tensor, see `dead_code`), so two ops of the same kind, on the same
 operands, with the same properties and attributes (the source location aside) and the
 same result types compute the same values: the later one is replaced by the earlier.
-Ops with regions (fused groups) are left alone. Identical layers recompute the same
+Ops with regions (fused groups) are left alone, and so is an op whose result is a program
+output (two outputs must not share one buffer). Identical layers recompute the same
 values from the same inputs: a decoder's KV-cache index normalisation, position masks
 and rotary tables from `cache_position`, once per layer; after this pass, once.
 
@@ -58,6 +59,8 @@ def eliminate_common_subexpressions(fn: func.FuncOp) -> int:
         first = seen.setdefault(key, op)
         if first is op:
             continue
+        if any(isinstance(u.operation, func.ReturnOp) for r in op.results for u in r.uses):
+            continue  # a program output keeps its own buffer (outputs never alias each other)
         for mine, theirs in zip(op.results, first.results, strict=True):
             mine.replace_all_uses_with(theirs)
         op.detach()

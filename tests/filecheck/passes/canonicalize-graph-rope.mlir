@@ -27,10 +27,12 @@ builtin.module {
 
 // CHECK:      func.func @forward(%[[P:.*]]: tensor<1x8x64xf32>, %[[COS:.*]]: tensor<1x1x8x16xf32>, %[[SIN:.*]]: tensor<1x1x8x16xf32>)
 // CHECK:        %[[Q:.*]] = graph.permute
-// CHECK:        %[[Y:.*]] = graph.rope %[[Q]], %[[COS]], %[[SIN]] {tilecc.loc = "modeling_llama.py:140"} : tensor<1x4x8x16xf32>, tensor<1x1x8x16xf32>, tensor<1x1x8x16xf32> -> tensor<1x4x8x16xf32>
-// CHECK-NEXT:   graph.mul %[[Q]], %[[COS]]
-// CHECK-NEXT:   graph.neg
-// CHECK-NEXT:   graph.concat
-// CHECK-NEXT:   graph.mul
-// CHECK-NEXT:   %[[Z:.*]] = graph.sub
+// the second chain's q * cos, neg and concat equal the first chain's: common subexpressions
+// keep the first ones (passes/graph/cse.py), which the second chain still reads
+// CHECK-NEXT:   %[[A:.*]] = graph.mul %[[Q]], %[[COS]]
+// CHECK:        graph.neg
+// CHECK-NEXT:   %[[R:.*]] = graph.concat
+// CHECK-NEXT:   %[[Y:.*]] = graph.rope %[[Q]], %[[COS]], %[[SIN]] {tilecc.loc = "modeling_llama.py:140"} : tensor<1x4x8x16xf32>, tensor<1x1x8x16xf32>, tensor<1x1x8x16xf32> -> tensor<1x4x8x16xf32>
+// CHECK-NEXT:   %[[B:.*]] = graph.mul %[[R]], %[[SIN]]
+// CHECK-NEXT:   %[[Z:.*]] = graph.sub %[[A]], %[[B]]
 // CHECK-NEXT:   func.return %[[Y]], %[[Z]]
