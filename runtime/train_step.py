@@ -84,7 +84,9 @@ class TrainStep:
         self.plans: list = []
         self.module = _WithLoss(model.train(), loss)
         opts = {"target": target, "cost_aware": cost_aware, "clock": self.clock, "plans": self.plans}
-        self.compiled = torch.compile(self.module, backend=lambda gm, ex: backend(gm, ex, opts))
+        # static shapes: a shape seen before in this process would otherwise make dynamo mark dims
+        # dynamic, and tilecc compiles per concrete shape
+        self.compiled = torch.compile(self.module, backend=lambda gm, ex: backend(gm, ex, opts), dynamic=False)
 
     def run(self, *inputs: torch.Tensor, target: torch.Tensor | None = None, grad_output: Any = None,
             input_grad: bool = False) -> StepResult:
