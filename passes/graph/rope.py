@@ -72,7 +72,7 @@ def recognise_rope(fn: func.FuncOp) -> int:
         found.add.parent_block().insert_op_before(new, found.add)  # type: ignore[union-attr]
         found.add.result.replace_all_uses_with(new.result)
         count += 1
-        shape = list(g.shape_of(x))
+        shape = list(g.shape_of(found.x))
         remarks.emit(PASS, "passed", lambda s=shape: (
             f"rotary embedding (x * cos + rotate_half(x) * sin) over {s} -> graph.rope"),
             g.source_loc(found.add))
@@ -119,13 +119,13 @@ def _match(cat: gi.ConcatOp, x: SSAValue) -> RopeMatch | str:
         return "rotate_half(x) has other users than one mul"
     m2 = r.get_user_of_unique_use()
     if not isinstance(m2, g.MulOp):
-        return f"rotate_half(x) feeds {m2.name}, not a mul by sin"
+        return f"rotate_half(x) feeds {m2.name if m2 is not None else 'nothing'}, not a mul by sin"
     sin = m2.operands[1] if m2.operands[0] is r else m2.operands[0]
     if not m2.result.has_one_use():
         return "rotate_half(x) * sin has other users than one add"
     add = m2.result.get_user_of_unique_use()
     if not isinstance(add, g.AddOp):
-        return f"rotate_half(x) * sin feeds {add.name}, not an add"
+        return f"rotate_half(x) * sin feeds {add.name if add is not None else 'nothing'}, not an add"
     other = add.operands[0] if add.operands[1] is m2.result else add.operands[1]
     m1 = other.owner
     if not isinstance(m1, g.MulOp) or x not in m1.operands:
