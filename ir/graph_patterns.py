@@ -27,7 +27,8 @@ from tilecc.ir import graph_index as gi
 OpT = TypeVar("OpT", bound=Operation)
 
 
-def _scalar(v: SSAValue) -> float | None:
+def scalar_value(v: SSAValue) -> float | None:
+    """The value of a one-element `graph.constant` (None for anything else)."""
     op = v.owner
     if isinstance(op, g.ConstantOp):
         data = op.values()
@@ -37,7 +38,7 @@ def _scalar(v: SSAValue) -> float | None:
 
 
 def _near(v: SSAValue, target: float) -> bool:
-    x = _scalar(v)
+    x = scalar_value(v)
     return x is not None and abs(x - target) <= 0.01 * abs(target)
 
 
@@ -129,4 +130,4 @@ def match_silu(op: Operation) -> SSAValue | None:
     return None
 
 
-__all__ = ["match_gelu", "match_silu"]
+__all__ = ["match_gelu", "match_silu", "scalar_value"]

@@ -24,6 +24,7 @@ from xdsl.ir import Operation, SSAValue
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import graph_nn as nn
+from tilecc.ir.graph_patterns import scalar_value
 from tilecc.simulator.isa import DType
 
 
@@ -42,15 +43,6 @@ def _only_user(v: SSAValue) -> Operation | None:
     return uses[0].operation if len(uses) == 1 else None
 
 
-def _scalar(v: SSAValue) -> float | None:
-    op = v.owner
-    if isinstance(op, g.ConstantOp):
-        data = op.values()
-        if data.size == 1:
-            return float(data.reshape(-1)[0])
-    return None
-
-
 def _other(op: Operation, v: SSAValue) -> SSAValue | None:
     """The operand of binary `op` that is not `v` (None when both are)."""
     a, b = op.operands
@@ -61,7 +53,7 @@ def _squared(sq: Operation) -> SSAValue | None:
     """h when `sq` is ``h * h`` or ``h ** 2``."""
     if isinstance(sq, g.MulOp) and sq.operands[0] is sq.operands[1]:
         return sq.operands[0]
-    if isinstance(sq, gi.PowOp) and _scalar(sq.operands[1]) == 2.0:
+    if isinstance(sq, gi.PowOp) and scalar_value(sq.operands[1]) == 2.0:
         return sq.operands[0]
     return None
 
@@ -77,7 +69,7 @@ def match_rms_norm(mean: Operation) -> RmsNormMatch | str | None:
     if h is None or not isinstance(add, g.AddOp):
         return None
     eps_v = _other(add, mean.result)
-    eps = _scalar(eps_v) if eps_v is not None else None
+    eps = scalar_value(eps_v) if eps_v is not None else None
     rs = _only_user(add.results[0])
     if eps is None or not isinstance(rs, g.RsqrtOp):
         return None
