@@ -35,7 +35,7 @@ from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.ir import graph as g
 from tilecc.ir import graph_nn as nn
 from tilecc.ir.graph_interp import run_graph
-from tilecc.simulator.isa import DType
+from tilecc.simulator.isa import DType, Opcode
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -804,3 +804,28 @@ def test_phase_images_on_the_matrix_engine(module, shape):
     s = cm.program.stream
     dma = s[(s["opcode"] == Opcode.DMA_LOAD) | (s["opcode"] == Opcode.DMA_STORE)]
     assert ((dma["hbm_cs"] == 1) | (dma["cols"] == 1)).all()  # no element-strided rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "f, shape",
+    [
+        (lambda x: x.float().sum(), (4, 96, 512)),  # a loss: every element into one
+        (lambda x: x.mean(-1), (3, 6144)),  # few long rows
+        (lambda x: x.amax(-1, keepdim=True), (2, 4096)),
+        (lambda x: x.amin(), (4099,)),  # a prime length: no divisor, one partition
+    ],
+)
+def test_long_reductions_spread_over_the_partitions(f, shape, dtype):
+    """A reduction of few long rows runs over many partitions, then combines the partials;
+    the result equals eager's, and the first kernel's loads fill more partitions than rows."""
+    x = torch.randn(shape, dtype=dtype)
+    cm = run_and_compare(Fn(f), (x,), target="cloud")
+    with torch.no_grad():
+        rows = max(1, f(x).numel())
+    st = cm.program.stream
+    loads = st[st["opcode"] == int(Opcode.DMA_LOAD)]
+    if shape == (4099,):
+        assert loads["rows"].max() == 1
+    else:
+        assert loads["rows"].max() >= min(128, 16 * rows)

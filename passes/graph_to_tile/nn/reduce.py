@@ -7,6 +7,13 @@ reduced elements are innermost (C = 1), else by combining whole tiles while walk
     %y = graph.sum %x dims [1, 3] : [2, 5, 3, 7] -> [2, 3]
       -> k0_reduce_sum(%x as [30, 7, 1], %t [30, 1] f32):   tile.reduce "sum" per row tile
          k1_reduce_sum(%t as [2, 5, 3], %y [2, 3]):         tile.binary "add" over the 5 tiles
+
+Few long rows (a loss's full sum) would leave all but a few partitions idle: each row is
+spread over Bp partitions first (`_partition_split`), then its Bp partials reduced:
+
+    %y = graph.sum %x dims [0, 1] : [512, 12288] -> []
+      -> k0_reduce_sum(%x as [128, 49152, 1], %p [128, 1] f32)   one piece per partition
+         k1_reduce_sum(%p as [1, 128, 1], %y [1, 1])             the 128 partials
 """
 
 from __future__ import annotations
@@ -115,6 +122,16 @@ def _reduce_kernel(
     rfn = {"sum": "sum", "mean": "sum", "max": "max", "min": "min", "copy": "sum"}[fn]
     budget = sram_budget(lw) // 2
     P = lw.P
+    if Cc == 1 and fn != "copy":
+        Bp = _partition_split(A, B, P)
+        if Bp > 1:
+            # few long rows: each row's elements spread over Bp partitions (a contiguous
+            # row viewed [Bp, B / Bp]), reduced there, then the Bp partials per row
+            part = lw.hbm((A * Bp, 1), f32)
+            _reduce_kernel(lw, loc, "sum" if fn == "mean" else fn, lw.view(x, (A * Bp, B // Bp, 1)), part,
+                           A * Bp, B // Bp, 1, 1)
+            _reduce_kernel(lw, loc, fn, lw.view(part, (A, Bp, 1)), out, A, Bp, 1, div)
+            return
     if Cc == 1:
         # the reduced elements along the free dimension, in chunks of BC
         TR = min(P, A)
@@ -181,6 +198,23 @@ def _reduce_kernel(
         _finish(kb, fn, accb, ob, r, cc, div)
         kb.add(tile.StoreOp(ob, k.arg(ov), [a0, c0], r, cc, 0, 1))
     k.launch()
+
+
+SPLIT_MIN_ROW = 2048  # elements per row below which one row per partition is fast enough
+SPLIT_MIN_PIECE = 256  # elements per partition of a split row (below: the second pass dominates)
+
+
+def _partition_split(A: int, B: int, P: int) -> int:
+    """Partitions to spread each of `A` rows of `B` reduced elements over: the largest
+    divisor of B with A * Bp <= P and pieces of at least SPLIT_MIN_PIECE elements (1: no
+    split, when the rows alone fill half the partitions, the rows are short, or B has no
+    such divisor)."""
+    if A * 2 > P or B < SPLIT_MIN_ROW:
+        return 1
+    for d in range(P // A, 1, -1):
+        if B % d == 0 and B // d >= SPLIT_MIN_PIECE:
+            return d
+    return 1
 
 
 def _finish(kb: KernelBuilder, fn: str, accb: SSAValue, ob: SSAValue, rows: SSAValue, cols: SSAValue, div: int) -> None:
