@@ -17,6 +17,10 @@ ops on the fallback device for the rest, with the transfers between them.
    compile through the graph importer and the pass pipeline (per concrete shape when
    the graph is symbolic) and run on the simulator. A region the pipeline cannot compile
    runs its ops eagerly instead, and the plan says why.
+
+Outputs that are views of the graph's inputs (a training forward's transposed weights,
+saved for the backward) are made on the host as views, outside every region
+(`runtime/host_views.py`): not a fallback, no copy.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tilecc.frontend.fx_import import bindings_for, hint_bindings, import_graph_
 from tilecc.frontend.torch_export import _op_name, node_location
 from tilecc.runtime.cache import compile_cached
 from tilecc.runtime.executor import run_program
+from tilecc.runtime.host_views import HOST_VIEW_REASON, host_view_outputs
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.timing import core_cycles_per
 
@@ -286,10 +291,11 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
     hints = hint_bindings(gm.graph)
     reasons: dict[Node, str] = {}
     supported: set[Node] = set()
+    host_views = host_view_outputs(gm)  # outputs that are views of inputs: no NPU copy
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
-        why = node_support(n, hints)
+        why = HOST_VIEW_REASON if n in host_views else node_support(n, hints)
         if why is None:
             supported.add(n)
         else:
@@ -329,7 +335,8 @@ def _partition_graph(gm: GraphModule, cfg: HardwareConfig, cost: CostOptions, ki
         r = regions[i]
         plan.partitions.append(_partition(f"{device}{len(plan.partitions)}", device, r, cfg, cost, hints))
     on_npu = {n for i in keep for n in regions[i]}
-    fallback_nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n not in on_npu]
+    fallback_nodes = [n for n in gm.graph.nodes
+                      if n.op == "call_function" and n not in on_npu and n not in host_views]
     if fallback_nodes:
         fb = _partition("fallback", "fallback", dict.fromkeys(fallback_nodes), cfg, cost, hints)
         plan.partitions.append(fb)

@@ -230,6 +230,14 @@ class LoweringContext:
         full = (1,) * (rank - len(shape)) + shape
         src = self.view(src, full)
         imap: IndexMap = [d if full[d] == out_shape[d] else None for d in range(rank)]
+        strides, offset = self.layout(src)
+        if any(s == 0 and full[d] > 1 for d, s in enumerate(strides)):
+            # an expanded view (stride 0): the operand is constant along that dim, so it
+            # is a broadcast there (a column operand, loaded once), not a tile read by a
+            # DMA that fetches one element per descriptor
+            flat = [1 if s == 0 else n for n, s in zip(full, strides)]
+            src = self.strided(src, flat, list(strides), offset)
+            imap = [None if strides[d] == 0 else m for d, m in enumerate(imap)]
         return Operand(src, imap)
 
     def out_shape2(self, shape: Sequence[int]) -> tuple[int, ...]:
