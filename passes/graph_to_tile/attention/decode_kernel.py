@@ -53,7 +53,7 @@ from xdsl.ir import Attribute, SSAValue
 from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
-from tilecc.passes.graph_to_tile.attention.decode_plan import DecodeProblem, DecodeSchedule
+from tilecc.passes.graph_to_tile.attention.decode_plan import KV_RING, DecodeProblem, DecodeSchedule
 from tilecc.passes.graph_to_tile.attention.program import HeadProgram, IndexFn, Prio
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp, ScheduleInit, schedule
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
@@ -129,6 +129,9 @@ class DecodeAttentionKernel(HeadProgram):
         return v
 
     def _buffers(self) -> None:
+        if self.s.online:
+            self._buffers_online()
+            return
         p, s, SRAM, ACC = self.prob, self.s, tile.SRAM, tile.ACC
         nL, tiles, R, blocks = s.n * p.L, s.n // s.m, s.R(p), s.blocks(p)
         self.sets = []
@@ -208,7 +211,10 @@ class DecodeAttentionKernel(HeadProgram):
                 g = kb.addi(kb.muli(it, kb.const(self.s.U)), kb.const(u)) if u else kb.muli(it, kb.const(self.s.U))
             else:
                 g = kb.const(u)
-            self._group(ops, u, g)
+            if self.s.online:
+                self._group_online(ops, g)
+            else:
+                self._group(ops, u, g)
         order, span = schedule(ops, self.tm, self.queues, init, 0 if self.dry else SCHEDULE_TRIES)
         if self.dry:
             return span
@@ -314,4 +320,138 @@ class DecodeAttentionKernel(HeadProgram):
                     first = False
                     r0 += run
         self._vec(ops, "column", "div", b["acc_o"], (0, 0), b["o"], (0, 0), nL, p.Dv, pr, col=(b["l"], (0, 0)))
+        self._store(ops, b["o"], self.a_out, self._rows(g, nL), nL, p.Dv, pr)
+
+    # -- the online softmax: the cache in blocks -------------------------------------------
+    def _buffers_online(self) -> None:
+        """One group set (U = 1); per block parity the scores, P, P^T, the running max,
+        sum and output and the group's V blocks; a ring of `KV_RING` K and K^T buffers;
+        two K^T accumulators."""
+        p, s, SRAM, ACC = self.prob, self.s, tile.SRAM, tile.ACC
+        nL, W = s.n * p.L, s.width(p)
+        blocks = s.blocks(p)
+        b: dict = {
+            "q": self.alloc([nL, p.D], SRAM, "q"),
+            "qT": self.alloc([p.D, nL], SRAM, "qT"),
+            "o": self.alloc([nL, p.Dv], SRAM, "out"),
+            "acc_q": self.alloc([p.D, nL], ACC, "acc_qT", f32),
+            "k": [self.alloc([s.rc, s.f * p.D], SRAM, "k") for _ in range(KV_RING)],
+            "kT": [self.alloc([p.D, W], SRAM, "kT") for _ in range(KV_RING)],
+        }
+        for x in range(2):
+            names = {"sm": ([nL, W], SRAM, f32), "p": ([nL, W], SRAM, None), "pT": ([s.T, blocks * nL], SRAM, None),
+                     "mc": ([nL, 1], SRAM, f32), "lc": ([nL, 1], SRAM, f32), "m": ([nL, 1], SRAM, f32),
+                     "l": ([nL, 1], SRAM, f32), "d": ([nL, 1], SRAM, f32), "al": ([nL, 1], SRAM, f32),
+                     "orun": ([nL, p.Dv], SRAM, f32), "acc_s": ([nL, W], ACC, f32),
+                     "acc_pT": ([s.T, blocks * nL], ACC, f32), "acc_o": ([nL, p.Dv], ACC, f32)}
+            if s.mask_span:
+                names["mrow"] = ([s.mask_span, W], SRAM, None)
+            for key, (shape, space, el) in names.items():
+                b[f"{key}{x}"] = self.alloc(shape, space, key, el)
+            b[f"v{x}"] = [self.alloc([s.rc, s.f * p.Dv], SRAM, "v") for _ in range(s.n)]  # held until P V
+        self.sets = [b]
+        self.acc_kt = [self.alloc([p.D, W], ACC, "acc_kT", f32) for _ in range(2)]
+
+    def _bin(self, ops: list[SchedOp], fn: str, a: SSAValue, b: SSAValue, dst: SSAValue, rows: int, cols: int,
+             prio: Prio) -> None:
+        """dst = a fn b elementwise (tiles of the same shape, at their origins)."""
+
+        def emit(_q: int | None) -> None:
+            c = self.kb.const
+            self.kb.add(tile.BinaryOp(fn, self.win(a, 0, 0, [rows, cols]), self.win(b, 0, 0, [rows, cols]),
+                                      self.win(dst, 0, 0, [rows, cols]), c(rows), c(cols), "tile"))
+
+        ops.append(SchedOp("vec", emit, (self.name(a), self.name(b)), (self.name(dst),), prio,
+                           self.tm.vec("binary", fn, rows, cols, 2)))
+
+    def _group_online(self, ops: list[SchedOp], g: SSAValue) -> None:
+        """One group's program over the cache blocks: per block the mask, per problem a K
+        and a V transfer, K^T and the scores; the block's max, the running max
+        ``m' = max(m, m_b)``, ``alpha = exp(m - m')``, ``P = exp(S - m')``, the running sum
+        ``l' = alpha l + rowsum(P)``, P^T, P V and the running output ``o' = alpha o + P V``;
+        at the end ``o / l`` is stored."""
+        p, s, b = self.prob, self.s, self.sets[0]
+        L, n, f, R, T = p.L, s.n, s.f, s.R(p), s.T
+        nL = n * L
+        pr: Prio = (0,)
+        self._load(ops, self.a_q, self._rows(g, nL), b["q"], (0, 0), nL, p.D, 0, 1, pr)
+        self._mm(ops, b["q"], (0, 0), self.ident, (0, 0), b["acc_q"], (0, 0), p.D, nL, nL, False, pr)
+        self._vec(ops, "scalar", "mul", b["acc_q"], (0, 0), b["qT"], (0, 0), p.D, nL, pr, imm=self.scale)
+        m_cur = l_cur = o_cur = None
+        ring = 0
+        for ci, (r0, rc) in enumerate(s.chunks(p)):
+            x = ci % 2
+            W = f * rc
+            acc_s = b[f"acc_s{x}"]
+            written = False
+            if s.mask_span:
+                assert self.a_mask is not None and self.sel is not None
+                mrow = b[f"mrow{x}"]
+                for t in range(f):
+                    self._load_cols(ops, self.a_mask, self._rows(g, s.mask_step, col=f * r0 + t), mrow, t * rc,
+                                    s.mask_span, rc, f, pr)
+                self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), s.mask_span, W, pr, imm=self.lowest / 2)
+                for t in range(f):
+                    self._mm(ops, self.sel, (0, 0), mrow, (0, t * rc), acc_s, (0, t * rc), nL, s.mask_span, rc,
+                             False, pr)
+                written = True
+            for i in range(n):
+                k, v, kT = b["k"][ring], b[f"v{x}"][i], b["kT"][ring]
+                ring = (ring + 1) % KV_RING
+                rows = self._rows(g, n * R, i * R + r0)
+                self._load(ops, self.a_k, rows, k, (0, 0), rc, f * p.D, 0, 1, pr)
+                acc = self.acc_kt[i % 2]
+                for t in range(f):
+                    self._mm(ops, k, (0, t * p.D), self.ident, (0, 0), acc, (0, t * rc), p.D, rc, rc, False, pr)
+                self._vec(ops, "unary", "copy", acc, (0, 0), kT, (0, 0), p.D, W, pr)
+                self._load(ops, self.a_v, rows, v, (0, 0), rc, f * p.Dv, 0, 1, pr)
+                for t in range(f):
+                    self._mm(ops, b["qT"], (0, i * L), kT, (0, t * rc), acc_s, (i * L, t * rc), L, p.D, rc, written,
+                             pr)
+            # the running max and the rescale factor alpha = exp(m - m')
+            mc, m_new = b[f"mc{x}"], b[f"m{x}"]
+            self._vec(ops, "reduce", "max", acc_s, (0, 0), mc, (0, 0), nL, W, pr)
+            if m_cur is None:
+                m_new = mc
+            else:
+                self._bin(ops, "max", m_cur, mc, m_new, nL, 1, pr)
+                self._bin(ops, "sub", m_cur, m_new, b[f"d{x}"], nL, 1, pr)
+                self._vec(ops, "unary", "exp", b[f"d{x}"], (0, 0), b[f"al{x}"], (0, 0), nL, 1, pr)
+            sm, pp, lc = b[f"sm{x}"], b[f"p{x}"], b[f"lc{x}"]
+            self._vec(ops, "column", "sub", acc_s, (0, 0), sm, (0, 0), nL, W, pr, col=(m_new, (0, 0)))
+            self._vec(ops, "unary", "exp", sm, (0, 0), pp, (0, 0), nL, W, pr)
+            self._vec(ops, "reduce", "sum", pp, (0, 0), lc, (0, 0), nL, W, pr)
+            if l_cur is None:
+                l_new = lc
+            else:
+                l_new = b[f"l{x}"]
+                self._bin(ops, "mul", l_cur, b[f"al{x}"], l_new, nL, 1, pr)
+                self._bin(ops, "add", l_new, lc, l_new, nL, 1, pr)
+            # P^T (T score columns per transpose), then P V per problem and window
+            pT, acc_pT, acc_o = b[f"pT{x}"], b[f"acc_pT{x}"], b[f"acc_o{x}"]
+            for blk in range(-(-W // T)):
+                w = min(T, W - blk * T)
+                self._mm(ops, pp, (0, blk * T), self.ident, (0, 0), acc_pT, (0, blk * nL), w, nL, nL, False, pr)
+                self._vec(ops, "unary", "copy", acc_pT, (0, blk * nL), pT, (0, blk * nL), w, nL, pr)
+            for i in range(n):
+                v = b[f"v{x}"][i]
+                first = True
+                for t in range(f):
+                    rr = 0
+                    while rr < rc:
+                        blk, row = divmod(t * rc + rr, T)
+                        run = min(rc - rr, T - row)
+                        self._mm(ops, pT, (row, blk * nL + i * L), v, (rr, t * p.Dv), acc_o, (i * L, 0), L, run,
+                                 p.Dv, not first, pr)
+                        first = False
+                        rr += run
+            if o_cur is None:
+                o_new = acc_o
+            else:
+                o_new = b[f"orun{x}"]
+                self._vec(ops, "column", "mul", o_cur, (0, 0), o_new, (0, 0), nL, p.Dv, pr, col=(b[f"al{x}"], (0, 0)))
+                self._bin(ops, "add", o_new, acc_o, o_new, nL, p.Dv, pr)
+            m_cur, l_cur, o_cur = m_new, l_new, o_new
+        assert o_cur is not None and l_cur is not None
+        self._vec(ops, "column", "div", o_cur, (0, 0), b["o"], (0, 0), nL, p.Dv, pr, col=(l_cur, (0, 0)))
         self._store(ops, b["o"], self.a_out, self._rows(g, nL), nL, p.Dv, pr)
