@@ -39,6 +39,15 @@ stays finite. P^T's rows then run (t, c, r): window t's rows of a transfer are P
 group (a row's scores are all in the accumulator: the row max, ``exp(S - m)``, the row
 sum of the rounded P, one divide at the end), in fp32 with P rounded to the model
 dtype as the flash kernel does.
+
+With blocks (`DecodeSchedule.rc`: a long cache) a group's program is a sequence of
+cache blocks instead (`_group_online`): per block the mask windows, per problem a K and a
+V transfer of ``[rc, f D]``, K^T and the scores, then the block max ``m_b``, the running
+max ``m' = max(m, m_b)``, ``alpha = exp(m - m')``, ``P = exp(S - m')``, ``l' = alpha l +
+rowsum(P)``, P^T, P V into the accumulator and ``o' = alpha o + P V`` (fp32 in SRAM); the
+last block's ``o / l`` is stored. The blocks' buffers alternate (scores, P, V, the running
+state), K and K^T cycle through a ring, so the list scheduler overlaps a block's loads
+with the previous block's softmax and P V.
 """
 
 from __future__ import annotations

@@ -27,6 +27,15 @@ transpose, a score and a P V matmul of its own per transfer, and a query row's s
 columns grow to ``m S`` (the other problems of its transfer masked); `decode_cost`
 weighs the engines and ranks (n, f, U).
 
+Where the whole cache is more view rows than partitions for every f, or its scores do
+not fit the accumulator, the schedule reads it in *blocks* of ``rc`` view rows
+(``DecodeSchedule.rc``, m = 1: one problem per transfer) and the kernel keeps a running
+max, sum and output per query row (the online softmax of flash decoding)::
+
+      -> DecodeProblem(P=8, L=4, S=4098, ...)
+      -> DecodeSchedule(T=128, n=8, f=6, m=1, U=1, rc=128): 683 view rows per problem in
+         blocks of 128 (768 positions), the last of 43
+
 Applies (`decode_problem`) to a non-causal sdpa with at most 16 query rows per head, q,
 k, v and the output viewable as rows, k and v not broadcast over the batch dims, and a
 mask whose row dim is 1 and whose rows follow the same pattern in every group
