@@ -69,7 +69,8 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
         return tm.matmul_interval(tm.mm(mm_m, k, nn, p.fp32))
 
     blocks, W, T = s.blocks(p), s.width(p), s.T
-    matrix = mm(p.D, nL, nL) + tiles * f * (mm(p.D, m * R, m * R) + mm(m * L, p.D, m * R))
+    w, packs = s.pack(p), s.packs(p)
+    matrix = mm(w * p.D, nL, nL) + tiles * (packs * mm(w * p.D, m * R, m * R) + f * mm(m * L, p.D, m * R))
     matrix += (tiles * f + blocks) * mm(m * L, min(m * R, T), p.Dv) + blocks * mm(T, nL, nL)
     if m > 1:
         matrix += -(-W // T) * mm(nL, nL, T)
@@ -79,7 +80,9 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
     def vec(kind: str, fn: str, rows: int, cols: int) -> float:
         return tm.vec(kind, fn, rows, cols)
 
-    vector = vec("binary", "mul", p.D, nL) + tiles * vec("unary", "copy", p.D, W)
+    vector = vec("binary", "mul", w * p.D, nL) + (w - 1) * vec("unary", "copy", nL, p.D)
+    rest = vec("unary", "copy", p.D, m * R) if f % w else 0.0
+    vector += tiles * (vec("unary", "copy", w * p.D, (f // w) * m * R) + rest)
     vector += vec("reduce", "max", nL, W) + vec("binary", "sub", nL, W) + vec("unary", "exp", nL, W)
     vector += vec("reduce", "sum", nL, W) + blocks * vec("unary", "copy", T, nL) + vec("binary", "div", nL, p.Dv)
     if s.mask_span:
@@ -98,8 +101,10 @@ def _estimate_online(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -
     isz, L, f, n, T = p.isz, p.L, s.f, s.n, s.T
     nL = n * L
     loads: list[tuple[int, int, int]] = [(nL, p.D, DmaPattern.CONTIGUOUS), (nL, p.Dv, DmaPattern.CONTIGUOUS)]
-    matrix = tm.matmul_interval(tm.mm(p.D, nL, nL, p.fp32))
-    vector = tm.vec("binary", "mul", p.D, nL) + tm.vec("binary", "div", nL, p.Dv)
+    w = s.pack(p)
+    matrix = tm.matmul_interval(tm.mm(w * p.D, nL, nL, p.fp32))
+    vector = (tm.vec("binary", "mul", w * p.D, nL) + (w - 1) * tm.vec("unary", "copy", nL, p.D)
+              + tm.vec("binary", "div", nL, p.Dv))
     for _, rc in s.chunks(p):
         W = f * rc
         blocks = -(-W // T)
@@ -108,10 +113,12 @@ def _estimate_online(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -
             matrix += f * tm.matmul_interval(tm.mm(nL, s.mask_span, rc, p.fp32))
             vector += tm.vec("binary", "max", s.mask_span, W)
         loads += [(rc, f * p.D, DmaPattern.CONTIGUOUS), (rc, f * p.Dv, DmaPattern.CONTIGUOUS)] * n
-        matrix += n * f * sum(tm.matmul_interval(tm.mm(a, b, c, p.fp32))
-                              for a, b, c in ((p.D, rc, rc), (L, p.D, rc), (L, rc, p.Dv)))
+        matrix += n * s.packs(p) * tm.matmul_interval(tm.mm(w * p.D, rc, rc, p.fp32))
+        matrix += n * f * sum(tm.matmul_interval(tm.mm(a, b, c, p.fp32)) for a, b, c in ((L, p.D, rc), (L, rc, p.Dv)))
         matrix += blocks * tm.matmul_interval(tm.mm(T, nL, nL, p.fp32))
-        vector += n * tm.vec("unary", "copy", p.D, W) + blocks * tm.vec("unary", "copy", T, nL)
+        rest = tm.vec("unary", "copy", p.D, rc) if f % w else 0.0
+        vector += n * (tm.vec("unary", "copy", w * p.D, (f // w) * rc) + rest)
+        vector += blocks * tm.vec("unary", "copy", T, nL)
         vector += sum(tm.vec(k, fn, nL, W) for k, fn in (("reduce", "max"), ("binary", "sub"), ("unary", "exp"),
                                                           ("reduce", "sum")))
         vector += 5 * tm.vec("binary", "max", nL, 1) + 2 * tm.vec("binary", "mul", nL, p.Dv)

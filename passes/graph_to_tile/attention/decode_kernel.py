@@ -143,13 +143,14 @@ class DecodeAttentionKernel(HeadProgram):
             return
         p, s, SRAM, ACC = self.prob, self.s, tile.SRAM, tile.ACC
         nL, tiles, R, blocks = s.n * p.L, s.n // s.m, s.R(p), s.blocks(p)
+        wD = s.pack(p) * p.D
         self.sets = []
         for _ in range(s.U):
             b = {
-                "q": self.alloc([nL, p.D], SRAM, "q"),
-                "qT": self.alloc([p.D, nL], SRAM, "qT"),
+                "q": self.alloc([nL, wD], SRAM, "q"),
+                "qT": self.alloc([wD, nL], SRAM, "qT"),
                 "k": [self.alloc([s.m * R, s.f * p.D], SRAM, "k") for _ in range(tiles)],
-                "kT": self.alloc([p.D, s.n * p.S], SRAM, "kT"),
+                "kT": self.alloc([wD, tiles * s.packs(p) * s.m * R], SRAM, "kT"),
                 "v": [self.alloc([s.m * R, s.f * p.Dv], SRAM, "v") for _ in range(tiles)],
                 "m": self.alloc([nL, 1], SRAM, "m", f32),
                 "sm": self.alloc([nL, s.width(p)], SRAM, "s_m", f32),
@@ -164,14 +165,14 @@ class DecodeAttentionKernel(HeadProgram):
         # accumulators: two sets, alternating by group (a group's are free once it stored)
         for u in range(min(2, s.U)):
             acc = {
-                "acc_q": self.alloc([p.D, nL], ACC, "acc_qT", f32),
+                "acc_q": self.alloc([wD, nL], ACC, "acc_qT", f32),
                 "acc_s": self.alloc([nL, s.width(p)], ACC, "acc_s", f32),
                 "acc_pT": self.alloc([s.T, blocks * nL], ACC, "acc_pT", f32),
                 "acc_o": self.alloc([nL, p.Dv], ACC, "acc_o", f32),
             }
             for x in range(u, s.U, 2):
                 self.sets[x].update(acc)
-        self.acc_kt = [self.alloc([p.D, s.m * p.S], ACC, "acc_kT", f32) for _ in range(2)]
+        self.acc_kt = [self.alloc([wD, s.packs(p) * s.m * R], ACC, "acc_kT", f32) for _ in range(2)]
 
     # -- the kernel ----------------------------------------------------------------------
     def build(self) -> float:
@@ -234,6 +235,34 @@ class DecodeAttentionKernel(HeadProgram):
             o.emit(q)
         return span
 
+    def _q_transposed(self, ops: list[SchedOp], b: dict, g: SSAValue, pr: Prio) -> None:
+        """The group's q rows, copied to w column blocks, transposed and scaled: Q^T
+        repeated on the w D partitions the packed K^T windows occupy."""
+        p, s = self.prob, self.s
+        nL, w = s.n * p.L, s.pack(p)
+        self._load(ops, self.a_q, self._rows(g, nL), b["q"], (0, 0), nL, p.D, 0, 1, pr)
+        for j in range(1, w):
+            self._vec(ops, "unary", "copy", b["q"], (0, 0), b["q"], (0, j * p.D), nL, p.D, pr)
+        self._mm(ops, b["q"], (0, 0), self.ident, (0, 0), b["acc_q"], (0, 0), w * p.D, nL, nL, False, pr)
+        self._vec(ops, "scalar", "mul", b["acc_q"], (0, 0), b["qT"], (0, 0), w * p.D, nL, pr, imm=self.scale)
+
+    def _k_transposed(self, ops: list[SchedOp], k: SSAValue, acc: SSAValue, kT: SSAValue, kcol: int, rows: int,
+                      pr: Prio) -> None:
+        """K^T of a transfer (`rows` view rows of f windows): window t = pk w + j at
+        partitions j D, columns kcol + pk rows of `kT` (one transpose and copy per pack)."""
+        p, s = self.prob, self.s
+        w, packs, f = s.pack(p), s.packs(p), s.f
+        for pk in range(packs):
+            ww = min(w, f - pk * w)
+            self._mm(ops, k, (0, pk * w * p.D), self.ident, (0, 0), acc, (0, pk * rows), ww * p.D, rows, rows, False,
+                     pr)
+        full = f // w  # packs of w windows, then one of the f mod w left
+        if full:
+            self._vec(ops, "unary", "copy", acc, (0, 0), kT, (0, kcol), w * p.D, full * rows, pr)
+        if f % w:
+            self._vec(ops, "unary", "copy", acc, (0, full * rows), kT, (0, kcol + full * rows), (f % w) * p.D, rows,
+                      pr)
+
     def _rows(self, g: SSAValue, per_group: int, extra: int = 0, col: int = 0) -> IndexFn:
         """[g * per_group + extra, col] (built when the op is emitted, inside the loop)."""
         kb = self.kb
@@ -265,9 +294,7 @@ class DecodeAttentionKernel(HeadProgram):
         nL, tiles, W = n * L, n // m, s.width(p)
         pr = (u,)
         # q rows and Q^T (scaled, in the model dtype)
-        self._load(ops, self.a_q, self._rows(g, nL), b["q"], (0, 0), nL, p.D, 0, 1, pr)
-        self._mm(ops, b["q"], (0, 0), self.ident, (0, 0), b["acc_q"], (0, 0), p.D, nL, nL, False, pr)
-        self._vec(ops, "scalar", "mul", b["acc_q"], (0, 0), b["qT"], (0, 0), p.D, nL, pr, imm=self.scale)
+        self._q_transposed(ops, b, g, pr)
         # the scores start as the block pattern (the other problems of a transfer masked)
         written = False
         if self.pat is not None:
@@ -296,14 +323,13 @@ class DecodeAttentionKernel(HeadProgram):
         for i in range(tiles):
             rows = self._rows(g, n * R, i * m * R)
             self._load(ops, self.a_k, rows, b["k"][i], (0, 0), m * R, f * p.D, 0, 1, pr)
-            acc = self.acc_kt[i % 2]
-            for t in range(f):
-                self._mm(ops, b["k"][i], (0, t * p.D), self.ident, (0, 0), acc, (0, t * m * R), p.D, m * R, m * R,
-                         False, pr)
-            self._vec(ops, "unary", "copy", acc, (0, 0), b["kT"], (0, i * W), p.D, W, pr)
+            kcol = i * s.packs(p) * m * R
+            self._k_transposed(ops, b["k"][i], self.acc_kt[i % 2], b["kT"], kcol, m * R, pr)
             self._load(ops, self.a_v, rows, b["v"][i], (0, 0), m * R, f * p.Dv, 0, 1, pr)
+            w = s.pack(p)
             for t in range(f):
-                self._mm(ops, b["qT"], (0, i * m * L), b["kT"], (0, i * W + t * m * R), b["acc_s"],
+                pk, j = divmod(t, w)
+                self._mm(ops, b["qT"], (j * p.D, i * m * L), b["kT"], (j * p.D, kcol + pk * m * R), b["acc_s"],
                          (i * m * L, t * m * R), m * L, p.D, m * R, written, pr)
         # softmax over the whole row (exact max), P in the model dtype, its row sum
         self._vec(ops, "reduce", "max", b["acc_s"], (0, 0), b["m"], (0, 0), nL, W, pr)
@@ -339,13 +365,14 @@ class DecodeAttentionKernel(HeadProgram):
         p, s, SRAM, ACC = self.prob, self.s, tile.SRAM, tile.ACC
         nL, W = s.n * p.L, s.width(p)
         blocks = s.blocks(p)
+        wD, Wk = s.pack(p) * p.D, s.packs(p) * s.rc
         b: dict = {
-            "q": self.alloc([nL, p.D], SRAM, "q"),
-            "qT": self.alloc([p.D, nL], SRAM, "qT"),
+            "q": self.alloc([nL, wD], SRAM, "q"),
+            "qT": self.alloc([wD, nL], SRAM, "qT"),
             "o": self.alloc([nL, p.Dv], SRAM, "out"),
-            "acc_q": self.alloc([p.D, nL], ACC, "acc_qT", f32),
+            "acc_q": self.alloc([wD, nL], ACC, "acc_qT", f32),
             "k": [self.alloc([s.rc, s.f * p.D], SRAM, "k") for _ in range(KV_RING)],
-            "kT": [self.alloc([p.D, W], SRAM, "kT") for _ in range(KV_RING)],
+            "kT": [self.alloc([wD, Wk], SRAM, "kT") for _ in range(KV_RING)],
         }
         for x in range(2):
             names = {"sm": ([nL, W], SRAM, f32), "p": ([nL, W], SRAM, None), "pT": ([s.T, blocks * nL], SRAM, None),
@@ -359,7 +386,7 @@ class DecodeAttentionKernel(HeadProgram):
                 b[f"{key}{x}"] = self.alloc(shape, space, key, el)
             b[f"v{x}"] = [self.alloc([s.rc, s.f * p.Dv], SRAM, "v") for _ in range(s.n)]  # held until P V
         self.sets = [b]
-        self.acc_kt = [self.alloc([p.D, W], ACC, "acc_kT", f32) for _ in range(2)]
+        self.acc_kt = [self.alloc([wD, Wk], ACC, "acc_kT", f32) for _ in range(2)]
 
     def _bin(self, ops: list[SchedOp], fn: str, a: SSAValue, b: SSAValue, dst: SSAValue, rows: int, cols: int,
              prio: Prio) -> None:
@@ -383,9 +410,7 @@ class DecodeAttentionKernel(HeadProgram):
         L, n, f, R, T = p.L, s.n, s.f, s.R(p), s.T
         nL = n * L
         pr: Prio = (0,)
-        self._load(ops, self.a_q, self._rows(g, nL), b["q"], (0, 0), nL, p.D, 0, 1, pr)
-        self._mm(ops, b["q"], (0, 0), self.ident, (0, 0), b["acc_q"], (0, 0), p.D, nL, nL, False, pr)
-        self._vec(ops, "scalar", "mul", b["acc_q"], (0, 0), b["qT"], (0, 0), p.D, nL, pr, imm=self.scale)
+        self._q_transposed(ops, b, g, pr)
         m_cur = l_cur = o_cur = None
         ring = 0
         for ci, (r0, rc) in enumerate(s.chunks(p)):
@@ -409,14 +434,13 @@ class DecodeAttentionKernel(HeadProgram):
                 ring = (ring + 1) % KV_RING
                 rows = self._rows(g, n * R, i * R + r0)
                 self._load(ops, self.a_k, rows, k, (0, 0), rc, f * p.D, 0, 1, pr)
-                acc = self.acc_kt[i % 2]
-                for t in range(f):
-                    self._mm(ops, k, (0, t * p.D), self.ident, (0, 0), acc, (0, t * rc), p.D, rc, rc, False, pr)
-                self._vec(ops, "unary", "copy", acc, (0, 0), kT, (0, 0), p.D, W, pr)
+                self._k_transposed(ops, k, self.acc_kt[i % 2], kT, 0, rc, pr)
                 self._load(ops, self.a_v, rows, v, (0, 0), rc, f * p.Dv, 0, 1, pr)
+                w = s.pack(p)
                 for t in range(f):
-                    self._mm(ops, b["qT"], (0, i * L), kT, (0, t * rc), acc_s, (i * L, t * rc), L, p.D, rc, written,
-                             pr)
+                    pk, j = divmod(t, w)
+                    self._mm(ops, b["qT"], (j * p.D, i * L), kT, (j * p.D, pk * rc), acc_s, (i * L, t * rc), L, p.D,
+                             rc, written, pr)
             # the running max and the rescale factor alpha = exp(m - m')
             mc, m_new = b[f"mc{x}"], b[f"m{x}"]
             self._vec(ops, "reduce", "max", acc_s, (0, 0), mc, (0, 0), nL, W, pr)

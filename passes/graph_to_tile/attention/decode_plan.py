@@ -94,6 +94,14 @@ class DecodeSchedule:
     def R(self, p: DecodeProblem) -> int:
         return p.S // self.f
 
+    def pack(self, p: DecodeProblem) -> int:
+        """Windows per K transpose: w windows' D columns side by side transpose to w D
+        partitions (one matmul and one copy for w windows; Q^T is replicated w times)."""
+        return max(1, min(self.f, self.T // p.D))
+
+    def packs(self, p: DecodeProblem) -> int:
+        return -(-self.f // self.pack(p))
+
     @property
     def online(self) -> bool:
         """The cache in blocks of `rc` view rows with a running max and sum (m = 1)."""
@@ -234,10 +242,10 @@ def sram_bytes(p: DecodeProblem, s: DecodeSchedule) -> int:
                      + _align(s.blocks(p) * n * L * isz) + 6 * _align(4) + _align(4 * p.Dv))
         ring = KV_RING * (_align(s.f * p.D * isz) + _align(W * isz)) + 2 * n * _align(s.f * p.Dv * isz)
         consts = _align(s.T * isz) + (_align(n * L * isz) if s.mask_span else 0)
-        return consts + _align(p.D * isz) + _align(n * L * isz) + _align(p.Dv * isz) + ring + 2 * per_block
+        return consts + _align(s.pack(p) * p.D * isz) + _align(n * L * isz) + _align(p.Dv * isz) + ring + 2 * per_block
     tiles = n // s.m
     W = s.width(p)
-    per_set = (_align(p.D * isz) + _align(n * L * isz) + (_align(p.S * isz) if s.mask_span else 0)
+    per_set = (_align(s.pack(p) * p.D * isz) + _align(n * L * isz) + (_align(p.S * isz) if s.mask_span else 0)
                + tiles * _align(s.f * p.D * isz) + _align(n * p.S * isz) + tiles * _align(s.f * p.Dv * isz)
                + _align(4) + _align(4 * W) + _align(W * isz) + _align(4)
                + _align(s.blocks(p) * n * L * isz) + _align(p.Dv * isz))
