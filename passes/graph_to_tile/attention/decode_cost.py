@@ -50,6 +50,8 @@ class DecodeCost:
 
 
 def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> DecodeCost:
+    if s.online:
+        return _estimate_online(p, s, cfg)
     tm = AttentionTiming(cfg)
     isz, L, f, m = p.isz, p.L, s.f, s.m
     R, nL, tiles = s.R(p), s.n * p.L, s.n // s.m
@@ -67,7 +69,8 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
         return tm.matmul_interval(tm.mm(mm_m, k, nn, p.fp32))
 
     blocks, W, T = s.blocks(p), s.width(p), s.T
-    matrix = mm(p.D, nL, nL) + tiles * f * (mm(p.D, m * R, m * R) + mm(m * L, p.D, m * R))
+    w, packs = s.pack(p), s.packs(p)
+    matrix = mm(w * p.D, nL, nL) + tiles * (packs * mm(w * p.D, m * R, m * R) + f * mm(m * L, p.D, m * R))
     matrix += (tiles * f + blocks) * mm(m * L, min(m * R, T), p.Dv) + blocks * mm(T, nL, nL)
     if m > 1:
         matrix += -(-W // T) * mm(nL, nL, T)
@@ -77,7 +80,9 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
     def vec(kind: str, fn: str, rows: int, cols: int) -> float:
         return tm.vec(kind, fn, rows, cols)
 
-    vector = vec("binary", "mul", p.D, nL) + tiles * vec("unary", "copy", p.D, W)
+    vector = vec("binary", "mul", w * p.D, nL) + (w - 1) * vec("unary", "copy", nL, p.D)
+    rest = vec("unary", "copy", p.D, m * R) if f % w else 0.0
+    vector += tiles * (vec("unary", "copy", w * p.D, (f // w) * m * R) + rest)
     vector += vec("reduce", "max", nL, W) + vec("binary", "sub", nL, W) + vec("unary", "exp", nL, W)
     vector += vec("reduce", "sum", nL, W) + blocks * vec("unary", "copy", T, nL) + vec("binary", "div", nL, p.Dv)
     if s.mask_span:
@@ -85,6 +90,45 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
     chain = max(tm.dma_time(r, c, isz, pat) for r, c, pat in loads) + matrix / max(1, tiles) + vector
     busiest = max(dma, matrix, vector)
     return DecodeCost(dma, matrix, vector, chain, busiest * s.groups(p) + chain * (s.groups(p) // s.U))
+
+
+def _estimate_online(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> DecodeCost:
+    """The online schedule (cache blocks of ``rc`` view rows, m = 1): per block the
+    mask windows, a K and a V transfer per problem, f K transposes, scores and P V
+    matmuls per problem, the softmax over ``f rc`` columns and the running max / sum /
+    output rescale; the blocks of a group pipeline, the groups (one per body) do not."""
+    tm = AttentionTiming(cfg)
+    isz, L, f, n, T = p.isz, p.L, s.f, s.n, s.T
+    nL = n * L
+    loads: list[tuple[int, int, int]] = [(nL, p.D, DmaPattern.CONTIGUOUS), (nL, p.Dv, DmaPattern.CONTIGUOUS)]
+    w = s.pack(p)
+    matrix = tm.matmul_interval(tm.mm(w * p.D, nL, nL, p.fp32))
+    vector = (tm.vec("binary", "mul", w * p.D, nL) + (w - 1) * tm.vec("unary", "copy", nL, p.D)
+              + tm.vec("binary", "div", nL, p.Dv))
+    for _, rc in s.chunks(p):
+        W = f * rc
+        blocks = -(-W // T)
+        if s.mask_span:
+            loads += [(s.mask_span, rc, DmaPattern.STRIDED if f > 1 else DmaPattern.CONTIGUOUS)] * f
+            matrix += f * tm.matmul_interval(tm.mm(nL, s.mask_span, rc, p.fp32))
+            vector += tm.vec("binary", "max", s.mask_span, W)
+        loads += [(rc, f * p.D, DmaPattern.CONTIGUOUS), (rc, f * p.Dv, DmaPattern.CONTIGUOUS)] * n
+        matrix += n * s.packs(p) * tm.matmul_interval(tm.mm(w * p.D, rc, rc, p.fp32))
+        matrix += n * f * sum(tm.matmul_interval(tm.mm(a, b, c, p.fp32)) for a, b, c in ((L, p.D, rc), (L, rc, p.Dv)))
+        matrix += blocks * tm.matmul_interval(tm.mm(T, nL, nL, p.fp32))
+        rest = tm.vec("unary", "copy", p.D, rc) if f % w else 0.0
+        vector += n * (tm.vec("unary", "copy", w * p.D, (f // w) * rc) + rest)
+        vector += blocks * tm.vec("unary", "copy", T, nL)
+        vector += sum(tm.vec(k, fn, nL, W) for k, fn in (("reduce", "max"), ("binary", "sub"), ("unary", "exp"),
+                                                          ("reduce", "sum")))
+        vector += 5 * tm.vec("binary", "max", nL, 1) + 2 * tm.vec("binary", "mul", nL, p.Dv)
+    alone = sum(tm.dma_time(r, c, isz, pat) for r, c, pat in loads)
+    shared = sum(tm.dma_occupancy(r, c, isz, pat) for r, c, pat in loads)
+    dma = max(alone / cfg.dma.queues, shared)
+    blocks_n = len(s.chunks(p))
+    chain = max(tm.dma_time(r, c, isz, pat) for r, c, pat in loads) + (matrix + vector) / blocks_n
+    busiest = max(dma, matrix, vector)
+    return DecodeCost(dma, matrix, vector, chain, (busiest + chain) * s.groups(p))
 
 
 def rank(p: DecodeProblem, cfg: HardwareConfig) -> list[tuple[DecodeSchedule, DecodeCost]]:

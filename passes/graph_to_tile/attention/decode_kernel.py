@@ -39,6 +39,15 @@ stays finite. P^T's rows then run (t, c, r): window t's rows of a transfer are P
 group (a row's scores are all in the accumulator: the row max, ``exp(S - m)``, the row
 sum of the rounded P, one divide at the end), in fp32 with P rounded to the model
 dtype as the flash kernel does.
+
+With blocks (`DecodeSchedule.rc`: a long cache) a group's program is a sequence of
+cache blocks instead (`_group_online`): per block the mask windows, per problem a K and a
+V transfer of ``[rc, f D]``, K^T and the scores, then the block max ``m_b``, the running
+max ``m' = max(m, m_b)``, ``alpha = exp(m - m')``, ``P = exp(S - m')``, ``l' = alpha l +
+rowsum(P)``, P^T, P V into the accumulator and ``o' = alpha o + P V`` (fp32 in SRAM); the
+last block's ``o / l`` is stored. The blocks' buffers alternate (scores, P, V, the running
+state), K and K^T cycle through a ring, so the list scheduler overlaps a block's loads
+with the previous block's softmax and P V.
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ from xdsl.ir import Attribute, SSAValue
 from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
-from tilecc.passes.graph_to_tile.attention.decode_plan import DecodeProblem, DecodeSchedule
+from tilecc.passes.graph_to_tile.attention.decode_plan import KV_RING, DecodeProblem, DecodeSchedule
 from tilecc.passes.graph_to_tile.attention.program import HeadProgram, IndexFn, Prio
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp, ScheduleInit, schedule
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
@@ -129,15 +138,19 @@ class DecodeAttentionKernel(HeadProgram):
         return v
 
     def _buffers(self) -> None:
+        if self.s.online:
+            self._buffers_online()
+            return
         p, s, SRAM, ACC = self.prob, self.s, tile.SRAM, tile.ACC
         nL, tiles, R, blocks = s.n * p.L, s.n // s.m, s.R(p), s.blocks(p)
+        wD = s.pack(p) * p.D
         self.sets = []
         for _ in range(s.U):
             b = {
-                "q": self.alloc([nL, p.D], SRAM, "q"),
-                "qT": self.alloc([p.D, nL], SRAM, "qT"),
+                "q": self.alloc([nL, wD], SRAM, "q"),
+                "qT": self.alloc([wD, nL], SRAM, "qT"),
                 "k": [self.alloc([s.m * R, s.f * p.D], SRAM, "k") for _ in range(tiles)],
-                "kT": self.alloc([p.D, s.n * p.S], SRAM, "kT"),
+                "kT": self.alloc([wD, tiles * s.packs(p) * s.m * R], SRAM, "kT"),
                 "v": [self.alloc([s.m * R, s.f * p.Dv], SRAM, "v") for _ in range(tiles)],
                 "m": self.alloc([nL, 1], SRAM, "m", f32),
                 "sm": self.alloc([nL, s.width(p)], SRAM, "s_m", f32),
@@ -152,14 +165,14 @@ class DecodeAttentionKernel(HeadProgram):
         # accumulators: two sets, alternating by group (a group's are free once it stored)
         for u in range(min(2, s.U)):
             acc = {
-                "acc_q": self.alloc([p.D, nL], ACC, "acc_qT", f32),
+                "acc_q": self.alloc([wD, nL], ACC, "acc_qT", f32),
                 "acc_s": self.alloc([nL, s.width(p)], ACC, "acc_s", f32),
                 "acc_pT": self.alloc([s.T, blocks * nL], ACC, "acc_pT", f32),
                 "acc_o": self.alloc([nL, p.Dv], ACC, "acc_o", f32),
             }
             for x in range(u, s.U, 2):
                 self.sets[x].update(acc)
-        self.acc_kt = [self.alloc([p.D, s.m * p.S], ACC, "acc_kT", f32) for _ in range(2)]
+        self.acc_kt = [self.alloc([wD, s.packs(p) * s.m * R], ACC, "acc_kT", f32) for _ in range(2)]
 
     # -- the kernel ----------------------------------------------------------------------
     def build(self) -> float:
@@ -208,7 +221,10 @@ class DecodeAttentionKernel(HeadProgram):
                 g = kb.addi(kb.muli(it, kb.const(self.s.U)), kb.const(u)) if u else kb.muli(it, kb.const(self.s.U))
             else:
                 g = kb.const(u)
-            self._group(ops, u, g)
+            if self.s.online:
+                self._group_online(ops, g)
+            else:
+                self._group(ops, u, g)
         order, span = schedule(ops, self.tm, self.queues, init, 0 if self.dry else SCHEDULE_TRIES)
         if self.dry:
             return span
@@ -218,6 +234,34 @@ class DecodeAttentionKernel(HeadProgram):
         for o, q in order:
             o.emit(q)
         return span
+
+    def _q_transposed(self, ops: list[SchedOp], b: dict, g: SSAValue, pr: Prio) -> None:
+        """The group's q rows, copied to w column blocks, transposed and scaled: Q^T
+        repeated on the w D partitions the packed K^T windows occupy."""
+        p, s = self.prob, self.s
+        nL, w = s.n * p.L, s.pack(p)
+        self._load(ops, self.a_q, self._rows(g, nL), b["q"], (0, 0), nL, p.D, 0, 1, pr)
+        for j in range(1, w):
+            self._vec(ops, "unary", "copy", b["q"], (0, 0), b["q"], (0, j * p.D), nL, p.D, pr)
+        self._mm(ops, b["q"], (0, 0), self.ident, (0, 0), b["acc_q"], (0, 0), w * p.D, nL, nL, False, pr)
+        self._vec(ops, "scalar", "mul", b["acc_q"], (0, 0), b["qT"], (0, 0), w * p.D, nL, pr, imm=self.scale)
+
+    def _k_transposed(self, ops: list[SchedOp], k: SSAValue, acc: SSAValue, kT: SSAValue, kcol: int, rows: int,
+                      pr: Prio) -> None:
+        """K^T of a transfer (`rows` view rows of f windows): window t = pk w + j at
+        partitions j D, columns kcol + pk rows of `kT` (one transpose and copy per pack)."""
+        p, s = self.prob, self.s
+        w, packs, f = s.pack(p), s.packs(p), s.f
+        for pk in range(packs):
+            ww = min(w, f - pk * w)
+            self._mm(ops, k, (0, pk * w * p.D), self.ident, (0, 0), acc, (0, pk * rows), ww * p.D, rows, rows, False,
+                     pr)
+        full = f // w  # packs of w windows, then one of the f mod w left
+        if full:
+            self._vec(ops, "unary", "copy", acc, (0, 0), kT, (0, kcol), w * p.D, full * rows, pr)
+        if f % w:
+            self._vec(ops, "unary", "copy", acc, (0, full * rows), kT, (0, kcol + full * rows), (f % w) * p.D, rows,
+                      pr)
 
     def _rows(self, g: SSAValue, per_group: int, extra: int = 0, col: int = 0) -> IndexFn:
         """[g * per_group + extra, col] (built when the op is emitted, inside the loop)."""
@@ -250,9 +294,7 @@ class DecodeAttentionKernel(HeadProgram):
         nL, tiles, W = n * L, n // m, s.width(p)
         pr = (u,)
         # q rows and Q^T (scaled, in the model dtype)
-        self._load(ops, self.a_q, self._rows(g, nL), b["q"], (0, 0), nL, p.D, 0, 1, pr)
-        self._mm(ops, b["q"], (0, 0), self.ident, (0, 0), b["acc_q"], (0, 0), p.D, nL, nL, False, pr)
-        self._vec(ops, "scalar", "mul", b["acc_q"], (0, 0), b["qT"], (0, 0), p.D, nL, pr, imm=self.scale)
+        self._q_transposed(ops, b, g, pr)
         # the scores start as the block pattern (the other problems of a transfer masked)
         written = False
         if self.pat is not None:
@@ -281,14 +323,13 @@ class DecodeAttentionKernel(HeadProgram):
         for i in range(tiles):
             rows = self._rows(g, n * R, i * m * R)
             self._load(ops, self.a_k, rows, b["k"][i], (0, 0), m * R, f * p.D, 0, 1, pr)
-            acc = self.acc_kt[i % 2]
-            for t in range(f):
-                self._mm(ops, b["k"][i], (0, t * p.D), self.ident, (0, 0), acc, (0, t * m * R), p.D, m * R, m * R,
-                         False, pr)
-            self._vec(ops, "unary", "copy", acc, (0, 0), b["kT"], (0, i * W), p.D, W, pr)
+            kcol = i * s.packs(p) * m * R
+            self._k_transposed(ops, b["k"][i], self.acc_kt[i % 2], b["kT"], kcol, m * R, pr)
             self._load(ops, self.a_v, rows, b["v"][i], (0, 0), m * R, f * p.Dv, 0, 1, pr)
+            w = s.pack(p)
             for t in range(f):
-                self._mm(ops, b["qT"], (0, i * m * L), b["kT"], (0, i * W + t * m * R), b["acc_s"],
+                pk, j = divmod(t, w)
+                self._mm(ops, b["qT"], (j * p.D, i * m * L), b["kT"], (j * p.D, kcol + pk * m * R), b["acc_s"],
                          (i * m * L, t * m * R), m * L, p.D, m * R, written, pr)
         # softmax over the whole row (exact max), P in the model dtype, its row sum
         self._vec(ops, "reduce", "max", b["acc_s"], (0, 0), b["m"], (0, 0), nL, W, pr)
@@ -314,4 +355,136 @@ class DecodeAttentionKernel(HeadProgram):
                     first = False
                     r0 += run
         self._vec(ops, "column", "div", b["acc_o"], (0, 0), b["o"], (0, 0), nL, p.Dv, pr, col=(b["l"], (0, 0)))
+        self._store(ops, b["o"], self.a_out, self._rows(g, nL), nL, p.Dv, pr)
+
+    # -- the online softmax: the cache in blocks -------------------------------------------
+    def _buffers_online(self) -> None:
+        """One group set (U = 1); per block parity the scores, P, P^T, the running max,
+        sum and output and the group's V blocks; a ring of `KV_RING` K and K^T buffers;
+        two K^T accumulators."""
+        p, s, SRAM, ACC = self.prob, self.s, tile.SRAM, tile.ACC
+        nL, W = s.n * p.L, s.width(p)
+        blocks = s.blocks(p)
+        wD, Wk = s.pack(p) * p.D, s.packs(p) * s.rc
+        b: dict = {
+            "q": self.alloc([nL, wD], SRAM, "q"),
+            "qT": self.alloc([wD, nL], SRAM, "qT"),
+            "o": self.alloc([nL, p.Dv], SRAM, "out"),
+            "acc_q": self.alloc([wD, nL], ACC, "acc_qT", f32),
+            "k": [self.alloc([s.rc, s.f * p.D], SRAM, "k") for _ in range(KV_RING)],
+            "kT": [self.alloc([wD, Wk], SRAM, "kT") for _ in range(KV_RING)],
+        }
+        for x in range(2):
+            names = {"sm": ([nL, W], SRAM, f32), "p": ([nL, W], SRAM, None), "pT": ([s.T, blocks * nL], SRAM, None),
+                     "mc": ([nL, 1], SRAM, f32), "lc": ([nL, 1], SRAM, f32), "m": ([nL, 1], SRAM, f32),
+                     "l": ([nL, 1], SRAM, f32), "d": ([nL, 1], SRAM, f32), "al": ([nL, 1], SRAM, f32),
+                     "orun": ([nL, p.Dv], SRAM, f32), "acc_s": ([nL, W], ACC, f32),
+                     "acc_pT": ([s.T, blocks * nL], ACC, f32), "acc_o": ([nL, p.Dv], ACC, f32)}
+            if s.mask_span:
+                names["mrow"] = ([s.mask_span, W], SRAM, None)
+            for key, (shape, space, el) in names.items():
+                b[f"{key}{x}"] = self.alloc(shape, space, key, el)
+            b[f"v{x}"] = [self.alloc([s.rc, s.f * p.Dv], SRAM, "v") for _ in range(s.n)]  # held until P V
+        self.sets = [b]
+        self.acc_kt = [self.alloc([wD, Wk], ACC, "acc_kT", f32) for _ in range(2)]
+
+    def _bin(self, ops: list[SchedOp], fn: str, a: SSAValue, b: SSAValue, dst: SSAValue, rows: int, cols: int,
+             prio: Prio) -> None:
+        """dst = a fn b elementwise (tiles of the same shape, at their origins)."""
+
+        def emit(_q: int | None) -> None:
+            c = self.kb.const
+            self.kb.add(tile.BinaryOp(fn, self.win(a, 0, 0, [rows, cols]), self.win(b, 0, 0, [rows, cols]),
+                                      self.win(dst, 0, 0, [rows, cols]), c(rows), c(cols), "tile"))
+
+        ops.append(SchedOp("vec", emit, (self.name(a), self.name(b)), (self.name(dst),), prio,
+                           self.tm.vec("binary", fn, rows, cols, 2)))
+
+    def _group_online(self, ops: list[SchedOp], g: SSAValue) -> None:
+        """One group's program over the cache blocks: per block the mask, per problem a K
+        and a V transfer, K^T and the scores; the block's max, the running max
+        ``m' = max(m, m_b)``, ``alpha = exp(m - m')``, ``P = exp(S - m')``, the running sum
+        ``l' = alpha l + rowsum(P)``, P^T, P V and the running output ``o' = alpha o + P V``;
+        at the end ``o / l`` is stored."""
+        p, s, b = self.prob, self.s, self.sets[0]
+        L, n, f, R, T = p.L, s.n, s.f, s.R(p), s.T
+        nL = n * L
+        pr: Prio = (0,)
+        self._q_transposed(ops, b, g, pr)
+        m_cur = l_cur = o_cur = None
+        ring = 0
+        for ci, (r0, rc) in enumerate(s.chunks(p)):
+            x = ci % 2
+            W = f * rc
+            acc_s = b[f"acc_s{x}"]
+            written = False
+            if s.mask_span:
+                assert self.a_mask is not None and self.sel is not None
+                mrow = b[f"mrow{x}"]
+                for t in range(f):
+                    self._load_cols(ops, self.a_mask, self._rows(g, s.mask_step, col=f * r0 + t), mrow, t * rc,
+                                    s.mask_span, rc, f, pr)
+                self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), s.mask_span, W, pr, imm=self.lowest / 2)
+                for t in range(f):
+                    self._mm(ops, self.sel, (0, 0), mrow, (0, t * rc), acc_s, (0, t * rc), nL, s.mask_span, rc,
+                             False, pr)
+                written = True
+            for i in range(n):
+                k, v, kT = b["k"][ring], b[f"v{x}"][i], b["kT"][ring]
+                ring = (ring + 1) % KV_RING
+                rows = self._rows(g, n * R, i * R + r0)
+                self._load(ops, self.a_k, rows, k, (0, 0), rc, f * p.D, 0, 1, pr)
+                self._k_transposed(ops, k, self.acc_kt[i % 2], kT, 0, rc, pr)
+                self._load(ops, self.a_v, rows, v, (0, 0), rc, f * p.Dv, 0, 1, pr)
+                w = s.pack(p)
+                for t in range(f):
+                    pk, j = divmod(t, w)
+                    self._mm(ops, b["qT"], (j * p.D, i * L), kT, (j * p.D, pk * rc), acc_s, (i * L, t * rc), L, p.D,
+                             rc, written, pr)
+            # the running max and the rescale factor alpha = exp(m - m')
+            mc, m_new = b[f"mc{x}"], b[f"m{x}"]
+            self._vec(ops, "reduce", "max", acc_s, (0, 0), mc, (0, 0), nL, W, pr)
+            if m_cur is None:
+                m_new = mc
+            else:
+                self._bin(ops, "max", m_cur, mc, m_new, nL, 1, pr)
+                self._bin(ops, "sub", m_cur, m_new, b[f"d{x}"], nL, 1, pr)
+                self._vec(ops, "unary", "exp", b[f"d{x}"], (0, 0), b[f"al{x}"], (0, 0), nL, 1, pr)
+            sm, pp, lc = b[f"sm{x}"], b[f"p{x}"], b[f"lc{x}"]
+            self._vec(ops, "column", "sub", acc_s, (0, 0), sm, (0, 0), nL, W, pr, col=(m_new, (0, 0)))
+            self._vec(ops, "unary", "exp", sm, (0, 0), pp, (0, 0), nL, W, pr)
+            self._vec(ops, "reduce", "sum", pp, (0, 0), lc, (0, 0), nL, W, pr)
+            if l_cur is None:
+                l_new = lc
+            else:
+                l_new = b[f"l{x}"]
+                self._bin(ops, "mul", l_cur, b[f"al{x}"], l_new, nL, 1, pr)
+                self._bin(ops, "add", l_new, lc, l_new, nL, 1, pr)
+            # P^T (T score columns per transpose), then P V per problem and window
+            pT, acc_pT, acc_o = b[f"pT{x}"], b[f"acc_pT{x}"], b[f"acc_o{x}"]
+            for blk in range(-(-W // T)):
+                w = min(T, W - blk * T)
+                self._mm(ops, pp, (0, blk * T), self.ident, (0, 0), acc_pT, (0, blk * nL), w, nL, nL, False, pr)
+                self._vec(ops, "unary", "copy", acc_pT, (0, blk * nL), pT, (0, blk * nL), w, nL, pr)
+            for i in range(n):
+                v = b[f"v{x}"][i]
+                first = True
+                for t in range(f):
+                    rr = 0
+                    while rr < rc:
+                        blk, row = divmod(t * rc + rr, T)
+                        run = min(rc - rr, T - row)
+                        self._mm(ops, pT, (row, blk * nL + i * L), v, (rr, t * p.Dv), acc_o, (i * L, 0), L, run,
+                                 p.Dv, not first, pr)
+                        first = False
+                        rr += run
+            if o_cur is None:
+                o_new = acc_o
+            else:
+                o_new = b[f"orun{x}"]
+                self._vec(ops, "column", "mul", o_cur, (0, 0), o_new, (0, 0), nL, p.Dv, pr, col=(b[f"al{x}"], (0, 0)))
+                self._bin(ops, "add", o_new, acc_o, o_new, nL, p.Dv, pr)
+            m_cur, l_cur, o_cur = m_new, l_new, o_new
+        assert o_cur is not None and l_cur is not None
+        self._vec(ops, "column", "div", o_cur, (0, 0), b["o"], (0, 0), nL, p.Dv, pr, col=(l_cur, (0, 0)))
         self._store(ops, b["o"], self.a_out, self._rows(g, nL), nL, p.Dv, pr)

@@ -27,6 +27,15 @@ transpose, a score and a P V matmul of its own per transfer, and a query row's s
 columns grow to ``m S`` (the other problems of its transfer masked); `decode_cost`
 weighs the engines and ranks (n, f, U).
 
+Where the whole cache is more view rows than partitions for every f, or its scores do
+not fit the accumulator, the schedule reads it in *blocks* of ``rc`` view rows
+(``DecodeSchedule.rc``, m = 1: one problem per transfer) and the kernel keeps a running
+max, sum and output per query row (the online softmax of flash decoding)::
+
+      -> DecodeProblem(P=8, L=4, S=4098, ...)
+      -> DecodeSchedule(T=128, n=8, f=6, m=1, U=1, rc=128): 683 view rows per problem in
+         blocks of 128 (768 positions), the last of 43
+
 Applies (`decode_problem`) to a non-causal sdpa with at most 16 query rows per head, q,
 k, v and the output viewable as rows, k and v not broadcast over the batch dims, and a
 mask whose row dim is 1 and whose rows follow the same pattern in every group
@@ -42,6 +51,7 @@ from tilecc.simulator.config import HardwareConfig
 
 ALIGN = 64
 MAX_F = 16  # positions per partition row at most (windows per problem)
+KV_RING = 4  # online: K and K^T block buffers per kernel (transfers in flight under the compute)
 
 
 def _align(n: int) -> int:
@@ -79,17 +89,38 @@ class DecodeSchedule:
     U: int
     mask_span: int  # mask rows one group reads (0: no mask)
     mask_step: int  # first mask row of group g: g * mask_step
+    rc: int = 0  # view rows per cache block (0: one block, the whole cache; else the online softmax)
 
     def R(self, p: DecodeProblem) -> int:
         return p.S // self.f
+
+    def pack(self, p: DecodeProblem) -> int:
+        """Windows per K transpose: w windows' D columns side by side transpose to w D
+        partitions (one matmul and one copy for w windows; Q^T is replicated w times)."""
+        return max(1, min(self.f, self.T // p.D))
+
+    def packs(self, p: DecodeProblem) -> int:
+        return -(-self.f // self.pack(p))
+
+    @property
+    def online(self) -> bool:
+        """The cache in blocks of `rc` view rows with a running max and sum (m = 1)."""
+        return self.rc > 0
+
+    def chunks(self, p: DecodeProblem) -> list[tuple[int, int]]:
+        """(first view row, view rows) of each cache block of a problem."""
+        R = self.R(p)
+        step = self.rc if self.online else R
+        return [(r0, min(step, R - r0)) for r0 in range(0, R, step)]
 
     def groups(self, p: DecodeProblem) -> int:
         return p.P // self.n
 
     def width(self, p: DecodeProblem) -> int:
         """Score columns per query row: the m problems of its transfer side by side
-        (``m S``, columns ``(t, problem in the transfer, r)``; the others' are masked)."""
-        return self.m * p.S
+        (``m S``, columns ``(t, problem in the transfer, r)``; the others' are masked);
+        online, one cache block's ``f rc`` (columns ``(t, r)``)."""
+        return self.f * self.rc if self.online else self.m * p.S
 
     def blocks(self, p: DecodeProblem) -> int:
         """T-row blocks of P^T (the score columns on partitions)."""
@@ -166,22 +197,38 @@ def mask_pattern(p: DecodeProblem, n: int, parts: int) -> tuple[int, int] | None
 
 def candidates(p: DecodeProblem, cfg: HardwareConfig) -> list[DecodeSchedule]:
     """Every schedule that fits the target (`fits`): n a divisor of P with n * L <=
-    partitions (the largest few), f a divisor of S with S / f <= partitions."""
+    partitions (the largest few), f a divisor of S; the whole cache as one block where
+    S / f <= partitions, else (or where that does not fit) blocks of `rc` view rows
+    (a few sizes up to the partitions) with the online softmax."""
     parts = min(cfg.sram.partitions, cfg.matrix.rows, cfg.matrix.cols, cfg.accumulator.partitions)
     ns = [n for n in range(1, p.P + 1) if p.P % n == 0 and n * p.L <= parts][-3:]
-    fs = [f for f in range(1, min(MAX_F, p.S) + 1) if p.S % f == 0 and p.S // f <= parts]
+    fs = [f for f in range(1, min(MAX_F, p.S) + 1) if p.S % f == 0]
     out = []
     for n in ns:
         pat = mask_pattern(p, n, parts)
         if pat is None:
             continue
         groups = p.P // n
+        whole = []
         for f in fs:
             R = p.S // f
+            if R > parts:
+                continue
             m = max(d for d in range(1, n + 1) if n % d == 0 and d * R <= parts)
             for U in (1, 2, 4):
                 s = DecodeSchedule(parts, n, f, m, U, *pat)
                 if groups % U == 0 and fits(p, s, cfg):
+                    whole.append(s)
+        out += whole
+        if whole:
+            continue
+        for f in fs:
+            R = p.S // f
+            for rc in sorted({min(R, parts // d) for d in (1, 2, 4)}, reverse=True):
+                if rc >= R:  # one block: the exact softmax above (it did not fit)
+                    continue
+                s = DecodeSchedule(parts, n, f, 1, 1, *pat, rc=rc)
+                if fits(p, s, cfg):
                     out.append(s)
     return out
 
@@ -189,9 +236,16 @@ def candidates(p: DecodeProblem, cfg: HardwareConfig) -> list[DecodeSchedule]:
 def sram_bytes(p: DecodeProblem, s: DecodeSchedule) -> int:
     """SRAM bytes per partition (the largest use of any partition, each buffer aligned)."""
     isz, n, L = p.isz, s.n, p.L
+    if s.online:
+        W = s.width(p)
+        per_block = ((_align(W * isz) if s.mask_span else 0) + _align(4 * W) + _align(W * isz)
+                     + _align(s.blocks(p) * n * L * isz) + 6 * _align(4) + _align(4 * p.Dv))
+        ring = KV_RING * (_align(s.f * p.D * isz) + _align(W * isz)) + 2 * n * _align(s.f * p.Dv * isz)
+        consts = _align(s.T * isz) + (_align(n * L * isz) if s.mask_span else 0)
+        return consts + _align(s.pack(p) * p.D * isz) + _align(n * L * isz) + _align(p.Dv * isz) + ring + 2 * per_block
     tiles = n // s.m
     W = s.width(p)
-    per_set = (_align(p.D * isz) + _align(n * L * isz) + (_align(p.S * isz) if s.mask_span else 0)
+    per_set = (_align(s.pack(p) * p.D * isz) + _align(n * L * isz) + (_align(p.S * isz) if s.mask_span else 0)
                + tiles * _align(s.f * p.D * isz) + _align(n * p.S * isz) + tiles * _align(s.f * p.Dv * isz)
                + _align(4) + _align(4 * W) + _align(W * isz) + _align(4)
                + _align(s.blocks(p) * n * L * isz) + _align(p.Dv * isz))
@@ -202,6 +256,10 @@ def sram_bytes(p: DecodeProblem, s: DecodeSchedule) -> int:
 def acc_bytes(p: DecodeProblem, s: DecodeSchedule) -> int:
     """Accumulator bytes per partition."""
     nL = s.n * p.L
+    if s.online:
+        W = s.width(p)
+        return (_align(4 * nL) + 2 * (_align(4 * W) + _align(4 * s.blocks(p) * nL) + _align(4 * p.Dv))
+                + 2 * _align(4 * W))
     per_set = _align(4 * nL) + _align(4 * s.width(p)) + _align(4 * s.blocks(p) * nL) + _align(4 * p.Dv)
     return min(2, s.U) * per_set + 2 * _align(4 * s.m * p.S)
 
