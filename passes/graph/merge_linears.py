@@ -17,7 +17,12 @@ Each member's chain of single-use epilogue ops by a weight of its N columns (the
 ``mul``, the bias ``add``) is merged too, as far as every member has the same chain;
 what differs stays on the member's slice. Weights concatenate in their own storage:
 `Bf16Weight` bits stay bf16 bits, a `MetaWeight` (meta-device model) gives a
-`MetaWeight` of the merged shape. A matmul whose B operand is not a weight (a
+`MetaWeight` of the merged shape. Where the rows are more than one and the members' results meet in an elementwise op (a
+gated MLP's ``silu(gate) * up``), they stay apart: unmerged, that op is the second
+matmul's fused epilogue, computed on chip; merged, it would be a vector kernel of its own
+reading the whole result back (1B-shaped Llama prefill of 128 tokens: the MLP 9 % slower).
+A decode step's GEMV (one row) takes no fused epilogue (passes/graph_to_tile/fused_matmul.py),
+so there gate and up merge. A matmul whose B operand is not a weight (a
 tensor-parallel segment takes its weights as inputs, runtime/system_compile.py), or a
 weight of another element type than the group's (another quantisation scheme), is left
 alone with a `missed` remark.
@@ -43,6 +48,7 @@ between canonicalize-graph and fuse-graph at -O2), not as a module pass.
 
 from __future__ import annotations
 
+import math
 from collections.abc import MutableMapping
 
 import numpy as np
@@ -61,6 +67,7 @@ __all__ = ["merge_linears"]
 
 PASS = "merge-linears"
 EPILOGUE = (g.AddOp, g.MulOp)  # bias, per-channel scale
+ELEMENTWISE = (g.UnaryElementwiseOp, g.BinaryElementwiseOp, g.CastOp, g.ReshapeOp)  # and views
 
 
 def merge_linears(module: ModuleOp, weights: MutableMapping[str, object]) -> int:
@@ -145,6 +152,23 @@ def _chain(mm: g.MatmulOp) -> list[tuple[Operation, int, g.WeightOp]]:
     return out
 
 
+def _meet(mms: list[g.MatmulOp], depth: int = 6) -> bool:
+    """Whether the results of two of `mms` reach one elementwise op within `depth`
+    elementwise steps (each member's epilogue chain included)."""
+    seen: dict[Operation, int] = {}
+    for i, m in enumerate(mms):
+        frontier, mine = [m.results[0]], set()
+        for _ in range(depth):
+            users = {u.operation for v in frontier for u in v.uses if isinstance(u.operation, ELEMENTWISE)}
+            users -= mine
+            mine |= users
+            frontier = [r for op in users for r in op.results]
+        for op in mine:
+            if seen.setdefault(op, i) != i:
+                return True
+    return False
+
+
 def _signature(op: Operation, idx: int, w: g.WeightOp) -> tuple:
     return type(op), idx, len(g.shape_of(w.result)), w.result.type.element_type  # pyright: ignore[reportAttributeAccessIssue]
 
@@ -156,6 +180,13 @@ def _merge(fn: func.FuncOp, mms: list[g.MatmulOp], weights: MutableMapping[str, 
     values = [weights[w.weight] for w in wops]
     if any(isinstance(v, MetaWeight) for v in values) and not all(isinstance(v, MetaWeight) for v in values):
         remarks.emit(PASS, "missed", "linears on one input mix weights with and without values", g.source_loc(mms[0]))
+        return 0
+    rows = math.prod(g.shape_of(mms[0].operands[0])[:-1])
+    if rows > 1 and _meet(mms):
+        remarks.emit(PASS, "missed", f"did not merge {len(mms)} linears on one input of {rows} rows: their results "
+                     "meet in an elementwise op (a gated MLP's silu(gate) * up), which one matmul's fused epilogue "
+                     "computes on chip; merged, it would be a vector kernel of its own over the whole result",
+                     g.source_loc(mms[0]))
         return 0
     chains = [_chain(m) for m in mms]
     depth = 0
