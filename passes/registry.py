@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
@@ -10,6 +10,7 @@ from xdsl.passes import ModulePass
 
 from tilecc.passes.graph.canonicalize import CanonicalizeGraphPass, canonicalize
 from tilecc.passes.graph.fuse import FuseGraphPass, fuse
+from tilecc.passes.graph.merge_linears import merge_linears
 from tilecc.passes.graph_to_tile.context import DslKernelSource
 from tilecc.passes.graph_to_tile.conversion import LowerGraphToTilePass, lower_graph_to_tile
 from tilecc.passes.npu.insert_sync import InsertSyncPass, insert_sync
@@ -41,7 +42,8 @@ def default_pipeline(
     kernel per op, fixed tiles, strided operand loads); 2 (default) uses the optimised
     kernels (see `passes/graph_to_tile/matmul.py`). `matmul_policy` (problem -> schedule) picks
     the -O2 matmul kernels' schedules instead of the cost model (autotuning). `weights`
-    (the program's data) lets canonicalize-graph read compile-time masks. `share`: ops of
+    (the program's data) lets canonicalize-graph read compile-time masks; a mutable mapping
+    also runs merge-linears (`passes/graph/merge_linears.py`), which adds merged weights to it. `share`: ops of
     one structure launch one kernel (`passes/graph_to_tile/sharing.py`).
     """
     if opt_level not in (0, 2):
@@ -49,10 +51,11 @@ def default_pipeline(
     session = session if session is not None else CompileSession()
     graph: list[Stage] = []
     if opt_level >= 2:
-        graph = [
-            ("canonicalize-graph", lambda m: _each_function(m, lambda f: canonicalize(f, weights))),
-            ("fuse-graph", lambda m: _each_function(m, lambda f: fuse(f, session))),
-        ]
+        graph = [("canonicalize-graph", lambda m: _each_function(m, lambda f: canonicalize(f, weights)))]
+        if isinstance(weights, MutableMapping):  # it concatenates weights: the driver's own copy of them
+            mutable = weights
+            graph.append(("merge-linears", lambda m: merge_linears(m, mutable)))
+        graph.append(("fuse-graph", lambda m: _each_function(m, lambda f: fuse(f, session))))
 
     return graph + [
         ("lower-graph-to-tile", lambda m: lower_graph_to_tile(m, cfg, opt_level, matmul_policy, session, dsl_kernels,

@@ -14,8 +14,8 @@
    graphs, a binary search over the cut point for large ones). Cuts that cannot be
    program outputs (strided views) are skipped.
 3. **First pass.** The -O2 pipeline is rebuilt pass by pass: -O2 lowering with every
-   optional graph pass switched off, then fold-norm-affine, canonicalize-graph and
-   fuse-graph switched back on in pipeline order. The first configuration whose result
+   optional graph pass switched off, then fold-norm-affine, canonicalize-graph,
+   merge-linears and fuse-graph switched back on in pipeline order. The first configuration whose result
    differs from eager names the pass after which the result changes; if even the first
    one differs, -O0 decides between the -O2 kernels (lower-graph-to-tile at -O2) and a
    pass both levels run. Each configuration is also reported with that one pass
@@ -38,7 +38,7 @@ from tilecc.ir.graph_interp import run_graph
 from tilecc.simulator import numerics
 from tilecc.simulator.config import HardwareConfig
 
-OPTIONAL_PASSES = ("fold-norm-affine", "canonicalize-graph", "fuse-graph")
+OPTIONAL_PASSES = ("fold-norm-affine", "canonicalize-graph", "merge-linears", "fuse-graph")
 LINEAR_SCAN_OPS = 48
 
 

@@ -73,7 +73,7 @@ def compile_graph(
     directory and counters) the -O2 matmul kernels' schedules are picked by simulating
     candidates (`passes/schedule/autotune.py`, cached on disk); `matmul_policy` (problem ->
     schedule) forces them (the autotuner measures candidates this way). `disabled` names
-    optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, fuse-graph;
+    optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, merge-linears, fuse-graph;
     `tilecc bisect` switches them off in turn) and "share-kernels" to build every launch's
     kernel on its own (`passes/graph_to_tile/sharing.py`; the stream is the same).
 
@@ -187,14 +187,14 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
 
         tuner = autotune if isinstance(autotune, Autotuner) else None
         matmul_policy = tuning_policy(cfg, lambda gp_, sched: measure_program(gp_, sched, cfg), tuner)
+    if opt_level >= 2:  # fold-norm-affine and merge-linears add weights: to a dict of this compile's own
+        gp = dataclasses.replace(gp, weights=dict(gp.weights))
     if opt_level >= 2 and "fold-norm-affine" not in disabled:  # needs the weights' data (not a module pass)
         if before_pass is not None:
             before_pass("fold-norm-affine", module)
         progress.report("fold-norm-affine")
         ts = time.perf_counter()
-        weights = dict(gp.weights)
-        if fold_norm_affine(module, weights):
-            gp = dataclasses.replace(gp, weights=weights)
+        fold_norm_affine(module, gp.weights)
         if stats is not None:
             stats.pass_seconds["fold-norm-affine"] = time.perf_counter() - ts
         if broken == "fold-norm-affine":

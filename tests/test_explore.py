@@ -32,8 +32,8 @@ def _op_lines(ir: str) -> list[str]:
 def test_block_every_stage_with_locations(block):
     assert block.matches is True  # the simulated program equals torch eager
     names = block.pass_names()
-    assert names == ["fold-norm-affine", "canonicalize-graph", "fuse-graph", "lower-graph-to-tile", "plan-sram",
-                     "plan-hbm", "lower-tile-to-npu", "npu-insert-sync"]
+    assert names == ["fold-norm-affine", "canonicalize-graph", "merge-linears", "fuse-graph", "lower-graph-to-tile",
+                     "plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync"]
     text = render_text(block, print_after_all=True, remarks=True)
     for n in names:
         assert f"// -----// IR Dump After {n} //----- //" in text
@@ -52,7 +52,9 @@ def test_block_every_stage_with_locations(block):
     assert all(re.search(r"# ([\w.]+ \(\w+\) @ )?transformer_block\.py:\d+$", ln) for ln in asm)
     assert any("# attn.proj (Linear) @ transformer_block.py:29" in ln for ln in asm)
     src = Path(ROOT / "examples/transformer_block.py").read_text().splitlines()
-    assert {22, 26, 27, 28, 29, 41, 42} <= lines_used  # q/k/v, scores, softmax, probs @ v, proj, both residuals
+    # q/k/v (one merged matmul, ln1 its prologue: passes/graph/merge_linears.py), scores, softmax,
+    # probs @ v, proj, the second residual
+    assert {22, 26, 27, 28, 29, 42} <= lines_used
     assert "softmax" in src[27 - 1] and "self.proj" in src[29 - 1]
 
 
@@ -60,20 +62,21 @@ def test_block_remarks_one_per_decision(block):
     text = render_text(block, remarks=True)
     fused_ops = block.stage("graph").count("graph.fused")
     by = lambda p, k: [r for r in block.remarks if r.pass_name == p and r.kind == k]  # noqa: E731
-    assert len(by("fuse-graph", "passed")) == fused_ops == 6
+    assert len(by("fuse-graph", "passed")) == fused_ops == 4
     assert all(re.fullmatch(r"([\w.]+ \(\w+\) @ )?transformer_block\.py:\d+", r.loc) for r in by("fuse-graph", "passed"))
     # the explicit attention (matmul, scale, softmax, matmul) is one graph.sdpa
     (attn,) = by("canonicalize-graph", "passed")
     assert "explicit attention" in attn.message and "graph.sdpa" in attn.message
     missed = by("fuse-graph", "missed")
-    assert any("has 3 users" in r.message or "single-use" in r.message for r in missed)  # ln1 feeds q, k and v
+    assert any("single-use" in r.message for r in missed)  # ln2's result also feeds the residual
+    (merged,) = by("merge-linears", "passed")  # q, k and v: one matmul, so ln1 has one reader
+    assert "merged 3 linears" in merged.message
     # one schedule remark per -O2 matmul kernel, one tiling remark per elementwise kernel
     tile = block.stage("tile")
     matmul_kernels = len(re.findall(r"func\.func @k\d+_(fused_)?matmul\(", tile))
     sched = [r for r in by("lower-graph-to-tile", "passed") if "chose tile" in r.message]
-    # q, k and v (same shapes) launch one shared kernel: 6 matmul launches, 4 kernels
+    # q, k and v merged (one launch): 4 matmul launches, 4 kernels
     assert len(sched) == matmul_kernels == 4
-    assert any("shared by 3 launches" in r.message for r in by("lower-graph-to-tile", "passed"))
     assert all(re.search(r"estimated [\d,]+ cycles \(best of \d+ schedules\)", r.message) for r in sched)
     buffering = [r for r in block.remarks if "multi-buffered x" in r.message]
     assert buffering and all(r.loc for r in buffering)
