@@ -327,8 +327,10 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True, s
         lo, hi = np.inf, 0.0
         for r, spans in enumerate(ssp.kernels):
             for kname, start, count in spans:
-                if kname == name:
-                    lo = min(lo, float(res.chips[r].start[start: start + count].min()))
+                if kname == name:  # a receive enters its queue early: the span starts at a send
+                    sends = ssp.streams[r]["opcode"][start: start + count] == Opcode.LINK_SEND
+                    if sends.any():
+                        lo = min(lo, float(res.chips[r].start[start: start + count][sends].min()))
                     hi = max(hi, float(res.chips[r].end[start: start + count].max()))
         local = lo == np.inf  # a shard: no instructions
         colls.append({"op": c.op, "value": c.input, "bytes": ssp.values[c.input].nbytes, "chunks": ssp.chunks,
