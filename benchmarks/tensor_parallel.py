@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/tensor_parallel.py [--target tiny] [--link nvlink4] [--tp 1,2,4,8]
                                                    [--seq 64] [--sp] [--quick] [--pipeline]
-                                                   [--stream] [--chunks 4]
+                                                   [--stream] [--chunks 4] [--algorithms]
 
 The model is examples/llama_tp.py's (2 layers, hidden 256, 16 heads, 8 key / value heads,
 MLP 512) at `--seq` tokens; every chip is a `--target` chip, the links the `--link` preset
@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true",
                     help="also the table of the collectives in the instruction streams against between programs")
     ap.add_argument("--chunks", type=int, default=4, help="--stream: chunks per ring block")
+    ap.add_argument("--algorithms", action="store_true",
+                    help="also the table of the in-stream collective algorithms (one row per algorithm)")
     ap.add_argument("--pipeline", action="store_true",
                     help="also the pipeline table: pp=2 on a ring, micro-batches 1 / 2 / 4 of a batch of 4")
     args = ap.parse_args()
@@ -93,6 +95,8 @@ def main() -> None:
             c_s = 0.0  # compiled once for both systems
     if args.stream:
         stream_table(args, compiled, ids, ref, base)
+    if args.algorithms:
+        algorithm_table(args, compiled, ids, ref)
     if args.pipeline:
         pipeline(args)
 
@@ -123,6 +127,41 @@ def stream_table(args: argparse.Namespace, compiled: dict, ids: torch.Tensor, re
                   f"{between.comm_exposed_share * between.time_us:16.2f} {r.comm_exposed_share * r.time_us:15.2f} "
                   f"{r.comm_us:12.2f} "
                   f"{100 * r.extra['hidden_share']:6.1f}% {'yes' if ok else 'NO':>6} {time.perf_counter() - t1:6.2f}")
+
+
+def algorithm_table(args: argparse.Namespace, compiled: dict, ids: torch.Tensor, ref: torch.Tensor) -> None:
+    """One row per in-stream algorithm (runtime/stream_algorithm.py) that applies: the run's
+    time, the mean time of one collective (its first send to its last receive, any chip),
+    the exposed communication and the link bytes; ring2d on a torus of the same chips."""
+    from tilecc.runtime.stream_algorithm import why_not
+    from tilecc.runtime.stream_report import stream_report
+    from tilecc.runtime.system_stream import build_streams, run_streams
+
+    print(f"\nin-stream collective algorithms ({args.chunks} chunks per transfer; tree: its alpha-beta-best count)")
+    print(f"{'tp':>3} {'system':>10} {'algorithm':>17} {'chosen':>17} {'time us':>10} {'per coll us':>12} "
+          f"{'exposed us':>11} {'link bytes':>11} {'eager':>6} {'sim s':>6}")
+    for tp, prog in compiled.items():
+        specs = [f"ring:{tp}", f"switch:{tp}"]
+        if tp >= 4:
+            specs.append(f"torus:2x{tp // 2}")
+        for spec in specs:
+            system = load_system(f"{spec};chip={args.target};link={args.link}")
+            p = dataclasses.replace(prog, system=system)
+            for algorithm in ("ring", "halving_doubling", "tree", "ring2d", "auto"):
+                if algorithm != "auto" and any(why_not(c.op, algorithm, system.topology, 2) is not None
+                                               for c in p.graph.collectives if c.op != "shard"):
+                    continue
+                t1 = time.perf_counter()
+                ssp = build_streams(p, chunks=args.chunks, algorithm=algorithm)
+                outs, run = run_streams(ssp, (ids,))
+                r = stream_report(ssp, run)
+                ok = torch.allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
+                colls = [c for c in run.collectives if c["algorithm"] != "local"]
+                per = sum(c["time_us"] for c in colls) / max(len(colls), 1)
+                chosen = ",".join(sorted({c["algorithm"].split()[0] for c in colls}))
+                print(f"{tp:>3} {spec:>10} {algorithm:>17} {chosen:>17} {r.time_us:10.2f} {per:12.2f} "
+                      f"{r.comm_exposed_share * r.time_us:11.2f} {r.link_bytes:11.0f} {'yes' if ok else 'NO':>6} "
+                      f"{time.perf_counter() - t1:6.2f}")
 
 
 def pipeline(args: argparse.Namespace) -> None:

@@ -1,6 +1,6 @@
 """Tensor parallelism with the collectives in the chips' instruction streams.
 
-    ssp = build_streams(sp, chunks=4)         # sp: runtime/system_compile.py's SystemProgram
+    ssp = build_streams(sp, chunks=4, algorithm="auto")   # sp: runtime/system_compile.py's SystemProgram
     outputs, run = run_streams(ssp, (x,))     # every chip co-simulated (simulator/multichip.py)
     run.hidden_share                          # the share of communication hidden under compute
 
@@ -40,12 +40,12 @@ import torch
 from tilecc.codegen.link import link_kernels
 from tilecc.errors import TileccError
 from tilecc.frontend.segments import Collective, Segment
-from tilecc.passes.npu.collectives import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from tilecc.runtime.executor import _to_device_dtype, _to_user_dtype
 from tilecc.runtime.program import Program, TensorSpec
+from tilecc.runtime.stream_algorithm import ALGORITHMS, choose, lower
 from tilecc.runtime.system_compile import SystemProgram
 from tilecc.simulator import numerics
-from tilecc.simulator.isa import STORAGE, Engine, Opcode, empty_stream
+from tilecc.simulator.isa import ITEMSIZE, STORAGE, Engine, Opcode, empty_stream
 from tilecc.simulator.multichip import MultiChipResult, cosimulate, exposed_comm_ns
 
 __all__ = ["StreamProgram", "StreamRun", "build_streams", "run_streams"]
@@ -64,6 +64,7 @@ class StreamProgram:
     kernels: list[list[tuple[str, int, int]]] = field(default_factory=list)  # per chip: (name, start, count)
     remarks: list[str] = field(default_factory=list)
     alias: list[dict[str, int]] = field(default_factory=list)  # per chip: values placed in another's region
+    algorithms: dict[str, str] = field(default_factory=dict)  # collective kernel name -> algorithm lowering it
 
     def offset(self, r: int, name: str) -> int:
         """Where value `name` lies in chip r's HBM."""
@@ -86,10 +87,13 @@ class StreamRun:
         return max(0.0, 1.0 - self.exposed_ns / c) if c > 0 else 0.0
 
 
-def build_streams(sp: SystemProgram, *, chunks: int = 4) -> StreamProgram:
-    """Every chip's whole-model stream with its collectives in it (see the module docstring)."""
+def build_streams(sp: SystemProgram, *, chunks: int = 4, algorithm: str = "ring") -> StreamProgram:
+    """Every chip's whole-model stream with its collectives in it (see the module docstring);
+    `algorithm`: one of stream_algorithm.ALGORITHMS, for every collective."""
     if chunks < 1:
         raise TileccError(f"collectives='stream': chunks must be >= 1, got {chunks}")
+    if algorithm not in ALGORITHMS:
+        raise TileccError(f"collectives='stream': algorithm {algorithm!r} (allowed: {', '.join(ALGORITHMS)})")
     n = sp.tp
     stages = sp.graph.stages
     values: dict[str, TensorSpec] = {}
@@ -153,6 +157,7 @@ def build_streams(sp: SystemProgram, *, chunks: int = 4) -> StreamProgram:
                     alias[r][c.input] = y.offset + r * x.nbytes
             colls.append((c, scratch, int(np.prod(x.shape if c.op != "all_gather" else y.shape, dtype=np.int64))))
     weights: list[tuple[int, Program]] = []
+    algos: dict[str, str] = {}
     pieces: list[tuple[str, list[np.ndarray]]] = []  # kernels, per chip
     seg_i = 0
     coll_i = 0
@@ -177,12 +182,11 @@ def build_streams(sp: SystemProgram, *, chunks: int = 4) -> StreamProgram:
             if c.op == "shard":
                 continue  # a local cut: the consumers read the chip's block in place
             dt = values[c.input].dtype
-            if c.op == "all_reduce":
-                recs = [ring_all_reduce(r, n, off(r, c.input), off(r, c.output), count, dt, chunks) for r in range(n)]
-            elif c.op == "reduce_scatter":
-                recs = [ring_reduce_scatter(r, n, off(r, c.input), scratch, count, dt, chunks) for r in range(n)]
-            else:
-                recs = [ring_all_gather(r, n, off(r, c.output), count, dt, chunks) for r in range(n)]
+            topo, link = sp.system.topology, sp.system.link
+            name = choose(c.op, algorithm, topo, link, count, ITEMSIZE[dt])
+            y_of = (lambda r: scratch) if c.op == "reduce_scatter" else (lambda r, c=c: off(r, c.output))
+            recs = lower(c.op, name, topo, link, lambda r, c=c: off(r, c.input), y_of, count, dt, chunks)
+            algos[f"{c.op}({c.input})"] = name
             pieces.append((f"{c.op}({c.input})", recs))
     streams, remarks, all_spans = [], [], []
     for r in range(n):
@@ -197,7 +201,7 @@ def build_streams(sp: SystemProgram, *, chunks: int = 4) -> StreamProgram:
         all_spans.append(new_spans)
         if r == 0:
             remarks = why
-    return StreamProgram(sp, chunks, streams, top[0], values, weights, all_spans, remarks, alias)
+    return StreamProgram(sp, chunks, streams, top[0], values, weights, all_spans, remarks, alias, algos)
 
 
 def _supported(c: Collective, n: int, x: TensorSpec, y: TensorSpec, placeholders: list[str],
@@ -323,12 +327,14 @@ def run_streams(ssp: StreamProgram, inputs: tuple, *, functional: bool = True, s
         lo, hi = np.inf, 0.0
         for r, spans in enumerate(ssp.kernels):
             for kname, start, count in spans:
-                if kname == name:
-                    lo = min(lo, float(res.chips[r].start[start: start + count].min()))
+                if kname == name:  # a receive enters its queue early: the span starts at a send
+                    sends = ssp.streams[r]["opcode"][start: start + count] == Opcode.LINK_SEND
+                    if sends.any():
+                        lo = min(lo, float(res.chips[r].start[start: start + count][sends].min()))
                     hi = max(hi, float(res.chips[r].end[start: start + count].max()))
         local = lo == np.inf  # a shard: no instructions
         colls.append({"op": c.op, "value": c.input, "bytes": ssp.values[c.input].nbytes, "chunks": ssp.chunks,
-                      "algorithm": "local" if local else "ring (in-stream)",
+                      "algorithm": "local" if local else f"{ssp.algorithms.get(name, 'ring')} (in-stream)",
                       "time_us": 0.0 if local else (hi - lo) / res.clock_ghz / 1e3})
     exposed, free = exposed_comm_ns(ssp.streams, cfg, sp.system.topology, sp.system.link, res)
     return outs, StreamRun(res, colls, exposed, free)

@@ -30,7 +30,8 @@ from tilecc.runtime.system_report import SystemReport, system_report
 from tilecc.runtime.system_run import SystemTimeline, run_system
 from tilecc.simulator.interconnect.system import SystemConfig, load_system
 
-PARALLEL_KEYS = ("tp", "sp", "pp", "micro_batches", "dp", "collectives", "chunks")
+PARALLEL_KEYS = ("tp", "sp", "pp", "micro_batches", "dp", "collectives", "chunks", "algorithm")
+STREAM_ALGORITHMS = ("ring", "halving_doubling", "tree", "ring2d", "auto")  # runtime/stream_algorithm.py
 COLLECTIVE_MODES = ("between", "stream")  # runtime/system_run.py (default), runtime/system_stream.py
 
 
@@ -142,7 +143,9 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
 
 def _check_stream(p: dict[str, Any], tp: int) -> None:
     """`collectives`: "between" (default) or "stream" (tp > 1: the ring collectives in the
-    chips' streams, runtime/system_stream.py); `chunks`: pieces per ring block (stream only)."""
+    chips' streams, runtime/system_stream.py); `chunks`: pieces per ring block (stream only);
+    `algorithm` (stream only): ring (default), halving_doubling, tree, ring2d or auto
+    (runtime/stream_algorithm.py)."""
     mode = p.get("collectives", "between")
     if mode not in COLLECTIVE_MODES:
         raise ShardingError(f"parallel: 'collectives' = {mode!r} (allowed: {', '.join(COLLECTIVE_MODES)})")
@@ -150,6 +153,10 @@ def _check_stream(p: dict[str, Any], tp: int) -> None:
         raise ShardingError("parallel: collectives='stream' needs tensor parallelism (tp > 1), not pp")
     if "chunks" in p and mode != "stream":
         raise ShardingError("parallel: 'chunks' applies to collectives='stream'")
+    if "algorithm" in p and mode != "stream":
+        raise ShardingError("parallel: 'algorithm' applies to collectives='stream'")
+    if p.get("algorithm", "ring") not in STREAM_ALGORITHMS:
+        raise ShardingError(f"parallel: 'algorithm' = {p['algorithm']!r} (allowed: {', '.join(STREAM_ALGORITHMS)})")
     c = p.get("chunks", 4)
     if isinstance(c, bool) or not isinstance(c, int) or c < 1:
         raise ShardingError(f"parallel: 'chunks' must be a whole number >= 1, got {c!r}")
@@ -195,5 +202,5 @@ def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any,
     if p.get("collectives") == "stream":
         from tilecc.runtime.system_stream import build_streams
 
-        return SystemModel(build_streams(sp, chunks=p.get("chunks", 4)), mode)
+        return SystemModel(build_streams(sp, chunks=p.get("chunks", 4), algorithm=p.get("algorithm", "ring")), mode)
     return SystemModel(sp, mode)

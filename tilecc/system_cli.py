@@ -1,4 +1,4 @@
-"""`tilecc run FILE.py:FACTORY --system SPEC (--tp N [--sp] [--collectives stream [--chunks C]] |
+"""`tilecc run FILE.py:FACTORY --system SPEC (--tp N [--sp] [--collectives stream [--chunks C] [--algorithm A]] |
 --pp N [--micro-batches M] | --dp N)`:
 a model on many simulated chips, compared with eager.
 
@@ -27,6 +27,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="with --tp: collectives between the chips' programs (bulk-synchronous), or in the "
                           "instruction streams (the ring on link DMA queues, every chip co-simulated)")
     run.add_argument("--chunks", type=int, default=4, help="with --collectives stream: chunks per ring block")
+    run.add_argument("--algorithm", choices=("ring", "halving_doubling", "tree", "ring2d", "auto"), default="ring",
+                     help="with --collectives stream: how the collectives are lowered (auto: the least alpha-beta "
+                          "time on the topology)")
     run.add_argument("--pp", type=int, default=1, help="with --system: pipeline stages (one chip each)")
     run.add_argument("--micro-batches", type=int, default=1, help="with --pp: micro-batches the batch is cut into")
     run.add_argument("--dp", type=int, default=1,
@@ -65,6 +68,8 @@ def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) 
         parallel = {"tp": args.tp, "pp": args.pp}
     if args.collectives != "between":
         parallel.update(collectives=args.collectives, chunks=args.chunks)
+        if args.collectives == "stream":
+            parallel.update(algorithm=args.algorithm)
     progress.report("export")
     t0 = time.perf_counter()
     sm = tilecc.compile(model, inputs, target=args.target, system=args.system, parallel=parallel,
