@@ -148,9 +148,10 @@ def torch_dtype_name(t: torch.dtype) -> str:
 
 
 class _Importer:
-    def __init__(self, ep: ExportedProgram, bindings: dict | None = None):
+    def __init__(self, ep: ExportedProgram, bindings: dict | None = None, borrow_weights: bool = False):
         self.ep = ep
         self.bindings = bindings  # symbolic size -> concrete value of this specialisation
+        self.borrow_weights = borrow_weights  # weights as views of the model's tensors (torch_values.py)
         self.block = Block()
         self.env: dict[Node, Any] = {}
         self.unsupported: list[tuple[str, str]] = []
@@ -560,7 +561,7 @@ class _Importer:
                 kind = "constant" if node.op == "call_function" else "weight"
                 raise _Unsupported(f"{kind} '{name}' of dtype {data.dtype} ({e.reason})") from None
             if name not in self.weights:
-                self.weights[name] = _weight_values(data, name)
+                self.weights[name] = _weight_values(data, name, self.borrow_weights)
             return self.emit(g.WeightOp.make(name, g.tensor_type(shape, dt)))
         finally:
             self.loc = saved
@@ -734,15 +735,20 @@ class _Importer:
 
 
 def import_exported_program(
-    ep: ExportedProgram, bindings: dict | None = None, *, decomposed: bool = False
+    ep: ExportedProgram, bindings: dict | None = None, *, decomposed: bool = False, borrow_weights: bool = False
 ) -> g.GraphProgram:
     """Decompose `ep` to Core ATen (sdpa kept whole) and import it as a `GraphProgram`.
 
     A program with symbolic sizes (torch.export `Dim`s) is specialised by `bindings`
     (sympy symbol -> int). Raises one `UnsupportedOpError` listing every node that
     cannot be imported.
+
+    The graph program's weights are copies of the model's tensors, so it does not change
+    when they do. `borrow_weights` holds bf16 and float32 ones as read-only views instead
+    (no copy): for a graph program compiled at once and then dropped (`compile_cached`),
+    whose Program copies what it keeps (`runtime/compiler.py` `read_layout`).
     """
-    return _Importer(ep if decomposed else decompose(ep), bindings).run()
+    return _Importer(ep if decomposed else decompose(ep), bindings, borrow_weights).run()
 
 
 def decompose(ep: ExportedProgram) -> ExportedProgram:

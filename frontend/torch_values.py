@@ -64,10 +64,15 @@ def _on_meta_device(args: Any, kwargs: Any) -> tuple[Any, Any]:
     return args, kwargs
 
 
-def _weight_values(data: torch.Tensor, name: str) -> np.ndarray:
+def _weight_values(data: torch.Tensor, name: str, borrow: bool = False) -> np.ndarray:
     """A weight's values: float32, or int32 for integer / bool tensors (checked to fit); a
     tensor on the meta device (no values) is a `MetaWeight` (ir/meta_weights.py), a bf16
-    one a `Bf16Weight` (its bits; it reads as float32: ir/bf16_weights.py)."""
+    one a `Bf16Weight` (its bits; it reads as float32: ir/bf16_weights.py).
+
+    A copy, unless `borrow`: then a bf16 or float32 CPU tensor's values are a read-only
+    view of its memory (no copy; a bf16 one a `Bf16Weight` marked borrowed, which the
+    packager copies into the Program), for a graph program that lives only during one
+    compile. Other dtypes convert, which copies anyway."""
     if data.is_meta:
         return MetaWeight(tuple(int(d) for d in data.shape),  # type: ignore[return-value]
                           np.dtype(np.int32 if data.dtype in TORCH_INT_DTYPES else np.float32))
@@ -78,5 +83,17 @@ def _weight_values(data: torch.Tensor, name: str) -> np.ndarray:
             raise _Unsupported(f"integer constant '{name}' has values outside the int32 range")
         return wide.to(torch.int32).contiguous().numpy().copy()
     if data.dtype == torch.bfloat16:  # kept as bf16 bits: half the bytes (ir/bf16_weights.py)
-        return Bf16Weight(data.contiguous().view(torch.int16).numpy().view(np.uint16).copy())  # type: ignore[return-value]
+        bits = data.view(torch.int16).numpy().view(np.uint16)  # a view, strided as `data` is
+        if borrow:
+            return Bf16Weight(_read_only(bits), borrowed=True)  # type: ignore[return-value]
+        return Bf16Weight(np.array(bits, order="C"))  # type: ignore[return-value]  # one copy, contiguous
+    if borrow and data.dtype == torch.float32:
+        return _read_only(data.numpy())
     return data.to(torch.float32).contiguous().numpy().copy()
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of `a` (a pass that wrote into a borrowed weight would change the model)."""
+    view = a.view()
+    view.flags.writeable = False
+    return view

@@ -13,6 +13,11 @@ bf16 tensor as a `Bf16Weight`: its 16-bit patterns, in the weight's shape.
 - The packager (`runtime/compiler.py` `read_layout`) stores a `Bf16Weight` placed in a
   bf16 HBM tensor as its bits directly; a weight placed in another dtype converts.
 - `dtype` is float32, the type its values read as (like `MetaWeight`'s).
+- `borrowed`: its bits are a read-only view of the model's own tensor, not a copy (the
+  importer borrows for a graph program that lives only as long as one compile:
+  `runtime/cache.py` `compile_cached`); the packager copies a borrowed weight into the
+  Program and shares an owned one, so a Program never changes with the model's
+  parameters either way.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ __all__ = ["Bf16Weight", "bf16_weight"]
 class Bf16Weight:
     """A weight whose values are bf16, held as its uint16 bit patterns."""
 
-    __slots__ = ("bits",)
+    __slots__ = ("bits", "borrowed")
     dtype = np.dtype(np.float32)
 
-    def __init__(self, bits: np.ndarray):
+    def __init__(self, bits: np.ndarray, *, borrowed: bool = False):
         if bits.dtype != np.uint16:
             raise TypeError(f"Bf16Weight holds uint16 bit patterns, not {bits.dtype}")
         self.bits = bits
+        self.borrowed = borrowed
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -57,7 +63,7 @@ class Bf16Weight:
         return len(self.bits)
 
     def reshape(self, *shape: Any) -> Bf16Weight:
-        return Bf16Weight(self.bits.reshape(*shape))
+        return Bf16Weight(self.bits.reshape(*shape), borrowed=self.borrowed)
 
     def astype(self, dtype: Any) -> np.ndarray:
         return np.asarray(self).astype(dtype)
@@ -67,7 +73,9 @@ class Bf16Weight:
         return np.asarray(Bf16Weight(np.asarray(self.bits[index])))
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        values = (np.ascontiguousarray(self.bits).astype(np.uint32) << 16).view(np.float32)
+        wide = self.bits.astype(np.uint32, order="C")  # one float32-sized array, shifted in place
+        wide <<= 16
+        values = wide.view(np.float32)
         return values if dtype is None else values.astype(dtype)
 
     def __repr__(self) -> str:

@@ -274,7 +274,9 @@ def compile_cached(graph: Any, cfg: HardwareConfig, cache: Any, *, stats: Any = 
         else:
             from tilecc.frontend.torch_export import import_exported_program
 
-            gp = import_exported_program(graph)
+            # lives only for this compile: its weights are views of the model's (the Program
+            # copies what it keeps), not a second copy of every weight
+            gp = import_exported_program(graph, borrow_weights=True)
         return compile_graph(gp, cfg, stats=stats, opt_level=opt_level, autotune=autotune)
 
     cc = None if isinstance(autotune, Autotuner) else resolve(cache)

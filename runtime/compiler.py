@@ -277,13 +277,14 @@ def package_program(module: ModuleOp, layout: _Layout, cfg: HardwareConfig, intr
             remarks.emit("link-kernels", "passed",
                          f"{n_kernels} kernels linked into {len(notes) + 1} barrier-separated groups")
     work = {**intrinsic.figures(), **program_work(stream, cfg)}
+    weight_data = layout.own_weights()
     return Program(
         stream=stream,
         kernels=kernels,
         inputs=layout.inputs,
         outputs=layout.outputs,
         weights=layout.weights,
-        weight_data=layout.weight_data,
+        weight_data=weight_data,
         hbm_size=layout.hbm_size,
         config=cfg,
         work=work,
@@ -297,10 +298,21 @@ class _Layout:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     weights: list[TensorSpec]
-    weight_data: dict[str, np.ndarray]
+    weight_data: dict[str, np.ndarray]  # bytes; a `borrowed` weight's entry its bf16 bits, not yet copied
     hbm_size: int
     hbm_plan: dict[str, int]  # bytes: size, persistent (inputs, weights, constants), intermediates
     timing_only: bool = False  # weights without values (ir/meta_weights.py): no bytes for them
+    borrowed: set[str] = field(default_factory=set[str])
+
+    def own_weights(self) -> dict[str, np.ndarray]:
+        """`weight_data` with every borrowed weight (a view of the model's tensor:
+        ir/bf16_weights.py) copied, so the Program keeps its values whatever the model's
+        parameters become. The packager calls it last, after the stream is encoded and
+        linked, so these copies do not sit beside the compile's IR and temporaries."""
+        for name in sorted(self.borrowed):
+            self.weight_data[name] = np.array(self.weight_data[name], order="C").reshape(-1).view(np.uint8)
+        self.borrowed.clear()
+        return self.weight_data
 
 
 def _spec(name: str, t: HbmTensor, torch_dtype: str = "") -> TensorSpec:
@@ -331,6 +343,7 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
     inputs: dict[int, TensorSpec] = {}
     weights: list[TensorSpec] = []
     data: dict[str, np.ndarray] = {}
+    borrowed: set[str] = set()
     meta = False
     for op in main.body.block.ops:
         if not isinstance(op, tile.HbmAllocOp):
@@ -349,6 +362,10 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
                 continue
             if isinstance(wv, Bf16Weight) and t.dtype == DType.BF16:  # stored as it is held
                 weights.append(_spec(name, t))
+                if wv.borrowed:  # the model's own memory: copied last (`_Layout.own_weights`)
+                    borrowed.add(name)
+                    data[name] = wv.bits.reshape(t.shape)
+                    continue
                 data[name] = wv.bits.reshape(t.shape).reshape(-1).view(np.uint8)  # shared: both only read it
                 continue
             if op.weight is not None:
@@ -377,7 +394,7 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
         "intermediate_peak": peak,
         "intermediate_total": _int_attr(attrs, "tile.hbm_intermediate_total"),
     }
-    return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size, plan, meta)
+    return _Layout([inputs[i] for i in sorted(inputs)], outputs, weights, data, hbm_size, plan, meta, borrowed)
 
 
 __all__ = ["compile_graph", "CompileStats", "MemRefType", "dtype_of", "ITEMSIZE"]

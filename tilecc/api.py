@@ -72,7 +72,7 @@ class CompiledModel:
         key = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in inputs)
         if key not in self.programs:
             bindings = specialize.bind(core, inputs)
-            gp = import_exported_program(core, bindings, decomposed=True)
+            gp = import_exported_program(core, bindings, decomposed=True, borrow_weights=True)  # compiled, dropped
             self.compile_stats = CompileStats()
             self.programs[key] = compile_cached(gp, cfg, self.cache, stats=self.compile_stats,
                                                 opt_level=self.opt_level, autotune=self.autotune)
