@@ -78,6 +78,7 @@ def host_view_outputs(gm: GraphModule) -> set[Node]:
         with gm.graph.inserting_before(out):
             for c in chain:
                 assert isinstance(prev, Node)
+                assert callable(c.target)  # a call_function node's target
                 new = gm.graph.call_function(c.target, (prev, *c.args[1:]), dict(c.kwargs))
                 new.meta = dict(c.meta)
                 host.add(new)

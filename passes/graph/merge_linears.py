@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import MutableMapping
+from typing import Any
 
 import numpy as np
 from xdsl.dialects import func
@@ -73,7 +74,7 @@ EPILOGUE = (g.AddOp, g.MulOp)  # bias, per-channel scale
 ELEMENTWISE = (g.UnaryElementwiseOp, g.BinaryElementwiseOp, g.CastOp, g.ReshapeOp)  # and views
 
 
-def merge_linears(module: ModuleOp, weights: MutableMapping[str, object]) -> int:
+def merge_linears(module: ModuleOp, weights: MutableMapping[str, Any]) -> int:
     """Merge every group of linears in `module` (see the module docstring); the merged
     weights go into `weights`, and the sources nothing reads any more leave it. The
     number of matmuls removed."""
@@ -218,7 +219,8 @@ def _merge(fn: func.FuncOp, mms: list[g.MatmulOp], weights: MutableMapping[str, 
     for d in range(depth):
         op0, idx, _w = chains[0][d]
         w = merged_weight([c[d][2] for c in chains])
-        step = type(op0).make(*((v, w) if idx == 0 else (w, v)), loc=g.source_loc(op0))
+        make: Any = type(op0).make  # type: ignore[attr-defined]  # a graph op class: all have make
+        step = make(*((v, w) if idx == 0 else (w, v)), loc=g.source_loc(op0))
         new_ops.append(step)
         v = step.results[0]
     lasts = [c[depth - 1][0].results[0] if depth else m.results[0] for m, c in zip(mms, chains, strict=True)]
