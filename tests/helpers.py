@@ -8,6 +8,32 @@ import tilecc
 from tilecc.runtime.compare import tolerance
 
 
+class LastHidden(torch.nn.Module):
+    """A `transformers` base model with its last hidden state as the one output."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids).last_hidden_state
+
+
+def load_example(name: str, module_name: str):
+    """The module `examples/<name>`, loaded from its file under `module_name`."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / name
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_and_compare(model: torch.nn.Module, inputs: tuple, target: str = "tiny"):
     """Compile, run on the simulator, and assert the outputs match torch eager."""
     model = model.eval()

@@ -16,6 +16,8 @@ import torch
 for _m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
     sys.modules.setdefault(_m, types.ModuleType(_m))
 
+from helpers import LastHidden  # noqa: E402
+
 import tilecc  # noqa: E402
 from tilecc.errors import TileccError  # noqa: E402
 from tilecc.passes.npu.collective_halving_doubling import (  # noqa: E402
@@ -55,14 +57,21 @@ def _run(topology: str, records, hbms=None):
     return cosimulate([records(r) for r in range(n)], CFG, system.topology, system.link, hbms)
 
 
-def _all_reduce(topology: str, n: int, elements: int, lowering, seed: int = 0):
-    """Chip r's x at 0, the result y after it: (inputs, outputs, hbms, result)."""
+def _contributions(n: int, elements: int, seed: int):
+    """n chips' random f32 contributions x (returned), each at HBM 0 of its image, and
+    the offset y after them where a result goes."""
     rng = np.random.default_rng(seed)
     xs = [rng.standard_normal(elements).astype(np.float32) for _ in range(n)]
     y = _pad(elements * 4)
     hbms = [np.zeros(2 * y, np.uint8) for _ in range(n)]
     for r in range(n):
         hbms[r][: elements * 4] = xs[r].view(np.uint8)
+    return xs, y, hbms
+
+
+def _all_reduce(topology: str, n: int, elements: int, lowering, seed: int = 0):
+    """Chip r's x at 0, the result y after it: (inputs, outputs, hbms, result)."""
+    xs, y, hbms = _contributions(n, elements, seed)
     res = _run(topology, lambda r: lowering(r, 0, y), hbms)
     return xs, [h[y: y + elements * 4].view(np.float32) for h in hbms], hbms, res
 
@@ -127,12 +136,7 @@ def test_reduce_scatter_and_all_gather_halves(algorithm, n, chunks):
     topo = spec.format(n=n, h=n // 2)
     per = 6
     elements = n * per
-    rng = np.random.default_rng(n)
-    xs = [rng.standard_normal(elements).astype(np.float32) for _ in range(n)]
-    y = _pad(elements * 4)
-    hbms = [np.zeros(2 * y, np.uint8) for _ in range(n)]
-    for r in range(n):
-        hbms[r][: elements * 4] = xs[r].view(np.uint8)
+    xs, y, hbms = _contributions(n, elements, n)
     _run(topo, lambda r: rs(r, size(n), 0, y, elements, DType.F32, chunks), hbms)
     total = np.sum(np.stack(xs), axis=0, dtype=np.float64)
     for r in range(n):
@@ -240,15 +244,6 @@ def test_auto_picks_by_the_alpha_beta_cost():
 
 
 # ------------------------------------------------------------------ tensor parallelism
-
-
-class LastHidden(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state
 
 
 def _llama(layers=1):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import run_and_compare
+from tests.helpers import load_example, run_and_compare
 from tilecc.frontend.export import export_model
 from tilecc.frontend.torch_export import import_exported_program
 from tilecc.ir import graph as g
@@ -179,16 +179,7 @@ def test_meta_weights_merge_to_a_meta_weight():
 
 
 def _examples():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "examples" / "llm.py"
-    spec = importlib.util.spec_from_file_location("tilecc_test_merge_examples", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example("llm.py", "tilecc_test_merge_examples")
 
 
 @pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 for _m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
     sys.modules.setdefault(_m, types.ModuleType(_m))
 
+from helpers import LastHidden  # noqa: E402
+
 import tilecc  # noqa: E402
 from tilecc.codegen.binary import decode_stream, encode_stream  # noqa: E402
 from tilecc.errors import ProgramFormatError, SimulatorError  # noqa: E402
@@ -196,15 +198,6 @@ def test_engine_field_of_link_ops():
 
 
 # ------------------------------------------------------------------ tensor parallelism
-
-
-class LastHidden(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state
 
 
 def _llama(heads=8, kv_heads=4, hidden=64, layers=1):

@@ -12,17 +12,10 @@ import torch
 for _m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
     sys.modules.setdefault(_m, types.ModuleType(_m))
 
+from helpers import LastHidden  # noqa: E402
+
 import tilecc  # noqa: E402
 from tilecc.frontend.tensor_parallel import ShardingError  # noqa: E402
-
-
-class LastHidden(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state
 
 
 def llama(heads=8, kv_heads=4, hidden=64, layers=1, seed=0):

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from xdsl.dialects import func
@@ -219,7 +219,7 @@ def _merge(fn: func.FuncOp, mms: list[g.MatmulOp], weights: MutableMapping[str, 
     for d in range(depth):
         op0, idx, _w = chains[0][d]
         w = merged_weight([c[d][2] for c in chains])
-        make: Any = type(op0).make  # type: ignore[attr-defined]  # a graph op class: all have make
+        make = cast(Any, type(op0)).make  # a graph op class: every one has make
         step = make(*((v, w) if idx == 0 else (w, v)), loc=g.source_loc(op0))
         new_ops.append(step)
         v = step.results[0]
