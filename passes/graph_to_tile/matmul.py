@@ -52,6 +52,8 @@ subclass of `BlockedMatmulKernel`):
 - `BlockedMatmulKernel.load_a_rows(dst, m0, k0, ms, cols, queue)`: produce the
   natural-layout A rows ``m0 .. m0+ms`` x columns ``k0 .. k0+cols`` into the SRAM
   buffer `dst` (``[TM, K]``). Default: one `tile.load` from the A argument.
+- `BlockedMatmulKernel.load_a_direct(dst)`: a direct kernel's row into lhsT (default:
+  one load; passes/graph_to_tile/norm_gemv.py computes an RMS norm there instead).
 - `BlockedMatmulKernel.evacuate(acc, parity, m0, n0, ms, ns)`: move one finished
   accumulator tile (``ms x ns`` fp32 in `acc`, output rows ``m0..`` and columns
   ``n0..``) to HBM. Default: vector copy into the SRAM out buffer ``parity``, then one
@@ -308,6 +310,13 @@ class BlockedMatmulKernel:
         self.kb.add(tile.LoadOp(self.argA, [*self.batch_idx(self.a_imap), m0, k0], dst, self.c(ms), self.c(cols),
                                 self.rank - 2, self.rank - 1, queue=queue))
 
+    def load_a_direct(self, dst: SSAValue) -> None:
+        """A direct kernel's row into `dst` (``[TK, nk]``, partition r holding elements
+        ``r*nk ..``). Default: one `tile.load` of the A argument (the row viewed so)."""
+        p = self.p
+        self.kb.add(tile.LoadOp(self.argA, [self.c(0), self.c(0)], dst, self.c(p.TK), self.c(p.nk), 0, 1,
+                                queue=self.s.qa[0]))
+
     def evacuate(self, acc: SSAValue, parity: int, m0: SSAValue, n0: SSAValue, ms: int, ns: int) -> None:
         """One finished ms x ns accumulator tile -> output rows m0.., columns n0..."""
         out = self.obuf[parity]
@@ -525,8 +534,7 @@ class BlockedMatmulKernel:
             # the row, partition r holding elements r*nk .. r*nk + nk - 1 (the view [TK, nk])
             if len(plans) != 1 or any(plans[0].chunk_items):
                 raise CompileError("lower-graph-to-tile: a direct-A matmul has one m-tile")
-            self.kb.add(tile.LoadOp(self.argA, [self.c(0), self.c(0)], self.lhsT[0][0], self.c(p.TK), self.c(p.nk),
-                                    0, 1, queue=s.qa[0]))
+            self.load_a_direct(self.lhsT[0][0])
             self.block(_pos_static(0), plans[0])
             return
         first = plans[0].prologue[0]
