@@ -30,7 +30,10 @@ kernel: the race detector sees the instructions of the whole group in one segmen
   link semaphore. A requirement an earlier instruction of the same queue already waits
   for is not repeated (queues run in order). A wait that finds no free slot replaces
   two waits on one engine by the later one, or moves to an earlier instruction of its
-  queue in its kernel (waiting earlier is always safe).
+  queue (waiting earlier is always safe) in its kernel or, where none has room, in an
+  earlier kernel but after the awaited instruction in program order (so the wait still
+  points backwards: a kernel's first instruction on a queue that must wait for more
+  engines than it has slots no longer costs a barrier).
 - Waits point only backwards in program order, to earlier kernels, so linking adds no
   deadlock. On-chip footprints are compared by byte range over all partitions and HBM
   ones by bounding range (conservative: a false conflict costs overlap, never order).
@@ -337,18 +340,19 @@ def _place_waits(s, eng, kernel_of, need, ordinal, queue_members, link_sem: list
     producer = dict(zip(zip(sig[has].tolist(), count_at[has].tolist(), strict=True), has.tolist(),
                         strict=True))
     for e_w, r, x in requests:
-        _add_wait(s, queue_members[e_w], r, int(sig[x]), int(count_at[x]), kernel_of, producer, eng)
+        _add_wait(s, queue_members[e_w], r, int(sig[x]), int(count_at[x]), kernel_of, producer, eng, x)
 
 
 def _add_wait(s: np.ndarray, q: np.ndarray, r: int, sem: int, val: int, kernel_of: np.ndarray,
-              producer: dict[tuple[int, int], int], eng: np.ndarray) -> None:
-    """Wait `sem >= val` on instruction q[r], or on the nearest earlier instruction of
-    its queue in its kernel with room (waiting earlier is always safe; an instruction
-    of an earlier kernel could close a cycle). Room: a free slot, or two waits met by
-    signallers on one engine, of which the later one implies the other (engines
-    complete in order)."""
+              producer: dict[tuple[int, int], int], eng: np.ndarray, x: int) -> None:
+    """Wait `sem >= val` (instruction `x` done) on instruction q[r], or on the nearest
+    earlier instruction of its queue with room (waiting earlier is always safe) that
+    is in its kernel or after `x` in program order: every wait then still points
+    backwards in program order, so no cycle closes (an instruction of an earlier kernel
+    before `x` could close one). Room: a free slot, or two waits met by signallers on
+    one engine, of which the later one implies the other (engines complete in order)."""
     k = kernel_of[q[r]]
-    while r >= 0 and kernel_of[q[r]] == k:
+    while r >= 0 and (kernel_of[q[r]] == k or int(q[r]) > x):
         i = int(q[r])
         ws, wv = s["wait_sem"][i], s["wait_val"][i]
         same = np.flatnonzero(ws == sem)

@@ -12,7 +12,12 @@ GEMVs' time is their weight's transfer). The derived tensor is
 (nG = K / (g*TK) groups, nch = N / TNL chunks), i.e. B reshaped to
 ``[nG, g, TK, nch, TNL]``, transposed to ``[nch, nG, TK, g, TNL]`` and viewed
 ``[nch*nG*TK, g*TNL]``. The lowering names it ``"<source>@btiles[nG x g x TK x nch x TNL]"``
-(`tiled_name`) in a `tile.hbm_alloc {weight = ...}`; whoever fills HBM with weights
+(`tiled_name`) in a `tile.hbm_alloc {weight = ...}`. A one-row matmul (decode at batch 1)
+loads its A row straight into the partitions, partition r holding the nk = K / TK
+contiguous elements ``r*nk ..`` (passes/graph_to_tile/matmul.py, `direct_a`), so its
+k-tile kt holds rows ``r*nk + kt`` of the contraction; its B then has its rows
+interleaved the same way before tiling, ``B'[kt*TK + r] = B[r*nk + kt]``, named
+``"<source>@btiles[...]:ki"``; whoever fills HBM with weights
 (runtime/compiler.read_layout, runtime/gpu.py) gets its values from `weight_values`,
 which derives them from the source weight (a `MetaWeight` for a model on the meta
 device: shapes only). The graph program's weights are never changed.
@@ -28,11 +33,11 @@ import numpy as np
 from tilecc.errors import CompileError
 from tilecc.ir.meta_weights import MetaWeight
 
-_TILED = re.compile(r"^(?P<base>.+)@btiles\[(?P<dims>\d+x\d+x\d+x\d+x\d+)\]$")
+_TILED = re.compile(r"^(?P<base>.+)@btiles\[(?P<dims>\d+x\d+x\d+x\d+x\d+)\](?P<ki>:ki)?$")
 
 
-def tiled_name(base: str, n_groups: int, g: int, tk: int, n_chunks: int, tnl: int) -> str:
-    return f"{base}@btiles[{n_groups}x{g}x{tk}x{n_chunks}x{tnl}]"
+def tiled_name(base: str, n_groups: int, g: int, tk: int, n_chunks: int, tnl: int, *, interleaved: bool = False) -> str:
+    return f"{base}@btiles[{n_groups}x{g}x{tk}x{n_chunks}x{tnl}]" + (":ki" if interleaved else "")
 
 
 def tiled_shape(n_groups: int, g: int, tk: int, n_chunks: int, tnl: int) -> tuple[int, int]:
@@ -43,9 +48,15 @@ def is_derived(name: str) -> bool:
     return _TILED.match(name) is not None
 
 
-def tile_b(b: np.ndarray, n_groups: int, g: int, tk: int, n_chunks: int, tnl: int) -> np.ndarray:
-    """B (any shape holding K*N elements, row-major [K, N]) in the pre-tiled order."""
-    five = np.asarray(b).reshape(n_groups, g, tk, n_chunks, tnl)
+def tile_b(b: np.ndarray, n_groups: int, g: int, tk: int, n_chunks: int, tnl: int, *,
+           interleaved: bool = False) -> np.ndarray:
+    """B (any shape holding K*N elements, row-major [K, N]) in the pre-tiled order
+    (`interleaved`: its rows first reordered so that k-tile kt, row r is row r*nk + kt)."""
+    b = np.asarray(b)
+    if interleaved:
+        nk = n_groups * g
+        b = b.reshape(tk, nk, n_chunks * tnl).transpose(1, 0, 2)
+    five = b.reshape(n_groups, g, tk, n_chunks, tnl)
     return np.ascontiguousarray(five.transpose(3, 0, 2, 1, 4)).reshape(tiled_shape(n_groups, g, tk, n_chunks, tnl))
 
 
@@ -55,7 +66,7 @@ def rebase(name: str, renamed: Mapping[str, str]) -> str | None:
     m = _TILED.match(name)
     if m is None or m["base"] not in renamed:
         return None
-    return f"{renamed[m['base']]}@btiles[{m['dims']}]"
+    return f"{renamed[m['base']]}@btiles[{m['dims']}]{m['ki'] or ''}"
 
 
 def source_of(name: str) -> str | None:
@@ -75,4 +86,4 @@ def weight_values(weights: Mapping[str, object], name: str) -> object:
     src = weights[m["base"]]
     if isinstance(src, MetaWeight):
         return MetaWeight(tiled_shape(*dims), src.dtype)
-    return tile_b(np.asarray(src), *dims)
+    return tile_b(np.asarray(src), *dims, interleaved=m["ki"] is not None)

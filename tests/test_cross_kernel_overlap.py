@@ -281,3 +281,34 @@ def test_a_kernel_that_cannot_link_keeps_one_barrier(monkeypatch):
     assert len(bars) == 2 and bars[0] == new_spans[3][1] - 1  # before k3, and the final one
     assert [n for n, _, _ in new_spans] == [f"k{k}" for k in range(6)]
     simulate(linked, cfg, np.zeros(1 << 16, np.uint8), sanitize=True)
+
+
+def test_a_wait_with_no_room_moves_to_an_earlier_kernels_instruction_of_its_queue():
+    """Kernel 2's first instruction (a load on queue 3) overwrites SRAM that kernel 1
+    wrote on queues 0, 1, 2 and read on the matrix and vector engines: five engines to
+    wait for, four wait slots, and no earlier instruction of queue 3 in kernel 2. The
+    fifth wait goes to kernel 1's last instruction of queue 3, which comes after every
+    producer in program order (so no cycle can close): the kernels link, race-free,
+    instead of keeping a barrier."""
+    from tilecc.simulator.isa import MAX_WAITS
+
+    cfg = load_config("cloud")
+    assert cfg.dma.queues == 4 and MAX_WAITS == 4
+    copy = {"opcode": Opcode.VEC_UNARY, "func": 0, "rows": 4, "cols": 8, "a_mem": Mem.SRAM, "a_addr": 0,
+            "a_dtype": DType.F32, "o_mem": Mem.SRAM, "o_addr": 3072, "o_dtype": DType.F32,
+            "wait_sem": [0, -1, -1, -1], "wait_val": [1, 0, 0, 0], "signal_sem": 3}
+    mm = {"opcode": Opcode.MATMUL, "rows": 4, "cols": 8, "k": 4, "a_mem": Mem.SRAM, "a_addr": 1024,
+          "a_dtype": DType.F32, "b_mem": Mem.SRAM, "b_addr": 2048, "b_dtype": DType.F32, "o_mem": Mem.ACC,
+          "o_addr": 0, "o_dtype": DType.F32, "wait_sem": [1, 2, -1, -1], "wait_val": [1, 1, 0, 0], "signal_sem": 4}
+    k1 = [_dma(Opcode.DMA_LOAD, 0, 0, addr=0, signal_sem=0), _dma(Opcode.DMA_LOAD, 1, 4096, addr=1024, signal_sem=1),
+          _dma(Opcode.DMA_LOAD, 2, 8192, addr=2048, signal_sem=2), copy, mm,
+          _dma(Opcode.DMA_LOAD, 3, 12288, addr=8192)]
+    k2 = [_dma(Opcode.DMA_LOAD, 3, 16384, addr=0, rows=4, cols=1024, hbm_rs=1024)]
+    stream, spans = _two_kernels(k1, k2)
+    linked, new_spans, notes = link_kernels(stream, spans, cfg)
+    assert notes == [] and int((linked["opcode"] == Opcode.BARRIER).sum()) == 1
+    first = new_spans[1][1]
+    assert int((linked["wait_sem"][first] >= 0).sum()) == MAX_WAITS
+    assert (linked["wait_sem"][len(k1) - 1] >= 0).any()  # kernel 1's queue-3 load carries the fifth
+    res = simulate(linked, cfg, np.zeros(1 << 16, np.uint8), sanitize=True)
+    assert res.start[first] >= res.end[: len(k1) - 1].max()

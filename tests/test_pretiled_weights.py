@@ -33,6 +33,30 @@ def test_tiled_layout_is_the_kernels_group_order(nG, g, tk, nch, tnl):
                     np.testing.assert_array_equal(row, b[(G * g + i) * tk + r, c * tnl:(c + 1) * tnl])
 
 
+@settings(max_examples=30, deadline=None)
+@given(nG=st.integers(1, 3), g=st.integers(1, 3), tk=st.integers(1, 4), nch=st.integers(1, 3), tnl=st.integers(1, 5))
+def test_interleaved_layout_matches_a_row_loaded_straight_into_the_partitions(nG, g, tk, nch, tnl):
+    """k-tile kt, row r of the interleaved layout is B's row r*nk + kt: the element a
+    direct A row holds in partition r, column kt (passes/graph_to_tile/matmul.py)."""
+    K, N, nk = nG * g * tk, nch * tnl, nG * g
+    b = np.arange(K * N, dtype=np.float32).reshape(K, N)
+    t = tile_b(b, nG, g, tk, nch, tnl, interleaved=True)
+    for c in range(nch):
+        for G in range(nG):
+            for r in range(tk):
+                for i in range(g):
+                    row = t[(c * nG + G) * tk + r, i * tnl:(i + 1) * tnl]
+                    np.testing.assert_array_equal(row, b[r * nk + G * g + i, c * tnl:(c + 1) * tnl])
+    # a row split the same way contracts to the same product
+    a = np.arange(K, dtype=np.float64)
+    direct = a.reshape(tk, nk)  # partition r, column kt
+    got = sum(direct[:, kt] @ b.reshape(tk, nk, N)[:, kt] for kt in range(nk))
+    np.testing.assert_allclose(got, a @ b)
+    name = tiled_name("w", nG, g, tk, nch, tnl, interleaved=True)
+    assert source_of(name) == "w" and rebase(name, {"w": "v"}) == tiled_name("v", nG, g, tk, nch, tnl, interleaved=True)
+    np.testing.assert_array_equal(weight_values({"w": b}, name), t)
+
+
 def test_derived_names_values_and_meta():
     name = tiled_name("layer.w", 2, 4, 128, 8, 1024)
     assert source_of(name) == "layer.w" and source_of("layer.w") is None
@@ -72,6 +96,13 @@ def test_decode_gemv_reads_pretiled_weights_of_each_layer():
     s = cm.program.stream
     loads = s[(s["opcode"] == Opcode.DMA_LOAD) & (s["rows"] == 128)]
     assert loads.size and int(loads["cols"].max()) > 1024
+    # the one-row A loads straight into the partitions (8 elements each), its weight
+    # interleaved to match: no identity, no transposes (every matmul is a GEMV row)
+    assert all(n.endswith(":ki") for n in tiled)
+    assert any("no transposes" in m for m in remarks)
+    mm = s[s["opcode"] == Opcode.MATMUL]
+    assert mm.size and (mm["rows"] == 1).all()
+    assert ((s["opcode"] == Opcode.DMA_LOAD) & (s["rows"] == 128) & (s["cols"] == 1024 // 128)).any()
 
 
 def test_batched_rows_and_int8_weights_match_eager():

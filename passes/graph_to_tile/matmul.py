@@ -32,6 +32,11 @@ Loop nest, per batch index (TM x TK x TN: the target's tile; TNL = w * TN)::
   A rows load one preparation ahead into two natural-layout buffers.
 - B tiles of a chunk live in group buffers of g k-tiles; one group's loads run on one
   DMA queue. Matmuls wait for their whole group (synchronisation is per buffer).
+- A one-row matmul reading a pre-tiled weight (`direct_a`: decode at batch 1) needs no
+  transposes: its A row loads straight into lhsT with one DMA, partition r holding the
+  K / TK contiguous elements ``r*nk ..`` (k-tile kt is column kt), and its weight is
+  stored with rows interleaved to match (`ir/weight_layout.py`, ``:ki``). No identity,
+  no natural-layout A buffer, no transposes before the first matmul.
 - Everything is static except loop indices: edge tiles (M, K, N not multiples of the
   tile, a last block of fewer m-tiles, a narrower last chunk) are peeled in Python, and
   loops over uniform runs of blocks, chunks, m-tiles and k-tiles are unrolled by two so
@@ -47,6 +52,8 @@ subclass of `BlockedMatmulKernel`):
 - `BlockedMatmulKernel.load_a_rows(dst, m0, k0, ms, cols, queue)`: produce the
   natural-layout A rows ``m0 .. m0+ms`` x columns ``k0 .. k0+cols`` into the SRAM
   buffer `dst` (``[TM, K]``). Default: one `tile.load` from the A argument.
+- `BlockedMatmulKernel.load_a_direct(dst)`: a direct kernel's row into lhsT (default:
+  one load; passes/graph_to_tile/norm_gemv.py computes an RMS norm there instead).
 - `BlockedMatmulKernel.evacuate(acc, parity, m0, n0, ms, ns)`: move one finished
   accumulator tile (``ms x ns`` fp32 in `acc`, output rows ``m0..`` and columns
   ``n0..``) to HBM. Default: vector copy into the SRAM out buffer ``parity``, then one
@@ -173,11 +180,16 @@ class BlockedMatmulKernel:
     docstring for the loop nest and the two extension points)."""
 
     def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, *, rank: int,
-                 a_imap: Sequence, b_imap: Sequence, elems: tuple):
+                 a_imap: Sequence, b_imap: Sequence, elems: tuple, direct: bool = False):
         self.kb, self.p, self.s, self.cfg = kb, p, s, cfg
         self.rank = rank
         self.a_imap, self.b_imap = list(a_imap), list(b_imap)
-        self.argA, self.argB, self.argI, self.argO = kb.args[:4]  # a fused kernel has more
+        # `direct` (`direct_a`): A is the row viewed [TK, nk] and there is no identity
+        self.direct = direct
+        if direct:
+            self.argA, self.argB, self.argO = kb.args[:3]
+        else:
+            self.argA, self.argB, self.argI, self.argO = kb.args[:4]  # a fused kernel has more
         ea, eb, eo = elems
         self.ea, self.eb, self.eo = ea, eb, eo
         self.TNL = s.w * p.TN
@@ -270,15 +282,19 @@ class BlockedMatmulKernel:
         sets = 2 if uses_two_sets(p, s) else 1
         per_par = -(-nb // self.pars)
         TM, TK, TN, TNL = p.TM, p.TK, p.TN, self.TNL
+        if self.direct:
+            self.ibuf, self.a_nat = [], []
+            self.lhsT = [[kb.alloc([TK, p.nk], self.ea, tile.SRAM, "lhsT")]]
         # one identity per A queue, loaded on it once, before every A load (outside the
         # batch loops): a transpose's wait for its A rows then implies the identity
-        self.ibuf = [kb.alloc([TM, TM], self.ea, tile.SRAM, "ident") for _ in s.qa]
-        for qi, q in enumerate(s.qa):
-            kb.add(tile.LoadOp(self.argI, [self.c(0), self.c(0)], self.ibuf[qi], self.c(TM), self.c(TM), 0, 1,
-                               queue=q))
-        self.a_nat = [kb.alloc([TM, p.K], self.ea, tile.SRAM, "a") for _ in range(2)]
-        self.lhsT = [[kb.alloc([TK, per_par * p.nk * TM], self.ea, tile.SRAM, "lhsT") for _ in range(self.pars)]
-                     for _ in range(sets)]
+        else:
+            self.ibuf = [kb.alloc([TM, TM], self.ea, tile.SRAM, "ident") for _ in s.qa]
+            for qi, q in enumerate(s.qa):
+                kb.add(tile.LoadOp(self.argI, [self.c(0), self.c(0)], self.ibuf[qi], self.c(TM), self.c(TM), 0, 1,
+                                   queue=q))
+            self.a_nat = [kb.alloc([TM, p.K], self.ea, tile.SRAM, "a") for _ in range(2)]
+            self.lhsT = [[kb.alloc([TK, per_par * p.nk * TM], self.ea, tile.SRAM, "lhsT") for _ in range(self.pars)]
+                         for _ in range(sets)]
         self.bset = [[kb.alloc([TK, n * TNL], self.eb, tile.SRAM, "rhs") for _, n in self.groups]
                      for _ in range(s.b_sets)]
         self.obuf = [kb.alloc([TM, TNL], self.eo, tile.SRAM, "out") for _ in range(2)]
@@ -293,6 +309,13 @@ class BlockedMatmulKernel:
         """Natural-layout A rows m0..m0+ms, columns k0..k0+cols, into SRAM `dst`."""
         self.kb.add(tile.LoadOp(self.argA, [*self.batch_idx(self.a_imap), m0, k0], dst, self.c(ms), self.c(cols),
                                 self.rank - 2, self.rank - 1, queue=queue))
+
+    def load_a_direct(self, dst: SSAValue) -> None:
+        """A direct kernel's row into `dst` (``[TK, nk]``, partition r holding elements
+        ``r*nk ..``). Default: one `tile.load` of the A argument (the row viewed so)."""
+        p = self.p
+        self.kb.add(tile.LoadOp(self.argA, [self.c(0), self.c(0)], dst, self.c(p.TK), self.c(p.nk), 0, 1,
+                                queue=self.s.qa[0]))
 
     def evacuate(self, acc: SSAValue, parity: int, m0: SSAValue, n0: SSAValue, ms: int, ns: int) -> None:
         """One finished ms x ns accumulator tile -> output rows m0.., columns n0..."""
@@ -417,7 +440,10 @@ class BlockedMatmulKernel:
         cs = [min(p.TN, width - t * p.TN) for t in range(wc)]
 
         def kt_body(g: int, i: _Aff, kt: _Aff, kt_par: int, ksz: int) -> None:
-            lwin = self.window(lhs, lhs_col + kt * p.TM, [p.TK, p.TM])
+            if self.direct:
+                lwin = self.window(lhs, kt, [p.TK, 1])
+            else:
+                lwin = self.window(lhs, lhs_col + kt * p.TM, [p.TK, p.TM])
             if kt.is_const:
                 acc_flag = self.true if kt.const else self.false
             elif kt.const > 0 and all(k > 0 for _, k in kt.terms):
@@ -486,7 +512,7 @@ class BlockedMatmulKernel:
             self.run_positions(j0, j1 - j0, one)
 
     def block(self, b: _Pos, plan: BlockPlan) -> None:
-        for item in plan.prologue:
+        for item in plan.prologue if not self.direct else ():
             self.prep_only(b, item)
         widths = self.widths
         first_block = b.i.is_const and b.off == 0 and self.s.stagger
@@ -504,6 +530,13 @@ class BlockedMatmulKernel:
         p, s = self.p, self.s
         self.beta_par = beta_par
         plans = plan_blocks(p, s, self.nch)
+        if self.direct:
+            # the row, partition r holding elements r*nk .. r*nk + nk - 1 (the view [TK, nk])
+            if len(plans) != 1 or any(plans[0].chunk_items):
+                raise CompileError("lower-graph-to-tile: a direct-A matmul has one m-tile")
+            self.load_a_direct(self.lhsT[0][0])
+            self.block(_pos_static(0), plans[0])
+            return
         first = plans[0].prologue[0]
         self.load_item_rows(_Aff(0), beta_par * p.n_mtiles % 2, first.ms)
         self.block(_pos_static(0), plans[0])
@@ -548,7 +581,8 @@ class BlockedMatmulKernel:
 
             rec(0)
         # the footprint (matmul_schedule.footprint) counted the same transposing places
-        assert self.n_sites == prep_sites(self.p, self.s), (self.n_sites, prep_sites(self.p, self.s))
+        want = 0 if self.direct else prep_sites(self.p, self.s)
+        assert self.n_sites == want, (self.n_sites, want)
 
 
 # ----------------------------------------------------------------------------- entry
@@ -642,10 +676,17 @@ def weight_of(v: SSAValue) -> WeightOp | None:
     return v.owner if isinstance(v.owner, WeightOp) else None
 
 
+def direct_a(lw: LoweringContext, p: MatmulProblem, s: MatmulSchedule, a: SSAValue) -> bool:
+    """Whether the kernel loads its A row straight into lhsT (no transposes): one row
+    (M = 1, no batch), a pre-tiled weight B (whole k-tiles), A dense in HBM."""
+    return s.pretiled and p.M == 1 and not p.batch and p.K % p.TK == 0 and lw.is_dense(lw.materialise(a))
+
+
 def b_operand(lw: LoweringContext, b: SSAValue, p: MatmulProblem, s: MatmulSchedule,
-              batch: Sequence[int]) -> Operand:
+              batch: Sequence[int], *, interleaved: bool = False) -> Operand:
     """The kernel's B argument: the operand as it is, or (`s.pretiled`) the weight stored
-    in the kernel's tile order (`ir/weight_layout.py`), a new weight derived from it."""
+    in the kernel's tile order (`ir/weight_layout.py`), a new weight derived from it
+    (`interleaved`: its rows in the order of a direct A row, `direct_a`)."""
     from tilecc.ir.weight_layout import tiled_name, tiled_shape
     from tilecc.passes.graph_to_tile.shapes import elem_of
 
@@ -657,7 +698,7 @@ def b_operand(lw: LoweringContext, b: SSAValue, p: MatmulProblem, s: MatmulSched
     tnl = s.w * p.TN
     dims = (p.K // (s.g * p.TK), s.g, p.TK, p.N // tnl, tnl)
     lw.materialise(b)  # the source's allocation: replays of this kernel map it to their own weight
-    v = lw.hbm(list(tiled_shape(*dims)), elem_of(b.type), weight=tiled_name(w.weight, *dims))
+    v = lw.hbm(list(tiled_shape(*dims)), elem_of(b.type), weight=tiled_name(w.weight, *dims, interleaved=interleaved))
     remarks.emit("lower-graph-to-tile", "passed",
                  lambda: f"weight '{w.weight}' stored pre-tiled for its matmul: {s.g} k-tiles x {tnl} columns "
                          f"per transfer ({s.g * tnl * p.ib:,} contiguous bytes per partition)")
@@ -676,15 +717,24 @@ def lower_matmul_blocked(lw: LoweringContext, op: Operation, loc: str) -> bool:
         return False
     ea, eb, eo = elem_of(a.type), elem_of(b.type), elem_of(res.type)
     TM = problem.TM
-    A = lw.aligned_batch(a, out_shape[:-2], (M, K))
-    B = b_operand(lw, b, problem, sched, out_shape[:-2])
-    ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
+    direct = direct_a(lw, problem, sched, a)
+    B = b_operand(lw, b, problem, sched, out_shape[:-2], interleaved=direct)
     out = lw.hbm(out_shape, eo)
-    kb = KernelBuilder(lw.kernel_name("matmul"), [A.value.type, B.value.type, ident.type, out.type], loc)
+    if direct:
+        A = Operand(lw.view(lw.materialise(a), (problem.TK, problem.nk)), [0, 1])
+        args = [A.value, B.value, out]
+        remarks.emit("lower-graph-to-tile", "passed",
+                     lambda: f"matmul 1x{K}x{N}: the A row loads straight into the partitions ({problem.nk} "
+                             f"contiguous elements each, the weight's rows interleaved to match): no transposes")
+    else:
+        A = lw.aligned_batch(a, out_shape[:-2], (M, K))
+        ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
+        args = [A.value, B.value, ident, out]
+    kb = KernelBuilder(lw.kernel_name("matmul"), [v.type for v in args], loc)
     kernel = BlockedMatmulKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,
-                                 elems=(ea, eb, eo))
+                                 elems=(ea, eb, eo), direct=direct)
     kernel.emit(out_shape[:-2])
-    lw.launch(kb, [A.value, B.value, ident, out])
+    lw.launch(kb, args)
     lw.values[res] = out
     return True
 

@@ -39,6 +39,7 @@ from xdsl.ir import SSAValue
 from tilecc.ir import graph as g
 from tilecc.ir import tile
 from tilecc.passes.graph_to_tile.context import LoweringContext
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.nn.common import HbmKernel, const_hbm, false_i1, sub
 from tilecc.passes.graph_to_tile.shapes import elem_of
 
@@ -64,24 +65,52 @@ def lower_rms_norm_split(lw: LoweringContext, op: g.RmsNormOp, x: SSAValue, R: i
                          loc: str) -> None:
     """`op` over the rows of HBM view `x` ([R, C]) as one kernel with rows split k ways."""
     res = op.results[0]
-    elem, in_elem = elem_of(res.type), elem_of(op.operands[0].type)
-    w_elem = elem_of(op.operands[1].type)
+    elem = elem_of(res.type)
+    xv, wv, gmat = split_operands(lw, op, x, R, C, k)
+    RK, F = R * k, C // k
+    out = lw.hbm((RK, F), elem)
+    kern = HbmKernel(lw, "rms_norm", loc, [xv, wv, gmat, out])
+    kb = kern.kb
+    ob = kb.alloc([RK, F], elem, tile.SRAM, "out")
+    emit_split_norm(kb, op, kern.arg(xv), kern.arg(wv), kern.arg(gmat), R, C, k, ob)
+    z, rk, f = kb.const(0), kb.const(RK), kb.const(F)
+    kb.add(tile.StoreOp(ob, kern.arg(out), [z, z], rk, f, 0, 1))
+    kern.launch()
+    lw.values[res] = lw.view(out, g.shape_of(res))
+
+
+def split_operands(lw: LoweringContext, op: g.RmsNormOp, x: SSAValue, R: int, C: int,
+                   k: int) -> tuple[SSAValue, SSAValue, SSAValue]:
+    """The kernel's HBM operands: x viewed ``[R*k, C/k]``, the weight ``[k, C/k]`` and
+    the block-diagonal ones ``G``."""
     F, RK = C // k, R * k
     xv = lw.view(x, (RK, F))
     wv = lw.view(lw.materialise(op.operands[1]), (k, F))
     rows = np.arange(RK) // k
     gmat = const_hbm(lw, (rows[:, None] == rows[None, :]).astype(np.float32), f32)
-    out = lw.hbm((RK, F), elem)
-    kern = HbmKernel(lw, "rms_norm", loc, [xv, wv, gmat, out])
-    kb = kern.kb
+    return xv, wv, gmat
+
+
+def emit_split_norm(kb: KernelBuilder, op: g.RmsNormOp, x_arg: SSAValue, w_arg: SSAValue, g_arg: SSAValue,
+                    R: int, C: int, k: int, dst: SSAValue, *, queue: int | None = None,
+                    const_queue: int | None = None) -> None:
+    """The norm of the R rows (`x_arg` ``[R*k, C/k]``) into the on-chip buffer `dst`
+    (``[R*k, C/k]``, the result's dtype): the module docstring's body without its store.
+    `queue` takes the x load, `const_queue` the weight and ``G`` (default: the loads'
+    default queue), which no earlier kernel writes."""
+    res = op.results[0]
+    elem, in_elem = elem_of(res.type), elem_of(op.operands[0].type)
+    w_elem = elem_of(op.operands[1].type)
+    F, RK = C // k, R * k
     z, one, rk, f = kb.const(0), kb.const(1), kb.const(RK), kb.const(F)
+    cq = {} if const_queue is None else {"queue": const_queue}
     xb = kb.alloc([RK, F], in_elem, tile.SRAM, "x")
-    kb.add(tile.LoadOp(kern.arg(xv), [z, z], xb, rk, f, 0, 1))
+    kb.add(tile.LoadOp(x_arg, [z, z], xb, rk, f, 0, 1, **({} if queue is None else {"queue": queue})))
     gb = kb.alloc([RK, RK], f32, tile.SRAM, "rowsum")
-    kb.add(tile.LoadOp(kern.arg(gmat), [z, z], gb, rk, rk, 0, 1))
+    kb.add(tile.LoadOp(g_arg, [z, z], gb, rk, rk, 0, 1, **cq))
     wb = kb.alloc([RK, F], w_elem, tile.SRAM, "w")
     for r in range(R):  # the weight's chunks beside each row's
-        kb.add(tile.LoadOp(kern.arg(wv), [z, z], sub(kb, wb, r * k, 0, [k, F]), kb.const(k), f, 0, 1))
+        kb.add(tile.LoadOp(w_arg, [z, z], sub(kb, wb, r * k, 0, [k, F]), kb.const(k), f, 0, 1, **cq))
     sq = kb.alloc([RK, F], f32, tile.SRAM, "sq")
     part = kb.alloc([RK, 1], f32, tile.SRAM, "part")
     kb.add(tile.UnaryOp("square", xb, sq, rk, f))
@@ -94,11 +123,7 @@ def lower_rms_norm_split(lw: LoweringContext, op: g.RmsNormOp, x: SSAValue, R: i
     kb.add(tile.UnaryOp("rsqrt", ms, ms, rk, one))
     n = kb.alloc([RK, F], elem if op.weight_after_cast else f32, tile.SRAM, "normed")
     kb.add(tile.BinaryOp("mul", xb, ms, n, rk, f, "column"))
-    ob = kb.alloc([RK, F], elem, tile.SRAM, "out")
-    kb.add(tile.BinaryOp("mul", n, wb, ob, rk, f))
-    kb.add(tile.StoreOp(ob, kern.arg(out), [z, z], rk, f, 0, 1))
-    kern.launch()
-    lw.values[res] = lw.view(out, g.shape_of(res))
+    kb.add(tile.BinaryOp("mul", n, wb, dst, rk, f))
 
 
-__all__ = ["MIN_CHUNKS", "lower_rms_norm_split", "split_of"]
+__all__ = ["MIN_CHUNKS", "emit_split_norm", "lower_rms_norm_split", "split_of", "split_operands"]

@@ -1,0 +1,65 @@
+"""A decode step's RMS norm computed inside the one-row matmul it feeds
+(passes/graph_to_tile/norm_gemv.py): one kernel instead of two, the same numerics as
+the split norm's kernel, checked against eager; rows > 1 keep the separate kernels."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers import run_and_compare
+from tilecc.simulator.isa import Opcode
+
+for _m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+    sys.modules.setdefault(_m, types.ModuleType(_m))
+
+
+class _NormLinears(nn.Module):
+    """Llama's pre-norm projection, twice (identical layers share one kernel): a norm
+    whose result only the linear reads, then a residual add."""
+
+    def __init__(self, d: int, n: int, layers: int = 2):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        self.norms = nn.ModuleList([LlamaRMSNorm(d, eps=1e-5) for _ in range(layers)])
+        self.ups = nn.ModuleList([nn.Linear(d, n, bias=False) for _ in range(layers)])
+        self.downs = nn.ModuleList([nn.Linear(n, d, bias=False) for _ in range(layers)])
+        for norm in self.norms:
+            nn.init.uniform_(norm.weight, 0.5, 1.5)
+
+    def forward(self, x):
+        for norm, up, down in zip(self.norms, self.ups, self.downs, strict=True):
+            x = x + down(torch.tanh(up(norm(x))))
+        return x
+
+
+def _remarks(cm) -> list[str]:
+    return [r["message"] for r in cm.program.meta["remarks"]]
+
+
+def test_decode_norm_is_computed_in_the_gemv_and_matches_eager():
+    torch.manual_seed(0)
+    model = _NormLinears(1024, 1536).to(torch.bfloat16)
+    x = torch.randn(1, 1, 1024, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x,), target="cloud")
+    assert any("rms_norm + matmul 1x1024x1536" in m for m in _remarks(cm))
+    names = [n for n, _, _ in cm.program.kernels]
+    assert not any("rms_norm" in n for n in names)  # no kernel of its own
+    # the norm's cross-partition sum is the kernel's one 128-row matmul; the rest are GEMV rows
+    s = cm.program.stream
+    mm = s[s["opcode"] == Opcode.MATMUL]
+    assert int((mm["rows"] == 128).sum()) == 2 and int((mm["rows"] == 1).sum()) == len(mm) - 2
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_several_rows_keep_the_norm_kernel(rows):
+    torch.manual_seed(1)
+    model = _NormLinears(1024, 1536, layers=1).to(torch.bfloat16)
+    x = torch.randn(1, rows, 1024, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x,), target="cloud")
+    assert not any("rms_norm + matmul" in m for m in _remarks(cm))
