@@ -38,7 +38,7 @@ import numpy as np
 
 from tilecc.errors import CompileError
 from tilecc.passes.graph_to_tile.attention.plan import DEBUG, SCHEDULE_TRIES
-from tilecc.simulator.timing import TimingRules
+from tilecc.simulator.timing import DmaPattern, TimingRules
 
 
 @dataclass(eq=False)
@@ -99,16 +99,18 @@ class AttentionTiming(TimingRules):
             return self.matmul_latency(o.a)
         return o.a + o.b
 
-    def dma(self, rows: int, cols: int, isz: int, contiguous: bool = True) -> tuple[float, float]:
-        """(fixed cycles, transfer cycles): one descriptor per row, or per element when
-        the rows are not contiguous."""
-        descriptors = self.dma_descriptors(rows, cols, contiguous)
-        return self.dma_fixed(descriptors), self.dma_transfer(rows, cols, isz, contiguous)
+    def dma(self, rows: int, cols: int, isz: int,
+            pattern: DmaPattern = DmaPattern.CONTIGUOUS) -> tuple[float, float]:
+        """(fixed cycles, transfer cycles): one descriptor per row (contiguous), per column
+        (a DMA transpose), or per element (strided)."""
+        descriptors = self.dma_descriptors(rows, cols, pattern)
+        return self.dma_fixed(descriptors), self.dma_transfer(rows, cols, isz, pattern)
 
-    def dma_sharing(self, rows: int, cols: int, isz: int, contiguous: bool = True) -> tuple[float, int]:
+    def dma_sharing(self, rows: int, cols: int, isz: int,
+                    pattern: DmaPattern = DmaPattern.CONTIGUOUS) -> tuple[float, int]:
         """What sharing counts of a DMA (`SchedOp.share`, `SchedOp.engines`): its rate
         alone as a fraction of the HBM peak, and the engines it runs on."""
-        share = self.dma_hbm_share(self.dma_rate(rows, cols, isz, contiguous))
+        share = self.dma_hbm_share(self.dma_rate(rows, cols, isz, pattern))
         return share, self.dma_engines(rows)
 
 
