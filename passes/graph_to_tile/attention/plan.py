@@ -252,14 +252,16 @@ def acc_bytes(p: AttentionPlan) -> int:
 def plan_attention(cfg: HardwareConfig, q_shape: Shape, k_shape: Shape, v_shape: Shape, out_shape: Shape,
                    causal: bool, has_mask: bool, elem: Attribute, pair: int = 1, sep_rowsum: bool = False,
                    pair_ok: tuple[bool, bool] = (True, True),
-                   grp: tuple[int, int, int, int] = (1, 1, 1, 1)) -> AttentionPlan | None:
+                   grp: tuple[int, int, int, int] = (1, 1, 1, 1), sep_fold: bool = False) -> AttentionPlan | None:
     """The kernel's tiling and buffers, or None where it does not fit. `pair`: rows per
     DMA row (1, 2 or 4) for q and k (k only without an additive mask); `sep_rowsum`:
     the row sum as its own matmul even where a ones column would fit the PV matmul
     (so V can load paired); `pair_ok`: whether q / k and v are contiguous (pairing views
     their rows as ``[N / f, f * width]``); `grp`: heads per DMA of q, k, v and the
     output (1 or one group size that divides the head count; a grouped V needs the
-    row sum as its own matmul, a grouped q or k unpaired rows)."""
+    row sum as its own matmul, a grouped q or k unpaired rows); `sep_fold`: -m as a row
+    of its own (one more matmul per key tile, K = 1) even where D leaves a fold row in
+    Q^T, so one copy writes the -m rows of several q-tiles (`AttentionPlan.neg_batch`)."""
     L, D = q_shape[-2:]
     S, Dv = k_shape[-2], v_shape[-1]
     batch = tuple(out_shape[:-2])
@@ -279,7 +281,7 @@ def plan_attention(cfg: HardwareConfig, q_shape: Shape, k_shape: Shape, v_shape:
     fk = pair if S % pair == 0 and S > T and not has_mask and pair_ok[1] else 1
     qseq, kseq = Seq(L, fq, T), Seq(S, fk, T)
     chunks = [(d0, min(T, D - d0)) for d0 in range(0, D, T)]
-    fold_row = D % T if D % T else None
+    fold_row = D % T if D % T and not sep_fold else None
     C = cfg.matrix.cols
     rowsum_fused = Dv % C != 0 and not sep_rowsum and grp[2] == 1
     width = Dv + 1 if rowsum_fused else Dv

@@ -241,11 +241,13 @@ class HeadProgram:
 
     def _store(self, ops: list[SchedOp], src: SSAValue, arg: SSAValue, idx_fn: IndexFn, rows: int, cols: int,
                prio: Prio) -> None:
-        """A DMA of rows x cols of `src` into kernel argument `arg` (on the last queue)."""
+        """A DMA of rows x cols of `src` into kernel argument `arg` (on the queue the
+        schedule picks: the first free; `SchedOp.queue`, the last, is its default)."""
         rank = len(shape_of(arg.type))
 
-        def emit(_q: int | None) -> None:
-            self.kb.add(tile.StoreOp(src, arg, idx_fn(), self.kb.const(rows), self.kb.const(cols), rank - 2, rank - 1))
+        def emit(q: int | None) -> None:
+            self.kb.add(tile.StoreOp(src, arg, idx_fn(), self.kb.const(rows), self.kb.const(cols), rank - 2, rank - 1,
+                                     queue=q))
 
         fixed, transfer = self.tm.dma(rows, cols, self.isz)
         share, engines = self.tm.dma_sharing(rows, cols, self.isz)

@@ -7,16 +7,18 @@ into the order each engine queue runs::
 
     program order:   load K0, mm K0^T, copy, load Q0, mm Q0^T, mul, mm S, max, ..., exp, mm PV
       -> emitted:    load K0, load Q0, mm K0^T, mm Q0^T, copy, mul, mm S(q0), mm S(q1), max, ...
-                     (each load on the DMA queue of its buffer: `tile.load ... queue = 1`)
+                     (each load on the DMA queue of its buffer: `tile.load ... queue = 1`;
+                      each store on the first free queue)
 
 An instruction may move ahead of any other it shares no buffer with (`buffer_deps`: the
 rule `npu-insert-sync` derives semaphores from, so the emitted order keeps every
 dependence); priorities are critical-path lengths (an edge to another engine costs the
 producer's latency, one on its own in-order queue its occupancy); and each buffer's
 loads keep one DMA queue (picked when its first load issues; several queues would need
-one semaphore wait each). Several priority variants are scheduled (`list_schedule`) and
-each order is *replayed* (`replay`) with the simulator's timing rules
-(`tilecc.simulator.timing`: in-order queues, pipelined matmuls, processor-shared HBM;
+one semaphore wait each; a store only reads its buffer: the first free queue takes it).
+Several priority variants are scheduled (`list_schedule`) and each order is *replayed*
+(`replay`) with the simulator's timing rules (`tilecc.simulator.timing`: in-order
+queues, pipelined matmuls, processor-shared HBM;
 exact for a kernel of one body): the fastest is emitted, and the replay's cycles are the
 kernel's estimate. So the pass-1 matmuls of the next q-tile fill the matrix engine while
 the vector engine runs this q-tile's exps, and loads run ahead into free buffers.
@@ -223,7 +225,7 @@ def replay(order: Order, tm: AttentionTiming, queues: int, init: ScheduleInit) -
     seqs: list[list[int]] = [[] for _ in range(queues + 2)]
     deps: list[list[int]] = []
     for k, ((o, q), d) in enumerate(zip(seq_all, buffer_deps([o for o, _ in seq_all]))):
-        e = q if o.kind == "load" and q is not None else engine_of(o, queues)
+        e = q if o.kind in ("load", "store") and q is not None else engine_of(o, queues)
         eng_of[k] = e
         seqs[e].append(k)
         deps.append(sorted(x for x in d if eng_of[x] != e))
@@ -330,10 +332,13 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
     qmap: dict[str, int] = dict(init.qmap)
     eng = [engine_of(o, queues) for o in ops]
     ready: list[list[int]] = [[] for _ in range(queues + 2)]
-    anyq: list[int] = []  # ready loads of buffers without a queue yet
+    anyq: list[int] = []  # ready loads of buffers without a queue yet, and ready stores
 
     def enqueue(i: int) -> None:
         o = ops[i]
+        if o.kind == "store":  # any queue: the first free
+            anyq.append(i)
+            return
         if o.kind == "load":
             q = qmap.get(o.writes[0])
             if q is None:
@@ -375,6 +380,9 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
                 qmap[o.writes[0]] = e_
                 anyq.remove(i)
                 eng[i] = e_
+            elif o.kind == "store":
+                anyq.remove(i)
+                eng[i] = e_
             else:
                 ready[e_].remove(i)
             # HBM is shared by the transfers in flight (processor sharing): this one's
@@ -395,7 +403,7 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
             e = free[VEC] = t + o.a
         span = max(span, e)
         start[i], end[i] = t, e
-        out.append((o, e_ if o.kind == "load" else None))
+        out.append((o, e_ if o.kind in ("load", "store") else None))
         for x in succ[i]:
             left[x] -= 1
             if eng[x] != e_ and dep_ready[x] < e:  # its own queue runs in order: no wait
