@@ -362,8 +362,12 @@ class AttentionKernel(HeadProgram):
             if not shared or u == 0:
                 self._prep_kv(ops, u, bidx, s, ring)
             qidx = self._index(bidx, self.a_q, p.grp[0])
-            for bq in self.qblocks:
-                self._last_block = u == len(heads) - 1 and bq == self.qblocks[-1]
+            # the q-blocks with the most key tiles first: a body's last q-tiles, whose pass
+            # 2 nothing overlaps (the matrix engine's share of a q-tile grows with its key
+            # tiles), are then its lightest
+            order = list(self.qblocks)[::-1] if p.causal else list(self.qblocks)
+            for bq in order:
+                self._last_block = u == len(heads) - 1 and bq == order[-1]
                 self._q_block(ops, u, bidx, s, bq, qidx, ring)
             self._flush(ops, ring)
         # a dry run compares tilings: the unperturbed priorities suffice for that
