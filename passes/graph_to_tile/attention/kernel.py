@@ -77,6 +77,8 @@ class AttentionKernel(HeadProgram):
     """One attention kernel of a plan (its q-blocks `qblocks`): buffers, prologue, the
     loop of bodies over the heads, and each body's program, list-scheduled."""
 
+    stores_any_queue = True
+
     def __init__(self, lw: LoweringContext, p: AttentionPlan, elem: Attribute, scale: float, dt: DType, loc: str,
                  tensors: AttentionTensors | None = None, types: Sequence[Attribute] | None = None,
                  qblocks: range | None = None) -> None:

@@ -106,6 +106,7 @@ class HeadProgram:
     scale: float
     lowest: float  # the dtype's most negative finite value
     queues: int
+    stores_any_queue = False  # stores on the first free DMA queue (else the last)
     qblocks: range
     kblocks: list[int]
     names: dict[SSAValue, str]  # buffer -> its name (the scheduler's dependences)
@@ -241,8 +242,8 @@ class HeadProgram:
 
     def _store(self, ops: list[SchedOp], src: SSAValue, arg: SSAValue, idx_fn: IndexFn, rows: int, cols: int,
                prio: Prio) -> None:
-        """A DMA of rows x cols of `src` into kernel argument `arg` (on the queue the
-        schedule picks: the first free; `SchedOp.queue`, the last, is its default)."""
+        """A DMA of rows x cols of `src` into kernel argument `arg`: on the last queue, or
+        where `stores_any_queue`, on the first free one the schedule finds."""
         rank = len(shape_of(arg.type))
 
         def emit(q: int | None) -> None:
@@ -251,8 +252,8 @@ class HeadProgram:
 
         fixed, transfer = self.tm.dma(rows, cols, self.isz)
         share, engines = self.tm.dma_sharing(rows, cols, self.isz)
-        ops.append(SchedOp("store", emit, (self.name(src),), (), prio, fixed, transfer, self.queues - 1,
-                           share=share, engines=engines))
+        ops.append(SchedOp("store", emit, (self.name(src),), (), prio, fixed, transfer,
+                           None if self.stores_any_queue else self.queues - 1, share=share, engines=engines))
 
     def _index(self, bidx: BatchIndex, arg: SSAValue, group: int = 1) -> IndexFn:
         """The leading (batch) indices of kernel argument `arg` for batch index `bidx`

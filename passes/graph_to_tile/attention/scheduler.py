@@ -55,7 +55,7 @@ class SchedOp:
     prio: tuple[int, ...]
     a: float  # mm: streaming cycles; vec: duration; dma: fixed cycles
     b: float = 0.0  # dma: transfer cycles
-    queue: int | None = None  # dma: its queue
+    queue: int | None = None  # dma: its queue (a store without one: the first free)
     share: float = 1.0  # dma: its rate alone as a fraction of the HBM peak
     engines: int = 1  # dma: the DMA engines its transfer runs on
     idx: int = 0
@@ -336,7 +336,7 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
 
     def enqueue(i: int) -> None:
         o = ops[i]
-        if o.kind == "store":  # any queue: the first free
+        if o.kind == "store" and o.queue is None:  # any queue: the first free
             anyq.append(i)
             return
         if o.kind == "load":
@@ -380,7 +380,7 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
                 qmap[o.writes[0]] = e_
                 anyq.remove(i)
                 eng[i] = e_
-            elif o.kind == "store":
+            elif o.kind == "store" and o.queue is None:
                 anyq.remove(i)
                 eng[i] = e_
             else:
