@@ -10,7 +10,7 @@ schedule's estimate, which is how `entry.search_tilings` compares plans::
       -> func.func @k0_attention(%q, %k, %v, %out, %ident: memref<16x16xbf16>, ...) {
            tile.load %ident ... into %ident_s         tile.scalar "max" %ident_s, 1.0 into %ones
            tile.load %k[..] into %k_s                 tile.matmul %k_s, %ident_s into %acc_kT
-           tile.unary "copy" %acc_kT into %kT         tile.scalar "mul" %acc_qT, 0.35 into %qT
+           tile.scalar "mul" %acc_kT, 0.35 into %kT   tile.load %q[..] into %qT (a DMA transpose)
            tile.matmul %qT, %kT into %acc_s           tile.reduce "max" %acc_s into %m
            tile.matmul %kT_aug, %qT_aug into %acc_sT  tile.unary "exp" %acc_sT into %pT
            tile.matmul %pT, %v_aug into %acc_o        tile.binary "mul" %acc_o, %rsum into %out_s

@@ -2,9 +2,10 @@
 
 `HeadProgram` writes a head's instructions as `SchedOp`s in program order (the list
 scheduler reorders them): the K blocks' transposes into K^T and the V loads
-(`_prep_kv`), then per q-block its load and per q-tile the two passes (`_q_tile`)::
+(`_prep_kv`), then per q-block (the heaviest first under a causal mask) its load and
+per q-tile the two passes (`_q_tile`)::
 
-    for each q-tile:  mm Q^T, mul scale | [mask rows] | pass 1: mm S, max -> m
+    for each q-tile:  Q^T (DMA transpose) | [mask rows] | pass 1: mm S, max -> m
                       | [transposed mode: sub m] | -m row | pass 2: mm S^T - m, exp -> P^T,
                       mm P^T V_aug -> O_aug | O = O_aug[:, :Dv] / O_aug[:, Dv]
                       -> tile.matmul / tile.unary "exp" / tile.binary "div" ... "column"
@@ -12,20 +13,25 @@ scheduler reorders them): the K blocks' transposes into K^T and the V loads
 Layout (*transposed scores*), per (batch, head):
 
 - K load blocks in their natural layout (``[keys x D]``) and are transposed on the
-  matrix engine (a matmul with an identity) into resident ``K^T`` buffers (D on
+  matrix engine (a matmul with an identity), the accumulator copy multiplying by
+  `scale` (fp32, one rounding), into resident ``K^T`` buffers (D on
   partitions, one buffer per load block so later blocks do not hold up earlier
   q-tiles); V loads naturally into resident ``V_aug`` buffers. K^T / V_aug are
   double-buffered across heads (and loaded once per body when k and v broadcast over
   heads).
-- Per q-tile: Q is transposed the same way; the accumulator copy multiplies by `scale`
-  (fp32, one rounding) into ``Q^T``.
+- Per q-tile: ``Q^T`` loads by DMA transposes (`DmaPattern.TRANSPOSE`, a 2-byte dtype:
+  no matmul, no vector pass). An fp32 Q loads naturally, is transposed like K and its
+  copy takes the scale instead (the K^T copy is then a plain copy).
 - Pass 1 (queries on partitions): ``S = Q K^T`` for up to 4 key tiles side by side in
   the accumulator (one matmul per key tile and D chunk), one vector max-reduce per such
   chunk, the partial maxes reduced to the row max ``m`` (a column).
 - Pass 2 (keys on partitions), *normal mode*: ``m`` is transposed into a row (a matmul
   with M = 1 against the identity, landing at the accumulator partition of the fold
   row) and copied, negated, into row D of ``Q^T`` (``Q^T_aug``) or, when D is a multiple
-  of T, a separate ``-m`` row. ``S^T - m = K^T_aug^T @ Q^T_aug``: the ones row of
+  of T (or the search prefers it), a separate ``-m`` row: then the maxes of up to 4
+  q-tiles land on rows of one accumulator and one copy writes them all (a copy of n
+  rows costs one row's: one lane per partition), pass 2 of those q-tiles waiting for
+  it (`_defer`, `_flush`). ``S^T - m = K^T_aug^T @ Q^T_aug``: the ones row of
   ``K^T_aug`` times the ``-m`` row folds the max subtraction into the matmul (when D is a
   multiple of T the fold is one more matmul, K = 1). *Transposed mode* instead keeps
   pass 1's ``S`` in the accumulator, subtracts ``m`` on the vector engine (a column
