@@ -390,3 +390,32 @@ def test_causal_tiles_reproduce_tril(L, S, f):
     assert (seen <= 1).all()  # no score computed twice
     assert ((seen == 1) | ~tril).all()  # every visible score computed
     np.testing.assert_array_equal(vis & (seen == 1), tril)
+
+
+@pytest.mark.parametrize("sep_fold", [False, True])
+def test_q_transposes_by_dma_and_batched_max_rows(monkeypatch, sep_fold):
+    """bf16: Q^T loads by DMA transposes (the scale in the K^T copies); -m as rows of
+    their own (several q-tiles' rows written by one copy) where D leaves a fold row in
+    Q^T too, when the search is made to take it. Checked against eager with the
+    sanitisers on (the batch defers pass 2 of its q-tiles)."""
+    from tilecc.passes.graph_to_tile.attention import entry
+    from tilecc.simulator.isa import Opcode
+
+    plan_attention = entry.plan_attention
+    chosen = []
+
+    def only(*args, **kw):
+        plan = plan_attention(*args, **kw)
+        if plan is not None and (plan.fold_row is None) != sep_fold:
+            return None
+        chosen.append(plan)
+        return plan
+
+    monkeypatch.setattr(entry, "plan_attention", only)
+    q, k, v = _qkv((1,), 2, 80, 72, 12, 12, torch.bfloat16, seed=5)
+    cm = run_and_compare(_Sdpa(True), (q, k, v), "tiny")
+    assert chosen and all(p.qdma for p in chosen)
+    assert all(p.neg_batch > 1 for p in chosen) == sep_fold
+    s = cm.program.stream
+    loads = s[s["opcode"] == Opcode.DMA_LOAD]
+    assert ((loads["hbm_rs"] == 1) & (loads["hbm_cs"] > 1)).any()  # a transposed view: Q^T

@@ -11,7 +11,7 @@ After (``tiny``: 16 x 16 tiles; the kernel's identity and causal pattern are con
 
     func.func @k0_attention(%q: memref<1x2x16x8xbf16>, %k: ..., %v: ..., %o: ...,
                             %ident: memref<16x16xbf16>, %causal: memref<16x16xbf16>) {
-      ... K^T, Q^T (identity matmuls), S = Q K^T and its row max, exp(S^T - m) -> P^T,
+      ... K^T (identity matmuls), Q^T (DMA transposes), S = Q K^T and its row max, exp(S^T - m) -> P^T,
       ... O_aug += P^T^T V_aug, O = O_aug[:, :8] / O_aug[:, 8], tile.store into %o
     }
     func.func @main() -> memref<1x2x16x8xbf16> {

@@ -165,7 +165,7 @@ def search_tilings(lw: LoweringContext, a: AttentionShapes, loc: str, pair_ok: t
                    group_ok: tuple[bool, bool, bool, bool]) -> Choice | None:
     """The fastest tiling by dry-run schedules: (estimate, plan, tilings tried), or None."""
     best: tuple[float, AttentionPlan] | None = None
-    tried: set[tuple[int, int, bool, tuple[int, int, int, int]]] = set()
+    tried: set[tuple[int, int, bool, tuple[int, int, int, int], bool]] = set()
     cands: list[tuple[int, bool, tuple[int, int, int, int]]] = [
         (1, False, (1, 1, 1, 1)), (2, False, (1, 1, 1, 1)), (2, True, (1, 1, 1, 1)),
         (4, False, (1, 1, 1, 1)), (4, True, (1, 1, 1, 1))]
@@ -176,11 +176,14 @@ def search_tilings(lw: LoweringContext, a: AttentionShapes, loc: str, pair_ok: t
             cands.append((1, True, (qg, kg, vg, og)))
     budget = body_budget(lw.cfg)
     has_mask = a.mask is not None
-    for pair, sep, grp in cands:
-        plan = plan_attention(lw.cfg, a.q, a.k, a.v, a.out, a.causal, has_mask, a.elem, pair, sep, pair_ok, grp)
+    # where D leaves a fold row in Q^T, also -m as rows of their own (batched copies)
+    folds = (False, True) if a.q[-1] % lw.cfg.sram.partitions and element_size(a.elem) == 2 else (False,)
+    for (pair, sep, grp), sep_fold in ((c, f) for c in cands for f in folds):
+        plan = plan_attention(lw.cfg, a.q, a.k, a.v, a.out, a.causal, has_mask, a.elem, pair, sep, pair_ok, grp,
+                              sep_fold)
         if plan is None:
             continue
-        key = (plan.qseq.f, plan.kseq.f, plan.rowsum_fused, plan.grp)
+        key = (plan.qseq.f, plan.kseq.f, plan.rowsum_fused, plan.grp, plan.fold_row is None)
         if key in tried or (sep and plan.kseq.f == 1 and plan.grp[2] == 1):
             continue
         tried.add(key)
@@ -192,7 +195,7 @@ def search_tilings(lw: LoweringContext, a: AttentionShapes, loc: str, pair_ok: t
                   for r in qranges(plan, lw.cfg))
         if DEBUG:
             print(f"attention tiling q x{plan.qseq.f} k x{plan.kseq.f} fused row sum {plan.rowsum_fused} "
-                  f"heads per DMA {plan.grp} (group sets {plan.gsets}): {est:,.0f} cycles")
+                  f"heads per DMA {plan.grp} (group sets {plan.gsets}) fold row {plan.fold_row}: {est:,.0f} cycles")
         if best is None or est < best[0]:
             best = (est, plan)
     return None if best is None else (*best, len(tried))

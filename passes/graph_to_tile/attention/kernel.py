@@ -10,7 +10,7 @@ schedule's estimate, which is how `entry.search_tilings` compares plans::
       -> func.func @k0_attention(%q, %k, %v, %out, %ident: memref<16x16xbf16>, ...) {
            tile.load %ident ... into %ident_s         tile.scalar "max" %ident_s, 1.0 into %ones
            tile.load %k[..] into %k_s                 tile.matmul %k_s, %ident_s into %acc_kT
-           tile.unary "copy" %acc_kT into %kT         tile.scalar "mul" %acc_qT, 0.35 into %qT
+           tile.scalar "mul" %acc_kT, 0.35 into %kT   tile.load %q[..] into %qT (a DMA transpose)
            tile.matmul %qT, %kT into %acc_s           tile.reduce "max" %acc_s into %m
            tile.matmul %kT_aug, %qT_aug into %acc_sT  tile.unary "exp" %acc_sT into %pT
            tile.matmul %pT, %v_aug into %acc_o        tile.binary "mul" %acc_o, %rsum into %out_s
@@ -77,6 +77,8 @@ class AttentionKernel(HeadProgram):
     """One attention kernel of a plan (its q-blocks `qblocks`): buffers, prologue, the
     loop of bodies over the heads, and each body's program, list-scheduled."""
 
+    stores_any_queue = True
+
     def __init__(self, lw: LoweringContext, p: AttentionPlan, elem: Attribute, scale: float, dt: DType, loc: str,
                  tensors: AttentionTensors | None = None, types: Sequence[Attribute] | None = None,
                  qblocks: range | None = None) -> None:
@@ -122,6 +124,8 @@ class AttentionKernel(HeadProgram):
         self._last_block = self._last_tile = False
         self.estimate = 0.0
         self.init: ScheduleInit = ScheduleInit()
+        self._pending = []
+        self._negm_at = {}
 
 
     def _heads_per_body(self, qtiles: list[int]) -> int:
@@ -248,7 +252,7 @@ class AttentionKernel(HeadProgram):
         self.vgrp = ([[self.alloc([T, gv * p.Dv], SRAM, "v") for _ in range(nkb)] for _ in range(gsets)]
                      if gv > 1 else None)
         self.qgrp = ([[self.alloc([T, gq * p.D], SRAM, "q") for _ in range(nqb)] for _ in range(gsets)]
-                     if gq > 1 else None)
+                     if gq > 1 and not p.qdma else None)
         self.ogrp = ([[self.alloc([T, go * p.Dv], SRAM, "out") for _ in range(nqb)] for _ in range(gsets)]
                      if go > 1 else None)
         self.nk_ring = 0 if gk > 1 else min(nkb, 2 * self.queues)
@@ -263,22 +267,23 @@ class AttentionKernel(HeadProgram):
             width = p.Dv + (1 if p.rowsum_fused else 0)
             self.vaug = [[self.alloc([T, width], SRAM, "v") for _ in range(nkt)]
                          for _ in range(p.sets)]
-        self.nq_ring = 0 if gq > 1 else min(p.qseq.blocks, self.queues)
+        self.nq_ring = 0 if gq > 1 or p.qdma else min(p.qseq.blocks, self.queues)
         self.qnat = [self.alloc([T, fq * p.D], SRAM, "q") for _ in range(self.nq_ring)]
-        self.qt = [self.alloc([T, nd * T], SRAM, "qT") for _ in range(NQ)]
-        self.negm = [self.alloc([1, T], SRAM, "negm") for _ in range(NQ)] if p.fold_row is None else None
+        self.qt = [self.alloc([T, nd * T], SRAM, "qT") for _ in range(p.nq)]
+        self.negm = ([self.alloc([p.neg_batch, T], SRAM, "negm") for _ in range(2 if p.neg_batch > 1 else p.nq)]
+                     if p.fold_row is None else None)
         nch = -(-nkt // p.W1)
-        self.mpart = [self.alloc([T, nch], SRAM, "mpart", f32) for _ in range(NQ)]
-        self.mcol = [self.alloc([T, 1], SRAM, "m") for _ in range(NQ)]
+        self.mpart = [self.alloc([T, nch], SRAM, "mpart", f32) for _ in range(p.nq)]
+        self.mcol = [self.alloc([T, 1], SRAM, "m") for _ in range(p.nq)]
         self.mrow = ([self.alloc([T, p.S], SRAM, "mask") for _ in range(NQ)]
                      if p.has_mask else None)
         self.pt = [self.alloc([T, p.G * T], SRAM, "pT") for _ in range(N2)]
         self.obuf = [] if go > 1 else [self.alloc([T, fq * p.Dv], SRAM, "out") for _ in range(2)]
         self.sm = [self.alloc([T, p.W1 * T], SRAM, "s_m") for _ in range(p.na1)] if p.tmode else []
         self.acc_tr = [self.alloc([T, nd * fk * T], ACC, "acc_kT", f32) for _ in range(p.ntr)]
-        self.acc_q = [self.alloc([T, nd * T], ACC, "acc_qT", f32) for _ in range(2)]
+        self.acc_q = [] if p.qdma else [self.alloc([T, nd * T], ACC, "acc_qT", f32) for _ in range(2)]
         self.acc1 = [self.alloc([T, p.W1 * T], ACC, "acc_s", f32) for _ in range(p.na1)]
-        self.acc_m = self.alloc([T, T], ACC, "acc_m", f32)
+        self.acc_m = [self.alloc([T, T], ACC, "acc_m", f32) for _ in range(2 if p.neg_batch > 1 else 1)]
         self.acc2 = [self.alloc([T, p.G * T], ACC, "acc_sT", f32) for _ in range(p.n2)]
         self.acco = [self.alloc([T, p.Dv + 1], ACC, "acc_o", f32) for _ in range(NO)]
 
@@ -349,7 +354,7 @@ class AttentionKernel(HeadProgram):
         emitted in the scheduled order; its estimated cycles."""
         p = self.p
         ops: list[SchedOp] = []
-        ring: Ring = {"k": 0, "q": 0, "qt": 0, "s1": 0, "s2": 0, "pt": 0, "tr": 0, "sm": 0, "o": 0}
+        ring: Ring = {"k": 0, "q": 0, "qt": 0, "s1": 0, "s2": 0, "pt": 0, "tr": 0, "sm": 0, "o": 0, "negm": 0}
         shared = self._kv_shared() and len(heads) > 1
         for u, bidx in enumerate(heads):
             s = 0 if shared else u % p.sets
@@ -359,9 +364,14 @@ class AttentionKernel(HeadProgram):
             if not shared or u == 0:
                 self._prep_kv(ops, u, bidx, s, ring)
             qidx = self._index(bidx, self.a_q, p.grp[0])
-            for bq in self.qblocks:
-                self._last_block = u == len(heads) - 1 and bq == self.qblocks[-1]
+            # the q-blocks with the most key tiles first: a body's last q-tiles, whose pass
+            # 2 nothing overlaps (the matrix engine's share of a q-tile grows with its key
+            # tiles), are then its lightest
+            order = list(self.qblocks)[::-1] if p.causal else list(self.qblocks)
+            for bq in order:
+                self._last_block = u == len(heads) - 1 and bq == order[-1]
                 self._q_block(ops, u, bidx, s, bq, qidx, ring)
+            self._flush(ops, ring)
         # a dry run compares tilings: the unperturbed priorities suffice for that
         order, span = schedule(ops, self.tm, self.queues, self.init, 0 if self.dry else SCHEDULE_TRIES)
         for o, q in order:

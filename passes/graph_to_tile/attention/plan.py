@@ -61,6 +61,8 @@ ALIGN = 64
 G_EXP = 4  # key tiles per pass-2 group (one exp instruction)
 W_MAX = 4  # key tiles per pass-1 chunk (one max-reduce instruction)
 NQ = 2  # q-tile ring: Q^T, the max, -m
+NQ_DMA = 8  # the same ring where Q^T loads by DMA transposes (they are issued further ahead)
+NEG_BATCH = 4  # q-tiles whose -m rows one vector copy writes (a separate -m row: D a multiple of T)
 NO = 2  # O_aug accumulators
 N2 = 3  # pass-2 ring: S^T accumulators, P^T
 MAX_HELD = 2  # transposed-mode chunks per q-tile
@@ -136,6 +138,21 @@ class AttentionPlan:
     # buffer sets (double buffering across head groups)
     grp: tuple[int, int, int, int] = (1, 1, 1, 1)
     gsets: int = 1
+    # Q^T loads by DMA transposes (a 2-byte dtype: `DmaPattern.TRANSPOSE`), the scale
+    # applied by the K^T copies; else Q loads naturally and the matrix engine transposes it
+    qdma: bool = False
+
+    @property
+    def nq(self) -> int:
+        """The q-tile ring: Q^T, the max, -m."""
+        return NQ_DMA if self.qdma else NQ
+
+    @property
+    def neg_batch(self) -> int:
+        """q-tiles whose -m rows one copy writes: the rows of a separate -m buffer, one
+        per q-tile (a copy of n rows costs what one row does: one lane per partition);
+        a fold row inside Q^T (D not a multiple of T) is one q-tile's."""
+        return 1 if self.fold_row is not None else min(NEG_BATCH, self.nq // 2)
 
     @property
     def heads(self) -> int:
@@ -205,11 +222,13 @@ def sram_bytes(p: AttentionPlan, isz: int, queues: int) -> int:
         total += p.sets * nkb * align(fk * p.Dv * isz)
     else:
         total += p.sets * nkt * align((p.Dv + 1) * isz)  # V_aug
-    if gq > 1:
+    if p.qdma:
+        pass  # Q^T loads straight into its ring
+    elif gq > 1:
         total += p.gsets * nqb * align(gq * p.D * isz)
     else:
         total += min(nqb, queues) * align(fq * p.D * isz)  # Q natural ring
-    total += NQ * (align(nd * T * isz) + align(T * isz) + align(-(-nkt // p.W1) * 4) + align(isz))
+    total += p.nq * (align(nd * T * isz) + align(T * isz) + align(-(-nkt // p.W1) * 4) + align(isz))
     if p.has_mask:
         total += NQ * align(p.S * isz)
     total += N2 * align(p.G * T * isz)  # P^T
@@ -224,21 +243,25 @@ def sram_bytes(p: AttentionPlan, isz: int, queues: int) -> int:
 
 def acc_bytes(p: AttentionPlan) -> int:
     T, nd = p.T, len(p.chunks)
-    return (p.ntr * align(nd * p.kseq.f * T * 4) + 2 * align(nd * T * 4) + p.na1 * align(p.W1 * T * 4)
-            + align(T * 4) + p.n2 * align(p.G * T * 4) + NO * align((p.Dv + 1) * 4))
+    accq = 0 if p.qdma else 2 * align(nd * T * 4)  # the Q transposes
+    accm = (2 if p.neg_batch > 1 else 1) * align(T * 4)  # the transposes of m
+    return (p.ntr * align(nd * p.kseq.f * T * 4) + accq + p.na1 * align(p.W1 * T * 4)
+            + accm + p.n2 * align(p.G * T * 4) + NO * align((p.Dv + 1) * 4))
 
 
 def plan_attention(cfg: HardwareConfig, q_shape: Shape, k_shape: Shape, v_shape: Shape, out_shape: Shape,
                    causal: bool, has_mask: bool, elem: Attribute, pair: int = 1, sep_rowsum: bool = False,
                    pair_ok: tuple[bool, bool] = (True, True),
-                   grp: tuple[int, int, int, int] = (1, 1, 1, 1)) -> AttentionPlan | None:
+                   grp: tuple[int, int, int, int] = (1, 1, 1, 1), sep_fold: bool = False) -> AttentionPlan | None:
     """The kernel's tiling and buffers, or None where it does not fit. `pair`: rows per
     DMA row (1, 2 or 4) for q and k (k only without an additive mask); `sep_rowsum`:
     the row sum as its own matmul even where a ones column would fit the PV matmul
     (so V can load paired); `pair_ok`: whether q / k and v are contiguous (pairing views
     their rows as ``[N / f, f * width]``); `grp`: heads per DMA of q, k, v and the
     output (1 or one group size that divides the head count; a grouped V needs the
-    row sum as its own matmul, a grouped q or k unpaired rows)."""
+    row sum as its own matmul, a grouped q or k unpaired rows); `sep_fold`: -m as a row
+    of its own (one more matmul per key tile, K = 1) even where D leaves a fold row in
+    Q^T, so one copy writes the -m rows of several q-tiles (`AttentionPlan.neg_batch`)."""
     L, D = q_shape[-2:]
     S, Dv = k_shape[-2], v_shape[-1]
     batch = tuple(out_shape[:-2])
@@ -258,7 +281,7 @@ def plan_attention(cfg: HardwareConfig, q_shape: Shape, k_shape: Shape, v_shape:
     fk = pair if S % pair == 0 and S > T and not has_mask and pair_ok[1] else 1
     qseq, kseq = Seq(L, fq, T), Seq(S, fk, T)
     chunks = [(d0, min(T, D - d0)) for d0 in range(0, D, T)]
-    fold_row = D % T if D % T else None
+    fold_row = D % T if D % T and not sep_fold else None
     C = cfg.matrix.cols
     rowsum_fused = Dv % C != 0 and not sep_rowsum and grp[2] == 1
     width = Dv + 1 if rowsum_fused else Dv
@@ -272,7 +295,7 @@ def plan_attention(cfg: HardwareConfig, q_shape: Shape, k_shape: Shape, v_shape:
                 for na1, ntr, n2 in ACC_SETS:
                     p = AttentionPlan(T, L, S, D, Dv, batch, qseq, kseq, chunks, fold_row, vchunks,
                                       rowsum_fused, causal, has_mask, pairs, masks, G, W1, sets, 1, na1, ntr, n2,
-                                      grp=(grp[0], grp[1], grp[2], grp[3]), gsets=gsets)
+                                      grp=(grp[0], grp[1], grp[2], grp[3]), gsets=gsets, qdma=isz == 2)
                     if na1 > 2:
                         p.tmode = transposed_ok(elem, causal or has_mask)
                         if not p.tmode:

@@ -2,9 +2,10 @@
 
 `HeadProgram` writes a head's instructions as `SchedOp`s in program order (the list
 scheduler reorders them): the K blocks' transposes into K^T and the V loads
-(`_prep_kv`), then per q-block its load and per q-tile the two passes (`_q_tile`)::
+(`_prep_kv`), then per q-block (the heaviest first under a causal mask) its load and
+per q-tile the two passes (`_q_tile`)::
 
-    for each q-tile:  mm Q^T, mul scale | [mask rows] | pass 1: mm S, max -> m
+    for each q-tile:  Q^T (DMA transpose) | [mask rows] | pass 1: mm S, max -> m
                       | [transposed mode: sub m] | -m row | pass 2: mm S^T - m, exp -> P^T,
                       mm P^T V_aug -> O_aug | O = O_aug[:, :Dv] / O_aug[:, Dv]
                       -> tile.matmul / tile.unary "exp" / tile.binary "div" ... "column"
@@ -12,20 +13,25 @@ scheduler reorders them): the K blocks' transposes into K^T and the V loads
 Layout (*transposed scores*), per (batch, head):
 
 - K load blocks in their natural layout (``[keys x D]``) and are transposed on the
-  matrix engine (a matmul with an identity) into resident ``K^T`` buffers (D on
+  matrix engine (a matmul with an identity), the accumulator copy multiplying by
+  `scale` (fp32, one rounding), into resident ``K^T`` buffers (D on
   partitions, one buffer per load block so later blocks do not hold up earlier
   q-tiles); V loads naturally into resident ``V_aug`` buffers. K^T / V_aug are
   double-buffered across heads (and loaded once per body when k and v broadcast over
   heads).
-- Per q-tile: Q is transposed the same way; the accumulator copy multiplies by `scale`
-  (fp32, one rounding) into ``Q^T``.
+- Per q-tile: ``Q^T`` loads by DMA transposes (`DmaPattern.TRANSPOSE`, a 2-byte dtype:
+  no matmul, no vector pass). An fp32 Q loads naturally, is transposed like K and its
+  copy takes the scale instead (the K^T copy is then a plain copy).
 - Pass 1 (queries on partitions): ``S = Q K^T`` for up to 4 key tiles side by side in
   the accumulator (one matmul per key tile and D chunk), one vector max-reduce per such
   chunk, the partial maxes reduced to the row max ``m`` (a column).
 - Pass 2 (keys on partitions), *normal mode*: ``m`` is transposed into a row (a matmul
   with M = 1 against the identity, landing at the accumulator partition of the fold
   row) and copied, negated, into row D of ``Q^T`` (``Q^T_aug``) or, when D is a multiple
-  of T, a separate ``-m`` row. ``S^T - m = K^T_aug^T @ Q^T_aug``: the ones row of
+  of T (or the search prefers it), a separate ``-m`` row: then the maxes of up to 4
+  q-tiles land on rows of one accumulator and one copy writes them all (a copy of n
+  rows costs one row's: one lane per partition), pass 2 of those q-tiles waiting for
+  it (`_defer`, `_flush`). ``S^T - m = K^T_aug^T @ Q^T_aug``: the ones row of
   ``K^T_aug`` times the ``-m`` row folds the max subtraction into the matmul (when D is a
   multiple of T the fold is one more matmul, K = 1). *Transposed mode* instead keeps
   pass 1's ``S`` in the accumulator, subtracts ``m`` on the vector engine (a column
@@ -74,11 +80,12 @@ from xdsl.ir import SSAValue
 
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
-from tilecc.passes.graph_to_tile.attention.plan import MAX_HELD, NO, NQ, AttentionPlan
+from tilecc.passes.graph_to_tile.attention.plan import MAX_HELD, NO, AttentionPlan
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.timing import DmaPattern
 
 Pos = tuple[int, int]  # (row, column) of a window in a buffer
 Prio = tuple[int, ...]  # (head, q-tile, phase): the program order the scheduler starts from
@@ -105,6 +112,7 @@ class HeadProgram:
     scale: float
     lowest: float  # the dtype's most negative finite value
     queues: int
+    stores_any_queue = False  # stores on the first free DMA queue (else the last)
     qblocks: range
     kblocks: list[int]
     names: dict[SSAValue, str]  # buffer -> its name (the scheduler's dependences)
@@ -149,7 +157,11 @@ class HeadProgram:
     acc_tr: Buffers
     acc_q: Buffers
     acc1: Buffers
-    acc_m: SSAValue
+    acc_m: Buffers
+    # q-tiles whose second half waits for the batched -m rows (`_defer`): (rows, q-tile
+    # ring slot or None without a -m row, prio, the rest of its program; or a store)
+    _pending: list[tuple[int, int | None, Prio, Callable[[], None]]]
+    _negm_at: dict[int, tuple[SSAValue, int]]  # q-tile ring slot -> (its -m buffer, row)
     acc2: Buffers
     acco: Buffers
 
@@ -218,29 +230,36 @@ class HeadProgram:
         ops.append(SchedOp("vec", emit, tuple(reads), (self.name(dst),), prio, self.tm.vec(cost_kind, fn, rows, cols)))
 
     def _load(self, ops: list[SchedOp], arg: SSAValue, idx_fn: IndexFn, dst: SSAValue, dpos: Pos, rows: int,
-              cols: int, row_dim: int, col_dim: int, prio: Prio, row_step: int = 1) -> None:
-        """A DMA of rows x cols of kernel argument `arg` (at `idx_fn()`) into `dst`."""
+              cols: int, row_dim: int, col_dim: int, prio: Prio, row_step: int = 1,
+              pattern: DmaPattern | None = None) -> None:
+        """A DMA of rows x cols of kernel argument `arg` (at `idx_fn()`) into `dst`;
+        `pattern`: how it walks HBM (default: contiguous rows, strided where `col_dim`
+        is -1, a broadcast column)."""
 
         def emit(q: int | None) -> None:
             self.kb.add(tile.LoadOp(arg, idx_fn(), self.win(dst, *dpos, [rows, cols]), self.kb.const(rows),
                                     self.kb.const(cols), row_dim, col_dim, row_step=row_step, queue=q))
 
-        fixed, transfer = self.tm.dma(rows, cols, self.isz, col_dim >= 0)
-        share, engines = self.tm.dma_sharing(rows, cols, self.isz, col_dim >= 0)
+        if pattern is None:
+            pattern = DmaPattern.CONTIGUOUS if col_dim >= 0 else DmaPattern.STRIDED
+        fixed, transfer = self.tm.dma(rows, cols, self.isz, pattern)
+        share, engines = self.tm.dma_sharing(rows, cols, self.isz, pattern)
         ops.append(SchedOp("load", emit, (), (self.name(dst),), prio, fixed, transfer, share=share, engines=engines))
 
     def _store(self, ops: list[SchedOp], src: SSAValue, arg: SSAValue, idx_fn: IndexFn, rows: int, cols: int,
                prio: Prio) -> None:
-        """A DMA of rows x cols of `src` into kernel argument `arg` (on the last queue)."""
+        """A DMA of rows x cols of `src` into kernel argument `arg`: on the last queue, or
+        where `stores_any_queue`, on the first free one the schedule finds."""
         rank = len(shape_of(arg.type))
 
-        def emit(_q: int | None) -> None:
-            self.kb.add(tile.StoreOp(src, arg, idx_fn(), self.kb.const(rows), self.kb.const(cols), rank - 2, rank - 1))
+        def emit(q: int | None) -> None:
+            self.kb.add(tile.StoreOp(src, arg, idx_fn(), self.kb.const(rows), self.kb.const(cols), rank - 2, rank - 1,
+                                     queue=q))
 
         fixed, transfer = self.tm.dma(rows, cols, self.isz)
         share, engines = self.tm.dma_sharing(rows, cols, self.isz)
-        ops.append(SchedOp("store", emit, (self.name(src),), (), prio, fixed, transfer, self.queues - 1,
-                           share=share, engines=engines))
+        ops.append(SchedOp("store", emit, (self.name(src),), (), prio, fixed, transfer,
+                           None if self.stores_any_queue else self.queues - 1, share=share, engines=engines))
 
     def _index(self, bidx: BatchIndex, arg: SSAValue, group: int = 1) -> IndexFn:
         """The leading (batch) indices of kernel argument `arg` for batch index `bidx`
@@ -301,12 +320,10 @@ class HeadProgram:
                              (0, (ci * fk + tk) * T), dc, rk, rk, False, pr)
             for ci, (_d0, dc) in enumerate(p.chunks):
                 if rk == T:  # the block's tiles side by side: one copy per chunk
-                    self._vec(ops, "unary", "copy", acc, (0, ci * fk * T), self.kt[s][bk], (0, ci * fk * T),
-                              dc, fk * T, pr)
+                    self._k_copy(ops, acc, self.kt[s][bk], ci * fk * T, dc, fk * T, pr)
                 else:
                     for tk in range(fk):
-                        col = (ci * fk + tk) * T
-                        self._vec(ops, "unary", "copy", acc, (0, col), self.kt[s][bk], (0, col), dc, rk, pr)
+                        self._k_copy(ops, acc, self.kt[s][bk], (ci * fk + tk) * T, dc, rk, pr)
             if gv > 1:
                 if j == 0:
                     assert self.vgrp is not None
@@ -323,6 +340,15 @@ class HeadProgram:
                     self._load(ops, self.a_v, lambda row0=row0: [*vidx(), kc(row0), kc(0)],
                                self.vaug[s][bk * fk + tk], (0, 0), rk, p.Dv, vrank - 2, vrank - 1, pr,
                                row_step=fk)
+
+    def _k_copy(self, ops: list[SchedOp], acc: SSAValue, kt: SSAValue, col: int, rows: int, cols: int,
+                pr: Prio) -> None:
+        """The K transposes' copy into K^T (times the scale where Q^T loads by DMA: the
+        copy is then the only vector pass over either operand)."""
+        if self.p.qdma:
+            self._vec(ops, "scalar", "mul", acc, (0, col), kt, (0, col), rows, cols, pr, imm=self.scale)
+        else:
+            self._vec(ops, "unary", "copy", acc, (0, col), kt, (0, col), rows, cols, pr)
 
     def _kt(self, s: int, k: int) -> tuple[SSAValue, int]:
         """(K^T buffer, column of chunk 0) of key tile k; chunk ci is ci * f * T further."""
@@ -405,7 +431,9 @@ class HeadProgram:
         gq, _, _, go = p.grp
         j, gs, bi = self._j, self._gs, bq - self.qblocks.start
         qrank = len(shape_of(self.a_q.type))
-        if gq > 1:  # the group's block: head j's columns
+        if p.qdma:  # each q-tile's Q^T loads by DMA transposes (`_q_load_transposed`)
+            qn, qcol = self.a_q, j * p.D if gq > 1 else 0
+        elif gq > 1:  # the group's block: head j's columns
             assert self.qgrp is not None
             qn, qcol = self.qgrp[gs][bi], j * p.D
             if j == 0:
@@ -424,23 +452,33 @@ class HeadProgram:
             ring["o"] += 1
         for tq in range(fq):
             self._last_tile = self._last_block and tq == fq - 1
-            self._q_tile(ops, u, bidx, s, bq, tq, qn, qcol, ob, ocol, ring)
+            self._q_tile(ops, u, bidx, s, bq, tq, qn, qcol, ob, ocol, ring, qidx)
         oidx = self._index(bidx, self.a_out, go)
         if go == 1 or j == go - 1:  # a grouped output block: once the group's last head wrote it
-            self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
-                        (u, bq * fq, 9))
+            def store() -> None:
+                self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
+                            (u, bq * fq, 9))
+
+            if self._pending:  # after the q-tiles still waiting for their -m rows
+                self._pending.append((self._pending[-1][0], None, (u, bq * fq, 9), store))
+            else:
+                store()
 
     def _q_tile(self, ops: list[SchedOp], u: int, bidx: BatchIndex, s: int, bq: int, tq: int, qn: SSAValue,
-                qcol: int, ob: SSAValue, ocol: int, ring: Ring) -> None:
+                qcol: int, ob: SSAValue, ocol: int, ring: Ring, qidx: IndexFn) -> None:
         """One q-tile: Q^T, the mask rows, pass 1 (the row max), the transposed-mode
-        subtracts, the -m row, pass 2 (P^T and O_aug) and the normalised output."""
+        subtracts, the -m row, pass 2 (P^T and O_aug) and the normalised output. `qn`:
+        the q-block's natural buffer (or, where Q^T loads by DMA, the argument q)."""
         p = self.p
         qi = bq * p.qseq.f + tq  # q-tile index
         qs = p.qseq.rows(bq)
-        r = ring["qt"] % NQ
+        r = ring["qt"] % p.nq
         ring["qt"] += 1
         acco = self.acco[(ring["qt"] - 1) % NO]
-        self._q_transpose(ops, (u, qi, 1), qn, qcol + tq * p.D, self.qt[r], qs, ring)
+        if p.qdma:
+            self._q_load_transposed(ops, (u, qi, 0), qidx, bq, qcol + tq * p.D, self.qt[r], qs)
+        else:
+            self._q_transpose(ops, (u, qi, 1), qn, qcol + tq * p.D, self.qt[r], qs, ring)
         mrow = self._mask_rows(ops, (u, qi, 1), bidx, bq, tq, qs, r) if p.has_mask else None
         keys = p.pairs[qi]
         # pass 1: row max of S = Q K^T; the last chunks stay in the accumulator when they
@@ -450,10 +488,27 @@ class HeadProgram:
         held = self._pass1(ops, (u, qi, 2), s, chunks1, n_t, qs, r, mrow, ring)
         tmode = self._subtract_max(ops, (u, qi, 3), held, qs, r, ring)
         normal = [(k, mid) for k, mid in keys if k not in tmode]
+
+        def rest() -> None:
+            self._pass2(ops, (u, qi, 4), s, held, normal, tmode, qs, r, mrow, acco, ring)
+            self._normalise(ops, (u, qi, 5), acco, ob, ocol + tq * p.Dv, qs)
+
+        if p.neg_batch > 1:
+            self._defer(ops, (u, qi, 3), qs, r if normal else None, rest, ring)
+            return
         if normal:
             self._neg_max_row(ops, (u, qi, 3), qs, r)
-        self._pass2(ops, (u, qi, 4), s, held, normal, tmode, qs, r, mrow, acco, ring)
-        self._normalise(ops, (u, qi, 5), acco, ob, ocol + tq * p.Dv, qs)
+        rest()
+
+    def _q_load_transposed(self, ops: list[SchedOp], pr: Prio, qidx: IndexFn, bq: int, col: int, qt: SSAValue,
+                           qs: int) -> None:
+        """Q^T by DMA transposes, one per D chunk: row d of chunk ci is column ``col + d0
+        + d`` of the q-block's rows (the scale is in K^T, `_k_copy`)."""
+        p, T, kc = self.p, self.p.T, self.kb.const
+        qrank = len(shape_of(self.a_q.type))
+        for ci, (d0, dc) in enumerate(p.chunks):
+            self._load(ops, self.a_q, lambda d0=d0: [*qidx(), kc(bq * T), kc(col + d0)], qt, (0, ci * T), dc, qs,
+                       qrank - 1, qrank - 2, pr, pattern=DmaPattern.TRANSPOSE)
 
     def _q_transpose(self, ops: list[SchedOp], pr: Prio, qn: SSAValue, col: int, qt: SSAValue, qs: int,
                      ring: Ring) -> None:
@@ -471,7 +526,7 @@ class HeadProgram:
         p, T, kc = self.p, self.p.T, self.kb.const
         assert self.a_mask is not None and self.mrow is not None
         fq = p.qseq.f
-        mrow = self.mrow[r]
+        mrow = self.mrow[r % len(self.mrow)]
         msh = shape_of(self.a_mask.type)
         midx = self._index(bidx, self.a_mask)
         mrank = len(msh)
@@ -536,17 +591,49 @@ class HeadProgram:
                 off += p.ks(k)
         return tmode
 
+    def _defer(self, ops: list[SchedOp], pr: Prio, qs: int, r: int | None, rest: Callable[[], None],
+               ring: Ring) -> None:
+        """Queue a q-tile's second half (`rest`: pass 2 and the output) until the -m rows
+        of `plan.neg_batch` q-tiles are written by one copy (`_flush`)."""
+        if self._pending and self._pending[0][0] != qs:  # one copy: rows of one width
+            self._flush(ops, ring)
+        self._pending.append((qs, r, pr, rest))
+        if sum(1 for x in self._pending if x[1] is not None) == self.p.neg_batch:
+            self._flush(ops, ring)
+
+    def _flush(self, ops: list[SchedOp], ring: Ring) -> None:
+        """The pending q-tiles' -m rows: each max transposed (M = 1) to its row of an
+        accumulator, one negating copy of the rows into a -m buffer; then the rest of
+        their programs (and the stores queued behind them), in order."""
+        rows = [(qs, r, pr) for qs, r, pr, _ in self._pending if r is not None]
+        if rows:
+            assert self.negm is not None
+            slot = ring["negm"] % len(self.negm)
+            ring["negm"] += 1
+            negm, acc = self.negm[slot], self.acc_m[slot % len(self.acc_m)]
+            qs, pr = rows[0][0], rows[0][2]
+            for j, (_, r, _) in enumerate(rows):
+                assert r is not None
+                self._mm(ops, self.mcol[r], (0, 0), self.ident, (0, 0), acc, (j, 0), 1, qs, qs, False, pr)
+                self._negm_at[r] = (negm, j)
+            self._vec(ops, "scalar", "mul", acc, (0, 0), negm, (0, 0), len(rows), qs, pr, imm=-1.0)
+        pending, self._pending = self._pending, []
+        for _, _, _, rest in pending:
+            rest()
+
     def _neg_max_row(self, ops: list[SchedOp], pr: Prio, qs: int, r: int) -> None:
         """-m as a row: transpose (M = 1) at the fold row's partition, negate into Q^T / negm."""
         p, T = self.p, self.p.T
         nd = len(p.chunks)
         fr = p.fold_row if p.fold_row is not None else 0
-        self._mm(ops, self.mcol[r], (0, 0), self.ident, (0, 0), self.acc_m, (fr, 0), 1, qs, qs, False, pr)
+        acc = self.acc_m[0]
+        self._mm(ops, self.mcol[r], (0, 0), self.ident, (0, 0), acc, (fr, 0), 1, qs, qs, False, pr)
         if p.fold_row is not None:
-            self._vec(ops, "scalar", "mul", self.acc_m, (fr, 0), self.qt[r], (fr, (nd - 1) * T), 1, qs, pr, imm=-1.0)
+            self._vec(ops, "scalar", "mul", acc, (fr, 0), self.qt[r], (fr, (nd - 1) * T), 1, qs, pr, imm=-1.0)
         else:
             assert self.negm is not None
-            self._vec(ops, "scalar", "mul", self.acc_m, (0, 0), self.negm[r], (0, 0), 1, qs, pr, imm=-1.0)
+            self._vec(ops, "scalar", "mul", acc, (0, 0), self.negm[r], (0, 0), 1, qs, pr, imm=-1.0)
+            self._negm_at[r] = (self.negm[r], 0)
 
     def _pass2(self, ops: list[SchedOp], pr: Prio, s: int, held: list[tuple[list[KeyTile], SSAValue]],
                normal: list[KeyTile], tmode: dict[int, tuple[SSAValue, int]], qs: int, r: int,
@@ -574,8 +661,8 @@ class HeadProgram:
                     kk = dc + (1 if p.fold_row is not None and ci == nd - 1 else 0)
                     self._mm(ops, ktb, (0, ci * fk * T + kcol), qt, (0, ci * T), acc, slot, ks, kk, qs, ci > 0, pr)
                 if p.fold_row is None:
-                    assert self.negm is not None
-                    self._mm(ops, self.ones, (0, 0), self.negm[r], (0, 0), acc, slot, ks, 1, qs, True, pr)
+                    negm, j = self._negm_at[r]
+                    self._mm(ops, self.ones, (j, 0), negm, (j, 0), acc, slot, ks, 1, qs, True, pr)
                 if mid is not None:
                     assert self.masks is not None
                     self._mm(ops, self.masks, (0, mid * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)

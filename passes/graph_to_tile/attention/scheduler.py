@@ -7,16 +7,18 @@ into the order each engine queue runs::
 
     program order:   load K0, mm K0^T, copy, load Q0, mm Q0^T, mul, mm S, max, ..., exp, mm PV
       -> emitted:    load K0, load Q0, mm K0^T, mm Q0^T, copy, mul, mm S(q0), mm S(q1), max, ...
-                     (each load on the DMA queue of its buffer: `tile.load ... queue = 1`)
+                     (each load on the DMA queue of its buffer: `tile.load ... queue = 1`;
+                      each store on the first free queue)
 
 An instruction may move ahead of any other it shares no buffer with (`buffer_deps`: the
 rule `npu-insert-sync` derives semaphores from, so the emitted order keeps every
 dependence); priorities are critical-path lengths (an edge to another engine costs the
 producer's latency, one on its own in-order queue its occupancy); and each buffer's
 loads keep one DMA queue (picked when its first load issues; several queues would need
-one semaphore wait each). Several priority variants are scheduled (`list_schedule`) and
-each order is *replayed* (`replay`) with the simulator's timing rules
-(`tilecc.simulator.timing`: in-order queues, pipelined matmuls, processor-shared HBM;
+one semaphore wait each; a store only reads its buffer: the first free queue takes it).
+Several priority variants are scheduled (`list_schedule`) and each order is *replayed*
+(`replay`) with the simulator's timing rules (`tilecc.simulator.timing`: in-order
+queues, pipelined matmuls, processor-shared HBM;
 exact for a kernel of one body): the fastest is emitted, and the replay's cycles are the
 kernel's estimate. So the pass-1 matmuls of the next q-tile fill the matrix engine while
 the vector engine runs this q-tile's exps, and loads run ahead into free buffers.
@@ -38,7 +40,7 @@ import numpy as np
 
 from tilecc.errors import CompileError
 from tilecc.passes.graph_to_tile.attention.plan import DEBUG, SCHEDULE_TRIES
-from tilecc.simulator.timing import TimingRules
+from tilecc.simulator.timing import DmaPattern, TimingRules
 
 
 @dataclass(eq=False)
@@ -53,7 +55,7 @@ class SchedOp:
     prio: tuple[int, ...]
     a: float  # mm: streaming cycles; vec: duration; dma: fixed cycles
     b: float = 0.0  # dma: transfer cycles
-    queue: int | None = None  # dma: its queue
+    queue: int | None = None  # dma: its queue (a store without one: the first free)
     share: float = 1.0  # dma: its rate alone as a fraction of the HBM peak
     engines: int = 1  # dma: the DMA engines its transfer runs on
     idx: int = 0
@@ -99,16 +101,18 @@ class AttentionTiming(TimingRules):
             return self.matmul_latency(o.a)
         return o.a + o.b
 
-    def dma(self, rows: int, cols: int, isz: int, contiguous: bool = True) -> tuple[float, float]:
-        """(fixed cycles, transfer cycles): one descriptor per row, or per element when
-        the rows are not contiguous."""
-        descriptors = self.dma_descriptors(rows, cols, contiguous)
-        return self.dma_fixed(descriptors), self.dma_transfer(rows, cols, isz, contiguous)
+    def dma(self, rows: int, cols: int, isz: int,
+            pattern: DmaPattern = DmaPattern.CONTIGUOUS) -> tuple[float, float]:
+        """(fixed cycles, transfer cycles): one descriptor per row (contiguous), per column
+        (a DMA transpose), or per element (strided)."""
+        descriptors = self.dma_descriptors(rows, cols, pattern)
+        return self.dma_fixed(descriptors), self.dma_transfer(rows, cols, isz, pattern)
 
-    def dma_sharing(self, rows: int, cols: int, isz: int, contiguous: bool = True) -> tuple[float, int]:
+    def dma_sharing(self, rows: int, cols: int, isz: int,
+                    pattern: DmaPattern = DmaPattern.CONTIGUOUS) -> tuple[float, int]:
         """What sharing counts of a DMA (`SchedOp.share`, `SchedOp.engines`): its rate
         alone as a fraction of the HBM peak, and the engines it runs on."""
-        share = self.dma_hbm_share(self.dma_rate(rows, cols, isz, contiguous))
+        share = self.dma_hbm_share(self.dma_rate(rows, cols, isz, pattern))
         return share, self.dma_engines(rows)
 
 
@@ -221,7 +225,7 @@ def replay(order: Order, tm: AttentionTiming, queues: int, init: ScheduleInit) -
     seqs: list[list[int]] = [[] for _ in range(queues + 2)]
     deps: list[list[int]] = []
     for k, ((o, q), d) in enumerate(zip(seq_all, buffer_deps([o for o, _ in seq_all]))):
-        e = q if o.kind == "load" and q is not None else engine_of(o, queues)
+        e = q if o.kind in ("load", "store") and q is not None else engine_of(o, queues)
         eng_of[k] = e
         seqs[e].append(k)
         deps.append(sorted(x for x in d if eng_of[x] != e))
@@ -328,10 +332,13 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
     qmap: dict[str, int] = dict(init.qmap)
     eng = [engine_of(o, queues) for o in ops]
     ready: list[list[int]] = [[] for _ in range(queues + 2)]
-    anyq: list[int] = []  # ready loads of buffers without a queue yet
+    anyq: list[int] = []  # ready loads of buffers without a queue yet, and ready stores
 
     def enqueue(i: int) -> None:
         o = ops[i]
+        if o.kind == "store" and o.queue is None:  # any queue: the first free
+            anyq.append(i)
+            return
         if o.kind == "load":
             q = qmap.get(o.writes[0])
             if q is None:
@@ -373,6 +380,9 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
                 qmap[o.writes[0]] = e_
                 anyq.remove(i)
                 eng[i] = e_
+            elif o.kind == "store" and o.queue is None:
+                anyq.remove(i)
+                eng[i] = e_
             else:
                 ready[e_].remove(i)
             # HBM is shared by the transfers in flight (processor sharing): this one's
@@ -393,7 +403,7 @@ def list_schedule(ops: list[SchedOp], succ: list[list[int]], level: Sequence[flo
             e = free[VEC] = t + o.a
         span = max(span, e)
         start[i], end[i] = t, e
-        out.append((o, e_ if o.kind == "load" else None))
+        out.append((o, e_ if o.kind in ("load", "store") else None))
         for x in succ[i]:
             left[x] -= 1
             if eng[x] != e_ and dep_ready[x] < e:  # its own queue runs in order: no wait
