@@ -344,15 +344,15 @@ def _place_waits(s, eng, kernel_of, need, ordinal, queue_members, link_sem: list
 
 
 def _add_wait(s: np.ndarray, q: np.ndarray, r: int, sem: int, val: int, kernel_of: np.ndarray,
-              producer: dict[tuple[int, int], int], eng: np.ndarray, x: int) -> None:
-    """Wait `sem >= val` (instruction `x` done) on instruction q[r], or on the nearest
-    earlier instruction of its queue with room (waiting earlier is always safe) that
-    is in its kernel or after `x` in program order: every wait then still points
-    backwards in program order, so no cycle closes (an instruction of an earlier kernel
-    before `x` could close one). Room: a free slot, or two waits met by signallers on
+              producer: dict[tuple[int, int], int], eng: np.ndarray, awaited: int) -> None:
+    """Wait `sem >= val` (instruction `awaited` done) on instruction q[r], or on the
+    nearest earlier instruction of its queue with room (waiting earlier is always safe)
+    that is in its kernel or after `awaited` in program order: every wait then still
+    points backwards in program order, so no cycle closes (an instruction of an earlier
+    kernel before `awaited` could close one). Room: a free slot, or two waits met by signallers on
     one engine, of which the later one implies the other (engines complete in order)."""
     k = kernel_of[q[r]]
-    while r >= 0 and (kernel_of[q[r]] == k or int(q[r]) > x):
+    while r >= 0 and (kernel_of[q[r]] == k or int(q[r]) > awaited):
         i = int(q[r])
         ws, wv = s["wait_sem"][i], s["wait_val"][i]
         same = np.flatnonzero(ws == sem)
