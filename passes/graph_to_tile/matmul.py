@@ -29,7 +29,10 @@ Loop nest, per batch index (TM x TK x TN: the target's tile; TNL = w * TN)::
   block 0 prepares its own m-tiles 1.. (one step ahead), block b its successor's into
   the second lhsT set (`pipelined`; block 0 does that during its second chunk). Without
   `pipelined` a block prepares its own m-tiles, the first before the block starts.
-  A rows load one preparation ahead into two natural-layout buffers.
+  A rows load one preparation ahead into two natural-layout buffers; the kernel's first
+  m-tile loads in row pieces on the B queues, ahead of their B loads (`load_first_rows`).
+  A preparation before a block (nothing to hide behind) transposes `prologue_group`
+  k-tiles side by side into an idle output accumulator, one vector copy for them all.
 - B tiles of a chunk live in group buffers of g k-tiles; one group's loads run on one
   DMA queue. Matmuls wait for their whole group (synchronisation is per buffer).
 - A one-row matmul reading a pre-tiled weight (`direct_a`: decode at batch 1) needs no
