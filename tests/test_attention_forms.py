@@ -149,3 +149,44 @@ def test_sdpa_with_a_constant_causal_mask_becomes_causal():
     ((kind, msg),) = [(r["kind"], r["message"]) for r in cm.program.meta["remarks"]
                       if r["pass_name"] == "canonicalize-graph"]
     assert kind == "passed" and "-> causal" in msg
+
+
+def test_gpt2_eager_and_sdpa_attention_compile_to_the_same_program():
+    """GPT-2's eager attention views q, v and its result 3-D around the matmuls; as sdpa
+    those reshape pairs fold (passes/graph/fold_reshapes.py), so the flash kernel reads
+    and writes through the same views as the sdpa block's: the same kernels, no copy
+    kernel for the result's layout, the same cycles."""
+    import sys
+    import types
+
+    # a CUDA torchvision wheel next to CPU torch fails on import; transformers imports it
+    for m in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+        sys.modules.setdefault(m, types.ModuleType(m))
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    from tilecc.runtime.executor import run_program
+
+    S = 32
+
+    class Block(torch.nn.Module):
+        def __init__(self, attn: str):
+            super().__init__()
+            cfg = GPT2Config(n_embd=64, n_head=2, n_layer=1, n_positions=S)
+            cfg._attn_implementation = attn
+            self.b = GPT2Block(cfg)
+            causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)
+            self.register_buffer("mask", causal.view(1, 1, S, S) if attn == "eager" else None)
+
+        def forward(self, x):
+            y = self.b(x, attention_mask=self.mask)
+            return y[0] if isinstance(y, tuple) else y
+
+    x = torch.randn(1, S, 64)
+    programs = {}
+    for attn in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        cm = run_and_compare(Block(attn), (x,))
+        _, rep = run_program(cm.program, (x,), functional=False)
+        programs[attn] = (rep.launches, rep.instructions, rep.cycles)
+    assert programs["eager"] == programs["sdpa"]

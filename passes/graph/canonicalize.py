@@ -13,6 +13,8 @@ commutative ops in either order, constants compared to 1 %, as bf16 rounds them)
   (rotary position embedding: passes/graph/rope.py)
 - ``matmul(x, cast(q_i8) * s)``                                    ->  ``matmul(x, q_i8) * s``
   (one-byte weights: passes/graph/lowp_matmul.py)
+- ``reshape(reshape(x))``                                          ->  ``reshape(x)``, or ``x``
+  when the shapes agree (passes/graph/fold_reshapes.py)
 - an op equal to an earlier one (same kind, operands, attributes)  ->  the earlier one
   (common subexpressions: passes/graph/cse.py)
 - ``w * f32(x) * rsqrt(mean(f32(x)**2, -1) + eps)`` (casts back)  ->  ``rms_norm(x, w)``
@@ -59,6 +61,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     recognised as causal)."""
     from tilecc.passes.graph.attention import recognise_attention
     from tilecc.passes.graph.decode_attention import rewrite_decode_attention
+    from tilecc.passes.graph.fold_reshapes import fold_reshapes
     from tilecc.passes.graph.rms_norm import recognise_rms_norm
     from tilecc.passes.graph.rope import recognise_rope
 
@@ -82,6 +85,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     count += recognise_attention(fn, weights)
     count += rewrite_lowp_matmuls(fn)  # one-byte weights into the matrix engine (lowp_matmul.py)
     count += rewrite_decode_attention(fn)
+    count += fold_reshapes(fn)  # reshape chains, e.g. around a recognised attention (fold_reshapes.py)
     count += eliminate_common_subexpressions(fn)  # identical layers' equal values computed once (cse.py)
     dead_code(fn)
     return count

@@ -339,6 +339,9 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         tp.compute(r, c, parity, given)
         tp.store(idx, r, c, parity, queue=self.store_q, given=given)
 
+    def loads_a_rows(self) -> bool:
+        return self.pro_tp is None
+
     def load_a_rows(self, dst: SSAValue, m0: SSAValue, k0: SSAValue, ms: int, cols: int, queue: int) -> None:
         if self.pro_tp is None:
             super().load_a_rows(dst, m0, k0, ms, cols, queue)

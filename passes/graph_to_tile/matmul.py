@@ -29,7 +29,10 @@ Loop nest, per batch index (TM x TK x TN: the target's tile; TNL = w * TN)::
   block 0 prepares its own m-tiles 1.. (one step ahead), block b its successor's into
   the second lhsT set (`pipelined`; block 0 does that during its second chunk). Without
   `pipelined` a block prepares its own m-tiles, the first before the block starts.
-  A rows load one preparation ahead into two natural-layout buffers.
+  A rows load one preparation ahead into two natural-layout buffers; the kernel's first
+  m-tile loads in row pieces on the B queues, ahead of their B loads (`load_first_rows`).
+  A preparation before a block (nothing to hide behind) transposes `prologue_group`
+  k-tiles side by side into an idle output accumulator, one vector copy for them all.
 - B tiles of a chunk live in group buffers of g k-tiles; one group's loads run on one
   DMA queue. Matmuls wait for their whole group (synchronisation is per buffer).
 - A one-row matmul reading a pre-tiled weight (`direct_a`: decode at batch 1) needs no
@@ -89,9 +92,11 @@ from tilecc.passes.schedule.matmul_schedule import (
     batch_unrolled,
     blocks,
     chunk_widths,
+    first_rows_queues,
     groups,
     plan_blocks,
     prep_sites,
+    prologue_group,
     runs,
     uses_two_sets,
 )
@@ -324,11 +329,31 @@ class BlockedMatmulKernel:
         self.kb.add(tile.StoreOp(out, self.argO, [*self.ivs, m0, n0], self.c(ms), self.c(ns),
                                  self.rank - 2, self.rank - 1))
 
+    def loads_a_rows(self) -> bool:
+        """Whether `load_a_rows` loads the rows from A (any row range: the first m-tile's
+        may load in pieces), not a producer that writes whole m-tiles."""
+        return True
+
     # -- pieces -------------------------------------------------------------------------
 
     def load_item_rows(self, u: _Aff, u_par: int, ms: int) -> None:
         qi = u_par % len(self.s.qa)
         self.load_a_rows(self.a_nat[u_par], self.ix(u * self.p.TM), self.c(0), ms, self.p.K, self.s.qa[qi])
+
+    def load_first_rows(self, u_par: int, ms: int) -> None:
+        """The first m-tile's A rows, which the first matmuls wait for: in row pieces, one
+        on each queue that loads A or B (`first_rows_queues`), each ahead of that queue's
+        first B loads, so they land at HBM's full rate rather than sharing it with the
+        first chunks' B loads (an A-row producer, `load_a_rows` overridden, loads whole)."""
+        queues = first_rows_queues(self.s, ms)
+        if len(queues) == 1 or self.p.prep_ops or not self.loads_a_rows():
+            self.load_item_rows(_Aff(0), u_par, ms)
+            return
+        dst = self.a_nat[u_par]
+        for r, q in enumerate(queues):
+            r0, r1 = r * ms // len(queues), (r + 1) * ms // len(queues)
+            win = self.kb.add(tile.SubviewOp(dst, self.c(r0), self.c(0), [self.p.TM - r0, self.p.K])).results[0]
+            self.load_a_rows(win, self.c(r0), self.c(0), r1 - r0, self.p.K, q)
 
     def site_acc(self) -> list[SSAValue]:
         """A pair of accumulator tiles private to one transposing place of the kernel."""
@@ -347,6 +372,22 @@ class BlockedMatmulKernel:
         self.kb.add(tile.MatmulOp(a_win, ident, t, self.c(ksz), self.c(ms), self.c(ms), self.false))
         self.kb.add(tile.UnaryOp("copy", t, self.window(dst, dst_col + kt * p.TM, [p.TK, p.TM]),
                                  self.c(ksz), self.c(ms)))
+
+    def transpose_wide(self, kt0: _Aff, n: int, a_buf: SSAValue, u_par: int, dst: SSAValue, dst_col: _Aff,
+                       par: int) -> None:
+        """k-tiles kt0 .. kt0+n-1 of a full natural-layout A m-tile -> its lhsT columns
+        through output accumulator `par` (idle in a block's prologue): n transposes side
+        by side, one vector copy (`prologue_group`)."""
+        p = self.p
+        acc = self.acc[par]
+        ident = self.ibuf[u_par % len(self.s.qa)]
+        for i in range(n):
+            a_win = self.window(a_buf, (kt0 + i) * p.TK, [p.TM, p.TK])
+            self.kb.add(tile.MatmulOp(a_win, ident, self.window(acc, i * p.TM, [p.TK, p.TM]), self.c(p.TK),
+                                      self.c(p.TM), self.c(p.TM), self.false))
+        self.kb.add(tile.UnaryOp("copy", self.window(acc, 0, [p.TK, n * p.TM]),
+                                 self.window(dst, dst_col + kt0 * p.TM, [p.TK, n * p.TM]), self.c(p.TK),
+                                 self.c(n * p.TM)))
 
     def load_b_chunk(self, bp: int, n0: _Aff, width: int, first: bool = False, chunk: _Aff | None = None) -> None:
         """The chunk's B tiles into B set `bp`, group by group. In the kernel's first
@@ -485,7 +526,12 @@ class BlockedMatmulKernel:
         a_buf = self.a_nat[u_par]
         acc_t = self.site_acc()
         self.n_sites += 1
-        self.loop2(full, lambda kt, v: self.transpose(kt, v, p.TK, a_buf, u_par, item.ms, dst, dst_col, acc_t))
+        gw = prologue_group(p, self.s) if item.ms == p.TM else 1
+        wide = full // gw * gw if gw > 1 else 0
+        if wide:
+            self.loop2(wide // gw, lambda gi, v: self.transpose_wide(gi * gw, gw, a_buf, u_par, dst, dst_col, v))
+        self.loop2(full - wide, lambda kt, v: self.transpose(kt + wide, (wide + v) % 2, p.TK, a_buf, u_par, item.ms,
+                                                             dst, dst_col, acc_t))
         if full < p.nk:
             self.transpose(_Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1], a_buf, u_par, item.ms, dst, dst_col, acc_t)
 
@@ -538,7 +584,7 @@ class BlockedMatmulKernel:
             self.block(_pos_static(0), plans[0])
             return
         first = plans[0].prologue[0]
-        self.load_item_rows(_Aff(0), beta_par * p.n_mtiles % 2, first.ms)
+        self.load_first_rows(beta_par * p.n_mtiles % 2, first.ms)
         self.block(_pos_static(0), plans[0])
         end = 1
         while end < len(plans) and plans[end] == plans[1]:
@@ -741,3 +787,4 @@ def lower_matmul_blocked(lw: LoweringContext, op: Operation, loc: str) -> bool:
 
 def _bool(kb: KernelBuilder, value: bool) -> SSAValue:
     return kb.add_entry(arith.ConstantOp(IntegerAttr(int(value), i1)))
+

@@ -60,9 +60,11 @@ from tilecc.passes.schedule.matmul_schedule import (
     blocks,
     candidates,
     chunk_widths,
+    first_rows_queues,
     groups,
     kernel_matmuls,
     plan_blocks,
+    prologue_group,
 )
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.timing import TimingRules
@@ -293,14 +295,30 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
             block_runs[-1][1] += 1
         else:
             block_runs.append([ch_runs, 1])
-    # prologue: the first m-tile's A rows (sharing HBM with the first B loads), its
-    # transposes, the latency and copy of the last one
+    # prologue: the first m-tile's A rows, in pieces ahead of the B loads on their
+    # queues (`first_rows_queues`; sharing HBM with the next m-tile's rows, loading on
+    # the A queue meanwhile), then its transposes (or their vector copies, wide ones in a
+    # prologue: `prologue_group`), the latency and copy of the last one
     first_ms = blks[0][0]
-    start = tm.dma_fixed(first_ms) + tm.dma_transfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq) + tr_item \
-        + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM) + tm.prep(p)
-    # ... and the first matmul needs the whole first B group (its tiles load one after
-    # the other on one queue)
-    start = max(start, grp[0][1] * (fB + tm.dma_transfer(TK, widths[0], p.ib)))
+    pieces = len(first_rows_queues(s, first_ms)) if not p.prep_ops else 1
+    prefetch = p.n_mtiles > 1
+    a_alone = tm.dma_fixed(-(-first_ms // pieces)) + tm.dma_transfer(first_ms, p.K, p.ia)
+    a_first = a_alone + tm.dma_transfer(first_ms, p.K, p.ia) * (0.5 if prefetch else 0.0) if pieces > 1 else \
+        tm.dma_fixed(first_ms) + tm.dma_transfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq)
+    gw = prologue_group(p, s) if first_ms == TM else 1
+    cp_pro = sum(c * tm.copy(k, TM) for k, c in ksizes) if gw == 1 else \
+        (kfull // gw) * tm.copy(TK, gw * TM) + (kfull % gw) * tm.copy(TK, TM) + (tm.copy(klast, TM) if klast else 0.0)
+    start = a_first + max(tr_item, cp_pro + tm.prep(p)) + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
+    # ... and the first matmul needs the whole first B group (one transfer pre-tiled,
+    # else its tiles one after the other on one queue), loading after the A rows'
+    # piece on its queue and sharing HBM with the other B queues and the A prefetch
+    share = nbq + (1 if prefetch else 0)
+    cnt0 = grp[0][1]
+    if s.pretiled:
+        b_first = fB + tm.dma_transfer(TK, cnt0 * widths[0], p.ib) * share
+    else:
+        b_first = cnt0 * (fB + tm.dma_transfer(TK, widths[0], p.ib) * share)
+    start = max(start, (a_alone if pieces > 1 else 0.0) + b_first)
     last_ms = blks[-1][-1]
     end = tm.mm_latency(last_ms, TK, TN, fp32, lowp) + tm.evac(p, last_ms, widths[-1]) + tm.dma_fixed(last_ms) \
         + tm.dma_transfer(last_ms, widths[-1], p.io)

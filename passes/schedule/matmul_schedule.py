@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.isa import MAX_WAITS
 
 ALIGN = 64  # plan-sram aligns every buffer to 64 bytes
 ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "f8e4m3": 1}  # one-byte: B only (weights)
@@ -186,11 +187,11 @@ class MatmulSchedule:
 
 def pretile_ok(p: MatmulProblem, w: int, g: int) -> bool:
     """Whether B may be stored pre-tiled for chunks of w*TN columns and groups of g
-    k-tiles: a weight without batch, whole k-tiles and groups (K a multiple of g*TK),
-    equal chunks (N a multiple of w*TN), and one m-block (M <= TM: B streams once, the
-    decode-shaped matmuls whose time is their weight's transfer)."""
-    return (p.b_weight and not p.batch and p.K % (g * p.TK) == 0 and p.N % (w * p.TN) == 0
-            and p.n_mtiles == 1)
+    k-tiles: a weight without batch, whole k-tiles and groups (K a multiple of g*TK) and
+    equal chunks (N a multiple of w*TN). Every m-block reads the same chunks, so a
+    weight streamed once (decode) or once per block (a large GEMM, whose first chunks
+    must land before its matmuls can start) gets the same longer, fewer transfers."""
+    return p.b_weight and not p.batch and p.K % (g * p.TK) == 0 and p.N % (w * p.TN) == 0
 
 
 def groups(p: MatmulProblem, g: int) -> list[tuple[int, int]]:
@@ -378,6 +379,30 @@ def _sites(p: MatmulProblem, nb: int, two: bool, nch: int, widths: tuple[int, ..
     parts += [block_sites(pl, False) for pl in plans[end:]]
     prep, with_item, without, chunks = (sum(x[i] for x in parts) for i in range(4))
     return prep, with_item, without, chunks
+
+
+FIRST_ROWS_QUEUES = MAX_WAITS - 2  # the first A rows' pieces: a transpose also waits for its identity and a copy
+
+
+def first_rows_queues(s: MatmulSchedule, ms: int) -> list[int]:
+    """The queues the first m-tile's A rows load on (`passes/graph_to_tile/matmul.py`,
+    `BlockedMatmulKernel.load_first_rows`):
+    the first `FIRST_ROWS_QUEUES` B queues, at most one per row. The identity loads on
+    the A queue meanwhile; a transpose then waits on these queues, the A queue and the
+    vector engine, within the ISA's wait slots."""
+    return list(s.qb[:FIRST_ROWS_QUEUES])[:max(ms, 1)]
+
+
+def prologue_group(p: MatmulProblem, s: MatmulSchedule) -> int:
+    """k-tiles a block's prologue (the preparation of a full m-tile with no matmuls to
+    hide behind) transposes side by side into one output accumulator and copies out
+    with one vector instruction: the output accumulators (TM x w*TN) are idle before
+    the block's first step, and one wide copy costs the vector engine's fixed overhead
+    once instead of per k-tile. 1 (a copy per k-tile) when a transposed k-tile (TK
+    partitions) does not fit the accumulator's TM partitions."""
+    if p.TK > p.TM:
+        return 1
+    return max(1, min(s.w * p.TN // p.TM, p.K // p.TK))
 
 
 def kernel_size(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int, int]:
