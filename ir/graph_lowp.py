@@ -43,7 +43,10 @@ def match_lowp_weight(w: SSAValue) -> tuple[SSAValue, SSAValue] | None:
 
 def int8_source(v: SSAValue) -> SSAValue | None:
     """x when `v` is ``graph.cast x`` of an i8 tensor to a float type (through an i32
-    cast: the front end's integer tensors are i32), else None."""
+    cast: the front end's integer tensors are i32; the cast possibly reshaped, as a
+    linear's [B, S, K] input is to [B*S, K]: x then has the cast's shape), else None."""
+    if isinstance(v.owner, g.ReshapeOp):
+        v = v.owner.input
     cast = v.owner
     if not isinstance(cast, g.CastOp) or g.element_dtype(v.type) not in (DType.F32, DType.BF16, DType.F16):
         return None

@@ -24,13 +24,16 @@ After::
 
     %y = graph.matmul %xq, %q : tensor<1x64xi8>, tensor<64x128xi8> -> tensor<1x128xf32>
 
-A matmul of another float type (bf16 casts) keeps its rounding: the int8 matmul's fp32
+A cast reshaped before the matmul (a linear's ``[B, S, K]`` input viewed ``[B*S, K]``)
+becomes the same reshape of the i8 tensor. A matmul of another float type (bf16 casts)
+keeps its rounding: the int8 matmul's fp32
 result is cast to it.
 """
 
 from __future__ import annotations
 
 from xdsl.dialects import func
+from xdsl.ir import Operation
 
 from tilecc.ir import graph as g
 from tilecc.ir.graph_lowp import int8_source
@@ -46,8 +49,15 @@ def rewrite_w8a8_matmuls(fn: func.FuncOp) -> int:
         if a is None or b is None:
             continue
         loc = g.source_loc(op)
+        new: list[Operation] = []
+        if g.shape_of(a) != g.shape_of(op.lhs):  # the cast was reshaped ([B, S, K] -> [B*S, K])
+            new.append(g.ReshapeOp.make(a, g.shape_of(op.lhs), loc=loc))
+            a = new[-1].results[0]
+        if g.shape_of(b) != g.shape_of(op.rhs):
+            new.append(g.ReshapeOp.make(b, g.shape_of(op.rhs), loc=loc))
+            b = new[-1].results[0]
         mm = g.MatmulOp.make(a, b, loc=loc)
-        new = [mm]
+        new.append(mm)
         if op.results[0].type != mm.results[0].type:
             new.append(g.CastOp.make(mm.results[0], g.element_dtype(op.results[0].type), loc=loc))
         fn.body.block.insert_ops_before(new, op)
