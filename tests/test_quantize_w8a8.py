@@ -179,3 +179,18 @@ def test_bad_w8a8_arguments_are_errors(call, match):
     with pytest.raises(QuantizationError, match=match) as e:
         call(Mlp())
     assert isinstance(e.value, TileccError)
+
+
+def test_generate_cli_w8a8_decodes_as_eager(capsys):
+    """`tilecc generate --weights w8a8`: greedy decoding of the example tiny Llama with
+    W8A8 linears (lm_head kept) on the simulator gives eager's tokens exactly."""
+    import json
+    from pathlib import Path
+
+    from tilecc.cli import main
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "llm.py"
+    rc = main(["generate", f"{example}:tiny_llama", "--prompt-len", "6", "--new-tokens", "3", "--weights", "w8a8",
+               "--json", "-q"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["matches_eager"] is True and len(out["tokens"][0]) == 3
