@@ -22,11 +22,11 @@ byte per parameter in HBM and apply `scale` in the matmul's epilogue.
 With ``activations="int8"`` (W8A8, SmoothQuant / LLM.int8-style dynamic per-token
 quantisation; weights must be "int8") the layer also quantises its input, per row::
 
-    a[m]   = max_k |x[m, k]|                (fp32; the row's scale is s_x = a / 127)
-    x_q    = round(x * 127 / a)             (half to even; |x_q| <= 127, int8)
+    s_x[m] = max_k |x[m, k]| / 127          (fp32)
+    x_q    = round(x / s_x)                 (half to even; |x_q| <= 127, int8)
     acc    = x_q @ weight_q^T               (int8 x int8 products, summed in fp32:
                                              exact while |partial sums| < 2**24)
-    y      = (acc * a * (scale / 127)[None, :]).to(x.dtype) + bias
+    y      = (acc * s_x * scale[None, :]).to(x.dtype) + bias
 
 so the compiled matmul has two int8 operands (the matrix engine's 8-bit rate,
 `matrix.int8_speedup`, and int8 energy per MAC) and the scales are its epilogue
@@ -85,21 +85,18 @@ def _check_activations(act: object, fmt: str) -> str | None:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-row (per-token) int8 quantisation of activations: `x` [..., K] ->
-    (x_q [..., K] int8, a [..., 1] fp32) with ``x ~ x_q * a / 127``: a = max|x| per row,
-    x_q = round(x * 127 / a), half to even (torch.round's values).
+    (x_q [..., K] int8, s_x [..., 1] fp32) with ``x ~ x_q * s_x``: s_x = max|x| / 127 per
+    row, x_q = round(x / s_x), half to even (torch.round's values).
 
-    Written for the vector engine, every step but the row maximum elementwise on
-    [..., K] (nothing computed on the [..., 1] column alone, which would be a kernel of
-    its own): |x| is raised to TINY before the maximum (an all-zero row: a = TINY, x_q = 0,
-    y = 0 as with any scale); the 1 / 127 of the scale is folded into the weight's scale
-    (a constant); the rounding is fp32's own: |x * 127 / a| <= 127 (up to two roundings)
-    < 2**22, where ``(v + 1.5 * 2**23) - 1.5 * 2**23`` is v rounded to the nearest
-    integer, half to even, exactly (two vector ops, against eight for a general
+    Written for the vector engine: an all-zero row takes s_x = TINY / 127 (x_q = 0, so
+    y = 0 as with any scale), and the rounding is fp32's own: |x / s_x| <= 127 (up to one
+    rounding) < 2**22, where ``(v + 1.5 * 2**23) - 1.5 * 2**23`` is v rounded to the
+    nearest integer, half to even, exactly (two vector ops, against eight for a general
     `aten.round`: frontend/aten_rounding.py)."""
     x32 = x.float()
-    a = x32.abs().clamp_min(TINY).amax(dim=-1, keepdim=True)
-    v = (x32 * 127.0) / a
-    return ((v + ROUND_MAGIC) - ROUND_MAGIC).to(torch.int8), a
+    s = x32.abs().amax(dim=-1, keepdim=True).clamp_min(TINY) / 127.0
+    v = x32 / s
+    return ((v + ROUND_MAGIC) - ROUND_MAGIC).to(torch.int8), s
 
 
 def quantize_tensor(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,9 +151,9 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.activations is None:
             return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
-        x_q, a = quantize_rows(x)
+        x_q, s_x = quantize_rows(x)
         acc = F.linear(x_q.float(), self.weight_q.float())  # integer products, fp32 sums
-        y = (acc * a * (self.scale.float() / 127.0)).to(x.dtype)
+        y = (acc * s_x * self.scale.float()).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
