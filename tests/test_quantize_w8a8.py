@@ -89,6 +89,13 @@ def test_compiled_w8a8_mlp_runs_int8_matmuls_and_matches_eager(dtype):
     # the other matmuls are the kernel's transposes of the int8 activation (i8 x i8 too) or fp32 statistics
     assert set(mm["b_dtype"][~both].tolist()) <= {int(DType.F32), int(DType.I8)}
     assert prog.work["macs_int8"] == 8 * 64 * 128 * 2 and prog.work["macs_16"] == prog.work["macs_fp32"] == 0
+    # the report's bound gives those MACs array time (runtime/report.py dropped them: 0)
+    from tilecc.runtime.executor import run_program
+
+    cfg = prog.config
+    _, rep = run_program(prog, (torch.randn(8, 64, dtype=dtype),), functional=False)
+    want = prog.work["macs_int8"] / cfg.matrix.int8_speedup / (cfg.matrix.rows * cfg.matrix.cols)
+    assert rep.roofline_components["matrix"] == pytest.approx(want * cfg.clock_ghz / cfg.matrix.clock_ghz)
 
 
 def test_w8a8_functional_simulator_computes_the_int8_products():
