@@ -8,7 +8,8 @@ no weight values; compiled and simulated in timing-only mode):
 - Llama-3-8B shape: 32 layers, hidden 4096, 32 heads, 8 KV heads, MLP 14336,
   vocabulary 128,256, untied.
 
-For each (model, weights bf16 | int8 | fp8, batch): `tilecc.generate(..., timing_only=True)`
+For each (model, weights bf16 | int8 | fp8 | w8a8, batch) (int8 / fp8: weight-only; w8a8:
+int8 weights and per-token int8 activations, `tilecc.quantize.SCHEMES`): `tilecc.generate(..., timing_only=True)`
 compiles the prefill program (prompt of P tokens) and the decode program (one token,
 the static cache holding P + 1 positions) for `cloud`, simulates one prefill and one
 decode step and reports
@@ -23,6 +24,7 @@ decode step and reports
     .venv/bin/python benchmarks/llm.py                       # the table (1B and 8B, b 1/8/32)
     .venv/bin/python benchmarks/llm.py --models 1b --batches 1 --weights bf16,int8
     .venv/bin/python benchmarks/llm.py --prefill-2048         # adds the 1B prefill-2048 row
+    .venv/bin/python benchmarks/llm.py --models 1b --batches 1 --weights bf16,int8,w8a8
 
 Targets (issue 21): decode 1B batch 1 bf16 <= 1.15x the bound; int8 >= 1.7x fewer
 cycles per token than bf16; prefill of 2,048 tokens (1B) <= 1.3x; compile of the 1B
@@ -74,10 +76,10 @@ def run_point(shape: str, weights: str, batch: int, prompt: int, target: str, lm
 
     model = build(shape, prompt + 2)
     if weights != "bf16":
-        from tilecc.quantize import quantize_weights
+        from tilecc.quantize import quantize_scheme
 
         # lm_head kept bf16 unless asked (the usual choice; its int8 copy unties it from the embedding)
-        model = quantize_weights(model, weights, skip=() if lm_head else ("lm_head",))
+        model = quantize_scheme(model, weights, skip=() if lm_head else ("lm_head",))
     ids = torch.zeros(batch, prompt, dtype=torch.long)
     t0 = time.perf_counter()
     res = tilecc.generate(model, ids, 2, target=target, timing_only=True, check_eager=False)
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-2048", action="store_true", help="add the 1B bf16 batch-1 prefill of 2,048 tokens")
     ap.add_argument("--target", default="cloud")
     ap.add_argument("--quantize-lm-head", action="store_true",
-                    help="int8 / fp8 rows quantise lm_head too (labelled int8+lm; default: lm_head stays bf16)")
+                    help="int8 / fp8 / w8a8 rows quantise lm_head too (labelled int8+lm; default: lm_head stays bf16)")
     ap.add_argument("--json", help="also write the rows there")
     args = ap.parse_args(argv)
     points = [(m, w, int(b), args.prompt) for m in args.models.split(",") for w in args.weights.split(",")

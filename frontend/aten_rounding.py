@@ -1,5 +1,6 @@
-"""``div`` with ``rounding_mode`` "trunc" / "floor" (and ``floor`` / ``trunc`` / ``ceil``)
-from the vector engine's own rounding: an fp32 -> i32 conversion truncates toward zero.
+"""``div`` with ``rounding_mode`` "trunc" / "floor" (and ``floor`` / ``trunc`` / ``ceil`` /
+``round``) from the vector engine's own rounding: an fp32 -> i32 conversion truncates
+toward zero, and an fp32 addition rounds to nearest-even.
 
 The ISA has no floor / trunc function, and needs none: ``VEC_*`` writing an i32 output
 truncates toward zero (saturating at the int32 range, NaN -> 0; `simulator/isa.py`), so
@@ -8,6 +9,9 @@ truncates toward zero (saturating at the int32 range, NaN -> 0; `simulator/isa.p
     t     = f32(i32(q))                  (truncation, two copies on the vector engine)
     floor = t - f32(q < t)               (one compare, one subtract)
     r     = where(|q| < 2**23, t|floor, q)
+
+    round = sign(q) * ((|q| + 2**23) - 2**23)   (torch.round: half to even; in
+                                                 [2**23, 2**24) the fp32 spacing is 1)
 
 Every fp32 value of magnitude >= 2**23 is already an integer, which makes the result
 exact for every fp32 value (the saturation never shows), and NaN / inf fail the compare
@@ -41,8 +45,15 @@ def _const(imp: Any, v: float) -> SSAValue:
 
 
 def rounded(imp: Any, q: SSAValue, mode: str) -> SSAValue:
-    """`q` (fp32) rounded toward zero ("trunc"), down ("floor") or up ("ceil")."""
+    """`q` (fp32) rounded toward zero ("trunc"), down ("floor"), up ("ceil") or to the
+    nearest integer, half to even ("round")."""
     emit = imp.emit
+    if mode == "round":
+        a = emit(gi.AbsOp.make(q))
+        r = emit(g.SubOp.make(emit(g.AddOp.make(a, _const(imp, EXACT))), _const(imp, EXACT)))
+        neg = emit(gi.LtOp.make(q, _const(imp, 0.0)))
+        signed = emit(gi.WhereOp.make(neg, emit(g.NegOp.make(r)), r))
+        return emit(gi.WhereOp.make(emit(gi.LtOp.make(a, _const(imp, EXACT))), signed, q))
     if mode == "ceil":  # ceil(q) = -floor(-q)
         return emit(g.NegOp.make(rounded(imp, emit(g.NegOp.make(q)), "floor")))
     t = emit(g.CastOp.make(emit(g.CastOp.make(q, DType.I32)), DType.F32))
@@ -117,8 +128,8 @@ def div_mode(imp: Any, bind: Any, unsupported: Any) -> Any:
 
 
 def unary_rounding(imp: Any, bind: Any, mode: str) -> Any:
-    """The handler of ``aten.floor`` / ``trunc`` / ``ceil`` of a float tensor (an int one
-    is itself)."""
+    """The handler of ``aten.floor`` / ``trunc`` / ``ceil`` / ``round`` of a float tensor
+    (an int one is itself)."""
 
     def handle(node: Node) -> SSAValue:
         a = bind(node)

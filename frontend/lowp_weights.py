@@ -23,6 +23,12 @@ which equals eager's value exactly (the graph interpreter computes it), and whic
 canonicalize-graph rewrites around the matmul into `mul(matmul(x, q), s)`: the matrix
 engine takes the one-byte weight, the scale is the matmul's epilogue
 (passes/graph/lowp_matmul.py).
+
+A W8A8 linear (tilecc/quantize.py, ``activations="int8"``) converts its int8 weight
+without scaling it (``aten.t(aten._to_copy(weight_q, f32))``: the scale is applied to
+the product); that transposed conversion materialises as ``graph.cast`` of the one-byte
+``[K, N]`` weight, which canonicalize-graph turns into an int8 x int8 matmul
+(passes/graph/w8a8_matmul.py).
 """
 
 from __future__ import annotations
@@ -84,28 +90,31 @@ def track(imp: Any, node: Node) -> None:
     if node.target in (aten.permute.default, aten.t.default) and isinstance(args[0], Node):
         src = imp.lowp.get(args[0])
         perm = list(args[1]) if len(args) > 1 else [1, 0]  # pyright: ignore[reportArgumentType]
-        if src is not None and src.scale is not None and perm == [1, 0]:
+        if src is not None and perm == [1, 0]:
             imp.lowp[node] = LowpWeight(src.q, src.q_name, src.dtype, src.scale, src.scale_name, not src.transposed)
 
 
 def materialise(imp: Any, node: Node) -> Any:
-    """The graph value of a tracked constant: one-byte weight, cast, times the scale.
-    None for a value that is not a scaled one-byte weight (the caller folds it)."""
+    """The graph value of a tracked constant: one-byte weight, cast, times the scale (or
+    the transposed weight, cast, unscaled: W8A8). None for any other value (the caller
+    folds it)."""
     from tilecc.frontend.torch_export import _dtype
     from tilecc.frontend.torch_values import _weight_values
 
     w = imp.lowp.get(node)
-    if w is None or w.scale is None:
+    if w is None or (w.scale is None and not w.transposed):
         return None
     q = w.q.T.contiguous() if w.transposed else w.q.contiguous()
-    s = w.scale.reshape((1, -1) if w.transposed else (-1, 1)).contiguous()
     q_name = f"{w.q_name}.T" if w.transposed else w.q_name
-    s_name = f"{w.scale_name}.{'row' if w.transposed else 'column'}"
     if q_name not in imp.weights:
         imp.weights[q_name] = _weight_values(q.float(), q_name)  # a MetaWeight on the meta device
-    if s_name not in imp.weights:
-        imp.weights[s_name] = _weight_values(s.float(), s_name)
     dt = _dtype(w.dtype)
     qv = imp.emit(g.WeightOp.make(q_name, g.tensor_type(list(q.shape), ONE_BYTE[w.q.dtype])))
+    if w.scale is None:
+        return imp.cast_to(qv, dt)
+    s = w.scale.reshape((1, -1) if w.transposed else (-1, 1)).contiguous()
+    s_name = f"{w.scale_name}.{'row' if w.transposed else 'column'}"
+    if s_name not in imp.weights:
+        imp.weights[s_name] = _weight_values(s.float(), s_name)
     sv = imp.emit(g.WeightOp.make(s_name, g.tensor_type(list(s.shape), dt)))
     return imp.emit(g.MulOp.make(imp.cast_to(qv, dt), sv))

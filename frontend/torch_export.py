@@ -241,7 +241,8 @@ class _Importer:
             aten.div.Scalar: self.binary(g.DivOp),
             aten.div.Tensor_mode: rounding.div_mode(self, _bind, _Unsupported),
             aten.div.Scalar_mode: rounding.div_mode(self, _bind, _Unsupported),
-            **{getattr(aten, m).default: rounding.unary_rounding(self, _bind, m) for m in ("floor", "trunc", "ceil")},
+            **{getattr(aten, m).default: rounding.unary_rounding(self, _bind, m)
+               for m in ("floor", "trunc", "ceil", "round")},
             aten.maximum.default: self.binary(g.MaximumOp),
             aten.relu.default: self.unary(g.ReluOp),
             aten.exp.default: self.unary(g.ExpOp),
@@ -448,7 +449,13 @@ class _Importer:
         if layout is not None and layout != torch.strided:
             raise _Unsupported(f"layout={layout}")
         _, dt = self.out_meta(node)
-        return self.cast_to(self.tensor(a["self"]), dt)
+        x = self.tensor(a["self"])
+        if a.get("dtype") == torch.int8 and g.element_dtype(x.type) != DType.I32:
+            # int8 values (a W8A8 activation: tilecc/quantize.py) pass through an i8 tensor,
+            # then live as i32 like every integer tensor (passes/graph/w8a8_matmul.py
+            # finds the i8 one)
+            x = self.cast_to(x, DType.I8)
+        return self.cast_to(x, dt)
 
     def h_getitem(self, node: Node) -> Any:
         src, idx = node.args

@@ -45,6 +45,7 @@ from xdsl.dialects.builtin import (
     BytesAttr,
     DenseArrayBase,
     DenseIntOrFPElementsAttr,
+    Float32Type,
     Float64Type,
     FloatAttr,
     IntegerAttr,
@@ -244,6 +245,9 @@ class MatmulOp(GraphOp):
             # a one-byte weight (i8 / f8e4m3) against float activations: the weight-only
             # quantised matmul (passes/graph/lowp_matmul.py); the result has lhs's type
             return TensorType(lhs.get_element_type(), matmul_shape(MatmulOp.name, lhs.get_shape(), rhs.get_shape()))
+        if element_dtype(lhs) == element_dtype(rhs) == DType.I8:
+            # int8 x int8 (W8A8: passes/graph/w8a8_matmul.py): the fp32 accumulator's values
+            return TensorType(Float32Type(), matmul_shape(MatmulOp.name, lhs.get_shape(), rhs.get_shape()))
         et = same_element(MatmulOp.name, lhs, rhs)
         return TensorType(et, matmul_shape(MatmulOp.name, lhs.get_shape(), rhs.get_shape()))
 

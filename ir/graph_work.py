@@ -17,10 +17,12 @@ Work per graph op (`WORK_TABLE`; cost(f) is `[vector.op_cost]`'s cycles per elem
 group of function f; `n` the result's elements, `n_in` the input's)::
 
     matmul            MACs = batch*M*K*N, 16-bit when both operands are bf16/f16 (or a
-                      one-byte i8 / f8e4m3 weight: mixed inputs run at the 16-bit rate), else
-                      fp32. Evacuation of the accumulator: 0 when a consumer (through
-                      views) is a vector op (it reads the accumulator) or the result is
-                      fp32 (DMA stores it); else n * cost(copy): the fp32 -> 16-bit
+                      one-byte i8 / f8e4m3 weight: mixed inputs run at the 16-bit rate),
+                      8-bit when both are i8 (or i8 tensors converted to float: W8A8,
+                      `ir/graph_lowp.int8_source`) or both f8e4m3, else fp32.
+                      Evacuation of the accumulator: 0 when a consumer (through views)
+                      is a vector op (it reads the accumulator) or the result is fp32
+                      (DMA stores it); else n * cost(copy): the fp32 -> 16-bit
                       conversion only the vector engine does.
     conv2d            MACs = N*Cout*Hout*Wout*(Cin/groups)*kh*kw; bias: n * cost(add)
                       (a per-channel column, one input; it evacuates the accumulator);
@@ -154,7 +156,7 @@ from tilecc.ir import graph_scatter as gs
 from tilecc.ir.graph_attention import CHAIN_VIEWS, MASKED_AT_OR_BELOW, masked, match_attention, numel
 from tilecc.ir.graph_consts import ConstValues
 from tilecc.ir.graph_dsl import DslCallOp
-from tilecc.ir.graph_lowp import match_lowp_weight, only_matmul_rhs
+from tilecc.ir.graph_lowp import int8_source, match_lowp_weight, only_matmul_rhs
 from tilecc.ir.graph_patterns import match_gelu, match_silu
 from tilecc.ir.graph_rms_norm_pattern import RmsNormMatch, match_rms_norm
 from tilecc.ir.vector_fns import BINARY, elementwise_fn
@@ -432,6 +434,8 @@ def _matmul(c: _Counter, op: Operation) -> None:
     macs = numel(m.result) * g.shape_of(m.lhs)[-1]
     fp32 = not (_is16(m.lhs) and _is16(m.rhs))
     a, b = _dtype(m.lhs), _dtype(m.rhs)
+    if int8_source(m.lhs) is not None and int8_source(m.rhs) is not None:
+        a = b = DType.I8  # a W8A8 matmul: int8 values converted to float (ir/graph_lowp.py)
     if a == b == DType.I8:  # both operands 8-bit: the array's 8-bit rate
         c.add(op.name, macs_int8=float(macs), vector=c.evacuation(m.result))
     elif a == b == DType.F8E4M3:

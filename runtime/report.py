@@ -27,7 +27,7 @@ import numpy as np
 from tilecc.simulator import energy as energy_model
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.isa import ITEMSIZE, DType, Opcode
-from tilecc.simulator.roofline import WORK_KEYS, roofline
+from tilecc.simulator.roofline import LOWP_WORK_KEYS, WORK_KEYS, roofline
 from tilecc.simulator.stats import SimResult
 from tilecc.simulator.timing import vector_cost_factors
 
@@ -194,7 +194,9 @@ def make_report(
 ) -> Report:
     """The report of `sim`, a run of a program whose `work` holds the intrinsic figures
     (`WORK_KEYS`, the bound's) and its own (`program_*`, see `program_work`)."""
-    comps = roofline({k: work[k] for k in WORK_KEYS}, cfg)
+    # the 8-bit MACs too (W8A8, fp8 x fp8): without them an int8 x int8 matmul's array
+    # time was missing from the bound (older programs have no such keys: 0)
+    comps = roofline({**{k: work[k] for k in WORK_KEYS}, **{k: work.get(k, 0.0) for k in LOWP_WORK_KEYS}}, cfg)
     bottleneck = max(comps, key=lambda k: comps[k])
     bound = max(max(comps.values()), 1.0)
     own = roofline(_as_work(work), cfg)

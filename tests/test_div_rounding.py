@@ -1,4 +1,4 @@
-"""div with rounding_mode trunc / floor, and floor / trunc / ceil, against eager."""
+"""div with rounding_mode trunc / floor, and floor / trunc / ceil / round, against eager."""
 
 from __future__ import annotations
 
@@ -64,6 +64,23 @@ def test_floor_trunc_ceil():
     x = torch.randn(5, 7) * 10
     x[0, :3] = torch.tensor([-0.5, 1e10, -3.0])
     run_and_compare(Round(), (x,))
+
+
+class RoundHalfEven(torch.nn.Module):
+    def forward(self, x):
+        return torch.round(x)
+
+
+def test_round_half_to_even_exactly():
+    """torch.round: ties to even (0.5 -> 0, 1.5 -> 2, -2.5 -> -2), values at and past 2**23
+    (already integers, or not representable as x.5), NaN and infinities pass through."""
+    x = torch.randn(6, 11) * 300
+    x[0] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 8388607.5, 8388608.0, 1.5e9, -4194303.5, 0.49999997])
+    x[1, :3] = torch.tensor([float("inf"), -float("inf"), float("nan")])
+    m = RoundHalfEven()
+    cm = tilecc.compile(m, (x,), target="tiny")
+    cm.sanitize = True
+    torch.testing.assert_close(cm(x), m(x), equal_nan=True, rtol=0, atol=0)
 
 
 @settings(max_examples=10, deadline=None, derandomize=True)

@@ -1,5 +1,5 @@
 """`tilecc generate FILE.py:FACTORY --prompt-len P --new-tokens N [--batch B] [--target T]
-[--timing-only] [--trace F] [--json] [--weights bf16|int8|fp8]`: greedy decoding of a
+[--timing-only] [--trace F] [--json] [--weights bf16|int8|fp8|w8a8]`: greedy decoding of a
 `transformers` causal LM on the simulated NPU, with the serving figures.
 
     tilecc generate examples/llm.py:tiny_llama --prompt-len 16 --new-tokens 8
@@ -27,7 +27,7 @@ from typing import Any
 from tilecc.cli_args import add_quiet, one_line, output_file
 from tilecc.errors import ModelLoadError, TileccError
 
-WEIGHTS = ("native", "bf16", "int8", "fp8")
+WEIGHTS = ("native", "bf16", "int8", "fp8", "w8a8")
 
 
 def positive_int(text: str) -> int:
@@ -72,18 +72,19 @@ def load_lm(spec: str) -> Any:
 
 
 def apply_weights(model: Any, weights: str) -> Any:
-    """The model in the weight format `weights` (native, bf16, int8, fp8)."""
+    """The model in the weight format `weights` (native, bf16, int8, fp8, w8a8:
+    `tilecc.quantize.SCHEMES`)."""
     import torch
 
     if weights == "bf16":
         return model.to(torch.bfloat16)
-    if weights in ("int8", "fp8"):
+    if weights in ("int8", "fp8", "w8a8"):
         try:
-            from tilecc.quantize import quantize_weights  # type: ignore[import-not-found]
+            from tilecc.quantize import quantize_scheme  # type: ignore[import-not-found]
         except ImportError:
             raise TileccError(f"--weights {weights}: weight quantisation (tilecc.quantize) is not in this "
                               "build of tilecc") from None
-        return quantize_weights(model, weights, skip=("lm_head",))
+        return quantize_scheme(model, weights, skip=("lm_head",))
     return model
 
 
@@ -114,7 +115,8 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together (default 1)")
     g.add_argument("--target", default="tiny", help="preset name (tiny, edge, cloud) or a TOML file")
     g.add_argument("--weights", choices=WEIGHTS, default="native",
-                   help="weight format: native (as built), bf16, int8 or fp8 (weight-only, lm_head kept)")
+                   help="weight format: native (as built), bf16, int8 or fp8 (weight-only), or w8a8 (int8 "
+                        "weights and per-token int8 activations); lm_head kept")
     g.add_argument("--timing-only", action="store_true",
                    help="simulate without values: figures only, no tokens, no comparison with eager")
     g.add_argument("--trace", type=output_file, help="write the first decode step's Perfetto timeline there")

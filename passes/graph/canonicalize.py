@@ -13,6 +13,8 @@ commutative ops in either order, constants compared to 1 %, as bf16 rounds them)
   (rotary position embedding: passes/graph/rope.py)
 - ``matmul(x, cast(q_i8) * s)``                                    ->  ``matmul(x, q_i8) * s``
   (one-byte weights: passes/graph/lowp_matmul.py)
+- ``matmul(f32(a_i8), f32(q_i8))``                                 ->  ``matmul(a_i8, q_i8)``
+  (W8A8, both operands int8: passes/graph/w8a8_matmul.py)
 - ``reshape(reshape(x))``                                          ->  ``reshape(x)``, or ``x``
   when the shapes agree (passes/graph/fold_reshapes.py)
 - an op equal to an earlier one (same kind, operands, attributes)  ->  the earlier one
@@ -53,6 +55,7 @@ from tilecc.ir import graph as g
 from tilecc.ir.graph_patterns import match_gelu, match_silu
 from tilecc.passes.graph.cse import eliminate_common_subexpressions
 from tilecc.passes.graph.lowp_matmul import rewrite_lowp_matmuls
+from tilecc.passes.graph.w8a8_matmul import rewrite_w8a8_matmuls
 
 
 def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = None) -> int:
@@ -84,6 +87,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     count += recognise_rope(fn)
     count += recognise_attention(fn, weights)
     count += rewrite_lowp_matmuls(fn)  # one-byte weights into the matrix engine (lowp_matmul.py)
+    count += rewrite_w8a8_matmuls(fn)  # int8 x int8 (w8a8_matmul.py)
     count += rewrite_decode_attention(fn)
     count += fold_reshapes(fn)  # reshape chains, e.g. around a recognised attention (fold_reshapes.py)
     count += eliminate_common_subexpressions(fn)  # identical layers' equal values computed once (cse.py)

@@ -24,6 +24,7 @@ from xdsl.dialects.builtin import (
     Float32Type,
     MemRefType,
     TensorType,
+    i8,
     i32,
 )
 from xdsl.ir import Attribute, Operation, SSAValue
@@ -180,8 +181,8 @@ def dense_attr(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> Dense
     values = data.reshape(-1)
     if isinstance(elem, (Float32Type, BFloat16Type, Float16Type)):
         return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), values.tolist())
-    if elem != i32:
-        raise CompileError(f"lower-graph-to-tile: a constant of element type {elem} (tilecc: f32, bf16, f16, i32)")
-    return DenseIntOrFPElementsAttr.from_list(TensorType(i32, list(shape)), values.astype(np.int64).tolist())
+    if elem not in (i32, i8):  # i8: the identity of an int8 matmul's transposes (W8A8)
+        raise CompileError(f"lower-graph-to-tile: a constant of element type {elem} (tilecc: f32, bf16, f16, i32, i8)")
+    return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), values.astype(np.int64).tolist())
 
 
