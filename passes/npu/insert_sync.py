@@ -72,6 +72,18 @@ def _common(p: Inst, c: Inst) -> int:
     return s
 
 
+def order_key(p: Inst, c: Inst) -> tuple[int, bool, int] | None:
+    """`count_before`'s ordering key (common loop depth, whether p comes before c in the
+    common body, p's position there) without building the count; None where the count
+    is a constant <= 0 (no execution of p precedes c: p has a zero-trip loop of its own,
+    or p comes after c outside every common loop)."""
+    s = _common(p, c)
+    before = p.path[s] < c.path[s]
+    if (not before and s == 0) or 0 in p.trips[s:]:
+        return None
+    return s, before, p.path[s]
+
+
 def count_before(p: Inst, c: Inst) -> tuple[Affine, tuple[int, bool, int]]:
     """Executions of p that precede c's current execution; and an ordering key."""
     s = _common(p, c)
@@ -100,7 +112,7 @@ def _disjoint_loads(p: Inst, c: Inst) -> bool:
     return a is not None and b is not None and p.writes == c.writes and (a[1] <= b[0] or b[1] <= a[0])
 
 
-def _undominated(cands: list[tuple[tuple[int, bool, int], int, Affine]]) -> list:
+def _undominated(cands: list[tuple[tuple[int, bool, int], int]]) -> list[tuple[tuple[int, bool, int], int]]:
     """The candidates of one queue whose wait is not implied by another's.
 
     A queue runs in program order, so waiting for producer B's latest preceding
@@ -355,18 +367,18 @@ def _sync_kernel(kernel: npu.KernelOp, insts: list[Inst], max_semaphores: int) -
             related.update(writers.get(b, ()))
         for b in c.writes:
             related.update(readers.get(b, ()))
-        by_queue: dict[str, list[tuple[tuple[int, bool, int], int, Affine]]] = {}
+        # the count (an Affine) is built for the producers `_undominated` keeps only
+        by_queue: dict[str, list[tuple[tuple[int, bool, int], int]]] = {}
         for pi in sorted(related):
             p = insts[pi]
             if pi == ci or p.queue == c.queue or _disjoint_loads(p, c):
                 continue
-            count, key = count_before(p, c)
-            if count.is_const and count.const <= 0:
-                continue
-            by_queue.setdefault(p.queue, []).append((key, pi, count))
+            key = order_key(p, c)
+            if key is not None:
+                by_queue.setdefault(p.queue, []).append((key, pi))
         chosen: list[tuple[int, Affine]] = []
         for cands in by_queue.values():
-            chosen.extend((pi, count) for _, pi, count in _undominated(cands))
+            chosen.extend((pi, count_before(insts[pi], c)[0]) for _, pi in _undominated(cands))
         if chosen:
             waits[ci] = sorted(chosen, key=lambda x: x[0])
     _reduce(insts, kernel, waits)
