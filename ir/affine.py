@@ -36,6 +36,11 @@ class Affine:
         return Affine(0, ((depth, 1),))
 
     def __add__(self, other: Affine) -> Affine:
+        # `terms` is kept sorted without zeros, so a constant operand leaves the other's as is
+        if not other.terms:
+            return Affine(self.const + other.const, self.terms)
+        if not self.terms:
+            return Affine(self.const + other.const, other.terms)
         terms = dict(self.terms)
         for d, c in other.terms:
             terms[d] = terms.get(d, 0) + c
@@ -48,7 +53,9 @@ class Affine:
         return self + (-other)
 
     def scale(self, k: int) -> Affine:
-        return Affine.of(self.const * k, {d: c * k for d, c in self.terms})
+        if k == 0:
+            return Affine(self.const * k)
+        return Affine(self.const * k, tuple((d, c * k) for d, c in self.terms))  # still sorted, no zeros
 
     @property
     def is_const(self) -> bool:

@@ -87,18 +87,17 @@ def order_key(p: Inst, c: Inst) -> tuple[int, bool, int] | None:
 def count_before(p: Inst, c: Inst) -> tuple[Affine, tuple[int, bool, int]]:
     """Executions of p that precede c's current execution; and an ordering key."""
     s = _common(p, c)
-    lin = Affine()
-    for j in range(s):
-        stride = 1
-        for k in range(j + 1, s):
-            stride *= c.trips[k]
-        lin = lin + Affine.iv(j).scale(stride)
     per_iter = 1
     for t in p.trips[s:]:
         per_iter *= t
     before = p.path[s] < c.path[s]
-    count = (lin + Affine(1)).scale(per_iter) if before else lin.scale(per_iter)
-    return count, (s, before, p.path[s])
+    # lin = sum_j i_j * (trips of c's loops j+1 .. s-1), scaled by per_iter
+    terms: dict[int, int] = {}
+    stride = per_iter
+    for j in range(s - 1, -1, -1):
+        terms[j] = stride
+        stride *= c.trips[j]
+    return Affine.of(per_iter if before else 0, terms), (s, before, p.path[s])
 
 
 def conflicts(p: Inst, c: Inst) -> bool:
