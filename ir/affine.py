@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -143,7 +144,10 @@ class ExprSyntaxError(ValueError):
     pass
 
 
+@lru_cache(maxsize=65536)
 def parse_expr(text: str) -> Expr:
+    """The expression `text` prints as (expressions are immutable: a kernel's many
+    instructions with one field text share the parse; codegen reparses every field)."""
     tokens = _tokenize(text) + ["<end>"]
     expr, pos = _parse_sum_or_call(tokens, 0, text)
     if pos != len(tokens) - 1:
