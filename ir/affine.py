@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -36,6 +37,11 @@ class Affine:
         return Affine(0, ((depth, 1),))
 
     def __add__(self, other: Affine) -> Affine:
+        # `terms` is kept sorted without zeros, so a constant operand leaves the other's as is
+        if not other.terms:
+            return Affine(self.const + other.const, self.terms)
+        if not self.terms:
+            return Affine(self.const + other.const, other.terms)
         terms = dict(self.terms)
         for d, c in other.terms:
             terms[d] = terms.get(d, 0) + c
@@ -48,7 +54,9 @@ class Affine:
         return self + (-other)
 
     def scale(self, k: int) -> Affine:
-        return Affine.of(self.const * k, {d: c * k for d, c in self.terms})
+        if k == 0:
+            return Affine(self.const * k)
+        return Affine(self.const * k, tuple((d, c * k) for d, c in self.terms))  # still sorted, no zeros
 
     @property
     def is_const(self) -> bool:
@@ -136,7 +144,10 @@ class ExprSyntaxError(ValueError):
     pass
 
 
+@lru_cache(maxsize=65536)
 def parse_expr(text: str) -> Expr:
+    """The expression `text` prints as (expressions are immutable: a kernel's many
+    instructions with one field text share the parse; codegen reparses every field)."""
     tokens = _tokenize(text) + ["<end>"]
     expr, pos = _parse_sum_or_call(tokens, 0, text)
     if pos != len(tokens) - 1:

@@ -25,6 +25,7 @@ Example (one tile of a copy kernel)::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import ClassVar, cast
 
 from xdsl.dialects.builtin import (
@@ -105,7 +106,16 @@ class MemSpaceAttr(ParametrizedAttribute):
 
 
 def onchip_type(shape: Sequence[int], element_type: Attribute, space: str) -> MemRefType:
-    return MemRefType(element_type, list(shape), NoneAttr(), MemSpaceAttr(StringAttr(space)))
+    return _onchip_memref(element_type, tuple(shape), MemSpaceAttr(StringAttr(space)))
+
+
+@lru_cache(maxsize=4096)
+def _onchip_memref(element_type: Attribute, shape: tuple[int, ...], space: Attribute) -> MemRefType:
+    """The memref type of an on-chip buffer or window, built once per (element type, shape,
+    space): attributes are immutable, and xDSL's MemRefType constructor checks its shape
+    against a generic constraint on every call (the matmul kernels make tens of
+    thousands of windows)."""
+    return MemRefType(element_type, list(shape), NoneAttr(), space)
 
 
 def space_of(t: Attribute) -> str:
@@ -351,7 +361,7 @@ class SubviewOp(IRDLOperation):
 
     def __init__(self, source: SSAValue, row: Value, col: Value, shape: Sequence[int]):
         t = _memref(source.type)
-        rt = MemRefType(t.element_type, list(shape), NoneAttr(), t.memory_space)
+        rt = _onchip_memref(t.element_type, tuple(shape), t.memory_space)
         super().__init__(operands=[source, row, col], result_types=[rt])
 
     def verify_(self) -> None:

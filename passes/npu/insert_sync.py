@@ -49,7 +49,7 @@ is for executions that precede the waiter in program order).
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -72,21 +72,32 @@ def _common(p: Inst, c: Inst) -> int:
     return s
 
 
+def order_key(p: Inst, c: Inst) -> tuple[int, bool, int] | None:
+    """`count_before`'s ordering key (common loop depth, whether p comes before c in the
+    common body, p's position there) without building the count; None where the count
+    is a constant <= 0 (no execution of p precedes c: p has a zero-trip loop of its own,
+    or p comes after c outside every common loop)."""
+    s = _common(p, c)
+    before = p.path[s] < c.path[s]
+    if (not before and s == 0) or 0 in p.trips[s:]:
+        return None
+    return s, before, p.path[s]
+
+
 def count_before(p: Inst, c: Inst) -> tuple[Affine, tuple[int, bool, int]]:
     """Executions of p that precede c's current execution; and an ordering key."""
     s = _common(p, c)
-    lin = Affine()
-    for j in range(s):
-        stride = 1
-        for k in range(j + 1, s):
-            stride *= c.trips[k]
-        lin = lin + Affine.iv(j).scale(stride)
     per_iter = 1
     for t in p.trips[s:]:
         per_iter *= t
     before = p.path[s] < c.path[s]
-    count = (lin + Affine(1)).scale(per_iter) if before else lin.scale(per_iter)
-    return count, (s, before, p.path[s])
+    # lin = sum_j i_j * (trips of c's loops j+1 .. s-1), scaled by per_iter
+    terms: dict[int, int] = {}
+    stride = per_iter
+    for j in range(s - 1, -1, -1):
+        terms[j] = stride
+        stride *= c.trips[j]
+    return Affine.of(per_iter if before else 0, terms), (s, before, p.path[s])
 
 
 def conflicts(p: Inst, c: Inst) -> bool:
@@ -100,31 +111,50 @@ def _disjoint_loads(p: Inst, c: Inst) -> bool:
     return a is not None and b is not None and p.writes == c.writes and (a[1] <= b[0] or b[1] <= a[0])
 
 
-def _undominated(cands: list[tuple[tuple[int, bool, int], int, Affine]]) -> list:
-    """The candidates of one queue whose wait is not implied by another's.
+def _latest(insts: list[Inst], paths: list[tuple[int, ...]], lists: list[list[int]], ci: int) -> list[int]:
+    """The producers of one queue that c = insts[ci] must wait on: of the candidates in
+    `lists` (instruction indices in program order, one list per buffer c shares with
+    them), those whose wait is not implied by another's.
 
     A queue runs in program order, so waiting for producer B's latest preceding
     execution also waits for A's whenever B's comes later in every iteration: a
-    same-iteration producer (``before``) at a deeper common loop or a later position
-    comes after every other same-iteration producer and after every loop-carried one
-    with a common depth not deeper than its own; of loop-carried producers with the
-    same common depth the later position comes after.
-    """
-    before = [x for x in cands if x[0][1]]
-    out = []
-    if before:
-        best = max(before, key=lambda x: (x[0][0], x[0][2], x[1]))  # x[1]: program order
-        out.append(best)
-        depth = best[0][0]
-        carried = [x for x in cands if not x[0][1] and x[0][0] > depth]
-    else:
-        carried = [x for x in cands if not x[0][1]]
-    by_depth: dict[int, tuple] = {}
-    for x in carried:
-        cur = by_depth.get(x[0][0])
-        if cur is None or (x[0][2], x[1]) > (cur[0][2], cur[1]):
-            by_depth[x[0][0]] = x
-    out.extend(by_depth[d] for d in sorted(by_depth))
+    same-iteration producer (one before c in program order) at a deeper common loop or
+    a later position comes after every other same-iteration producer and after every
+    loop-carried one (after c) with a common depth not deeper than its own; of
+    loop-carried producers with the same common depth the later position comes after.
+
+    Program order is the lexicographic order of the paths, so the producer before c
+    sharing the deepest loop with it, at the latest position, is simply the last one
+    before c; and the latest loop-carried producer sharing exactly s loops with c is the
+    last one inside c's enclosing loop at depth s, when its common depth is s (its
+    indices: a range ending where that loop ends). Each is found by bisection, not by
+    comparing every candidate with c."""
+    c = insts[ci]
+
+    def last_usable(lo: int, hi: int) -> int:
+        """The last candidate in lo < index < hi with a positive count, or -1."""
+        best = -1
+        for lst in lists:
+            j = bisect_left(lst, hi) - 1
+            while j >= 0 and lst[j] > lo and lst[j] > best:
+                p = insts[lst[j]]
+                if not _disjoint_loads(p, c) and order_key(p, c) is not None:
+                    best = lst[j]
+                    break
+                j -= 1
+        return best
+
+    out: list[int] = []
+    depth = 0
+    pi = last_usable(-1, ci)
+    if pi >= 0:
+        out.append(pi)
+        depth = _common(insts[pi], c)
+    for s in range(depth + 1, len(c.path)):
+        end = bisect_left(paths, (*c.path[:s - 1], c.path[s - 1] + 1))  # past c's loop at depth s
+        pi = last_usable(ci, end)
+        if pi >= 0 and _common(insts[pi], c) == s:
+            out.append(pi)
     return out
 
 
@@ -339,34 +369,30 @@ def sync_kernel(kernel: npu.KernelOp, max_semaphores: int, session: CompileSessi
 
 
 def _sync_kernel(kernel: npu.KernelOp, insts: list[Inst], max_semaphores: int) -> int:
-    readers: dict[str, list[int]] = {}
-    writers: dict[str, list[int]] = {}
+    # per buffer and queue, the instructions reading / writing it, in program order
+    readers: dict[str, dict[str, list[int]]] = {}
+    writers: dict[str, dict[str, list[int]]] = {}
     for i, inst in enumerate(insts):
         for b in inst.reads:
-            readers.setdefault(b, []).append(i)
+            readers.setdefault(b, {}).setdefault(inst.queue, []).append(i)
         for b in inst.writes:
-            writers.setdefault(b, []).append(i)
+            writers.setdefault(b, {}).setdefault(inst.queue, []).append(i)
+    paths = [x.path for x in insts]
     waits: dict[int, list[tuple[int, Affine]]] = {}
     for ci, c in enumerate(insts):
-        # producers that touch c's buffers: writers of what c reads or writes, readers
-        # of what c writes
-        related: set[int] = set()
+        # producers on other queues that touch c's buffers: writers of what c reads or
+        # writes, readers of what c writes
+        by_queue: dict[str, list[list[int]]] = {}
         for b in c.reads | c.writes:
-            related.update(writers.get(b, ()))
+            for q, lst in writers.get(b, {}).items():
+                if q != c.queue:
+                    by_queue.setdefault(q, []).append(lst)
         for b in c.writes:
-            related.update(readers.get(b, ()))
-        by_queue: dict[str, list[tuple[tuple[int, bool, int], int, Affine]]] = {}
-        for pi in sorted(related):
-            p = insts[pi]
-            if pi == ci or p.queue == c.queue or _disjoint_loads(p, c):
-                continue
-            count, key = count_before(p, c)
-            if count.is_const and count.const <= 0:
-                continue
-            by_queue.setdefault(p.queue, []).append((key, pi, count))
-        chosen: list[tuple[int, Affine]] = []
-        for cands in by_queue.values():
-            chosen.extend((pi, count) for _, pi, count in _undominated(cands))
+            for q, lst in readers.get(b, {}).items():
+                if q != c.queue:
+                    by_queue.setdefault(q, []).append(lst)
+        chosen = [(pi, count_before(insts[pi], c)[0])
+                  for lists in by_queue.values() for pi in _latest(insts, paths, lists, ci)]
         if chosen:
             waits[ci] = sorted(chosen, key=lambda x: x[0])
     _reduce(insts, kernel, waits)

@@ -67,7 +67,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     prologue_group,
 )
 from tilecc.simulator.config import HardwareConfig
-from tilecc.simulator.timing import TimingRules
+from tilecc.simulator.timing import DmaPattern, TimingRules
 
 CONTENTION_P = 4.0  # chunk time = (compute^p + transfers^p)^(1/p): see breakdown()
 
@@ -88,11 +88,37 @@ class Breakdown:
 
 class Timing(TimingRules):
     """The simulator's closed forms (`simulator.timing`) plus the kernel's composite
-    figures: several vector instructions, an evacuation, a prologue."""
+    figures: several vector instructions, an evacuation, a prologue.
+
+    The DMA and matmul figures, asked for the same few tile shapes by every candidate
+    schedule of a problem, are memoised per instance (scalar arguments only: the
+    estimator's)."""
+
+    def __init__(self, cfg: HardwareConfig):
+        super().__init__(cfg)
+        self._memo: dict[tuple, float] = {}
+
+    def dma_transfer(self, rows: int, cols: int, itemsize: int, pattern: int = DmaPattern.CONTIGUOUS) -> float:
+        key = ("transfer", rows, cols, itemsize, pattern)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = super().dma_transfer(rows, cols, itemsize, pattern)
+        return hit
+
+    def dma_occupancy(self, rows: int, cols: int, itemsize: int, pattern: int = DmaPattern.CONTIGUOUS) -> float:
+        key = ("occupancy", rows, cols, itemsize, pattern)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = super().dma_occupancy(rows, cols, itemsize, pattern)
+        return hit
 
     def mm_interval(self, m: int, k: int, n: int, fp32: bool, speedup: float = 1.0) -> float:
         """Issue interval of back-to-back [m x k] @ [k x n] matmuls."""
-        return self.matmul_interval(self.matmul_stream(m, k, n, fp32, speedup))
+        key = ("interval", m, k, n, fp32, speedup)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self.matmul_interval(self.matmul_stream(m, k, n, fp32, speedup))
+        return hit
 
     def mm_latency(self, m: int, k: int, n: int, fp32: bool, speedup: float = 1.0) -> float:
         """Start to result of one [m x k] @ [k x n] matmul."""

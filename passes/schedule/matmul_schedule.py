@@ -199,6 +199,14 @@ def groups(p: MatmulProblem, g: int) -> list[tuple[int, int]]:
     return [(k, min(g, p.nk - k)) for k in range(0, p.nk, g)]
 
 
+def group_sizes(p: MatmulProblem, g: int) -> tuple[int, int, int]:
+    """`groups` counted, not listed: (groups, k-tiles of each but the last, k-tiles of the
+    last): the schedule search sums over the groups of every candidate."""
+    nk = p.nk
+    n = _cdiv(nk, g)
+    return n, g, nk - (n - 1) * g
+
+
 def chunk_widths(p: MatmulProblem, w: int) -> list[int]:
     """Column counts of the n-chunks: at most w*TN each, balanced (the TN-column tiles
     split as evenly as possible, the larger chunks first), the last one short by
@@ -416,13 +424,17 @@ def kernel_size(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int, int]:
     prep, with_item, without, chunks = (copies * x for x in _sites(p, s.nb, uses_two_sets(p, s), len(widths),
                                                                    widths if s.stagger else ()))
     short = 1 if p.K % p.TK else 0
-    fulls = [n - (short if k0 + n == p.nk else 0) for k0, n in groups(p, s.g)]
+    # full k-tiles of each group: the last one's short tile has a body of its own
+    ng, size, last = group_sizes(p, s.g)
+    last_full = last - short
     wc = min(s.w, _cdiv(p.N, p.TN))
-    plain_bodies = sum(1 for f in fulls if f) + short  # kt bodies of a step (one loop per group)
-    item_bodies = sum(_calls(f) for f in fulls) + short  # ... unrolled by two with transposes
+    # kt bodies of a step (one loop per group)
+    plain_bodies = (ng - 1) * (1 if size else 0) + (1 if last_full else 0) + short
+    # ... unrolled by two with transposes
+    item_bodies = (ng - 1) * _calls(size) + _calls(last_full) + short
     pro_bodies = _calls(p.nk - short) + short
     matmuls = with_item * item_bodies * (wc + 1) + without * plain_bodies * wc + (prep - with_item) * pro_bodies
-    loads = len(groups(p, s.g)) + short + (len(s.qb) if s.stagger else 0)
+    loads = ng + short + (len(s.qb) if s.stagger else 0)
     instructions = (matmuls + with_item * (item_bodies + 1) + (prep - with_item) * (pro_bodies + 1)
                     + 2 * (with_item + without) + chunks * loads)
     # awaited instructions (one semaphore each, as the sync pass assigns them): every
@@ -450,7 +462,8 @@ def footprint(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int]:
     sram = len(s.qa) * _align(p.TM * p.ia)  # identity, one per A queue
     sram += 2 * _align(p.K * p.ia)  # natural-layout A rows (two in flight)
     sram += sets * pars * _align(per_par * p.nk * p.TM * p.ia)  # lhsT
-    sram += s.b_sets * sum(_align(n * TNL * p.ib) for _, n in groups(p, s.g))  # B chunk
+    ng, size, last = group_sizes(p, s.g)
+    sram += s.b_sets * ((ng - 1) * _align(size * TNL * p.ib) + _align(last * TNL * p.ib))  # B chunk
     sram += 2 * _align(TNL * p.io)  # output tiles
     sram += p.fused_sram + TNL * p.fused_sram_per_col  # a fused epilogue / A producer
     acc = 2 * _align(TNL * 4) + prep_sites(p, s) * 2 * _align(p.TM * 4)  # outputs, transposes
