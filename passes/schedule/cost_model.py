@@ -326,25 +326,35 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     # the A queue meanwhile), then its transposes (or their vector copies, wide ones in a
     # prologue: `prologue_group`), the latency and copy of the last one
     first_ms = blks[0][0]
-    pieces = len(first_rows_queues(s, first_ms)) if not p.prep_ops else 1
-    prefetch = p.n_mtiles > 1
-    a_alone = tm.dma_fixed(-(-first_ms // pieces)) + tm.dma_transfer(first_ms, p.K, p.ia)
-    a_first = a_alone + tm.dma_transfer(first_ms, p.K, p.ia) * (0.5 if prefetch else 0.0) if pieces > 1 else \
-        tm.dma_fixed(first_ms) + tm.dma_transfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq)
-    gw = prologue_group(p, s) if first_ms == TM else 1
-    cp_pro = sum(c * tm.copy(k, TM) for k, c in ksizes) if gw == 1 else \
-        (kfull // gw) * tm.copy(TK, gw * TM) + (kfull % gw) * tm.copy(TK, TM) + (tm.copy(klast, TM) if klast else 0.0)
-    start = a_first + max(tr_item, cp_pro + tm.prep(p)) + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
-    # ... and the first matmul needs the whole first B group (one transfer pre-tiled,
-    # else its tiles one after the other on one queue), loading after the A rows'
-    # piece on its queue and sharing HBM with the other B queues and the A prefetch
-    share = nbq + (1 if prefetch else 0)
-    cnt0 = grp[0][1]
-    if s.pretiled:
-        b_first = fB + tm.dma_transfer(TK, cnt0 * widths[0], p.ib) * share
+    if s.pretiled and p.M == 1 and not p.batch:
+        # a one-row matmul on a pre-tiled weight loads its row straight into lhsT
+        # (matmul.py `direct_a`): none of the pieces and transposes below run. Its start
+        # keeps the estimate its schedules were chosen and measured with (the decode
+        # GEMVs: the first row and B group, one B queue's tiles in turn)
+        start = tm.dma_fixed(first_ms) + tm.dma_transfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq) + tr_item \
+            + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM) + tm.prep(p)
+        start = max(start, grp[0][1] * (fB + tm.dma_transfer(TK, widths[0], p.ib)))
     else:
-        b_first = cnt0 * (fB + tm.dma_transfer(TK, widths[0], p.ib) * share)
-    start = max(start, (a_alone if pieces > 1 else 0.0) + b_first)
+        pieces = len(first_rows_queues(s, first_ms)) if not p.prep_ops else 1
+        prefetch = p.n_mtiles > 1
+        a_alone = tm.dma_fixed(-(-first_ms // pieces)) + tm.dma_transfer(first_ms, p.K, p.ia)
+        a_first = a_alone + tm.dma_transfer(first_ms, p.K, p.ia) * (0.5 if prefetch else 0.0) if pieces > 1 else \
+            tm.dma_fixed(first_ms) + tm.dma_transfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq)
+        gw = prologue_group(p, s) if first_ms == TM else 1
+        cp_pro = sum(c * tm.copy(k, TM) for k, c in ksizes) if gw == 1 else \
+            (kfull // gw) * tm.copy(TK, gw * TM) + (kfull % gw) * tm.copy(TK, TM) \
+            + (tm.copy(klast, TM) if klast else 0.0)
+        start = a_first + max(tr_item, cp_pro + tm.prep(p)) + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM)
+        # ... and the first matmul needs the whole first B group (one transfer pre-tiled,
+        # else its tiles one after the other on one queue), loading after the A rows'
+        # piece on its queue and sharing HBM with the other B queues and the A prefetch
+        share = nbq + (1 if prefetch else 0)
+        cnt0 = grp[0][1]
+        if s.pretiled:
+            b_first = fB + tm.dma_transfer(TK, cnt0 * widths[0], p.ib) * share
+        else:
+            b_first = cnt0 * (fB + tm.dma_transfer(TK, widths[0], p.ib) * share)
+        start = max(start, (a_alone if pieces > 1 else 0.0) + b_first)
     last_ms = blks[-1][-1]
     end = tm.mm_latency(last_ms, TK, TN, fp32, lowp) + tm.evac(p, last_ms, widths[-1]) + tm.dma_fixed(last_ms) \
         + tm.dma_transfer(last_ms, widths[-1], p.io)
