@@ -246,6 +246,7 @@ def _relocate(prog: Program, seg: Segment, offset: Callable[[str], int], base: i
     starts = np.array([s[0] for s in spans], np.int64)
     ends = np.array([s[0] + s[1] for s in spans], np.int64)
     new = np.array([s[2] for s in spans], np.int64)
+    _check_spans(prog, starts, ends)
     s = prog.stream.copy()
     op = s["opcode"]
     for slot, mask in (("a_addr", (op == Opcode.DMA_LOAD) | (op == Opcode.DMA_GATHER)),
@@ -257,6 +258,31 @@ def _relocate(prog: Program, seg: Segment, offset: Callable[[str], int], base: i
             if len(starts) else addr + base
         s[slot][mask] = moved.astype(np.uint64)
     return s
+
+
+def _check_spans(prog: Program, starts: np.ndarray, ends: np.ndarray) -> None:
+    """Every DMA's HBM bytes lie inside one input / output region or outside all of them:
+    `_relocate` moves a record by its start address, so one whose bytes crossed a
+    region's edge (a kernel using an output's bytes beyond the output as scratch, say)
+    would be split between two places. A TileccError instead of a wrong relocation."""
+    from tilecc.simulator.decode import DecodedProgram
+    from tilecc.simulator.footprints import hbm_bounding
+
+    if not len(starts):
+        return
+    fp = hbm_bounding(DecodedProgram(prog.stream, prog.config))
+    lo, hi = fp.b0, fp.b1
+    k = np.searchsorted(starts, lo, side="right") - 1
+    kk = np.maximum(k, 0)
+    inside = (k >= 0) & (lo < ends[kk])
+    nxt = np.minimum(k + 1, len(starts) - 1)
+    crosses = np.where(inside, hi > ends[kk], (k + 1 < len(starts)) & (starts[nxt] < hi))
+    if crosses.any():
+        i = int(np.flatnonzero(crosses)[0])
+        raise TileccError(
+            f"segment record {int(fp.instr[i])}: its HBM bytes [{int(lo[i]):#x}, {int(hi[i]):#x}) cross the edge "
+            "of a segment input / output region: the stream cannot be relocated"
+        )
 
 
 def _barrier() -> np.ndarray:
