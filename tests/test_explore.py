@@ -41,7 +41,10 @@ def test_block_every_stage_with_locations(block):
         lines = _op_lines(block.stage(stage))
         assert lines
         # scf.for prints its attributes after its region: its location is on the closing line
-        missing = [ln for ln in lines if "tilecc.loc" not in ln and not ln.lstrip().startswith("scf.for")]
+        # and xDSL's custom form of arith.cmpi prints its predicate only, never other
+        # attributes (the op has its location: KernelBuilder.finish gives every op one)
+        missing = [ln for ln in lines if "tilecc.loc" not in ln and not ln.lstrip().startswith("scf.for")
+                   and " = arith.cmpi " not in ln]
         assert not missing, f"{stage}: ops without a location: {missing[:3]}"
         assert all("transformer_block.py:" in ln for ln in lines if "tilecc.loc" in ln)
     # every asm instruction ends in the model line that caused it
@@ -52,9 +55,10 @@ def test_block_every_stage_with_locations(block):
     assert all(re.search(r"# ([\w.]+ \(\w+\) @ )?transformer_block\.py:\d+$", ln) for ln in asm)
     assert any("# attn.proj (Linear) @ transformer_block.py:29" in ln for ln in asm)
     src = Path(ROOT / "examples/transformer_block.py").read_text().splitlines()
-    # q/k/v (one merged matmul, ln1 its prologue: passes/graph/merge_linears.py), scores, softmax,
-    # probs @ v, proj, the second residual
-    assert {22, 26, 27, 28, 29, 42} <= lines_used
+    # q/k/v (one merged matmul, ln1 its prologue: passes/graph/merge_linears.py), the explicit
+    # attention (scores, softmax, probs @ v: recognised as one flash kernel, which carries the
+    # softmax's line), proj, the second residual
+    assert {22, 27, 29, 42} <= lines_used
     assert "softmax" in src[27 - 1] and "self.proj" in src[29 - 1]
 
 

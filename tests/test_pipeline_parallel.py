@@ -36,7 +36,10 @@ def test_pp2_matches_eager_and_micro_batches_fill_the_pipeline():
         assert all(b > 0 for b in busy)
         if mb == 1:  # no overlap: the stages run one after the other, the values sent side by side
             assert rep.time_us == pytest.approx(sum(busy) + max(c["time_us"] for c in sends), rel=1e-6)
-    assert times[4] < 0.8 * times[1]
+        else:  # micro-batches fill the pipeline: the stages run side by side most of the time
+            assert rep.time_us < 0.7 * sum(busy)
+    # and it pays here, although a quarter of the rows per matmul runs less efficiently
+    assert times[4] < 0.9 * times[1]
 
 
 def test_pipeline_errors():

@@ -782,8 +782,18 @@ def check_mutant(c: Compiled, mutant: np.ndarray, kind: str, fps: list | None = 
     except (DeadlockError, MemoryAccessError) as e:
         assert type(err) is type(e), (err, e)
         if isinstance(e, DeadlockError):  # the static check agrees with the simulator
-            with pytest.raises(DeadlockError):
+            try:
                 check_races(mutant, c.config)
+            except DeadlockError:
+                pass
+            except RaceError as r:
+                # a mutant whose waits deadlock may race first (a dropped signaller shifts
+                # the counts that ordered other pairs, before the waits that never come):
+                # flagged either way; where the brute force finds races, it is one of them
+                found, races = oracle(mutant, fps=_footprints(mutant) if fps is None else fps)
+                assert found == "deadlock" or r.instructions in races, (found, r.instructions, races)
+            else:
+                pytest.fail(f"{kind} mutant deadlocks in the simulator, the static check finds nothing")
         verdict = f"caught {type(e).__name__}"
     else:
         fps = _footprints(mutant) if fps is None else fps
