@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import TypeGuard, cast
 
 import numpy as np
 from xdsl.dialects.builtin import (
@@ -22,6 +22,7 @@ from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     Float16Type,
     Float32Type,
+    IntegerType,
     MemRefType,
     TensorType,
     i8,
@@ -183,6 +184,7 @@ def dense_attr(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> Dense
         return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), values.tolist())
     if elem not in (i32, i8):  # i8: the identity of an int8 matmul's transposes (W8A8)
         raise CompileError(f"lower-graph-to-tile: a constant of element type {elem} (tilecc: f32, bf16, f16, i32, i8)")
-    return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), values.astype(np.int64).tolist())
+    int_type = TensorType(cast(IntegerType, elem), list(shape))
+    return DenseIntOrFPElementsAttr.from_list(int_type, values.astype(np.int64).tolist())
 
 

@@ -67,6 +67,7 @@ from tilecc.passes.graph_to_tile.attention.program import HeadProgram, IndexFn, 
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp, ScheduleInit, schedule
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.shapes import dense_attr
+from tilecc.simulator.timing import DmaPattern
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -281,9 +282,9 @@ class DecodeAttentionKernel(HeadProgram):
             self.kb.add(tile.LoadOp(arg, idx_fn(), self.win(dst, 0, dcol, [rows, cols]), self.kb.const(rows),
                                     self.kb.const(cols), 0, 1, col_step=col_step, queue=q))
 
-        contiguous = col_step == 1
-        fixed, transfer = self.tm.dma(rows, cols, self.isz, contiguous)
-        share, engines = self.tm.dma_sharing(rows, cols, self.isz, contiguous)
+        pattern = DmaPattern.CONTIGUOUS if col_step == 1 else DmaPattern.STRIDED
+        fixed, transfer = self.tm.dma(rows, cols, self.isz, pattern)
+        share, engines = self.tm.dma_sharing(rows, cols, self.isz, pattern)
         ops.append(SchedOp("load", emit, (), (self.name(dst),), prio, fixed, transfer, share=share, engines=engines))
 
     def _group(self, ops: list[SchedOp], u: int, g: SSAValue) -> None:
