@@ -75,6 +75,14 @@ def source_of(name: str) -> str | None:
     return m["base"] if m is not None else None
 
 
+def derived_layout(name: str) -> tuple[str, tuple[int, ...], bool] | None:
+    """(source, the five dims, interleaved) of a derived weight's name, or None."""
+    m = _TILED.match(name)
+    if m is None:
+        return None
+    return m["base"], tuple(int(x) for x in m["dims"].split("x")), m["ki"] is not None
+
+
 def weight_values(weights: Mapping[str, object], name: str) -> object:
     """The values of weight `name`: the program's own, or derived from its source."""
     if name in weights:
