@@ -87,11 +87,11 @@ def weight_values(weights: Mapping[str, object], name: str) -> object:
     """The values of weight `name`: the program's own, or derived from its source."""
     if name in weights:
         return weights[name]
-    m = _TILED.match(name)
-    if m is None or m["base"] not in weights:
+    derived = derived_layout(name)
+    if derived is None or derived[0] not in weights:
         raise CompileError(f"the program refers to weight '{name}', which the graph program does not hold")
-    dims = tuple(int(x) for x in m["dims"].split("x"))
-    src = weights[m["base"]]
+    base, dims, interleaved = derived
+    src = weights[base]
     if isinstance(src, MetaWeight):
         return MetaWeight(tiled_shape(*dims), src.dtype)
-    return tile_b(np.asarray(src), *dims, interleaved=m["ki"] is not None)
+    return tile_b(np.asarray(src), *dims, interleaved=interleaved)

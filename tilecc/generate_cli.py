@@ -80,7 +80,7 @@ def apply_weights(model: Any, weights: str) -> Any:
         return model.to(torch.bfloat16)
     if weights in ("int8", "fp8", "w8a8"):
         try:
-            from tilecc.quantize import quantize_scheme  # type: ignore[import-not-found]
+            from tilecc.quantize import quantize_scheme
         except ImportError:
             raise TileccError(f"--weights {weights}: weight quantisation (tilecc.quantize) is not in this "
                               "build of tilecc") from None

@@ -87,8 +87,8 @@ def lower_norm_gemv(lw: LoweringContext, pro: list[Operation], mm: Operation, lo
         return False
     problem, (res, out_shape, _a, b, M, K, N) = got
     x_shape = shape_of(norm.operands[0].type)
-    if M != 1 or problem.batch or x_shape[-1] != K or split_of(lw, 1, K) != problem.TK:
-        return False
+    if M != 1 or problem.batch or not problem.b_weight or x_shape[-1] != K or split_of(lw, 1, K) != problem.TK:
+        return False  # (a direct row needs a pre-tiled weight: no schedule is chosen twice)
     sched = choose_schedule(lw, problem)
     if sched is None:
         return False

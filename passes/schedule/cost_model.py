@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from tilecc.passes.schedule.matmul_schedule import (
     BlockPlan,
@@ -98,27 +98,24 @@ class Timing(TimingRules):
         super().__init__(cfg)
         self._memo: dict[tuple, float] = {}
 
-    def dma_transfer(self, rows: int, cols: int, itemsize: int, pattern: int = DmaPattern.CONTIGUOUS) -> float:
-        key = ("transfer", rows, cols, itemsize, pattern)
+    def _memoised(self, key: tuple, compute: Callable[[], float]) -> float:
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo[key] = super().dma_transfer(rows, cols, itemsize, pattern)
+            hit = self._memo[key] = compute()
         return hit
 
+    def dma_transfer(self, rows: int, cols: int, itemsize: int, pattern: int = DmaPattern.CONTIGUOUS) -> float:
+        return self._memoised(("transfer", rows, cols, itemsize, pattern),
+                              partial(super().dma_transfer, rows, cols, itemsize, pattern))
+
     def dma_occupancy(self, rows: int, cols: int, itemsize: int, pattern: int = DmaPattern.CONTIGUOUS) -> float:
-        key = ("occupancy", rows, cols, itemsize, pattern)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = super().dma_occupancy(rows, cols, itemsize, pattern)
-        return hit
+        return self._memoised(("occupancy", rows, cols, itemsize, pattern),
+                              partial(super().dma_occupancy, rows, cols, itemsize, pattern))
 
     def mm_interval(self, m: int, k: int, n: int, fp32: bool, speedup: float = 1.0) -> float:
         """Issue interval of back-to-back [m x k] @ [k x n] matmuls."""
-        key = ("interval", m, k, n, fp32, speedup)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._memo[key] = self.matmul_interval(self.matmul_stream(m, k, n, fp32, speedup))
-        return hit
+        return self._memoised(("interval", m, k, n, fp32, speedup),
+                              lambda: self.matmul_interval(self.matmul_stream(m, k, n, fp32, speedup)))
 
     def mm_latency(self, m: int, k: int, n: int, fp32: bool, speedup: float = 1.0) -> float:
         """Start to result of one [m x k] @ [k x n] matmul."""
