@@ -6,7 +6,7 @@ pipeline- and data-parallel groups of a chip grid sharing one interconnect.
     t = concurrent_sends([(0, 8), (1, 9), ...], nbytes, system)   # point-to-point, all at once
 
 Each group runs the algorithm's schedule for its size (simulator/interconnect/algorithms: a
-ring, or halving-doubling when the size is a power of 2), its rank r mapped to chip
+ring, or halving-doubling), its rank r mapped to chip
 groups[g][r]; the groups' transfers of a step form one step of a schedule over the whole
 system, timed by the interconnect's ideal or contention model (contention.py: bandwidth
 shared among the transfers crossing a link, so groups meeting on a fat-tree's upper links
@@ -14,7 +14,10 @@ slow each other). Contention mode simulates chip 0's transfers only when the com
 schedule has the symmetry contention.py states (a ring over data-parallel replicas at a
 fixed stride on a fat-tree: translation; halving-doubling inside aligned tensor-parallel
 groups: XOR), else every transfer (up to contention.MAX_TRANSFERS). Without `algorithm`
-the faster of the two is taken (in the mode asked).
+the faster of the two is taken (in the mode asked); halving-doubling is a candidate there
+only for a power-of-2 size: its form for other sizes (the extra ranks folded into a 2^k
+core, algorithms/halving_doubling.py) has no symmetry, so contention mode would simulate
+every transfer of every group. `algorithm="halving_doubling"` runs it at any size.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
 --collectives stream --algorithm ...`):
 
     ring              the chunked ring (passes/npu/collectives.py)          every collective, any n
-    halving_doubling  recursive halving-doubling (collective_halving_doubling.py)  n a power of 2
+    halving_doubling  recursive halving-doubling (collective_halving_doubling.py)  any n (fold
+                      into 2^floor(log2 n) chips first, unfold last)
     tree              the double binary tree (collective_tree.py)           all-reduce only
     ring2d            one ring per torus dimension (collective_ring2d.py)   torus topologies
     auto              the applicable one with the least alpha-beta time on the topology
@@ -50,9 +51,6 @@ class StreamAlgorithmError(TileccError):
 
 def why_not(op: str, name: str, topo: Topology, elements: int) -> str | None:
     """Why algorithm `name` cannot lower `op` of `elements` elements on `topo`, or None."""
-    n = topo.n_chips
-    if name == "halving_doubling" and n & (n - 1):
-        return f"halving_doubling needs a power-of-2 chip count; {topo.spec} has {n}"
     if name == "tree" and op != "all_reduce":
         return f"tree lowers all_reduce only, not {op}"
     if name == "tree" and elements < 2:

@@ -108,6 +108,19 @@ def test_tree_all_reduce_any_chip_count(n, chunks):
         np.testing.assert_allclose(ys[r], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [3, 5, 6, 7, 12])
+@pytest.mark.parametrize("elements,chunks", [(1, 1), (37, 3), (1000, 4)])
+def test_halving_doubling_all_reduce_any_chip_count(n, elements, chunks):
+    """n not a power of 2: the folded chips' whole buffers, the core's halving-doubling and
+    the unfold, every chip's link records co-simulated: the sum on every chip."""
+    xs, ys, hbms, _ = _all_reduce(f"switch:{n}", n, elements, ALL_REDUCES["halving_doubling"](n, elements, chunks),
+                                  seed=n)
+    want = np.sum(np.stack(xs), axis=0, dtype=np.float64)
+    for r in range(n):
+        np.testing.assert_allclose(ys[r], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(hbms[r][: elements * 4].view(np.float32), xs[r])  # x unchanged
+
+
 @pytest.mark.parametrize("dims", [(2, 2), (2, 4), (4, 2), (3, 3), (2, 2, 2)])
 @pytest.mark.parametrize("elements", [5, 144])
 def test_ring2d_all_reduce_equals_the_sum(dims, elements):
@@ -126,8 +139,9 @@ HALVES = {
 }
 
 
-@pytest.mark.parametrize("algorithm", sorted(HALVES))
-@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("algorithm,n", [("halving_doubling", 3), ("halving_doubling", 4), ("halving_doubling", 6),
+                                         ("halving_doubling", 7), ("halving_doubling", 8), ("ring2d", 4),
+                                         ("ring2d", 8)])
 @pytest.mark.parametrize("chunks", [1, 2])
 def test_reduce_scatter_and_all_gather_halves(algorithm, n, chunks):
     """Reduce-scatter: chip r's shard r of its buffer is shard r of the sum; all-gather:
@@ -185,6 +199,24 @@ def test_halving_doubling_time_equals_its_formula_on_a_switch():
                                          rel=1e-6)
 
 
+@pytest.mark.parametrize("n", [3, 6])
+def test_halving_doubling_time_any_chip_count(n):
+    """n not a power of 2, one chunk: the in-stream run takes the schedule side's contention
+    time exactly (the fold into a core chip shares its switch port with the core's first
+    step, which starts on the chips that did not fold), so at least the ideal closed form
+    2 (alpha + S/B) + 2 log2(p') alpha + 2 (p'-1)/p' S/B."""
+    elements = 3 * 5 * 7 * 8 * 64
+    system = load_system(f"switch:{n};{LINK}")
+    got = _run(f"switch:{n};{LINK}", lambda r: hd_all_reduce(r, n, 0, 1 << 22, elements, DType.F32, 1))
+    sched = make_schedule("all_reduce", "halving_doubling", system.topology, system.link, elements, 4)
+    assert got.finish_ns == pytest.approx(contention.simulate(sched, system.topology, system.link, 4).time_ns,
+                                          rel=1e-9)
+    form = formulas.halving_doubling("all_reduce", n, elements * 4, 2 * L + W, B)
+    assert form == pytest.approx(6 * (2 * L + W) + 3.5 * elements * 4 / B if n == 6 else
+                                 4 * (2 * L + W) + 3 * elements * 4 / B, rel=1e-12)
+    assert form <= got.finish_ns < 1.2 * form
+
+
 @pytest.mark.parametrize("dims", [(4, 2), (2, 4)])
 def test_ring2d_time_equals_the_multiring_formula_on_a_torus(dims):
     """One ring per dimension, every step one hop over that dimension's links: the
@@ -235,8 +267,9 @@ def test_auto_picks_by_the_alpha_beta_cost():
     assert choose("all_reduce", "auto", ring.topology, ring.link, big, 4) == "ring"
     # a torus: one ring per dimension
     assert choose("all_gather", "auto", torus.topology, torus.link, small, 4) == "ring2d"
-    with pytest.raises(StreamAlgorithmError, match="power-of-2"):
-        choose("all_reduce", "halving_doubling", load_system("switch:6").topology, sw.link, big, 4)
+    # 6 chips: the 4-chip core with 2 folded chips (no longer refused)
+    assert choose("all_reduce", "halving_doubling", load_system("switch:6").topology, sw.link, big, 4) == \
+        "halving_doubling"
     with pytest.raises(StreamAlgorithmError, match="all_reduce only"):
         choose("reduce_scatter", "tree", sw.topology, sw.link, big, 4)
     with pytest.raises(StreamAlgorithmError, match="not a torus"):
@@ -284,6 +317,34 @@ def test_tp_decoder_with_each_algorithm_matches_eager(algorithm, topology, sp):
     assert used == {f"{want} (in-stream)"}
     sends = sum(int((s["opcode"] == Opcode.LINK_SEND).sum()) for s in sm.program.streams)
     assert sends > 0
+
+
+def test_tp3_decoder_with_halving_doubling_matches_eager():
+    """tp = 3 (6 heads, 3 key-value heads): the in-stream halving-doubling folds chip 0 into
+    chip 1, chips 1 and 2 exchange halves, chip 1 returns the sum; with sp the reduce-scatter
+    and all-gather fold alike (18 tokens: the sequence splits in 3)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=6,
+                      num_key_value_heads=3, vocab_size=100, max_position_embeddings=64, use_cache=False,
+                      attn_implementation="eager")
+    model = LastHidden(LlamaModel(cfg)).eval()
+    for sp, tokens in ((False, 16), (True, 18)):
+        ids = torch.randint(0, 100, (1, tokens), generator=torch.Generator().manual_seed(1))
+        sm = tilecc.compile(model, (ids,), target="tiny", system="switch:3", cache=False,
+                            parallel={"tp": 3, "sp": sp, "collectives": "stream", "chunks": 2,
+                                      "algorithm": "halving_doubling"})
+        out = sm(ids)
+        with torch.no_grad():
+            ref = model(ids)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        rep = sm.report
+        assert rep is not None
+        assert {c["algorithm"] for c in rep.collectives if c["op"] != "shard"} == {"halving_doubling (in-stream)"}
+        if not sp:  # per all-reduce of S bytes: fold S, core 2 x 2 x S/2, unfold S; each over 2 switch links
+            reduces = [c for c in rep.collectives if c["op"] == "all_reduce"]
+            assert reduces and rep.link_bytes == len(reduces) * 2 * 4 * (tokens * 48 * 4)
 
 
 def test_algorithm_knob_errors():

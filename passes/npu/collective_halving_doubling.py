@@ -1,5 +1,5 @@
 """npu-collective-halving-doubling: recursive halving-doubling (Rabenseifner; Thakur,
-Rabenseifner and Gropp 2005) lowered into one chip's link records, n a power of 2.
+Rabenseifner and Gropp 2005) lowered into one chip's link records, any n >= 2.
 
 Reduce-scatter by recursive halving: in the step of distance d = n/2, n/4, ..., 1, chip r
 exchanges half of its current region with chip r XOR d, keeping the half its bit d selects
@@ -10,6 +10,13 @@ chip (simulator/interconnect/formulas.py):
 
     all-reduce                    2 log2(n) alpha + 2 (n-1)/n S/B
     reduce-scatter, all-gather    log2(n) alpha + (n-1)/n S/B
+
+n not a power of 2: the even chips below 2r (r = n - 2^floor(log2 n)) first fold into
+their right neighbour (a reducing receive of the whole buffer there; all-gather: their
+shard), the 2^floor(log2 n) others run the above, and the folded chips receive their
+result last (the schedule's docstring):
+
+    all-reduce                    2 (alpha + S/B) + 2 log2(p') alpha + 2 (p'-1)/p' S/B
 
 The schedule is simulator/interconnect/algorithms/halving_doubling.py's; its lowering into
 records (hazards by byte range, `chunks` pieces per transfer) is collective_lowering.py's.
@@ -63,6 +70,6 @@ def hd_all_gather(rank: int, n: int, y_addr: int, elements: int, dtype: DType, c
 
 
 def _schedule(collective: str, n: int, elements: int):
-    if n < 2 or n & (n - 1):
-        raise CollectiveLoweringError(f"halving-doubling needs a power-of-2 chip count >= 2, got {n}")
+    if n < 2:
+        raise CollectiveLoweringError(f"halving-doubling needs 2 chips or more, got {n}")
     return halving_doubling.schedule(collective, n, elements)

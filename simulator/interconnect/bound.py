@@ -3,7 +3,8 @@ with each step's alpha and bandwidth taken from its routes (the slowest pair of 
 
     ring            alpha, B of the routes r -> r+1
     multiring       per dimension d: the routes to the next chip along d
-    halving_doubling per distance d: the routes r -> r XOR d (the sum of the steps)
+    halving_doubling per distance d: the routes r -> r XOR d (the sum of the steps); n not a
+                    power of 2: the core chips' routes, and the fold's and unfold's
     double_binary_tree  the slowest tree edge
     pairwise        per step t: the routes r -> r+t
     direct          the route 0 -> peer
@@ -47,9 +48,7 @@ def alpha_beta_ns(collective: str, algorithm: str, topo: Topology, link: LinkCon
             bws.append(b)
         return formulas.multiring(collective, topo.dims, nbytes, alphas, bws)
     if algorithm == "halving_doubling":
-        steps = [_worst(topo, link, chips, chips ^ (1 << i)) for i in range(int(math.log2(n)))]
-        one = sum(a + nbytes / 2 ** (i + 1) / b for i, (a, b) in enumerate(reversed(steps)))
-        return 2 * one if collective == "all_reduce" else one
+        return _halving_doubling(collective, topo, link, nbytes)
     if algorithm == "double_binary_tree":
         from tilecc.simulator.interconnect.algorithms.double_binary_tree import trees
 
@@ -62,3 +61,25 @@ def alpha_beta_ns(collective: str, algorithm: str, topo: Topology, link: LinkCon
         return sum(a + nbytes / n / b for a, b in (_worst(topo, link, chips, (chips + t) % n) for t in range(1, n)))
     a, b = _worst(topo, link, np.array([0]), np.array([n - 1 if peer is None else peer]))
     return a + nbytes / b
+
+
+def _halving_doubling(collective: str, topo: Topology, link: LinkConfig, nbytes: float) -> float:
+    from tilecc.simulator.interconnect.algorithms.halving_doubling import core_chips
+
+    n = topo.n_chips
+    chips = core_chips(n)
+    core = len(chips)
+    ranks = np.arange(core)
+    steps = [_worst(topo, link, chips, chips[ranks ^ (1 << i)]) for i in range(core.bit_length() - 1)]
+    if core == n or collective == "all_reduce":
+        one = sum(a + nbytes / 2 ** (i + 1) / b for i, (a, b) in enumerate(reversed(steps)))
+        one = 2 * one if collective == "all_reduce" else one
+        if core == n:
+            return one
+    folded = 2 * np.arange(n - core)
+    fold, unfold = _worst(topo, link, folded, folded + 1), _worst(topo, link, folded + 1, folded)
+    if collective == "all_reduce":
+        return fold[0] + nbytes / fold[1] + one + unfold[0] + nbytes / unfold[1]
+    order = steps if collective == "all_gather" else steps[::-1]
+    per = [fold, *order, unfold]
+    return formulas.folded_path(collective, n, nbytes, [a for a, _ in per], [b for _, b in per])

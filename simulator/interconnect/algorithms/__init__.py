@@ -5,7 +5,7 @@
 
     ring                1-D ring over chips 0..n-1              all_reduce, all_gather, reduce_scatter
     multiring           one ring per torus dimension / fat-tree level (hierarchical)   same
-    halving_doubling    recursive halving-doubling (n a power of 2)                 same
+    halving_doubling    recursive halving-doubling (other n: fold into 2^k, then unfold) same
     double_binary_tree  NCCL's two complementary trees, chunked                     all_reduce
     pairwise            n-1 exchange steps                                           all_to_all
     direct              one transfer from chip 0 to the peer                         send_recv
@@ -42,8 +42,6 @@ def check(collective: str, algorithm: str, topo: Topology, elements: int, peer: 
     if collective not in ALGORITHMS[name]:
         raise CollectiveError(f"algorithm '{algorithm}' does not implement {collective} "
                               f"(it implements: {', '.join(ALGORITHMS[name])})")
-    if name == "halving_doubling" and n & (n - 1):
-        raise CollectiveError(f"algorithm 'halving_doubling' needs a power-of-2 chip count; {topo.spec} has {n}")
     if elements < 1:
         raise CollectiveError(f"{collective} of {elements} bytes: the size must be >= 1")
     if collective == "all_to_all" and elements % n:
