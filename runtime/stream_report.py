@@ -1,4 +1,5 @@
-"""The report of a run with the collectives in the instruction streams (runtime/system_stream.py).
+"""The report of a run with the collectives in the instruction streams (runtime/system_stream.py;
+a pipeline's sends: runtime/pipeline_stream.py, through `streams_report`).
 
     rep = stream_report(ssp, run)      # a runtime/system_report.py SystemReport
     rep.time_us, rep.comm_us, rep.comm_exposed_share, rep.extra["hidden_share"]
@@ -16,21 +17,33 @@ power per link).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tilecc.runtime.system_report import ChipFigures, LinkFigures, SystemReport
 from tilecc.runtime.system_stream import StreamProgram, StreamRun
 from tilecc.simulator.decode import DecodedProgram
 from tilecc.simulator.energy import estimate
+from tilecc.simulator.interconnect.system import SystemConfig
 from tilecc.simulator.isa import ITEMSIZE, DType
 from tilecc.simulator.stats import counts
 
-__all__ = ["stream_report"]
+__all__ = ["stream_report", "streams_report"]
 
 
 def stream_report(ssp: StreamProgram, run: StreamRun) -> SystemReport:
-    sp, res = ssp.system, run.result
-    topo, link = sp.system.topology, sp.system.link
+    sp = ssp.system
+    extra = {"tp": sp.tp, "collectives": "stream", "chunks": ssp.chunks}
+    return streams_report(sp.system, ssp.streams, run, tp=sp.tp, segments=len(sp.programs), extra=extra)
+
+
+def streams_report(system: SystemConfig, streams: list[np.ndarray], run: StreamRun, *, tp: int, segments: int,
+                   extra: dict[str, Any]) -> SystemReport:
+    """The report of any co-simulated run of per-chip streams (tensor parallelism's or a
+    pipeline's, runtime/pipeline_stream.py); `extra` names the parallelism."""
+    res = run.result
+    topo, link = system.topology, system.link
     total_ns = res.finish_ns
     ghz = res.clock_ghz
     chips = []
@@ -43,7 +56,7 @@ def stream_report(ssp: StreamProgram, run: StreamRun) -> SystemReport:
                 busy += b - max(a, hi)
                 hi = b
         chips.append(ChipFigures(r, busy / ghz / 1e3, (total_ns - busy / ghz) / 1e3,
-                                 _chip_energy(ssp, r, total_ns * ghz), ct.finish))
+                                 _chip_energy(system, streams[r], r, total_ns * ghz), ct.finish))
     links = []
     for i in range(len(topo.link_src)):
         cap = link.bandwidth_gbs * float(topo.link_scale[i]) * total_ns
@@ -52,17 +65,16 @@ def stream_report(ssp: StreamProgram, run: StreamRun) -> SystemReport:
     link_energy = float(res.link_bytes.sum()) * link.pj_per_byte * 1e-12 \
         + link.static_watts * len(topo.link_src) * total_ns * 1e-9
     exposed = run.exposed_ns
-    extra = {"tp": sp.tp, "collectives": "stream", "chunks": ssp.chunks,
-             "hidden_share": round(run.hidden_share, 4), "free_links_us": round(run.free_ns / 1e3, 4)}
-    return SystemReport(topo.spec, sp.system.chips, sp.tp, total_ns / 1e3, (total_ns - exposed) / 1e3,
+    extra = dict(extra, hidden_share=round(run.hidden_share, 4), free_links_us=round(run.free_ns / 1e3, 4))
+    return SystemReport(topo.spec, system.chips, tp, total_ns / 1e3, (total_ns - exposed) / 1e3,
                         res.comm_ns / 1e3, exposed / total_ns if total_ns > 0 else 0.0, chips, links,
                         run.collectives, sum(c.energy_j for c in chips) + link_energy, link_energy,
-                        len(sp.programs), extra)
+                        segments, extra)
 
 
-def _chip_energy(ssp: StreamProgram, r: int, cycles: float) -> float:
-    cfg = ssp.system.system.chip_config(r)
-    prog = DecodedProgram(ssp.streams[r], cfg)
+def _chip_energy(system: SystemConfig, stream: np.ndarray, r: int, cycles: float) -> float:
+    cfg = system.chip_config(r)
+    prog = DecodedProgram(stream, cfg)
     f = counts(prog)
     link = prog.is_link
     isz = np.array([ITEMSIZE[DType(int(d))] for d in prog.col["a_dtype"][link]], np.int64)

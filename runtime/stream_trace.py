@@ -19,15 +19,23 @@ import numpy as np
 from tilecc.runtime.system_stream import StreamProgram, StreamRun
 from tilecc.simulator.decode import DecodedProgram
 from tilecc.simulator.interconnect.routing import route
+from tilecc.simulator.interconnect.system import SystemConfig
 from tilecc.simulator.isa import Opcode
 
-__all__ = ["write_stream_trace"]
+__all__ = ["write_stream_trace", "write_streams_trace"]
 
 
 def write_stream_trace(path: str | Path, ssp: StreamProgram, run: StreamRun) -> Path:
-    sp, res = ssp.system, run.result
-    topo = sp.system.topology
-    n = sp.tp
+    return write_streams_trace(path, ssp.system.system, ssp.streams, ssp.kernels, run)
+
+
+def write_streams_trace(path: str | Path, system: SystemConfig, streams: list[np.ndarray],
+                        kernels: list[list[tuple[str, int, int]]], run: StreamRun) -> Path:
+    """The trace of any co-simulated run of per-chip streams; `kernels`: per chip, the
+    (name, first instruction, count) spans that name its slices."""
+    res = run.result
+    topo = system.topology
+    n = len(streams)
     to_us = 1.0 / (res.clock_ghz * 1e3)
     events: list[dict[str, Any]] = []
     links_pid = n + 1
@@ -35,12 +43,12 @@ def write_stream_trace(path: str | Path, ssp: StreamProgram, run: StreamRun) -> 
     for r in range(n):
         pid = r + 1
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"chip {r}"}})
-        prog = DecodedProgram(ssp.streams[r], sp.system.chip_config(r))
+        prog = DecodedProgram(streams[r], system.chip_config(r))
         for e, name in enumerate(prog.engine_names):
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": e + 1, "args": {"name": name}})
         kernel_of = np.full(prog.n, -1, np.int64)
-        names = [k for k, _, _ in ssp.kernels[r]]
-        for k, (_, start, count) in enumerate(ssp.kernels[r]):
+        names = [k for k, _, _ in kernels[r]]
+        for k, (_, start, count) in enumerate(kernels[r]):
             kernel_of[start: start + count] = k
         start, end = res.chips[r].start, res.chips[r].end
         for i in np.flatnonzero(~prog.is_barrier).tolist():

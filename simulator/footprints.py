@@ -150,10 +150,13 @@ def hbm_bounding(prog: DecodedProgram) -> Footprints:
     return Footprints.concat(parts)
 
 
-def hbm_intervals(prog: DecodedProgram, i: int) -> list[tuple[int, int]]:
-    """The exact bytes of instruction i's HBM operand as merged [lo, hi) intervals."""
+def hbm_intervals(prog: DecodedProgram, i: int, slot: str | None = None) -> list[tuple[int, int]]:
+    """The exact bytes of instruction i's HBM operand `slot` as merged [lo, hi) intervals
+    (default: a store's or a receive's destination, else the source; a reducing receive
+    has both)."""
     s = prog.col
-    slot = "o" if prog.op[i] in (Opcode.DMA_STORE, Opcode.DMA_SCATTER) else "a"
+    if slot is None:
+        slot = "o" if prog.op[i] in (Opcode.DMA_STORE, Opcode.DMA_SCATTER, Opcode.LINK_RECV) else "a"
     isz = ITEMSIZE[DType(int(s[f"{slot}_dtype"][i]))]
     addr = int(s[f"{slot}_addr"][i])
     rows, cols, rs, cs = (int(x[0]) for x in _hbm_shape(prog, np.array([i])))

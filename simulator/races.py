@@ -92,7 +92,7 @@ def _hbm_candidates(prog: DecodedProgram, sync: SyncAnalysis, fp: Footprints, k0
     rows: list[tuple[int, int, bool, int, int]] = []
     for j in idx.tolist():
         i = int(fp.instr[j])
-        for b0, b1 in hbm_intervals(prog, i):
+        for b0, b1 in hbm_intervals(prog, i, SLOTS[int(fp.slot[j])]):
             rows.append((i, int(fp.slot[j]), bool(fp.write[j]), b0, b1))
     arr = np.array([(r[0], r[1], r[3], r[4]) for r in rows], dtype=np.int64).reshape(-1, 4)
     m = arr.shape[0]
@@ -197,8 +197,8 @@ def _race_message(
     fy = int(cands[0]) if cands.size else fx
     slot_x, slot_y = SLOTS[int(fp.slot[fx])], SLOTS[int(fp.slot[fy])]
     if mem == Mem.HBM:
-        xs = hbm_intervals(prog, x)
-        ys = hbm_intervals(prog, partner)
+        xs = hbm_intervals(prog, x, slot_x)
+        ys = hbm_intervals(prog, partner, slot_y)
         common = [
             (max(a0, b0), min(a1, b1))
             for a0, a1 in xs

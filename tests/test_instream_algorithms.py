@@ -5,6 +5,7 @@ by `algorithm` (runtime/stream_algorithm.py) for tensor parallelism."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import types
@@ -379,7 +380,8 @@ def test_pipeline_sends_activations_in_the_streams(micro_batches):
     pp = compile_pipeline(model, (ids,), load_system("ring:2;chip=tiny"), pp=2, micro_batches=micro_batches,
                           cache=False)
     psp = build_pipeline_streams(pp, chunks=2)
-    outs, res, exposed = run_pipeline_streams(psp, (ids,))
+    outs, run = run_pipeline_streams(psp, (ids,))
+    res, exposed = run.result, run.exposed_ns
     torch.testing.assert_close(outs[0], ref, rtol=1e-4, atol=1e-4)
     _, _, analytic = run_pipeline(pp, (ids,))
     assert res.finish_ns / 1e3 == pytest.approx(analytic.time_us, rel=0.01)
@@ -392,3 +394,69 @@ def test_pipeline_sends_activations_in_the_streams(micro_batches):
         min(2, int(np.prod(t[2].shape))) for t in psp.transfers)
     hidden = max(int(np.prod(t[2].shape)) * 4 for t in psp.transfers)
     assert hidden == (4 // micro_batches) * 16 * 64 * 4
+
+
+def test_pipeline_stream_from_compile_matches_eager_and_the_direct_path():
+    """`tilecc.compile(..., parallel={"pp": 2, "micro_batches": 2, "collectives": "stream"})`:
+    the sends in the streams, both chips co-simulated; the output equals eager's, the time is
+    the streams' co-simulation (the same as building and running them directly), the link
+    bytes are the values sent over ring:2's one link per micro-batch, and the trace has a
+    track per chip engine and one for the link."""
+    import tempfile
+    from pathlib import Path
+
+    from tilecc.errors import RaceError
+    from tilecc.runtime.pipeline_run import compile_pipeline
+    from tilecc.runtime.pipeline_stream import PipelineStreams, build_pipeline_streams, run_pipeline_streams
+
+    model = _llama(layers=2)
+    ids = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids)
+    sm = tilecc.compile(model, (ids,), target="tiny", system="ring:2", cache=False,
+                        parallel={"pp": 2, "micro_batches": 2, "collectives": "stream", "chunks": 2})
+    assert isinstance(sm.program, PipelineStreams)
+    sm.sanitize = True
+    with tempfile.TemporaryDirectory() as tmp:
+        out = sm.run(ids, trace=Path(tmp) / "pp.json")
+        events = json.loads((Path(tmp) / "pp.json").read_text())["traceEvents"]
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    rep = sm.report
+    assert rep.extra["pp"] == 2 and rep.extra["collectives"] == "stream" and rep.extra["micro_batches"] == 2
+    sent = sum(t[2].nbytes for t in sm.program.transfers) * 2
+    assert rep.link_bytes == sent  # ring:2: chip 0 -> chip 1 over one link
+    assert [c["op"] for c in rep.collectives] == ["send_recv"] * len(sm.program.transfers)
+    assert all(c["time_us"] > 0 for c in rep.collectives)
+    pp = compile_pipeline(model, (ids,), load_system("ring:2;chip=tiny"), pp=2, micro_batches=2, cache=False)
+    _, direct = run_pipeline_streams(build_pipeline_streams(pp, chunks=2), (ids,))
+    assert rep.time_us == pytest.approx(direct.result.finish_ns / 1e3, rel=1e-12)
+    assert {e["args"]["name"] for e in events if e.get("name") == "process_name"} == {"chip 0", "chip 1", "links"}
+    timing = sm.run(ids, timing_only=True)
+    assert timing.shape == ref.shape and sm.report.time_us == pytest.approx(rep.time_us, rel=1e-12)
+    # the sanitisers see the receives: stage 1's first load of a received value, its wait
+    # on the receives dropped, races with the receive that writes those bytes
+    s = sm.program.streams[1]
+    first = int(np.flatnonzero((s["opcode"] == Opcode.DMA_LOAD) & (s["wait_sem"][:, 0] >= 0))[0])
+    s["wait_sem"][first] = -1
+    s["wait_val"][first] = 0
+    with pytest.raises(RaceError, match="link.recv"):
+        sm.run(ids)
+
+
+def test_pipeline_stream_cli_and_refusals(capsys):
+    from tilecc.cli import main
+    from tilecc.frontend.tensor_parallel import ShardingError
+
+    assert main(["run", "examples/llama_tp.py:llama_pipeline", "--system", "ring:2", "--target", "tiny", "--pp", "2",
+                 "--micro-batches", "2", "--collectives", "stream", "--chunks", "2", "--no-cache", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["allclose"] is True and d["extra"]["collectives"] == "stream" and d["link_bytes"] > 0
+    with pytest.raises(ShardingError, match="not tp x pp"):
+        tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:4", cache=False,
+                       parallel={"tp": 2, "pp": 2, "collectives": "stream"})
+    with pytest.raises(ShardingError, match="a pipeline's sends are point to point"):
+        tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2", cache=False,
+                       parallel={"pp": 2, "collectives": "stream", "algorithm": "tree"})
+    with pytest.raises(ShardingError, match=r"needs tensor parallelism \(tp > 1\) or a pipeline"):
+        tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2", cache=False,
+                       parallel={"dp": 2, "collectives": "stream"})

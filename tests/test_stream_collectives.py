@@ -295,9 +295,9 @@ def test_cli_stream_collectives_and_trace(tmp_path):
 
 
 def test_stream_mode_rejects_bad_options():
-    with pytest.raises(ShardingError, match="collectives='stream'"):
-        tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2",
-                       parallel={"pp": 2, "collectives": "stream"}, cache=False)
+    with pytest.raises(ShardingError, match="collectives='stream' runs tp alone or pp alone"):
+        tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:4",
+                       parallel={"tp": 2, "pp": 2, "collectives": "stream"}, cache=False)
     with pytest.raises(ShardingError, match="'collectives'"):
         tilecc.compile(_llama(), (IDS,), target="tiny", system="ring:2",
                        parallel={"tp": 2, "collectives": "later"}, cache=False)

@@ -86,6 +86,15 @@ class SystemModel:
 
             if isinstance(self.program, DataParallelProgram):
                 raise TileccError("data parallelism compiles a training step: call sm.train(*inputs)")
+            from tilecc.runtime import pipeline_stream as ps
+
+            if isinstance(self.program, ps.PipelineStreams):  # pp, collectives='stream'
+                outs, self.stream_run = ps.run_pipeline_streams(self.program, inputs, functional=not timing_only,
+                                                                sanitize=self.sanitize and not timing_only)
+                self.report = ps.pipeline_stream_report(self.program, self.stream_run)
+                if trace is not None:
+                    ps.write_pipeline_stream_trace(trace, self.program, self.stream_run)
+                return outs[0] if len(outs) == 1 else tuple(outs)
             if not isinstance(self.program, SystemProgram) and hasattr(self.program, "streams"):
                 from tilecc.runtime.stream_report import stream_report
                 from tilecc.runtime.system_stream import run_streams
@@ -143,14 +152,22 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
 
 def _check_stream(p: dict[str, Any], tp: int) -> None:
     """`collectives`: "between" (default) or "stream" (tp > 1: the ring collectives in the
-    chips' streams, runtime/system_stream.py); `chunks`: pieces per ring block (stream only);
+    chips' streams, runtime/system_stream.py; pp > 1: the pipeline's sends and receives,
+    runtime/pipeline_stream.py); `chunks`: pieces per ring block or per send (stream only);
     `algorithm` (stream only): ring (default), halving_doubling, tree, ring2d or auto
     (runtime/stream_algorithm.py)."""
     mode = p.get("collectives", "between")
     if mode not in COLLECTIVE_MODES:
         raise ShardingError(f"parallel: 'collectives' = {mode!r} (allowed: {', '.join(COLLECTIVE_MODES)})")
-    if mode == "stream" and (tp < 2 or p.get("pp", 1) > 1):
-        raise ShardingError("parallel: collectives='stream' needs tensor parallelism (tp > 1), not pp")
+    pp = p.get("pp", 1)
+    if mode == "stream" and tp < 2 and pp < 2:
+        raise ShardingError("parallel: collectives='stream' needs tensor parallelism (tp > 1) or a pipeline (pp > 1)")
+    if mode == "stream" and tp > 1 and pp > 1:
+        raise ShardingError(f"parallel: collectives='stream' runs tp alone or pp alone, not tp x pp ({tp} x {pp}); "
+                            "use collectives='between' for tp x pp")
+    if mode == "stream" and pp > 1 and "algorithm" in p:
+        raise ShardingError("parallel: 'algorithm' lowers tensor parallelism's collectives; a pipeline's sends are "
+                            "point to point (runtime/pipeline_stream.py)")
     if "chunks" in p and mode != "stream":
         raise ShardingError("parallel: 'chunks' applies to collectives='stream'")
     if "algorithm" in p and mode != "stream":
@@ -194,9 +211,13 @@ def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any,
 
         if tp_plan is not None:
             raise ShardingError("tp_plan= applies to tensor parallelism (parallel={'tp': N}), not to a pipeline")
-        return SystemModel(compile_pipeline(model, tuple(example_inputs), cfg, pp=p["pp"],
-                                            micro_batches=p.get("micro_batches", 1), opt_level=opt_level,
-                                            cache=cache), mode)
+        pipe = compile_pipeline(model, tuple(example_inputs), cfg, pp=p["pp"], micro_batches=p.get("micro_batches", 1),
+                                opt_level=opt_level, cache=cache)
+        if p.get("collectives") == "stream":
+            from tilecc.runtime.pipeline_stream import build_pipeline_streams
+
+            return SystemModel(build_pipeline_streams(pipe, chunks=p.get("chunks", 4)), mode)
+        return SystemModel(pipe, mode)
     sp = compile_system(model, tuple(example_inputs), cfg, tp=p.get("tp", 1), sp=bool(p.get("sp")),
                         plan=tp_plan, opt_level=opt_level, cache=cache)
     if p.get("collectives") == "stream":

@@ -1,5 +1,5 @@
 """`tilecc run FILE.py:FACTORY --system SPEC (--tp N [--sp] [--collectives stream [--chunks C] [--algorithm A]] |
---pp N [--micro-batches M] | --dp N)`:
+--pp N [--micro-batches M] [--collectives stream [--chunks C]] | --dp N)`:
 a model on many simulated chips, compared with eager.
 
     tilecc run examples/llama_tp.py:llama --system "ring:4;link=nvlink4" --tp 4 --sp --trace run.json
@@ -24,8 +24,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--tp", type=int, default=1, help="with --system: tensor-parallel chips")
     run.add_argument("--sp", action="store_true", help="with --tp: sequence parallelism around the norms")
     run.add_argument("--collectives", choices=("between", "stream"), default="between",
-                     help="with --tp: collectives between the chips' programs (bulk-synchronous), or in the "
-                          "instruction streams (the ring on link DMA queues, every chip co-simulated)")
+                     help="with --tp or --pp: collectives (a pipeline's sends) between the chips' programs "
+                          "(bulk-synchronous), or in the instruction streams (on link DMA queues, every chip "
+                          "co-simulated)")
     run.add_argument("--chunks", type=int, default=4, help="with --collectives stream: chunks per ring block")
     run.add_argument("--algorithm", choices=("ring", "halving_doubling", "tree", "ring2d", "auto"), default="ring",
                      help="with --collectives stream: how the collectives are lowered (auto: the least alpha-beta "
@@ -68,7 +69,7 @@ def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) 
         parallel = {"tp": args.tp, "pp": args.pp}
     if args.collectives != "between":
         parallel.update(collectives=args.collectives, chunks=args.chunks)
-        if args.collectives == "stream":
+        if args.collectives == "stream" and (args.pp == 1 or args.algorithm != "ring"):  # a pipeline's sends: none
             parallel.update(algorithm=args.algorithm)
     progress.report("export")
     t0 = time.perf_counter()
