@@ -266,6 +266,20 @@ def test_halving_doubling_any_chip_count(n):
         assert ideal_time_ns(ag, topo, LINK, 4) == pytest.approx(3 * a + 2 * s, rel=1e-12)  # the unfold sends S
 
 
+def test_auto_takes_folded_halving_doubling_where_it_is_fastest():
+    """switch:6: 1 KiB is latency-bound (6 steps against the ring's 10): halving-doubling;
+    1 GiB: the ring (the fold and unfold move S twice more). switch:1000, 1 GiB: the ring's
+    and the tree's link sharing cannot be checked (blocks of unequal size, no symmetry), so
+    the folded halving-doubling is not preferred for being checkable: the tree."""
+    six = parse_topology("switch:6")
+    assert run_collective("all_reduce", 1024, six, LINK).algorithm == "halving_doubling"
+    assert run_collective("all_reduce", 1 << 30, six, LINK).algorithm == "ring"
+    big = run_collective("all_reduce", 1 << 30, parse_topology("switch:1000"), LINK)
+    assert big.algorithm == "double_binary_tree"
+    assert big.time_ns < run_collective("all_reduce", 1 << 30, parse_topology("switch:1000"), LINK,
+                                        algorithm="halving_doubling").time_ns
+
+
 def test_halving_doubling_on_a_ring_is_bounded_by_its_formula():
     """On ring:6 the core's partners are several hops apart: bound.py's per-step slowest
     routes give an upper bound that ideal mode (chips running ahead) cannot exceed."""

@@ -10,8 +10,12 @@ S the size per chip (all-gather: the gathered output; reduce-scatter: the input)
 Without `algorithm`, every algorithm that applies is timed in ideal mode and the fastest of
 those whose steps share no link (contention.shares_links is False, so that contention mode
 finds the same time) is chosen; if none is free of sharing, the fastest overall (in
-contention mode: of those it can simulate). The double binary tree's chunk count is the one
-minimising its alpha-beta time on the topology's worst route.
+contention mode: of those it can simulate). Halving-doubling on a chip count that is not a
+power of 2 (its fold and unfold move the whole buffer twice more: it wins on latency-bound
+sizes only) is left out of that choice when another algorithm's sharing cannot be checked
+(over contention.MAX_TRANSFERS without a symmetry): ranked behind it for that reason alone,
+a 7x faster tree would lose (1 GiB on switch:1000). The double binary tree's chunk count is
+the one minimising its alpha-beta time on the topology's worst route.
 """
 
 from __future__ import annotations
@@ -124,12 +128,17 @@ def _best(collective: str, topo: Topology, link: LinkConfig, elements: int, item
     if not names:  # raises with the reason
         first = next(a for a, colls in algorithms.ALGORITHMS.items() if collective in colls)
         algorithms.check(collective, first, topo, elements, peer)
-    best: tuple[bool, float, Schedule] | None = None
+    cands = []
     for name in names:
         sched = make_schedule(collective, name, topo, link, elements, itemsize, peer)
-        shares = contention.shares_links(sched, topo)
+        cands.append((name, sched, contention.shares_links(sched, topo)))
+    unknown = any(shares is None for _, _, shares in cands)
+    best: tuple[bool, float, Schedule] | None = None
+    for name, sched, shares in cands:
         if mode == "contention" and shares is None:
             continue  # too many transfers to simulate without a symmetry
+        if name == "halving_doubling" and topo.n_chips & (topo.n_chips - 1) and unknown:
+            continue  # see the module docstring
         key = (shares is not False, ideal_time_ns(sched, topo, link, itemsize), sched)
         if best is None or key[:2] < best[:2]:
             best = key
