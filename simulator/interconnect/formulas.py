@@ -83,12 +83,10 @@ def folded_path(collective: str, n: int, nbytes: float, alphas: Sequence[float],
     for t, d in enumerate(dists if gather else dists[::-1], start=1):
         if gather:  # doubling: send the shards of the d ranks whose regions I hold
             lo = ranks // d * d
-            hi = lo + d
         else:  # halving: send the half of my region of 2d ranks that I do not keep
             first = ranks // (2 * d) * (2 * d)
             lo = np.where(ranks & d, first, first + d)
-            hi = lo + d
-        end = ready + alphas[t] + (held[hi] - held[lo]) * shard / bws[t]
+        end = ready + alphas[t] + (held[lo + d] - held[lo]) * shard / bws[t]
         ready = np.maximum(end, end[ranks ^ d])
     unfold = ready[:extra] + alphas[-1] + (nbytes if gather else shard) / bws[-1]
     return float(max(ready.max(), unfold.max()))
