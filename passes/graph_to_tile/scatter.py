@@ -6,11 +6,12 @@ and the scatter is the only reader of the old value), else a copy of it (one DMA
 kernel). With the destination viewed as ``[A, V, R]`` (dims before `dim`, `dim`, dims
 after) and the source as ``[A, N, R]``:
 
-- ``reduce "none"``: per outer index a and tile of up to P indices, one DMA loads the
-  i32 indices onto partitions, and per column tile a DMA loads the source rows and an
+- ``reduce "none"``: per tile of up to P indices, one DMA loads the i32 indices onto
+  partitions, and per outer index a and column tile a DMA loads the source rows and an
   indirect store (``tile.scatter`` -> ``DMA_SCATTER``) writes them to rows
-  ``index[r]`` of the table ``out[a]``. Every scatter runs on one DMA queue, in order,
-  so of duplicate indices the last wins (torch's CPU order).
+  ``index[r]`` of the table ``out[a]``. The scatters of one a run on one DMA queue, in
+  order, so of duplicate indices the last wins (torch's CPU order); different a (their
+  tables are disjoint: the KV heads of a prefill's cache update) use different queues.
   With one index and several outer indices (a decode step writing position p of every
   batch and head's cache), the rows ``a*V + index[0]`` of the table ``[A*V, R]`` are
   written by one scatter per tile of P outer indices.
@@ -114,18 +115,26 @@ def lower_index_scatter(lw: LoweringContext, op: gs.IndexScatterOp, loc: str) ->
 def _scatter_rows(
     lw: LoweringContext, loc: str, src: SSAValue, idx: SSAValue, table: SSAValue, N: int, R: int
 ) -> None:
+    """Per tile of up to P indices (loaded once), the rows of every outer index a. The
+    tables of different a are disjoint, so they spread over Q DMA queues (a on queue
+    a mod Q, Q the largest divisor of A up to the queue count): each a's scatters stay
+    on one queue, in index order, so of duplicate indices the last still wins."""
     A = shape_of(table.type)[0]
     elem = elem_of(table.type)
     TR, TC = min(lw.P, N), lw.col_tile(R, 2)
+    Q = max(q for q in range(1, min(A, lw.cfg.dma.queues) + 1) if A % q == 0)
     kb = KernelBuilder(lw.kernel_name("scatter"), [src.type, idx.type, table.type], loc)
     zero, one = kb.const(0), kb.const(1)
-    with kb.loop(A) as a, kb.tiles(N, TR) as (n0, r):
+    with kb.tiles(N, TR) as (n0, r):
         ib = kb.alloc([TR, 1], i32, tile.SRAM, "index")
         kb.add(tile.LoadOp(kb.args[1], [n0, zero], ib, r, one, 0, 1))
-        with kb.tiles(R, TC) as (c0, c):
-            rows = kb.alloc([TR, TC], elem, tile.SRAM, "rows")
-            kb.add(tile.LoadOp(kb.args[0], [a, n0, c0], rows, r, c, 1, 2))
-            kb.add(tile.ScatterOp(rows, ib, kb.args[2], [a, c0], r, c))
+        with kb.loop(A // Q) as a0:
+            for j in range(Q):
+                a = kb.addi(kb.muli(a0, kb.const(Q)), kb.const(j)) if Q > 1 else a0
+                with kb.tiles(R, TC) as (c0, c):
+                    rows = kb.alloc([TR, TC], elem, tile.SRAM, "rows")
+                    kb.add(tile.LoadOp(kb.args[0], [a, n0, c0], rows, r, c, 1, 2))
+                    kb.add(tile.ScatterOp(rows, ib, kb.args[2], [a, c0], r, c, queue=lw.cfg.dma.queues - 1 - j))
     lw.launch(kb, [src, idx, table])
 
 
