@@ -1,13 +1,13 @@
 """Which graph values can never hold an infinity or a NaN, whatever the program's inputs.
 
-`never_infinite(v)` is True when every element of `v` is finite by construction: a
-constant whose values are all finite, an integer or boolean tensor (also cast to a float
-type of at least bf16's range), a cast of a finite float that cannot overflow (to the
-same type, fp32 or fp64), ``where(cond, x, y)`` of two such values (the condition may be
-anything: it only chooses), a view of one (reshape, expand, permute, slice), or the
-result of a `graph.fused` group yielding one of these; with compile-time values (a
-weight with data), their own. Anything else (an input, arithmetic that may overflow)
-is not known finite: False.
+`never_infinite(v)` is True when a finite bound on ``|v|`` follows from how `v` is
+built (`magnitude`): a constant (its largest magnitude), an integer or boolean tensor
+(its type's range), ``where(cond, x, y)`` (the larger bound of x and y: the condition
+only chooses), a view (reshape, expand, permute, slice), a cast whose source bound fits
+the target type's finite range (rounding cannot overflow then), or the result of a
+`graph.fused` group yielding one of these; with compile-time values (`const`: a weight
+with data), their own. Anything else (an input, arithmetic that may overflow) has no
+bound: False.
 
 The attention kernel reads it for its additive mask (`passes/graph_to_tile/attention`):
 a mask that may hold -inf is clamped to the lowest finite value before the matrix
@@ -23,58 +23,71 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from xdsl.dialects.builtin import BFloat16Type, Float32Type, Float64Type, IntegerType
-from xdsl.ir import Block, BlockArgument, SSAValue
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, Float64Type, IntegerType
+from xdsl.ir import Attribute, Block, BlockArgument, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_fusion as gf
 from tilecc.ir import graph_index as gi
 
-__all__ = ["MASK_FINITE", "never_infinite"]
+__all__ = ["MASK_FINITE", "magnitude", "never_infinite"]
 
 MASK_FINITE = "tilecc.mask_finite"  # a graph.sdpa attribute: its mask is never -inf
 
+Const = Callable[[SSAValue], np.ndarray | None]
 _VIEWS = (g.ReshapeOp, g.ExpandOp, g.PermuteOp, gi.SliceOp)
-# float types at least as wide in range as any integer tensor's values (i32 up to 2^31)
-_WIDE = (BFloat16Type, Float32Type, Float64Type)
+# the largest finite magnitude of each float type
+_FLOAT_MAX: dict[type, float] = {
+    BFloat16Type: 3.3895313892515355e38,
+    Float16Type: 65504.0,
+    Float32Type: float(np.finfo(np.float32).max),
+    Float64Type: float(np.finfo(np.float64).max),
+}
 
 
-def _element(v: SSAValue):
+def _element(v: SSAValue) -> Attribute:
     t = v.type
     return t.element_type if hasattr(t, "element_type") else t  # pyright: ignore[reportAttributeAccessIssue]
 
 
-def never_infinite(v: SSAValue, const: Callable[[SSAValue], np.ndarray | None] | None = None) -> bool:
-    """Whether `v` holds only finite values for every input (see the module docstring).
-    `const` (`ir/graph_consts.ConstValues`) gives compile-time values where known: a
-    weight or folded constant with data counts by its values."""
-    if isinstance(_element(v), IntegerType):
-        return True
+def _type_max(elem: Attribute) -> float | None:
+    if isinstance(elem, IntegerType):
+        return float(2 ** max(elem.bitwidth - 1, 1))
+    return _FLOAT_MAX.get(type(elem))
+
+
+def never_infinite(v: SSAValue, const: Const | None = None) -> bool:
+    """Whether `v` holds only finite values for every input (see the module docstring)."""
+    return magnitude(v, const) is not None
+
+
+def magnitude(v: SSAValue, const: Const | None = None) -> float | None:
+    """A finite bound on ``|v|`` for every input, or None where none is known."""
+    elem = _element(v)
+    if isinstance(elem, IntegerType):
+        return _type_max(elem)
     known = const(v) if const is not None else None
     if known is not None:
-        return bool(np.all(np.isfinite(known)))
+        return float(np.max(np.abs(known), initial=0.0)) if np.all(np.isfinite(known)) else None
     if isinstance(v, BlockArgument):  # an argument of a fused group's region: its operand
         block = v.owner
         fused = block.parent_op() if isinstance(block, Block) else None
-        if isinstance(fused, gf.FusedOp):
-            return never_infinite(fused.operands[v.index], const)
-        return False
+        return magnitude(fused.operands[v.index], const) if isinstance(fused, gf.FusedOp) else None
     owner = v.owner
     if isinstance(owner, g.ConstantOp):
-        return bool(np.all(np.isfinite(owner.values())))
+        values = owner.values()
+        return float(np.max(np.abs(values), initial=0.0)) if np.all(np.isfinite(values)) else None
     if isinstance(owner, _VIEWS):
-        return never_infinite(owner.operands[0], const)
+        return magnitude(owner.operands[0], const)
     if isinstance(owner, gi.WhereOp):
-        return never_infinite(owner.x, const) and never_infinite(owner.y, const)
-    if isinstance(owner, g.CastOp):  # exact, or rounding that cannot overflow
-        src, dst = _element(owner.operands[0]), _element(v)
-        if isinstance(src, IntegerType):
-            return isinstance(dst, _WIDE)
-        widens = type(src) is type(dst) or isinstance(dst, (Float32Type, Float64Type))
-        return widens and never_infinite(owner.operands[0], const)
+        x, y = magnitude(owner.x, const), magnitude(owner.y, const)
+        return None if x is None or y is None else max(x, y)
+    if isinstance(owner, g.CastOp):  # rounding to the nearest cannot overflow below the type's max
+        src, limit = magnitude(owner.operands[0], const), _type_max(elem)
+        return src if src is not None and limit is not None and src <= limit else None
     if isinstance(owner, gf.FusedOp):
         yields = owner.regions[0].block.last_op
         if not isinstance(yields, gf.YieldOp):
-            return False
-        return never_infinite(yields.operands[list(owner.results).index(v)], const)
-    return False
+            return None
+        return magnitude(yields.operands[list(owner.results).index(v)], const)
+    return None

@@ -56,9 +56,26 @@ def _qkv(dtype: torch.dtype, L: int = 20, S: int = 22):
     return q, k, v
 
 
+class CastPositionMask(torch.nn.Module):
+    """The same mask built in fp32 and cast to bf16: bf16's lowest value survives the cast
+    (fp32's would overflow to -inf, so that one is not finite)."""
+
+    def __init__(self, fill: float):
+        super().__init__()
+        self.fill = fill
+
+    def forward(self, q, k, v, pos):
+        allowed = torch.arange(k.shape[-2])[None, :] <= pos[:, None]
+        mask = torch.where(allowed, 0.0, self.fill).to(q.dtype)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def test_where_of_finite_constants_is_finite():
     q, k, v = _qkv(torch.float32)
     assert _sdpa_mask_finite(PositionMask(torch.finfo(torch.float32).min), (q, k, v, torch.arange(20)))
+    q, k, v = _qkv(torch.bfloat16)
+    assert _sdpa_mask_finite(CastPositionMask(torch.finfo(torch.bfloat16).min), (q, k, v, torch.arange(20)))
+    assert not _sdpa_mask_finite(CastPositionMask(torch.finfo(torch.float32).min), (q, k, v, torch.arange(20)))
 
 
 def test_a_minus_inf_branch_or_an_input_mask_is_not():

@@ -131,10 +131,11 @@ def _scatter_rows(
         with kb.loop(A // Q) as a0:
             for j in range(Q):
                 a = kb.addi(kb.muli(a0, kb.const(Q)), kb.const(j)) if Q > 1 else a0
+                queue = lw.cfg.dma.queues - 1 - j  # the rows load on it too: no wait across queues
                 with kb.tiles(R, TC) as (c0, c):
                     rows = kb.alloc([TR, TC], elem, tile.SRAM, "rows")
-                    kb.add(tile.LoadOp(kb.args[0], [a, n0, c0], rows, r, c, 1, 2))
-                    kb.add(tile.ScatterOp(rows, ib, kb.args[2], [a, c0], r, c, queue=lw.cfg.dma.queues - 1 - j))
+                    kb.add(tile.LoadOp(kb.args[0], [a, n0, c0], rows, r, c, 1, 2, queue=queue))
+                    kb.add(tile.ScatterOp(rows, ib, kb.args[2], [a, c0], r, c, queue=queue))
     lw.launch(kb, [src, idx, table])
 
 
