@@ -133,6 +133,40 @@ def test_grouped_query_attention_broadcasts_k_and_v(per_head):
     assert kind == "passed" and f"serves {n} query heads" in msg
 
 
+class SdpaAfterRepeatKv(torch.nn.Module):
+    """Llama's sdpa attention over a static cache: `repeat_kv` (expand + reshape) of k and v,
+    then scaled_dot_product_attention with a mask built at run time from the positions
+    (``where(key <= query position, 0, min)``, broadcast over heads)."""
+
+    def __init__(self, n_rep: int):
+        super().__init__()
+        self.n_rep = n_rep
+
+    def forward(self, q, k, v, pos):
+        def repeat_kv(x):
+            b, h, s, d = x.shape
+            return x[:, :, None, :, :].expand(b, h, self.n_rep, s, d).reshape(b, h * self.n_rep, s, d)
+
+        keys = torch.arange(k.shape[-2])
+        allowed = keys[None, :] <= pos[:, None]
+        mask = torch.where(allowed, 0.0, torch.finfo(q.dtype).min).to(q.dtype)[None, None]
+        o = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k), repeat_kv(v), attn_mask=mask)
+        return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_after_repeat_kv_broadcasts_k_and_v(dtype):
+    g = torch.Generator().manual_seed(5)
+    B, KV, n, S = 1, 2, 3, L + 2
+    q = torch.randn(B, KV * n, L, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, KV, S, D, generator=g).to(dtype) for _ in range(2))
+    cm = run_and_compare(SdpaAfterRepeatKv(n), (q, k, v, torch.arange(L)))
+    msgs = [r["message"] for r in cm.program.meta["remarks"] if r["pass_name"] == "canonicalize-graph"]
+    assert any(f"serves {n} query heads" in m for m in msgs), msgs
+    kernels = [name for name, _, _ in cm.program.kernels]
+    assert not any("copy" in name for name in kernels), kernels  # no repeated k / v materialised
+
+
 class SdpaWithCausalMask(torch.nn.Module):
     """scaled_dot_product_attention given the causal pattern as an additive attn_mask."""
 

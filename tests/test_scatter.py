@@ -260,3 +260,37 @@ def _as_strided(x):
 
 SCATTER_BUILDERS = {"graph.index_scatter": _index_scatter, "graph.as_strided": _as_strided}
 """One builder per op of the family (also used by test_graph_ir's round-trip test)."""
+
+
+class CacheUpdate(torch.nn.Module):
+    """A prefill's KV-cache update: the heads of a projection's rows ``[B, S, H*D]``
+    (a transposed view: each position's heads side by side) written at `pos` of a
+    ``[B, H, V, D]`` cache."""
+
+    def __init__(self, heads: int, v: int, d: int, dtype: torch.dtype):
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.register_buffer("cache", torch.zeros(1, heads, v, d, dtype=dtype))
+
+    def forward(self, x, pos):
+        rows = (x * 2).view(1, x.shape[1], self.heads, self.d).transpose(1, 2)
+        self.cache.index_copy_(2, pos, rows)
+        return self.cache.clone()
+
+
+@pytest.mark.parametrize("heads,n,v,dtype", [(4, 40, 45, torch.float32), (3, 20, 20, torch.bfloat16),
+                                             (8, 16, 19, torch.bfloat16)])
+def test_cache_update_of_side_by_side_heads_matches_eager(heads, n, v, dtype):
+    """One DMA loads a tile's rows of every head (`scatter._scatter_row_blocks`), each
+    head's scatter writes a column window of it, the heads on different DMA queues."""
+    g = torch.Generator().manual_seed(heads + n)
+    x = torch.randn(1, n, heads * 8, generator=g).to(dtype)
+    pos = torch.randperm(v, generator=g)[:n]
+    cm = run_and_compare(CacheUpdate(heads, v, 8, dtype), (x, pos), target="cloud" if heads == 8 else "tiny")
+    scatter = [name for name, _, _ in cm.program.kernels if "scatter" in name]
+    assert len(scatter) == 1
+    _, first, count = next(k for k in cm.program.kernels if k[0] == scatter[0])
+    ops = cm.program.stream["opcode"][first:first + count]
+    tiles = -(-n // min(n, 16 if heads != 8 else 128))
+    assert int((ops == Opcode.DMA_LOAD).sum()) == 2 * tiles  # the indices and the rows, once per tile
+    assert int((ops == Opcode.DMA_SCATTER).sum()) == heads * tiles

@@ -29,8 +29,11 @@ explicitly. A compile-time mask (with the weights' data) that is exactly causal 
 any other additive mask is kept as sdpa's mask; ``where(cond, s, -big)``
 becomes the additive mask ``where(cond, 0, -big)``. Grouped-query attention's
 `repeat_kv` (k and v expanded over each group's heads) becomes sdpa over
-``[*b, groups, n]`` batch dims with k and v broadcast, no copies. A chain that cannot be
-rewritten (a cast inside it: softmax in another precision; a mask applied in another view
+``[*b, groups, n]`` batch dims with k and v broadcast, no copies; so does a `graph.sdpa`
+exported with `repeat_kv`'d k and v (sdpa after Llama's `repeat_kv`: q, the mask and the
+result reshaped to the grouped batch dims, k and v the unrepeated caches; one query row
+is left to decode-attention, which makes the heads rows). `mark_finite_masks` marks sdpa
+masks that never hold -inf (`ir/graph_finite.py`). A chain that cannot be rewritten (a cast inside it: softmax in another precision; a mask applied in another view
 of the scores; batch dims that differ otherwise) stays as written, with a ``missed``
 remark naming why.
 """
@@ -42,12 +45,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from xdsl.dialects import func
+from xdsl.dialects.builtin import UnitAttr
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_attention import AttentionChain, masked, match_attention
 from tilecc.ir.graph_consts import ConstValues
+from tilecc.ir.graph_finite import MASK_FINITE, never_infinite
 from tilecc.passes import remarks
 
 PASS = "canonicalize-graph"
@@ -59,8 +64,9 @@ def recognise_attention(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | Non
     const = ConstValues(weights)
     count = 0
     for op in list(fn.body.block.ops):
-        if isinstance(op, gi.SdpaOp) and op.mask is not None and not op.is_causal:
-            count += _causal_sdpa(op, const)
+        if isinstance(op, gi.SdpaOp):
+            causal = _causal_sdpa(op, const) if op.mask is not None and not op.is_causal else None
+            count += (causal is not None) + _grouped_sdpa(fn, causal or op)
             continue
         if not isinstance(op, g.SoftmaxOp) or op.parent is None:
             continue
@@ -82,25 +88,71 @@ def recognise_attention(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | Non
     return count
 
 
-def _causal_sdpa(op: gi.SdpaOp, const: ConstValues) -> int:
+def mark_finite_masks(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = None) -> None:
+    """Mark every `graph.sdpa` whose mask never holds -inf (`ir/graph_finite.py`, with the
+    weights' values) with `MASK_FINITE`: the attention kernel adds it without a clamp."""
+    const = ConstValues(weights)
+    for op in fn.body.block.ops:
+        if isinstance(op, gi.SdpaOp) and op.mask is not None and MASK_FINITE not in op.attributes:
+            if never_infinite(op.mask, const):
+                op.attributes[MASK_FINITE] = UnitAttr()
+
+
+def _causal_sdpa(op: gi.SdpaOp, const: ConstValues) -> gi.SdpaOp | None:
     """`graph.sdpa` with a compile-time mask that is exactly the causal pattern (what
     `scaled_dot_product_attention(q, k, v, attn_mask=causal_mask)` exports) becomes
-    ``causal`` with no mask: the flash kernel then skips the masked tiles. 1 if rewritten."""
+    ``causal`` with no mask: the flash kernel then skips the masked tiles. The new op, or
+    None where not rewritten."""
     assert op.mask is not None
     values = const(op.mask)
     if values is None:
-        return 0
+        return None
     scores = [*g.shape_of(op.result)[:-1], g.shape_of(op.k)[-2]]
     L, S = scores[-2], scores[-1]
     dropped = masked(values, g.element_dtype(op.mask.type))
     if bool(np.any(values[~dropped] != 0)) or not _is_tril(~dropped, scores, np.tril(np.ones((L, S), dtype=bool))):
-        return 0
+        return None
     loc = g.source_loc(op)
     new = gi.SdpaOp.make(op.q, op.k, op.v, None, scale=float(op.scale.value.data), causal=True, loc=loc)
     op.parent_block().insert_op_before(new, op)  # type: ignore[union-attr]
     op.result.replace_all_uses_with(new.result)
     remarks.emit(PASS, "passed", "graph.sdpa's compile-time mask is the causal pattern -> causal "
                  "(masked tiles skipped)", loc)
+    return new
+
+
+def _grouped_sdpa(fn: func.FuncOp, op: gi.SdpaOp) -> int:
+    """`graph.sdpa` whose k and v are grouped-query attention's `repeat_kv` (what
+    `scaled_dot_product_attention` after Llama's `repeat_kv` exports) runs over the
+    batch dims ``[*b, groups, n]`` with k and v broadcast over each group's n heads:
+    no copies of the repeated k and v, and each group's K^T / V loaded once. 1 if rewritten."""
+    batch = list(g.shape_of(op.q))[:-2]
+    if g.shape_of(op.q)[-2] == 1:  # one query row: decode-attention makes the heads rows instead
+        return 0
+    if list(g.shape_of(op.k))[:-2] != batch or list(g.shape_of(op.v))[:-2] != batch:
+        return 0
+    groups = _kv_groups(op.k, op.v, batch)
+    if groups is None:
+        return 0
+    (k, v), grouped = groups
+    block, loc = fn.body.block, g.source_loc(op)
+
+    def reshaped(x: SSAValue, shape: Sequence[int]) -> SSAValue:
+        if list(g.shape_of(x)) == list(shape):
+            return x
+        r = g.ReshapeOp.make(x, shape, loc=loc)
+        block.insert_op_before(r, op)
+        return r.results[0]
+
+    qs = g.shape_of(op.q)
+    q = reshaped(op.q, [*grouped, *qs[-2:]])
+    mask = None if op.mask is None else _split_head_dim(op.mask, grouped[-1], reshaped)
+    new = gi.SdpaOp.make(q, k, v, mask, scale=float(op.scale.value.data), causal=op.is_causal, loc=loc)
+    block.insert_op_before(new, op)
+    op.result.replace_all_uses_with(reshaped(new.result, g.shape_of(op.result)))
+    block.erase_op(op)
+    remarks.emit(PASS, "passed", f"graph.sdpa's k and v are repeat_kv copies: grouped-query attention, each "
+                 f"k/v head serves {grouped[-1]} query heads (no copies)", loc)
     return 1
 
 

@@ -62,7 +62,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     """Rewrite the patterns in `fn`; the number of rewrites. Explicit attentions become
     `graph.sdpa` (passes/graph/attention.py; with `weights`, a constant causal mask is
     recognised as causal)."""
-    from tilecc.passes.graph.attention import recognise_attention
+    from tilecc.passes.graph.attention import mark_finite_masks, recognise_attention
     from tilecc.passes.graph.decode_attention import rewrite_decode_attention
     from tilecc.passes.graph.fold_reshapes import fold_reshapes
     from tilecc.passes.graph.rms_norm import recognise_rms_norm
@@ -89,6 +89,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     count += rewrite_lowp_matmuls(fn)  # one-byte weights into the matrix engine (lowp_matmul.py)
     count += rewrite_w8a8_matmuls(fn)  # int8 x int8 (w8a8_matmul.py)
     count += rewrite_decode_attention(fn)
+    mark_finite_masks(fn, weights)  # sdpa masks that never hold -inf (passes/graph/attention.py)
     count += fold_reshapes(fn)  # reshape chains, e.g. around a recognised attention (fold_reshapes.py)
     count += eliminate_common_subexpressions(fn)  # identical layers' equal values computed once (cse.py)
     dead_code(fn)

@@ -185,22 +185,34 @@ class LoweringContext:
 
     def request_layout(self, op: Operation) -> None:
         """Offer `op`'s result the layout of its only user, a permute that keeps the
-        innermost dim (its rows stay contiguous)."""
+        innermost dim (its rows stay contiguous), also through single-use reshapes
+        before it whose views that layout allows (sdpa over grouped heads
+        ``[b, groups, n, L, D]``, reshaped to ``[b, heads, L, D]``, then permuted)."""
         if len(op.results) != 1 or not op.results[0].has_one_use():
             return
         res = op.results[0]
+        chain = [res]
         user = res.get_user_of_unique_use()
+        while isinstance(user, g.ReshapeOp) and user.results[0].has_one_use():
+            chain.append(user.results[0])
+            user = user.results[0].get_user_of_unique_use()
         if not isinstance(user, g.PermuteOp):
             return
         perm = [int(p) for p in user.permutation]
         if len(perm) < 2 or perm[-1] != len(perm) - 1:
             return
         out_shape = shape_of(user.results[0].type)
-        strides = tile.row_major(out_shape)
+        row = tile.row_major(out_shape)
         inv = [0] * len(perm)
         for i, p in enumerate(perm):
             inv[p] = i
-        self.layout_requests[res] = (out_shape, tuple(strides[inv[d]] for d in range(len(perm))))
+        strides: Sequence[int] | None = tuple(row[inv[d]] for d in range(len(perm)))
+        for later, earlier in zip(chain[::-1], chain[-2::-1]):  # back through the reshapes
+            strides = reshape_strides(shape_of(later.type), strides, shape_of(earlier.type))
+            if strides is None:
+                return
+        assert strides is not None
+        self.layout_requests[res] = (out_shape, tuple(strides))
 
     def kernel_name(self, what: str) -> str:
         """The name of the next kernel: ``k<index>_<what>``."""

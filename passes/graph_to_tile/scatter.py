@@ -6,11 +6,15 @@ and the scatter is the only reader of the old value), else a copy of it (one DMA
 kernel). With the destination viewed as ``[A, V, R]`` (dims before `dim`, `dim`, dims
 after) and the source as ``[A, N, R]``:
 
-- ``reduce "none"``: per outer index a and tile of up to P indices, one DMA loads the
-  i32 indices onto partitions, and per column tile a DMA loads the source rows and an
+- ``reduce "none"``: per tile of up to P indices, one DMA loads the i32 indices onto
+  partitions, and per outer index a and column tile a DMA loads the source rows and an
   indirect store (``tile.scatter`` -> ``DMA_SCATTER``) writes them to rows
-  ``index[r]`` of the table ``out[a]``. Every scatter runs on one DMA queue, in order,
-  so of duplicate indices the last wins (torch's CPU order).
+  ``index[r]`` of the table ``out[a]``. The scatters of one a run on one DMA queue, in
+  order, so of duplicate indices the last wins (torch's CPU order); different a (their
+  tables are disjoint: the KV heads of a prefill's cache update) use different queues.
+  Where source row n of every a lies side by side (``[S, H*D]`` rows of a projection:
+  `_heads_side_by_side`), one DMA loads a tile's rows of all A and each scatter writes
+  a column window of it.
   With one index and several outer indices (a decode step writing position p of every
   batch and head's cache), the rows ``a*V + index[0]`` of the table ``[A*V, R]`` are
   written by one scatter per tile of P outer indices.
@@ -49,6 +53,7 @@ from xdsl.ir import SSAValue
 
 from tilecc.ir import graph_scatter as gs
 from tilecc.ir import tile
+from tilecc.ir.dtypes import element_size
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.context import LoweringContext
 from tilecc.passes.graph_to_tile.index import _copy_nest
@@ -105,6 +110,8 @@ def lower_index_scatter(lw: LoweringContext, op: gs.IndexScatterOp, loc: str) ->
     idx = lw.view(lw.materialise(op.index), (N, 1))
     if reduce == "none" and N == 1 and A > 1:
         _scatter_one_index(lw, loc, lw.view(src, (A, R)), idx, lw.view(out, (A * V, R)), A, V, R)
+    elif reduce == "none" and A > 1 and _heads_side_by_side(lw, src, A, R):
+        _scatter_row_blocks(lw, loc, src, idx, lw.view(out, (A, V, R)), N, R)
     elif reduce == "none":
         _scatter_rows(lw, loc, src, idx, lw.view(out, (A, V, R)), N, R)
     else:
@@ -114,19 +121,62 @@ def lower_index_scatter(lw: LoweringContext, op: gs.IndexScatterOp, loc: str) ->
 def _scatter_rows(
     lw: LoweringContext, loc: str, src: SSAValue, idx: SSAValue, table: SSAValue, N: int, R: int
 ) -> None:
+    """Per tile of up to P indices (loaded once), the rows of every outer index a. The
+    tables of different a are disjoint, so they spread over Q DMA queues (a on queue
+    a mod Q, Q the largest divisor of A up to the queue count): each a's scatters stay
+    on one queue, in index order, so of duplicate indices the last still wins."""
     A = shape_of(table.type)[0]
     elem = elem_of(table.type)
     TR, TC = min(lw.P, N), lw.col_tile(R, 2)
+    Q = max(q for q in range(1, min(A, lw.cfg.dma.queues) + 1) if A % q == 0)
     kb = KernelBuilder(lw.kernel_name("scatter"), [src.type, idx.type, table.type], loc)
     zero, one = kb.const(0), kb.const(1)
-    with kb.loop(A) as a, kb.tiles(N, TR) as (n0, r):
+    with kb.tiles(N, TR) as (n0, r):
         ib = kb.alloc([TR, 1], i32, tile.SRAM, "index")
         kb.add(tile.LoadOp(kb.args[1], [n0, zero], ib, r, one, 0, 1))
-        with kb.tiles(R, TC) as (c0, c):
-            rows = kb.alloc([TR, TC], elem, tile.SRAM, "rows")
-            kb.add(tile.LoadOp(kb.args[0], [a, n0, c0], rows, r, c, 1, 2))
-            kb.add(tile.ScatterOp(rows, ib, kb.args[2], [a, c0], r, c))
+        with kb.loop(A // Q) as a0:
+            for j in range(Q):
+                a = kb.addi(kb.muli(a0, kb.const(Q)), kb.const(j)) if Q > 1 else a0
+                queue = lw.cfg.dma.queues - 1 - j  # the rows load on it too: no wait across queues
+                with kb.tiles(R, TC) as (c0, c):
+                    rows = kb.alloc([TR, TC], elem, tile.SRAM, "rows")
+                    kb.add(tile.LoadOp(kb.args[0], [a, n0, c0], rows, r, c, 1, 2, queue=queue))
+                    kb.add(tile.ScatterOp(rows, ib, kb.args[2], [a, c0], r, c, queue=queue))
     lw.launch(kb, [src, idx, table])
+
+
+def _heads_side_by_side(lw: LoweringContext, src: SSAValue, A: int, R: int) -> bool:
+    """Whether source row n of every outer index lies side by side in one row of A*R
+    elements (the KV heads of a projection's or rope's ``[S, H*D]`` rows), small enough
+    for a few SRAM buffers."""
+    strides, _ = lw.layout(src)
+    return strides[0] == R and strides[2] == 1 and A * R * element_size(elem_of(src.type)) <= 16384
+
+
+def _scatter_row_blocks(
+    lw: LoweringContext, loc: str, src: SSAValue, idx: SSAValue, table: SSAValue, N: int, R: int
+) -> None:
+    """`_scatter_rows` where source row n of every outer index a lies in one row of A*R
+    elements: per tile of up to P indices one DMA loads the indices, one the rows of all
+    A (``[TR, A*R]``), and A scatters write column windows of it (a on queue a mod Q)."""
+    A = shape_of(table.type)[0]
+    elem = elem_of(table.type)
+    strides, offset = lw.layout(src)
+    rows_view = lw.strided(src, (N, A * R), (strides[1], 1), offset)
+    TR = min(lw.P, N)
+    queues = lw.cfg.dma.queues
+    kb = KernelBuilder(lw.kernel_name("scatter"), [rows_view.type, idx.type, table.type], loc)
+    zero, one = kb.const(0), kb.const(1)
+    with kb.tiles(N, TR) as (n0, r):
+        ib = kb.alloc([TR, 1], i32, tile.SRAM, "index")
+        kb.add(tile.LoadOp(kb.args[1], [n0, zero], ib, r, one, 0, 1))
+        rows = kb.alloc([TR, A * R], elem, tile.SRAM, "rows")
+        kb.add(tile.LoadOp(kb.args[0], [n0, zero], rows, r, kb.const(A * R), 0, 1))
+        for a in range(A):
+            part = kb.add(tile.SubviewOp(rows, zero, kb.const(a * R), [TR, R])).results[0]
+            kb.add(tile.ScatterOp(part, ib, kb.args[2], [kb.const(a), zero], r, kb.const(R),
+                                  queue=queues - 1 - a % queues))
+    lw.launch(kb, [rows_view, idx, table])
 
 
 def _scatter_one_index(

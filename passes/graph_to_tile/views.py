@@ -46,6 +46,8 @@ def lower_constant(lw: LoweringContext, op: Operation, loc: str) -> None:
 def lower_reshape(lw: LoweringContext, op: Operation, loc: str) -> None:
     res = op.results[0]
     lw.values[res] = lw.view(lw.materialise(op.operands[0]), shape_of(res.type))
+    if op.operands[0] in lw.absorbed:  # written in a later permute's layout (request_layout)
+        lw.absorbed[res] = lw.absorbed[op.operands[0]]
 
 
 def lower_expand(lw: LoweringContext, op: Operation, loc: str) -> None:

@@ -36,6 +36,7 @@ from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
+from tilecc.ir.graph_finite import MASK_FINITE, never_infinite
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.attention.kernel import AttentionKernel
 from tilecc.passes.graph_to_tile.attention.plan import (
@@ -73,6 +74,7 @@ class AttentionShapes:
     v: tuple[int, ...]
     out: tuple[int, ...]
     mask: tuple[int, ...] | None  # at least 2-D
+    mask_finite: bool  # the mask never holds -inf (its rows need no clamp)
     causal: bool
     elem: Attribute
     scale: float
@@ -105,8 +107,9 @@ def lower_attention_kernel(lw: LoweringContext, op: Operation, loc: str) -> bool
     if op.mask is not None:
         ms = shape_of(op.mask.type)
         mask_shape = (1,) * (2 - len(ms)) + ms if len(ms) < 2 else ms
+    finite = op.mask is not None and (MASK_FINITE in op.attributes or never_infinite(op.mask))
     a = AttentionShapes(shape_of(op.q.type), shape_of(op.k.type), shape_of(op.v.type), shape_of(res.type),
-                        mask_shape, op.is_causal, elem, float(op.scale.value.data), g.element_dtype(res.type))
+                        mask_shape, finite, op.is_causal, elem, float(op.scale.value.data), g.element_dtype(res.type))
     from tilecc.passes.graph_to_tile.attention.decode_entry import lower_decode_attention
 
     if lower_decode_attention(lw, op, mask_shape, a.dt, loc):
@@ -128,7 +131,7 @@ def lower_attention_kernel(lw: LoweringContext, op: Operation, loc: str) -> bool
     # plain, paired and head-grouped tilings: the one whose schedule (a dry run) ends first;
     # the choice depends only on shapes, layouts and the config (not on addresses), so
     # identical attention ops (every layer of a transformer) search once
-    sig: Hashable = (lw.cfg, a.q, a.k, a.v, a.out, a.mask, bool(a.causal), str(elem), a.scale, str(a.dt),
+    sig: Hashable = (lw.cfg, a.q, a.k, a.v, a.out, a.mask, a.mask_finite, bool(a.causal), str(elem), a.scale, str(a.dt),
                      pair_ok, group_ok, tuple(lw.layout(q)[0]), tuple(lw.layout(k)[0]), tuple(lw.layout(v)[0]),
                      tuple(out_strides))
     choices = lw.session.cache(CHOICES_CACHE, maxsize=CHOICES_SIZE)
@@ -183,6 +186,7 @@ def search_tilings(lw: LoweringContext, a: AttentionShapes, loc: str, pair_ok: t
                               sep_fold)
         if plan is None:
             continue
+        plan.mask_finite = a.mask_finite
         key = (plan.qseq.f, plan.kseq.f, plan.rowsum_fused, plan.grp, plan.fold_row is None)
         if key in tried or (sep and plan.kseq.f == 1 and plan.grp[2] == 1):
             continue

@@ -141,6 +141,8 @@ class AttentionPlan:
     # Q^T loads by DMA transposes (a 2-byte dtype: `DmaPattern.TRANSPOSE`), the scale
     # applied by the K^T copies; else Q loads naturally and the matrix engine transposes it
     qdma: bool = False
+    # the additive mask never holds -inf (`ir/graph_finite.py`): its rows need no clamp
+    mask_finite: bool = False
 
     @property
     def nq(self) -> int:

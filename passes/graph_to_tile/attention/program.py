@@ -65,8 +65,9 @@ additive `mask` (any broadcast over batch, heads, rows or columns; bool masks ar
 additive) loads one
 ``[T x S]`` row block per q-tile, clamped to the dtype's lowest finite value (a float
 mask may hold -inf, and the identity's zeros times -inf are NaN; a vector max, one
-element-op per score; a row masking every key then averages V where torch gives NaN),
-and is added the same way on every key tile.
+element-op per score; a row masking every key then averages V where torch gives NaN;
+none where the mask is known finite: `plan.mask_finite`), and is added the same way
+on every key tile.
 """
 
 from __future__ import annotations
@@ -536,8 +537,10 @@ class HeadProgram:
         self._load(ops, self.a_mask, lambda: [*midx(), kc(row0), kc(0)], mrow, (0, 0), qs, p.S,
                    row_dim, col_dim, pr, row_step=fq if row_dim >= 0 else 1)
         # -inf (a float mask may hold it) becomes the lowest finite value: the mask is
-        # added by a matmul with an identity, whose zeros times -inf would be NaN
-        self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), qs, p.S, pr, imm=self.lowest)
+        # added by a matmul with an identity, whose zeros times -inf would be NaN; a mask
+        # known finite (`ir/graph_finite.py`: a static cache's position mask) needs no pass
+        if not p.mask_finite:
+            self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), qs, p.S, pr, imm=self.lowest)
         return mrow
 
     def _pass1(self, ops: list[SchedOp], pr: Prio, s: int, chunks1: list[list[KeyTile]], n_t: int, qs: int,
