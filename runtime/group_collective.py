@@ -116,9 +116,10 @@ def all_reduce_blocks(blocks: list[list[torch.Tensor]], system: SystemConfig, gr
     outs = []
     for grp in blocks:
         flat = [b.contiguous().reshape(-1).float().numpy() for b in grp]
-        sched = group_schedule("all_reduce", "ring", np.arange(size)[None, :], size, len(flat[0]))
-        summed = run_schedule(sched, flat) if size > 1 else flat
-        outs.append([torch.from_numpy(o).to(first.dtype).reshape(first.shape) for o in summed])
+        if size > 1:
+            flat = run_schedule(group_schedule("all_reduce", "ring", np.arange(size)[None, :], size, len(flat[0])),
+                                flat)
+        outs.append([torch.from_numpy(o).to(first.dtype).reshape(first.shape) for o in flat])
     res = group_collective("all_reduce", first.numel() * first.element_size(), system, arr, mode=mode,
                            itemsize=first.element_size())
     return outs, res

@@ -82,7 +82,7 @@ def test_dp2_x_pp2_inference_and_training_equal_eager():
     assert r.dp_comm_ns > 0 and "data parallel x2" in str(r)
 
 
-def test_combination_errors_name_key_value_and_rule():
+def test_combination_errors_name_key_value_and_rule(capsys):
     model, (ids,) = _llama(batch=4)
     with pytest.raises(ShardingError, match=r"tp=2, pp=2, dp=2: data parallelism with both tp and pp is timed"):
         tilecc.compile(model, (ids,), system="ring:8", parallel={"tp": 2, "pp": 2, "dp": 2})
@@ -92,3 +92,8 @@ def test_combination_errors_name_key_value_and_rule():
         tilecc.compile(model, (ids,), system="ring:6", parallel={"tp": 2, "dp": 3})
     with pytest.raises(ShardingError, match=r"collectives='stream' needs tensor parallelism \(tp > 1\) alone"):
         tilecc.compile(model, (ids,), system="ring:4", parallel={"tp": 2, "dp": 2, "collectives": "stream"})
+    from tilecc.cli import main
+
+    assert main(["run", "examples/llama_tp.py:llama_pipeline", "--system", "ring:8", "--dp", "2", "--tp", "2",
+                 "--pp", "2"]) == 2
+    assert "data parallelism with both tp and pp is timed by runtime/parallel_step.py" in capsys.readouterr().err
