@@ -24,6 +24,9 @@ forward's). A sharded weight's gradient is the chip's piece (put back together w
 `tensor_parallel.unshard`); a replicated weight's is whole on every chip (chip 0's is
 taken). Timing is bulk-synchronous, as runtime/system_run.py: a segment takes its slowest
 chip, a collective starts when it ends, so all the tensor-parallel communication is exposed.
+A weight's gradient is ready at its segment's backward start (in the reversed timeline) plus
+its time in that backward (TrainStep's per-input ready times). A model with dropout p > 0
+is refused (the segments come from the graph exported without it).
 
 Data parallelism (`dp` > 1, `inputs` split over the replicas, chip = d x tp + t: a replica's
 TP ranks are neighbours): the replicas run in lock step (their TP collectives timed all
@@ -188,15 +191,13 @@ class TensorParallelTrainer:
                     tgt = tshards[d] if k == len(segs) - 1 and target is not None else None
                     p = self.steps[k].forward(*args, target=tgt, input_grad=[n in diff for n in st.inputs])
                     pend[d, r, k] = p
+                    t = max(t, sum(run.time_ns for run in p.forward_runs))
                     if self.steps[k].loss is not None:  # the last: its output is the loss
-                        t = max(t, sum(run.time_ns for run in p.forward_runs))
                         continue
-                    order = self.steps[k].module.model.order
-                    for i, o in zip(order, p.output):
+                    for i, o in zip(self.steps[k].module.model.order, p.output):
                         env[d, r][st.outputs[i]] = o.detach()
                         if o.requires_grad:
                             diff.add(st.outputs[i])
-                    t = max(t, sum(run.time_ns for run in p.forward_runs))
                 compute, fwd, k = compute + t, fwd + t, k + 1
                 continue
             for c in st:

@@ -15,7 +15,7 @@ from tilecc.frontend.tensor_parallel import ShardingError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 
-def _llama(batch=2, seq=16, layers=1):
+def _llama(batch=2, seq=8, layers=1):
     from llama_tp import build
 
     return build(hidden=64, heads=4, kv_heads=2, layers=layers, seq=seq, batch=batch)

@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 
-def _llama(batch=2, seq=16, layers=1):
+def _llama(batch=2, seq=8, layers=1):
     from llama_tp import build
 
     return build(hidden=64, heads=4, kv_heads=2, layers=layers, seq=seq, batch=batch)
@@ -47,10 +47,10 @@ def test_tp2_llama_step_equals_eager_and_times_its_all_reduces():
     assert r.chip_grads[1][q].shape == (32, 64) and r.chip_grads[1][o].shape == (64, 32)
     torch.testing.assert_close(r.chip_grads[1][o], want[o][:, 32:], rtol=1e-4, atol=1e-5)
     # Megatron: an all-reduce after each row-parallel linear in the forward (o, down), one of the
-    # column-parallel inputs' gradients in the backward (q/k/v's, gate/up's), each [2, 16, 64] fp32
+    # column-parallel inputs' gradients in the backward (q/k/v's, gate/up's), each [2, 8, 64] fp32
     assert [(c.phase, c.op) for c in r.collectives] == [("forward", "all_reduce")] * 2 + \
         [("backward", "all_reduce")] * 2
-    assert all(c.bytes == 2 * 16 * 64 * 4 and c.time_ns > 0 for c in r.collectives)
+    assert all(c.bytes == 2 * 8 * 64 * 4 and c.time_ns > 0 for c in r.collectives)
     # bulk-synchronous: the step is compute + every collective, all exposed
     assert r.tp_comm_ns == pytest.approx(sum(c.time_ns for c in r.collectives))
     assert r.step_ns == pytest.approx(r.forward_ns + r.backward_ns) == pytest.approx(r.compute_ns + r.tp_comm_ns)
@@ -75,6 +75,7 @@ def test_tp2_gpt2_fused_qkv_and_row_bias_gradients_equal_eager():
     from tilecc.simulator.interconnect.system import load_system
 
     model, (ids,) = gpt2.build("eager", seq=8)
+    model.model.h = model.model.h[:1]  # one block: the same layers, fewer segments to compile
     with pytest.raises(ShardingError, match=r"model.drop: dropout p=0.1: .* set p=0"):
         TensorParallelTrainer(model, (ids,), load_system("ring:2;chip=tiny"), tp=2)
     for m in model.modules():
