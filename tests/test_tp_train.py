@@ -67,7 +67,8 @@ def test_tp2_llama_step_equals_eager_and_times_its_all_reduces():
 
 def test_tp2_gpt2_fused_qkv_and_row_bias_gradients_equal_eager():
     """GPT-2's Conv1D layers: the fused q / k / v projection's pieces are per block (q, k and
-    v of each chip's heads), the row-parallel bias is added once after the sum."""
+    v of each chip's heads), the row-parallel bias is added once after the sum; the loss a
+    cross-entropy of the hidden states against class ids (`target=` reaches the last segment)."""
     import gpt2
 
     from tilecc.frontend.tensor_parallel import ShardingError
@@ -81,15 +82,15 @@ def test_tp2_gpt2_fused_qkv_and_row_bias_gradients_equal_eager():
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    with torch.no_grad():  # random final-norm weights: with ones, the sum of its output has no gradient upstream
-        model.model.ln_f.weight.normal_()
-    want_loss, want = _eager(model, ids, "sum")
-    tr = TensorParallelTrainer(model, (ids,), load_system("ring:2;chip=tiny"), tp=2, loss="sum")
-    r = tr.step((ids,))
-    torch.testing.assert_close(r.loss, want_loss, rtol=1e-5, atol=1e-4)
-    assert set(r.grads) == set(want)
-    for k in want:
-        torch.testing.assert_close(r.grads[k], want[k], rtol=1e-4, atol=1e-4, msg=k)
+    target = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+    ref = copy.deepcopy(model).train()
+    want_loss = torch.nn.functional.cross_entropy(ref(ids).float().flatten(0, -2), target.flatten())
+    want_loss.backward()
+    want = {k: p.grad for k, p in ref.named_parameters()}
+    tr = TensorParallelTrainer(model, (ids,), load_system("ring:2;chip=tiny"), tp=2, loss="cross_entropy")
+    r = tr.step((ids,), target=target)
+    torch.testing.assert_close(r.loss, want_loss.detach(), rtol=1e-5, atol=1e-5)
+    _check_grads(r.grads, want)
 
 
 def test_training_refuses_what_the_all_reduce_plan_does_not_cover():
