@@ -8,7 +8,9 @@
 The model is sharded for each chip (`frontend/tensor_parallel.py`), chip 0's copy is
 exported, and its graph is cut at the collectives (`frontend/segments.py`). Each segment
 is exported again with its weights as inputs, so the one Program of a segment serves every
-chip: the chips differ only in the weights they are given.
+chip: the chips differ only in the weights they are given. `export_shards` (sharding, the
+export and its inputs sorted by kind) is shared with runtime/tp_pipeline_run.py and
+runtime/tp_train.py.
 """
 
 from __future__ import annotations
