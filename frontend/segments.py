@@ -43,7 +43,7 @@ class Segment:
 
 @dataclass(frozen=True)
 class Collective:
-    op: str  # all_reduce | reduce_scatter | all_gather | shard | send_recv
+    op: str  # all_reduce | reduce_scatter | all_gather | shard | send_recv | grad_all_reduce
     input: str
     output: str
     dim: int  # 0 for all_reduce
@@ -141,7 +141,7 @@ def _collective(n: Node) -> Collective:
     assert name is not None
     x = n.args[0]
     assert isinstance(x, Node)
-    dim = 0 if name in ("all_reduce", "send_recv") else int(n.args[1])  # type: ignore[arg-type]
+    dim = 0 if name in ("all_reduce", "send_recv", "grad_all_reduce") else int(n.args[1])  # type: ignore[arg-type]
     group = int(n.args[-1])  # type: ignore[arg-type]
     v = _val(x)
     dim = dim % v.dim() if v.dim() else 0

@@ -27,12 +27,21 @@ and of v; the attention's `split_size` follows). A layer that cannot be sharded 
 `ShardingError` naming it and why.
 The collectives are `frontend/collective_ops.py`'s operators, so `torch.export` of the
 copy is one chip's program with the communication as single nodes.
+
+`shard_module(..., training=True)` makes a copy for a training step (runtime/tp_train.py):
+every column-parallel layer's input also passes `tilecc.grad_all_reduce` (Megatron's "f":
+nothing in the forward, the input gradient all-reduced in the backward), and only
+Megatron's all-reduce plan is accepted (column-parallel: Replicate() in, Shard(-1) out;
+row-parallel: Shard(-1) in, Replicate() out). Every copy records in `tp_shards` how each of
+its parameters comes from the model's (`ShardSpec`), so its gradients can be put back
+together (`unshard`).
 """
 
 from __future__ import annotations
 
 import copy
 import fnmatch
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -160,6 +169,32 @@ def resolve_plan(model: nn.Module, plan: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class ShardSpec:
+    """A chip's parameter from the model's `source` (None: it has none, as a row-parallel
+    Conv1D's zero bias): whole (`dim` None) or piece `rank` of tp along `dim`, that dim first
+    viewed as `blocks` x (size / blocks) (a fused q / k / v: each chip keeps its part of each)."""
+
+    source: str | None
+    dim: int | None = None
+    blocks: int = 1
+
+
+def unshard(pieces: list[torch.Tensor], spec: ShardSpec) -> torch.Tensor:
+    """The model's tensor from every chip's piece (chip order), `ShardSpec`'s inverse."""
+    if spec.dim is None:
+        return pieces[0]
+    d = spec.dim % pieces[0].dim()
+    shape = pieces[0].shape
+    view = [*shape[:d], spec.blocks, shape[d] // spec.blocks, *shape[d + 1:]]
+    whole = torch.cat([p.reshape(view) for p in pieces], d + 1)
+    return whole.reshape(*shape[:d], -1, *shape[d + 1:])
+
+
+def _param(name: str, leaf: str) -> str:
+    return f"{name}.{leaf}" if name else leaf
+
+
 def _split(t: torch.Tensor, dim: int, tp: int, rank: int, what: str) -> torch.Tensor:
     if t.shape[dim] % tp:
         raise ShardingError(f"{what}: size {t.shape[dim]} along dim {dim} cannot be split over {tp} chips")
@@ -178,22 +213,37 @@ def _check_heads(model: nn.Module, name: str, lin: nn.Linear, tp: int) -> None:
                             f"(tensor parallelism gives each chip whole heads)")
 
 
-def shard_module(model: nn.Module, plan: dict[str, Any], tp: int, rank: int) -> nn.Module:
+def shard_module(model: nn.Module, plan: dict[str, Any], tp: int, rank: int, *, training: bool = False) -> nn.Module:
     """A copy of `model` holding chip `rank`'s shard of the weights, with the collectives of
-    the plan around the sharded layers."""
+    the plan around the sharded layers (and, `training`, the backward's markers)."""
     if tp < 1 or not 0 <= rank < tp:
         raise ShardingError(f"rank {rank} of a tensor-parallel group of {tp}")
     st = _styles()
     resolved = resolve_plan(model, plan)
     chip = copy.deepcopy(model)
+    specs = {n: ShardSpec(n) for n, _ in chip.named_parameters()}
     for name, style in resolved.items():
         mod = chip.get_submodule(name) if name else chip
+        if training:
+            _check_training(name, mod, style, st)
         if isinstance(style, st["colwise"]) and _is_conv1d(mod):
-            _colwise_conv1d(chip, name, mod, style, tp, rank)
+            blocks = _colwise_conv1d(chip, name, mod, style, tp, rank)
+            specs[_param(name, "weight")] = ShardSpec(_param(name, "weight"), 1, blocks)
+            if mod.bias is not None:
+                specs[_param(name, "bias")] = ShardSpec(_param(name, "bias"), 0, blocks)
         elif isinstance(style, st["colwise"]):
             _colwise(model, name, mod, style, tp, rank)
+            specs[_param(name, "weight")] = ShardSpec(_param(name, "weight"), 0)
+            if mod.bias is not None:
+                specs[_param(name, "bias")] = ShardSpec(_param(name, "bias"), 0)
         elif isinstance(style, st["rowwise"]):
             _rowwise(name, mod, style, tp, rank)
+            if isinstance(mod, nn.Linear) or _is_conv1d(mod):
+                specs[_param(name, "weight")] = ShardSpec(_param(name, "weight"), 0 if _is_conv1d(mod) else 1)
+                if getattr(mod, "tp_bias", None) is not None:
+                    specs[_param(name, "tp_bias")] = ShardSpec(_param(name, "bias"))
+                if _is_conv1d(mod):
+                    specs[_param(name, "bias")] = ShardSpec(None)
         elif isinstance(style, st["sequence"]):
             pass  # runs on its block of the sequence: the layouts around it cut and gather
         elif isinstance(style, st["prepare_input"]):
@@ -203,7 +253,31 @@ def shard_module(model: nn.Module, plan: dict[str, Any], tp: int, rank: int) -> 
         else:
             raise ShardingError(f"{name or '<root>'}: style {type(style).__name__} is not supported "
                                 f"(ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput/Output)")
+        if training and isinstance(style, st["colwise"]):  # Megatron's f on the replicated input
+            mod.register_forward_pre_hook(lambda m, args: (ops.grad_all_reduce(args[0], tp), *args[1:]))
+    chip.tp_shards = specs
     return chip
+
+
+def _check_training(name: str, mod: nn.Module, style: Any, st: dict[str, type]) -> None:
+    """A training copy takes Megatron's all-reduce plan only (see the module's docstring)."""
+    what = None
+    if isinstance(style, st["colwise"]):
+        if _shard_dim(_first(style.input_layouts)) is not None:
+            what = "a Shard() input (an all-gather before it)"
+        elif _shard_dim(_first(style.output_layouts)) is None:
+            what = "a Replicate() output (an all-gather after it)"
+    elif isinstance(style, st["rowwise"]):
+        if _shard_dim(_first(style.output_layouts)) is not None:
+            what = "a Shard() output (a reduce-scatter: sequence parallelism)"
+        elif _shard_dim(_first(style.input_layouts)) is None and not isinstance(mod, nn.Embedding):
+            what = "a Replicate() input (a local cut before it)"
+    else:
+        what = f"the style {type(style).__name__}"
+    if what is not None:
+        raise ShardingError(f"{name or '<root>'}: training with tensor parallelism runs Megatron's all-reduce plan "
+                            f"(ColwiseParallel: Replicate() in, Shard(-1) out; RowwiseParallel: Shard(-1) in, "
+                            f"Replicate() out); {what} is not supported in sm.train()")
 
 
 def _colwise(model: nn.Module, name: str, mod: nn.Module, style: Any, tp: int, rank: int) -> None:
@@ -225,10 +299,11 @@ def _colwise(model: nn.Module, name: str, mod: nn.Module, style: Any, tp: int, r
                             f"not Shard({d_out})")
 
 
-def _colwise_conv1d(chip: nn.Module, name: str, mod: Any, style: Any, tp: int, rank: int) -> None:
+def _colwise_conv1d(chip: nn.Module, name: str, mod: Any, style: Any, tp: int, rank: int) -> int:
     """A `Conv1D` (weight [in, out]) of the chip's copy `chip`, column-parallel: its output
     columns split; a fused q / k / v projection (the parent attention's `split_size` is a
-    third of the outputs) split per block, so every chip keeps whole heads of q, k and v."""
+    third of the outputs) split per block, so every chip keeps whole heads of q, k and v.
+    Returns the blocks (3 or 1)."""
     if _shard_dim(_first(style.input_layouts)) is not None or _shard_dim(_first(style.output_layouts)) != -1:
         raise ShardingError(f"{name}: a Conv1D column-parallel layer takes the default layouts "
                             f"(Replicate() in, Shard(-1) out)")
@@ -248,6 +323,7 @@ def _colwise_conv1d(chip: nn.Module, name: str, mod: Any, style: Any, tp: int, r
     mod.nf = n_out // tp
     if fused:
         setattr(parent, "split_size", n_out // 3 // tp)  # noqa: B010 (an attribute nn.Module's type does not declare)
+    return blocks
 
 
 def _rowwise_conv1d(name: str, mod: Any, d_out: int | None, style: Any, tp: int, rank: int) -> None:

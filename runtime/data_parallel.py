@@ -127,7 +127,7 @@ def data_parallel_step(step: TrainStep, inputs: tuple, system: SystemConfig, dp:
     reps = [step.run(*s, target=t[0]) for s, t in zip(shards, tshards)]
     names = list(reps[0].grads)
     sizes = {k: reps[0].grads[k].numel() * reps[0].grads[k].element_size() for k in names}
-    grads = _mean_grads(reps, names, dp)
+    grads = mean_grads([r.grads for r in reps], names)
     fwd = max(r.forward_ns for r in reps)
     bwd = max(r.backward_ns for r in reps)
     ready = {k: max(r.grad_ready_ns[k] for r in reps) for k in names}
@@ -141,14 +141,16 @@ def data_parallel_step(step: TrainStep, inputs: tuple, system: SystemConfig, dp:
     return DataParallelResult(dp, loss, grads, fwd, bwd, buckets, total, comm, exposed, reps)
 
 
-def _mean_grads(reps: list[StepResult], names: list[str], dp: int) -> dict[str, torch.Tensor]:
-    """The replicas' gradients summed by the all-reduce schedule itself, then / dp."""
-    flat = [np.concatenate([r.grads[k].detach().float().reshape(-1).numpy() for k in names]) for r in reps]
+def mean_grads(grads: list[dict[str, torch.Tensor]], names: list[str]) -> dict[str, torch.Tensor]:
+    """The replicas' gradients (one dict each) summed by the all-reduce schedule itself, then
+    divided by the replicas."""
+    dp = len(grads)
+    flat = [np.concatenate([r[k].detach().float().reshape(-1).numpy() for k in names]) for r in grads]
     sched = group_schedule("all_reduce", "ring", np.arange(dp)[None, :], dp, len(flat[0]))
     summed = run_schedule(sched, flat)[0] / dp
     out, off = {}, 0
     for k in names:
-        g = reps[0].grads[k]
+        g = grads[0][k]
         out[k] = torch.from_numpy(summed[off:off + g.numel()].copy()).reshape(g.shape).to(g.dtype)
         off += g.numel()
     return out

@@ -4,6 +4,7 @@ pipeline- and data-parallel groups of a chip grid sharing one interconnect.
     r = group_collective("all_reduce", 64 << 20, system, groups=[[0, 64, 128, ...], [1, 65, ...], ...])
     r.time_ns, r.algorithm          # every group runs it at the same time, on shared links
     t = concurrent_sends([(0, 8), (1, 9), ...], nbytes, system)   # point-to-point, all at once
+    outs, r = all_reduce_blocks([[a0, a1], [b0, b1]], system, [[0, 1], [2, 3]])   # with real data
 
 Each group runs the algorithm's schedule for its size (simulator/interconnect/algorithms: a
 ring, or halving-doubling), its rank r mapped to chip
@@ -25,9 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from tilecc.errors import TileccError
 from tilecc.simulator.interconnect import algorithms, contention
+from tilecc.simulator.interconnect.functional import run as run_schedule
 from tilecc.simulator.interconnect.ideal import ideal_time_ns
 from tilecc.simulator.interconnect.schedule import Schedule, Step
 from tilecc.simulator.interconnect.system import SystemConfig
@@ -103,3 +106,23 @@ def concurrent_sends(pairs: list[tuple[int, int]], nbytes: int, system: SystemCo
     if mode == "contention":
         return contention.simulate(sched, system.topology, system.link, 1).time_ns
     return ideal_time_ns(sched, system.topology, system.link, 1)
+
+
+def all_reduce_blocks(blocks: list[list[torch.Tensor]], system: SystemConfig, groups: list[list[int]] | np.ndarray,
+                      *, mode: str = "contention") -> tuple[list[list[torch.Tensor]], GroupResult]:
+    """The all-reduce of real data: blocks[g][r] is chip groups[g][r]'s tensor; each group's
+    sum (every rank's copy) comes from running the ring schedule on its blocks (functional,
+    fp32), and the time from `group_collective` over all the groups at once."""
+    arr = np.asarray(groups, np.int64)
+    first = blocks[0][0]
+    size = arr.shape[1]
+    outs = []
+    for grp in blocks:
+        flat = [b.contiguous().reshape(-1).float().numpy() for b in grp]
+        if size > 1:
+            flat = run_schedule(group_schedule("all_reduce", "ring", np.arange(size)[None, :], size, len(flat[0])),
+                                flat)
+        outs.append([torch.from_numpy(o).to(first.dtype).reshape(first.shape) for o in flat])
+    res = group_collective("all_reduce", first.numel() * first.element_size(), system, arr, mode=mode,
+                           itemsize=first.element_size())
+    return outs, res

@@ -132,25 +132,9 @@ def parallel_step_time(stages: list[StageCost], micro_batches: int, system: Syst
     sends = [t_send] * (grid.pp - 1)
     ops, _ = one_f_one_b(fwd, bwd, micro_batches, sends, sends)
     free_ops, _ = one_f_one_b(fwd, bwd, micro_batches)
-    dp_times: dict[int, tuple[float, str]] = {}
-    ends, all_buckets = [], []
-    for k, s in enumerate(stages):
-        last_b = max((o for o in ops if o.stage == k and o.kind == "B"), key=lambda o: o.end_ns)
-        stage_end = max(o.end_ns for o in ops if o.stage == k)
-        bks = [Bucket(b.name, b.params, b.bytes, b.ready_ns) for b in s.buckets]
-        for b in bks:
-            if grid.dp > 1:
-                if b.bytes not in dp_times:
-                    r = group_collective("all_reduce", b.bytes, system, grid.dp_groups(), mode=mode, itemsize=2)
-                    dp_times[b.bytes] = (r.time_ns, r.algorithm)
-                b.comm_ns, b.algorithm = dp_times[b.bytes]
-        end = stage_end
-        if bks:  # overlap(): forward_ns = the last backward's start, backward_ns = its length
-            end, _, _ = overlap(bks, last_b.start_ns, stage_end - last_b.start_ns)
-        ends.append(end)
-        all_buckets.append(bks)
-    if dp_times:
-        algos["dp"] = next(iter(dp_times.values()))[1]
+    ends, all_buckets, dp_algo = dp_overlap([s.buckets for s in stages], ops, system, grid, mode=mode)
+    if dp_algo:
+        algos["dp"] = dp_algo
     k = int(np.argmax(ends))
     step = ends[k]
     pipe_end = max(o.end_ns for o in ops if o.stage == k)
@@ -160,3 +144,30 @@ def parallel_step_time(stages: list[StageCost], micro_batches: int, system: Syst
     tp_comm = m * (stages[k].tp_fwd + stages[k].tp_bwd) * t_tp
     return StepTime(step, k, compute, tp_comm, free_end - compute - tp_comm, pipe_end - free_end, step - pipe_end,
                     sum(b.comm_ns for b in all_buckets[k]), t_tp, t_send, ops, all_buckets, algos)
+
+
+def dp_overlap(stage_buckets: list[list[Bucket]], ops: list[PipeOp], system: SystemConfig, grid: ChipGrid, *,
+               mode: str = "contention", itemsize: int = 2) -> tuple[list[float], list[list[Bucket]], str]:
+    """Each stage's buckets (ready_ns: offsets in its last backward of `ops`) all-reduced over
+    the replicas one after another from their ready times (data_parallel.overlap), every
+    stage's dp groups at once on the fabric: (each stage's end, the timed buckets, the
+    algorithm)."""
+    dp_times: dict[int, tuple[float, str]] = {}
+    ends, all_buckets = [], []
+    for k, given in enumerate(stage_buckets):
+        last_b = max((o for o in ops if o.stage == k and o.kind == "B"), key=lambda o: o.end_ns)
+        stage_end = max(o.end_ns for o in ops if o.stage == k)
+        bks = [Bucket(b.name, b.params, b.bytes, b.ready_ns) for b in given]
+        for b in bks:
+            if grid.dp > 1:
+                if b.bytes not in dp_times:
+                    r = group_collective("all_reduce", b.bytes, system, grid.dp_groups(), mode=mode,
+                                         itemsize=itemsize)
+                    dp_times[b.bytes] = (r.time_ns, r.algorithm)
+                b.comm_ns, b.algorithm = dp_times[b.bytes]
+        end = stage_end
+        if bks:  # overlap(): forward_ns = the last backward's start, backward_ns = its length
+            end, _, _ = overlap(bks, last_b.start_ns, stage_end - last_b.start_ns)
+        ends.append(end)
+        all_buckets.append(bks)
+    return ends, all_buckets, next(iter(dp_times.values()))[1] if dp_times else ""

@@ -1,5 +1,8 @@
 """Tensor parallelism inside pipeline stages (inference): `parallel={"tp": T, "pp": P}` on
-T x P chips, a chip grid (chip = stage x T + rank: a stage's TP ranks are neighbours).
+T x P chips, a chip grid (chip = stage x T + rank: a stage's TP ranks are neighbours),
+replicated `dp` times for data parallelism (chip = (d x P + stage) x T + rank,
+parallel_step.ChipGrid): each replica runs 1/dp of the batch, the outputs concatenated.
+With T = 1 it is a pipeline (no plan), with P = 1 tensor parallelism alone.
 
     tpp = compile_tp_pipeline(model, (ids,), load_system("ring:4"), tp=2, pp=2, micro_batches=2)
     outputs, timeline, report = run_tp_pipeline(tpp, (ids,))    # outputs equal eager's
@@ -16,7 +19,8 @@ later stages use are sent from each rank to its peer of the next stage (concurre
 Timing: a stage's time per micro-batch is its segments' simulated times (the slowest rank;
 all run the same stream) plus its collectives, bulk-synchronous; micro-batch m enters stage
 k when stage k has finished m-1 and m has arrived from stage k-1 (fill and drain, as
-pipeline_run.py).
+pipeline_run.py). Replicas run at the same time: each collective and send is timed with
+every replica's peers doing theirs on the same links; the step is the slowest replica's.
 """
 
 from __future__ import annotations
@@ -27,22 +31,23 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.export.graph_signature import InputKind
 
 from tilecc.errors import TileccError
 from tilecc.frontend.export import export_model
 from tilecc.frontend.segments import Collective, Segment, SegmentedGraph, split_at_collectives
-from tilecc.frontend.tensor_parallel import ShardingError, auto_plan, shard_module
+from tilecc.frontend.tensor_parallel import ShardingError, auto_plan
 from tilecc.runtime.cache import compile_cached
 from tilecc.runtime.compiler import CompileStats
+from tilecc.runtime.data_parallel import split_batch
 from tilecc.runtime.executor import run_program
-from tilecc.runtime.group_collective import concurrent_sends, group_collective, group_schedule
+from tilecc.runtime.group_collective import all_reduce_blocks, concurrent_sends, group_collective, group_schedule
+from tilecc.runtime.parallel_step import ChipGrid
 from tilecc.runtime.pipeline_run import _layers, _micro_batches, _send_hook
 from tilecc.runtime.program import Program
 from tilecc.runtime.report import Report
+from tilecc.runtime.system_compile import export_shards
 from tilecc.runtime.system_report import SystemReport, system_report
 from tilecc.runtime.system_run import Event, SystemTimeline, _link_bytes
-from tilecc.simulator.interconnect.functional import run as run_schedule
 from tilecc.simulator.interconnect.routing import route
 from tilecc.simulator.interconnect.system import SystemConfig
 
@@ -59,51 +64,43 @@ class TpPipelineProgram:
     chip_values: list[dict[str, torch.Tensor]]  # per TP rank
     user_inputs: list[str]
     compile_seconds: float = 0.0
+    dp: int = 1
+    model: Any = None  # the nn.Module (a training step cuts it again)
+
+    @property
+    def grid(self) -> ChipGrid:
+        return ChipGrid(self.tp, self.pp, self.dp)
 
     @property
     def report_extra(self) -> dict[str, Any]:
-        return {"tp": self.tp, "pp": self.pp, "micro_batches": self.micro_batches}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batches": self.micro_batches}
 
 
 def compile_tp_pipeline(model: torch.nn.Module, inputs: tuple, system: SystemConfig, *, tp: int, pp: int,
-                        micro_batches: int = 1, opt_level: int = 2, cache: Any = None) -> TpPipelineProgram:
+                        micro_batches: int = 1, dp: int = 1, opt_level: int = 2,
+                        cache: Any = None) -> TpPipelineProgram:
     t0 = time.perf_counter()
-    if tp * pp != system.chips:
-        raise ShardingError(f"parallel: tp x pp = {tp} x {pp} must equal the system's {system.chips} chips")
+    ChipGrid(tp, pp, dp).check(system)
     if len(set(system.chip_targets)) > 1:
         raise TileccError("tensor parallelism needs identical chips (system.chip lists different configs)")
-    micro = _micro_batches(inputs, micro_batches)
+    micro = _micro_batches(split_batch(tuple(inputs), dp)[0], micro_batches)
     model = model.eval()
-    plan = auto_plan(model, False)
-    chips = [shard_module(model, plan, tp, r) for r in range(tp)]
-    name, layers = _layers(chips[0])
-    if len(layers) < pp:
-        raise ShardingError(f"{name}: {len(layers)} layers cannot make {pp} pipeline stages (one layer at least each)")
-    bounds = [(k * len(layers)) // pp for k in range(pp + 1)]
-    handles = [layers[bounds[k]].register_forward_pre_hook(_send_hook(k)) for k in range(1, pp)]
-    try:
-        ep = export_model(chips[0], micro[0])
-    finally:
-        for h in handles:
-            h.remove()
-    values: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
-    shared: dict[str, torch.Tensor] = {}
-    user: list[str] = []
-    names = [n.name for n in ep.graph_module.graph.nodes if n.op == "placeholder"]
-    for spec, pname in zip(ep.graph_signature.input_specs, names):
-        assert spec.kind == InputKind.USER_INPUT or spec.target is not None
-        if spec.kind == InputKind.USER_INPUT:
-            user.append(pname)
-        elif spec.kind == InputKind.PARAMETER:
-            for r, chip in enumerate(chips):
-                values[r][pname] = chip.get_parameter(str(spec.target)).detach()
-        elif spec.kind == InputKind.BUFFER:
-            shared[pname] = chips[0].get_buffer(str(spec.target)).detach()
-        else:
-            const = ep.constants[str(spec.target)]
-            assert isinstance(const, torch.Tensor)
-            shared[pname] = const.detach()
-    graph = split_at_collectives(ep, shared, set(values[0]))
+    plan = auto_plan(model, False) if tp > 1 else {}
+    mark = None
+    if pp > 1:
+        name, layers = _layers(model)
+        if len(layers) < pp:
+            raise ShardingError(f"{name}: {len(layers)} layers cannot make {pp} pipeline stages (one layer at least "
+                                f"each)")
+        bounds = [(k * len(layers)) // pp for k in range(pp + 1)]
+
+        def mark(chip: torch.nn.Module) -> list[Any]:
+            chip_layers = chip.get_submodule(name)
+            return [chip_layers[bounds[k]].register_forward_pre_hook(_send_hook(k)) for k in range(1, pp)]
+
+    sh = export_shards(model, micro[0], plan, tp, mark=mark)
+    values, shared, user = sh.values, sh.shared, sh.user
+    graph = split_at_collectives(sh.ep, shared, set(values[0]))
     values = [{k: v.mT.contiguous() if k in graph.transposed else v for k, v in vals.items()} for vals in values]
     stage_of, k = [], 0
     for st in graph.stages:
@@ -114,11 +111,13 @@ def compile_tp_pipeline(model: torch.nn.Module, inputs: tuple, system: SystemCon
     programs = [compile_cached(export_model(seg.module, tuple(seg.examples)), cfg, cache, stats=CompileStats(),
                                opt_level=opt_level) for seg in graph.segments]
     return TpPipelineProgram(system, tp, pp, micro_batches, graph, stage_of, programs, values, user,
-                             time.perf_counter() - t0)
+                             time.perf_counter() - t0, dp, model)
 
 
-def _tp_collective(c: Collective, blocks: list[torch.Tensor], tpp: TpPipelineProgram, stage: int,
+def _tp_collective(c: Collective, blocks: list[torch.Tensor], tpp: TpPipelineProgram, stage: int, d: int,
                    mode: str) -> tuple[list[torch.Tensor], float, str, np.ndarray]:
+    """Replica d's collective at `stage`: its blocks' sum (functional), timed with every
+    replica's group of that stage doing the same at once."""
     n = len(blocks)
     topo = tpp.system.topology
     if c.op == "shard":
@@ -127,28 +126,46 @@ def _tp_collective(c: Collective, blocks: list[torch.Tensor], tpp: TpPipelinePro
     if c.op != "all_reduce":
         raise ShardingError(f"tp x pp runs the all-reduce plan (no sequence parallelism); {c.op} of {c.input} "
                             f"is not supported here")
-    itemsize = blocks[0].element_size()
-    flat = [b.contiguous().reshape(-1).float().numpy() for b in blocks]
-    sched = group_schedule("all_reduce", "ring", np.arange(n)[None, :], n, len(flat[0]))
-    outs = [torch.from_numpy(o).to(blocks[0].dtype).reshape(blocks[0].shape) for o in run_schedule(sched, flat)]
-    group = np.array([[stage * tpp.tp + r for r in range(n)]])
-    res = group_collective("all_reduce", len(flat[0]) * itemsize, tpp.system, group, mode=mode, itemsize=itemsize)
-    placed = group_schedule("all_reduce", res.algorithm, group, topo.n_chips, len(flat[0]))
-    return outs, res.time_ns, res.algorithm, _link_bytes(placed, topo, itemsize)
+    grid = tpp.grid
+    group = np.array([[grid.chip(d, stage, r) for r in range(n)]])
+    (outs,), res = all_reduce_blocks([blocks], tpp.system, group, mode=mode)
+    if tpp.dp > 1:
+        every = [[grid.chip(e, stage, r) for r in range(n)] for e in range(tpp.dp)]
+        res = group_collective("all_reduce", blocks[0].numel() * blocks[0].element_size(), tpp.system, every,
+                               mode=mode, itemsize=blocks[0].element_size(), algorithm=res.algorithm)
+    placed = group_schedule("all_reduce", res.algorithm, group, topo.n_chips, blocks[0].numel())
+    return outs, res.time_ns, res.algorithm, _link_bytes(placed, topo, blocks[0].element_size())
 
 
 def run_tp_pipeline(tpp: TpPipelineProgram, inputs: tuple, *, mode: str = "contention",
                     sanitize: bool = False) -> tuple[list[torch.Tensor], SystemTimeline, SystemReport]:
     if len(inputs) != len(tpp.user_inputs):
         raise TileccError(f"the program takes {len(tpp.user_inputs)} inputs, got {len(inputs)}")
-    tp, pp = tpp.tp, tpp.pp
+    reports: list[list[Report]] = [[] for _ in range(tpp.system.chips)]
+    link_bytes = np.zeros(len(tpp.system.topology.link_src))
+    events: list[Event] = []
+    outs, total, free_total = [], 0.0, 0.0
+    for d, shard in enumerate(split_batch(tuple(inputs), tpp.dp)):
+        o, t, ft = _run_replica(tpp, d, shard, mode, sanitize, reports, link_bytes, events)
+        outs.append(o)
+        total, free_total = max(total, t), max(free_total, ft)
+    outputs = [torch.cat([o[i] for o in outs], 0) for i in range(len(tpp.graph.outputs))]
+    energy = float(link_bytes.sum()) * tpp.system.link.pj_per_byte * 1e-6
+    tl = SystemTimeline(events, reports, link_bytes, energy, total, exposed_comm_ns=total - free_total)
+    return outputs, tl, system_report(tpp, tl)
+
+
+def _run_replica(tpp: TpPipelineProgram, d: int, inputs: tuple, mode: str, sanitize: bool,
+                 reports: list[list[Report]], link_bytes: np.ndarray,
+                 events: list[Event]) -> tuple[list[torch.Tensor], float, float]:
+    """Replica d's micro-batches through its stages: (its outputs, its time, its time without
+    communication); its chips' reports, link bytes and events added to those given."""
+    tp, pp, grid = tpp.tp, tpp.pp, tpp.grid
     micro = _micro_batches(inputs, tpp.micro_batches)
-    reports: list[list[Report]] = [[] for _ in range(tp * pp)]
     stage_ns = np.zeros((len(micro), pp))  # compute + the stage's TP collectives
     comm_ns = np.zeros((len(micro), pp))  # the TP collectives alone
     send_ns = np.zeros((len(micro), pp))
     comms: list[tuple[int, int, str, int, str, str, float]] = []  # (m, stage, op, bytes, algorithm, value, ns)
-    link_bytes = np.zeros(len(tpp.system.topology.link_src))
     envs = []
     for m, mb in enumerate(micro):
         env = [dict(tpp.chip_values[r], **dict(zip(tpp.user_inputs, mb))) for r in range(tp)]
@@ -159,7 +176,7 @@ def run_tp_pipeline(tpp: TpPipelineProgram, inputs: tuple, *, mode: str = "conte
                 for r in range(tp):
                     outs, rep = run_program(tpp.programs[seg_i], tuple(env[r][n] for n in st.inputs), sanitize=sanitize)
                     env[r].update(zip(st.outputs, outs))
-                    reports[k * tp + r].append(rep)
+                    reports[grid.chip(d, k, r)].append(rep)
                     t = max(t, rep.time_us * 1e3)
                 made_in.update(dict.fromkeys(st.outputs, k))
                 stage_ns[m, k] += t
@@ -173,16 +190,17 @@ def run_tp_pipeline(tpp: TpPipelineProgram, inputs: tuple, *, mode: str = "conte
                     later = _used_from(tpp, c.group)
                     nbytes = sum(env[0][v].numel() * env[0][v].element_size() for v in later
                                  if made_in.get(v, -1) == c.group - 1 or v == c.input)
-                    pairs = [((c.group - 1) * tp + r, c.group * tp + r) for r in range(tp)]
+                    pairs = [(grid.chip(e, c.group - 1, r), grid.chip(e, c.group, r)) for e in range(tpp.dp)
+                             for r in range(tp)]  # every replica's at once
                     t_send = concurrent_sends(pairs, nbytes, tpp.system, mode=mode)
-                    for a, b in pairs:
+                    for a, b in pairs[d * tp:(d + 1) * tp]:
                         for lk in route(tpp.system.topology, a, b):
                             link_bytes[lk] += nbytes
                     send_ns[m, c.group] += t_send
                     comms.append((m, c.group, "send_recv", nbytes, f"direct x{tp}", c.input, t_send))
                     continue
                 blocks = [env[r][c.input] for r in range(tp)]
-                outs, t_ns, algo, lb = _tp_collective(c, blocks, tpp, k, mode)
+                outs, t_ns, algo, lb = _tp_collective(c, blocks, tpp, k, d, mode)
                 link_bytes += lb
                 for r in range(tp):
                     env[r][c.output] = outs[r]
@@ -193,26 +211,26 @@ def run_tp_pipeline(tpp: TpPipelineProgram, inputs: tuple, *, mode: str = "conte
         envs.append(env[0])
     done = np.zeros((len(micro), pp))
     free = np.zeros(pp)
-    events: list[Event] = []
+    mine: list[Event] = []
     for m in range(len(micro)):
         for k in range(pp):
             ready = max(free[k], done[m, k - 1] + send_ns[m, k] if k else 0.0)
             done[m, k] = free[k] = ready + stage_ns[m, k]
             for r in range(tp):
-                events.append(Event("segment", f"stage {k} micro-batch {m}", k * tp + r, ready, done[m, k],
-                                    {"trace": None}))
+                mine.append(Event("segment", f"stage {k} micro-batch {m}", grid.chip(d, k, r), ready, done[m, k],
+                                  {"trace": None}))
     total = float(free.max())
     free_total = _fill_drain(stage_ns - comm_ns)  # no communication at all: what it adds is exposed
-    start = {(e.name, e.chip): e.start_ns for e in events}
+    start = {(e.name, e.chip): e.start_ns for e in mine}
     topo_links = len(tpp.system.topology.link_src)
-    for m, k, op, nbytes, algo, value, t_ns in comms:  # placed at their stage's start (durations are exact)
-        t0 = start[(f"stage {k} micro-batch {m}", k * tp)]
-        events.append(Event("collective", op, -1, t0, t0 + t_ns, {"bytes": nbytes, "algorithm": algo, "value": value,
-                                                                 "link_bytes": np.zeros(topo_links)}))
-    outputs = [torch.cat([env[n] for env in envs], 0) for n in tpp.graph.outputs]
-    energy = float(link_bytes.sum()) * tpp.system.link.pj_per_byte * 1e-6
-    tl = SystemTimeline(events, reports, link_bytes, energy, total, exposed_comm_ns=total - free_total)
-    return outputs, tl, system_report(tpp, tl)
+    # placed at their stage's start (durations are exact); replica 0's stand for every replica's,
+    # which run at the same time as one group collective (each timed with all of them)
+    for m, k, op, nbytes, algo, value, t_ns in comms if d == 0 else []:
+        t0 = start[(f"stage {k} micro-batch {m}", grid.chip(d, k, 0))]
+        mine.append(Event("collective", op, -1, t0, t0 + t_ns, {"bytes": nbytes, "algorithm": algo, "value": value,
+                                                               "link_bytes": np.zeros(topo_links)}))
+    events += mine
+    return [torch.cat([env[n] for env in envs], 0) for n in tpp.graph.outputs], total, free_total
 
 
 def _used_from(tpp: TpPipelineProgram, stage: int) -> set[str]:

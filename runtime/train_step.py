@@ -11,8 +11,9 @@ backward graphs, split by runtime/partition.py) and simulated, with their timeli
 [..., V], `target=` the class ids), or None: the step is a pipeline stage's, the output is
 returned and the backward takes `grad_output=` (the next stage's input gradient).
 `input_grad=True` also returns the gradients of the floating-point inputs (a stage's
-activations). Every region runs on the NPU where it can (`cost_aware=False`: a small
-model's islands would otherwise go to the fallback for their transfer cost).
+activations; a list of flags: of the inputs flagged), with their ready times. Every region
+runs on the NPU where it can (`cost_aware=False`: a small model's islands would otherwise
+go to the fallback for their transfer cost).
 
 A gradient is matched to its parameter by identity (autograd stores the backward's output
 tensor as `.grad` when it was None) or, failing that, by value; its ready time is then the
@@ -22,6 +23,8 @@ shapes only, no values (the gradients are meta tensors).
 
 from __future__ import annotations
 
+import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +42,15 @@ class _WithLoss(nn.Module):
         super().__init__()
         self.model = model
         self.loss = loss
+        # dynamo keeps its compiled graphs, and counts recompiles against its limit (8), per code
+        # object: every step gets its own copy of forward's, so the steps of different modules
+        # (a model's segments: runtime/tp_train.py) do not share one budget
+        f = _WithLoss._forward
+        fresh = types.FunctionType(f.__code__.replace(), f.__globals__, "forward", f.__defaults__, f.__closure__)
+        fresh.__kwdefaults__ = f.__kwdefaults__
+        self.forward = types.MethodType(fresh, self)
 
-    def forward(self, *inputs: Any, target: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(self, *inputs: Any, target: torch.Tensor | None = None) -> torch.Tensor:
         out = self.model(*inputs)
         if self.loss is None:  # a stage: every output
             return out
@@ -65,6 +75,7 @@ class StepResult:
     forward_ns: float
     backward_ns: float
     grad_ready_ns: dict[str, float]  # from the backward's start
+    input_grad_ready_ns: list[float | None] = field(default_factory=list)  # as input_grads
     forward_runs: list[GraphRun] = field(default_factory=list)
     backward_runs: list[GraphRun] = field(default_factory=list)
 
@@ -89,14 +100,16 @@ class TrainStep:
         self.compiled = torch.compile(self.module, backend=lambda gm, ex: backend(gm, ex, opts), dynamic=False)
 
     def run(self, *inputs: torch.Tensor, target: torch.Tensor | None = None, grad_output: Any = None,
-            input_grad: bool = False) -> StepResult:
+            input_grad: bool | Sequence[bool] = False) -> StepResult:
         return self.backward(self.forward(*inputs, target=target, input_grad=input_grad), grad_output)
 
-    def forward(self, *inputs: torch.Tensor, target: torch.Tensor | None = None, input_grad: bool = False) -> Pending:
+    def forward(self, *inputs: torch.Tensor, target: torch.Tensor | None = None,
+                input_grad: bool | Sequence[bool] = False) -> Pending:
         """The forward alone (a pipeline runs several before their backwards)."""
         if self.loss == "cross_entropy" and target is None:
             raise TileccError("train step: loss='cross_entropy' needs target= (the class ids)")
-        xs = tuple(x.detach().requires_grad_(input_grad and x.is_floating_point()) for x in inputs)
+        flags = [input_grad] * len(inputs) if isinstance(input_grad, bool) else list(input_grad)
+        xs = tuple(x.detach().requires_grad_(f and x.is_floating_point()) for x, f in zip(inputs, flags, strict=True))
         self.clock.take()
         out = self.compiled(*xs, target=target) if target is not None else self.compiled(*xs)
         fwd = self.clock.take()
@@ -125,11 +138,13 @@ class TrainStep:
         bwd = self.clock.take()
         grads = {k: p.grad for k, p in params.items() if p.grad is not None}
         ready = _ready_times(grads, bwd, self.timing_only)
+        igrads = [x.grad for x in pending.inputs]
+        iready = _ready_times({str(i): g for i, g in enumerate(igrads) if g is not None}, bwd, self.timing_only)
         detached = _detach(out)
         loss = detached if self.loss is not None and isinstance(detached, torch.Tensor) else None
-        return StepResult(loss, detached, grads,
-                          [x.grad for x in pending.inputs], sum(r.time_ns for r in pending.forward_runs),
-                          sum(r.time_ns for r in bwd), ready, pending.forward_runs, bwd)
+        return StepResult(loss, detached, grads, igrads, sum(r.time_ns for r in pending.forward_runs),
+                          sum(r.time_ns for r in bwd), ready, [iready.get(str(i)) for i in range(len(igrads))],
+                          pending.forward_runs, bwd)
 
 
 @dataclass

@@ -6,10 +6,13 @@
     sm.run(ids, trace="run.json")   # Perfetto: a process per chip (its engines), one for the links
 
 `parallel`: {"tp": N, "sp": bool} (tensor parallelism, Megatron-style, with sequence
-parallelism around the norms), {"pp": N, "micro_batches": M} (pipeline parallelism by
-layers, runtime/pipeline_run.py) or {"dp": N} (data parallelism: `sm.train(*inputs,
-loss="mean")` runs a training step, runtime/data_parallel.py). tp x pp x dp must equal the
-system's chips. `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
+parallelism around the norms; `sm.train(*inputs, loss="mean")` runs a training step,
+runtime/tp_train.py), {"pp": N, "micro_batches": M} (pipeline parallelism by layers,
+runtime/pipeline_run.py) or {"dp": N} (data parallelism: `sm.train(*inputs, loss="mean")`
+runs a training step, runtime/data_parallel.py). Two of them combine: tp x pp (inference),
+dp x tp and dp x pp (inference: the batch split over the replicas; training: each replica's
+gradients all-reduced across them), runtime/tp_pipeline_run.py's chip grid. tp x pp x dp
+must equal the system's chips. `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
 ColwiseParallel / RowwiseParallel / SequenceParallel / PrepareModuleInput/Output); by default
 the automatic plan of a `transformers` decoder (frontend/tensor_parallel.py). The system's
 chip config is the target of every chip (`system` may name its own: `ring:4;chip=edge`).
@@ -46,31 +49,56 @@ class SystemModel:
         self.timeline: SystemTimeline | None = None
         self.stream_run: Any = None  # collectives='stream': runtime/system_stream.py's StreamRun
         self.train_result: Any = None
+        self._trainers: dict[tuple, Any] = {}  # tensor parallelism: (loss, input shapes) -> TensorParallelTrainer
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         return self.run(*inputs)
 
     def train(self, *inputs: torch.Tensor, loss: str = "mean", target: torch.Tensor | None = None) -> Any:
-        """One training step: data parallelism (runtime/data_parallel.py) or a 1F1B pipeline
-        (runtime/pipeline_train.py, the loss: the output's mean): the loss's gradients, equal
-        to eager's, and the step's timeline; also kept as `train_result`."""
+        """One training step: data parallelism (runtime/data_parallel.py), tensor parallelism
+        (runtime/tp_train.py) or a 1F1B pipeline (runtime/pipeline_train.py, the loss: the
+        output's mean): the loss's gradients, equal to eager's, and the step's timeline; also
+        kept as `train_result`."""
         from tilecc.runtime.data_parallel import DataParallelProgram
         from tilecc.runtime.pipeline_run import PipelineProgram
+        from tilecc.runtime.tp_pipeline_run import TpPipelineProgram
 
-        if isinstance(self.program, PipelineProgram):
+        prog = self.program
+        if isinstance(prog, TpPipelineProgram) and prog.tp > 1 and prog.pp > 1:
+            raise ShardingError(f"train(): training with tp x pp (tp={prog.tp}, pp={prog.pp}) is not built; "
+                                f"sm.train() runs dp, tp, pp, dp x tp and dp x pp")
+        if isinstance(prog, SystemProgram) or (isinstance(prog, TpPipelineProgram) and prog.pp == 1):
+            self.train_result = self._tp_trainer(inputs, loss).step(inputs, target=target, mode=self.mode)
+            return self.train_result
+        if isinstance(prog, PipelineProgram | TpPipelineProgram):
             from tilecc.runtime.pipeline_train import pipeline_train_step
 
             if loss != "mean" or target is not None:
                 raise TileccError(f"train(): a pipeline trains on the mean of the output (loss='mean'), got "
                                   f"loss={loss!r}")
-            self.train_result = pipeline_train_step(self.program.model, inputs, self.program.system,
-                                                    pp=self.program.pp, micro_batches=self.program.micro_batches,
+            self.train_result = pipeline_train_step(prog.model, inputs, prog.system, pp=prog.pp,
+                                                    micro_batches=prog.micro_batches, dp=getattr(prog, "dp", 1),
                                                     mode=self.mode)
             return self.train_result
         if not isinstance(self.program, DataParallelProgram):
-            raise TileccError("train(): training steps are compiled with parallel={'dp': N} or {'pp': N}")
+            raise TileccError("train(): training steps are compiled with parallel={'dp': N}, {'tp': N} or {'pp': N} "
+                              "(collectives='stream' and tp x pp run inference only)")
         self.train_result = self.program.step(inputs, loss=loss, target=target, mode=self.mode)
         return self.train_result
+
+    def _tp_trainer(self, inputs: tuple, loss: str) -> Any:
+        from tilecc.runtime.tp_train import TensorParallelTrainer
+
+        prog = self.program
+        if getattr(prog, "sp", False):
+            raise ShardingError("parallel: training with tensor parallelism runs Megatron's all-reduce plan; "
+                                "'sp' = True (sequence parallelism) is not supported in sm.train()")
+        key = (loss, tuple(tuple(x.shape) for x in inputs))
+        if key not in self._trainers:
+            self._trainers[key] = TensorParallelTrainer(prog.model, inputs, prog.system, tp=prog.tp,
+                                                        dp=getattr(prog, "dp", 1), plan=getattr(prog, "plan", None),
+                                                        loss=loss)
+        return self._trainers[key]
 
     def run(self, *inputs: torch.Tensor, trace: str | Path | None = None, timing_only: bool = False) -> Any:
         """Run every chip and link; `trace`: write a Perfetto trace there (runtime/system_trace.py).
@@ -141,9 +169,13 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
     if tp * pp * dp != system.chips:
         raise ShardingError(f"parallel: tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} must equal the system's "
                             f"{system.chips} chips ({system.topology.spec})")
-    if dp > 1 and (tp > 1 or pp > 1):
-        raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp}: data parallelism with tp or pp is timed by "
-                            f"runtime/parallel_step.py (benchmarks/cluster.py), not run functionally")
+    if dp > 1 and tp > 1 and pp > 1:
+        raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp}: data parallelism with both tp and pp is timed by "
+                            f"runtime/parallel_step.py (benchmarks/cluster.py), not run functionally (dp x tp and "
+                            f"dp x pp are)")
+    if dp > 1 and tp > 1 and p.get("sp"):
+        raise ShardingError(f"parallel: 'sp' = True with 'dp' = {dp}: replicas of a tensor-parallel group run the "
+                            f"all-reduce plan (no sequence parallelism)")
     if p.get("sp") and tp == 1:
         raise ShardingError("parallel: sequence parallelism (sp) needs tp > 1")
     _check_stream(p, tp)
@@ -160,6 +192,9 @@ def _check_stream(p: dict[str, Any], tp: int) -> None:
     if mode not in COLLECTIVE_MODES:
         raise ShardingError(f"parallel: 'collectives' = {mode!r} (allowed: {', '.join(COLLECTIVE_MODES)})")
     pp = p.get("pp", 1)
+    if mode == "stream" and p.get("dp", 1) > 1:
+        raise ShardingError("parallel: collectives='stream' runs tp alone or pp alone, not with dp; "
+                            "use collectives='between' for data parallelism")
     if mode == "stream" and tp < 2 and pp < 2:
         raise ShardingError("parallel: collectives='stream' needs tensor parallelism (tp > 1) or a pipeline (pp > 1)")
     if mode == "stream" and tp > 1 and pp > 1:
@@ -191,20 +226,22 @@ def compile_for_system(model: Any, example_inputs: tuple | None, *, target: Any,
         system = f"{system};chip={target}"
     cfg = load_system(system)
     p = parse_parallel(parallel, cfg)
-    if p.get("dp", 1) > 1:
+    tp, pp, dp = p.get("tp", 1), p.get("pp", 1), p.get("dp", 1)
+    if dp > 1 and tp == 1 and pp == 1:
         from tilecc.runtime.data_parallel import DataParallelProgram, split_batch
 
         if tp_plan is not None:
             raise ShardingError("tp_plan= applies to tensor parallelism (parallel={'tp': N}), not to dp")
         split_batch(tuple(example_inputs), p["dp"])
         return SystemModel(DataParallelProgram(model, cfg, p["dp"]), mode)
-    if p.get("pp", 1) > 1 and p.get("tp", 1) > 1:
+    if (pp > 1 and tp > 1) or dp > 1:  # tp x pp, dp x tp, dp x pp: runtime/tp_pipeline_run.py's grid
         from tilecc.runtime.tp_pipeline_run import compile_tp_pipeline
 
         if tp_plan is not None or p.get("sp"):
-            raise ShardingError("tp x pp uses the automatic plan without sequence parallelism (no tp_plan=, no sp)")
-        return SystemModel(compile_tp_pipeline(model, tuple(example_inputs), cfg, tp=p["tp"], pp=p["pp"],
-                                               micro_batches=p.get("micro_batches", 1), opt_level=opt_level,
+            raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp} uses the automatic plan without sequence "
+                                f"parallelism (no tp_plan=, no sp)")
+        return SystemModel(compile_tp_pipeline(model, tuple(example_inputs), cfg, tp=tp, pp=pp,
+                                               micro_batches=p.get("micro_batches", 1), dp=dp, opt_level=opt_level,
                                                cache=cache), mode)
     if p.get("pp", 1) > 1:
         from tilecc.runtime.pipeline_run import compile_pipeline

@@ -34,8 +34,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--pp", type=int, default=1, help="with --system: pipeline stages (one chip each)")
     run.add_argument("--micro-batches", type=int, default=1, help="with --pp: micro-batches the batch is cut into")
     run.add_argument("--dp", type=int, default=1,
-                     help="with --system: data-parallel replicas; runs a training step (the loss: the output's "
-                          "mean) and compares its gradients with eager autograd")
+                     help="with --system: data-parallel replicas (alone, or of --tp or --pp groups); runs a "
+                          "training step (the loss: the output's mean) and compares its gradients with eager autograd")
     run.add_argument("--timing-only", action="store_true",
                      help="with --tp: no data moves, chip 0 is simulated for its identical peers (not compared "
                           "with eager)")
@@ -109,32 +109,38 @@ def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) 
 
 
 def _run_data_parallel(args: argparse.Namespace, load_factory: Any) -> int:
-    """`--dp N`: one training step, its gradients against eager autograd's."""
+    """`--dp N` (with `--tp T` or `--pp P [--micro-batches M]`): one training step, its
+    gradients against eager autograd's."""
     import copy
 
     import tilecc
-    from tilecc.errors import TileccError
     from tilecc.runtime.compare import compare
 
-    if args.tp != 1 or args.pp != 1:
-        raise TileccError("--dp with --tp / --pp runs only as a timing (benchmarks/cluster.py)")
+    parallel: dict[str, Any] = {"dp": args.dp}
+    if args.tp != 1:
+        parallel["tp"] = args.tp
+    if args.pp != 1:
+        parallel.update(pp=args.pp, micro_batches=args.micro_batches)
     model, inputs = load_factory(args.source)
     ref = copy.deepcopy(model).train()
     out = ref(*inputs)
     out = out[0] if isinstance(out, tuple | list) else out
     out.float().mean().backward()
     t0 = time.perf_counter()
-    sm = tilecc.compile(model, inputs, target=args.target, system=args.system, parallel={"dp": args.dp})
+    sm = tilecc.compile(model, inputs, target=args.target, system=args.system, parallel=parallel)
     r = sm.train(*inputs, loss="mean")
     seconds = time.perf_counter() - t0
     names = [k for k, p in ref.named_parameters() if p.grad is not None]
     ok, worst = compare([r.grads[k] for k in names], [dict(ref.named_parameters())[k].grad for k in names])
     if args.json:
-        print(json.dumps({"source": args.source, "dp": args.dp, "allclose": ok, "max_abs_error": worst,
-                          "step_us": r.step_ns / 1e3, "forward_us": r.forward_ns / 1e3,
-                          "backward_us": r.backward_ns / 1e3, "comm_us": r.comm_ns / 1e3,
-                          "exposed_comm_us": r.exposed_ns / 1e3, "hidden_share": r.hidden_share,
-                          "seconds": seconds}, sort_keys=True))
+        d = {"source": args.source, "parallel": parallel, "dp": args.dp, "allclose": ok, "max_abs_error": worst,
+             "step_us": r.step_ns / 1e3, "seconds": seconds}
+        for k in ("forward", "backward", "comm"):  # a pipeline's step has per-stage figures instead
+            if hasattr(r, f"{k}_ns"):
+                d[f"{k}_us"] = getattr(r, f"{k}_ns") / 1e3
+        if hasattr(r, "exposed_ns"):
+            d.update(exposed_comm_us=r.exposed_ns / 1e3, hidden_share=r.hidden_share)
+        print(json.dumps(d, sort_keys=True))
     else:
         print(f"model             {args.source}")
         print(f"compile + run     {seconds:.2f} s")

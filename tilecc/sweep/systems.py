@@ -227,7 +227,7 @@ def unsupported(d: Deployment, phase: str) -> str | None:
         return "phase \"decode\" runs each replica on one chip (tp = pp = 1; dp replicas allowed)"
     if phase == "train" and d.chips > 1:
         return ("phase \"train\" runs on one chip (tp = pp = dp = 1; a sharded training step: "
-                "tilecc.compile(..., parallel={'dp': N} or {'pp': P}).train)")
+                "tilecc.compile(..., parallel={'dp': N}, {'tp': T}, {'pp': P} or dp with tp or pp).train)")
     if d.system is None:
         return None
     from tilecc.simulator.interconnect.system import load_system

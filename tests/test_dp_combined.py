@@ -1,0 +1,99 @@
+"""Data parallelism combined with tensor or pipeline parallelism on real data
+(runtime/tp_pipeline_run.py's chip grid, runtime/tp_train.py, runtime/pipeline_train.py):
+inference outputs and training gradients against eager."""
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilecc
+from tilecc.frontend.tensor_parallel import ShardingError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+
+def _llama(batch=2, seq=8, layers=1):
+    from llama_tp import build
+
+    return build(hidden=64, heads=4, kv_heads=2, layers=layers, seq=seq, batch=batch)
+
+
+def _eager(model, ids):
+    ref = copy.deepcopy(model).train()
+    out = ref(ids).float().mean()
+    out.backward()
+    return out.detach(), {k: p.grad for k, p in ref.named_parameters()}
+
+
+def _check_grads(got, want):
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_dp2_x_tp2_inference_and_training_equal_eager():
+    model, (ids,) = _llama(batch=2)
+    want_loss, want = _eager(model, ids)
+    sm = tilecc.compile(model, (ids,), target="tiny", system="ring:4", parallel={"dp": 2, "tp": 2})
+    with torch.no_grad():
+        torch.testing.assert_close(sm(ids), model.eval()(ids), rtol=1e-4, atol=1e-4)
+    rep = sm.report
+    assert all(c.busy_us > 0 for c in rep.chips)  # both replicas' two TP ranks ran
+    assert {c["op"] for c in rep.collectives} == {"all_reduce"} and rep.extra["dp"] == 2
+    r = sm.train(ids)
+    torch.testing.assert_close(r.loss, want_loss, rtol=1e-5, atol=1e-6)
+    _check_grads(r.grads, want)  # the replicas' mean over their halves of the batch: the whole batch's
+    assert r.dp == 2 and r.tp == 2
+    # the TP all-reduces of both replicas at once (chips 0-1 and 2-3), all exposed; the replicas'
+    # gradient all-reduce in buckets from their ready times, one stream (data_parallel.overlap)
+    assert len(r.collectives) == 4 and r.tp_comm_ns > 0
+    names = [b.name for b in r.buckets]
+    assert names.index("model.layers.0") < names.index("model.embed_tokens")
+    for prev, b in zip([None] + r.buckets[:-1], r.buckets):
+        assert b.start_ns == pytest.approx(max(r.forward_ns + b.ready_ns, prev.end_ns if prev else 0.0))
+        assert b.comm_ns > 0
+    assert r.step_ns == pytest.approx(max(r.forward_ns + r.backward_ns, r.buckets[-1].end_ns))
+    assert r.dp_exposed_ns == pytest.approx(r.step_ns - r.forward_ns - r.backward_ns)
+    assert r.exposed_ns == pytest.approx(r.tp_comm_ns + r.dp_exposed_ns) and 0.0 < r.hidden_share < 1.0
+    assert "data parallel x2" in str(r)
+
+
+def test_dp2_x_pp2_inference_and_training_equal_eager():
+    model, (ids,) = _llama(batch=4, seq=8, layers=2)
+    want_loss, want = _eager(model, ids)
+    sm = tilecc.compile(model, (ids,), target="tiny", system="ring:4",
+                        parallel={"dp": 2, "pp": 2, "micro_batches": 2})
+    with torch.no_grad():
+        torch.testing.assert_close(sm(ids), model.eval()(ids), rtol=1e-4, atol=1e-4)
+    assert all(c.busy_us > 0 for c in sm.report.chips)
+    assert {c["op"] for c in sm.report.collectives} == {"send_recv"}
+    r = sm.train(ids)
+    torch.testing.assert_close(r.loss, want_loss, rtol=1e-5, atol=1e-6)
+    _check_grads(r.grads, want)
+    # each stage's buckets from its last backward; the step ends after the last stage's last bucket
+    assert r.dp == 2 and len(r.buckets) == 2 and all(b.comm_ns > 0 for bs in r.buckets for b in bs)
+    stage0 = {b.name for b in r.buckets[0]}
+    assert "model.embed_tokens" in stage0 and "model.layers.0" in stage0 and "model.norm" not in stage0
+    pipeline_end = max(o.end_ns for o in r.ops)
+    assert r.step_ns >= pipeline_end and r.dp_exposed_ns == pytest.approx(r.step_ns - pipeline_end)
+    assert r.dp_comm_ns > 0 and "data parallel x2" in str(r)
+
+
+def test_combination_errors_name_key_value_and_rule(capsys):
+    model, (ids,) = _llama(batch=4)
+    with pytest.raises(ShardingError, match=r"tp=2, pp=2, dp=2: data parallelism with both tp and pp is timed"):
+        tilecc.compile(model, (ids,), system="ring:8", parallel={"tp": 2, "pp": 2, "dp": 2})
+    with pytest.raises(ShardingError, match=r"'sp' = True with 'dp' = 2: .* all-reduce plan"):
+        tilecc.compile(model, (ids,), system="ring:4", parallel={"tp": 2, "dp": 2, "sp": True})
+    with pytest.raises(ShardingError, match=r"'dp' = 3 must divide the batch; input 0 has batch 4"):
+        tilecc.compile(model, (ids,), system="ring:6", parallel={"tp": 2, "dp": 3})
+    with pytest.raises(ShardingError, match=r"collectives='stream' needs tensor parallelism \(tp > 1\) alone"):
+        tilecc.compile(model, (ids,), system="ring:4", parallel={"tp": 2, "dp": 2, "collectives": "stream"})
+    from tilecc.cli import main
+
+    assert main(["run", "examples/llama_tp.py:llama_pipeline", "--system", "ring:8", "--dp", "2", "--tp", "2",
+                 "--pp", "2"]) == 2
+    assert "data parallelism with both tp and pp is timed by runtime/parallel_step.py" in capsys.readouterr().err
