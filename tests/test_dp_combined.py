@@ -90,7 +90,7 @@ def test_combination_errors_name_key_value_and_rule(capsys):
         tilecc.compile(model, (ids,), system="ring:4", parallel={"tp": 2, "dp": 2, "sp": True})
     with pytest.raises(ShardingError, match=r"'dp' = 3 must divide the batch; input 0 has batch 4"):
         tilecc.compile(model, (ids,), system="ring:6", parallel={"tp": 2, "dp": 3})
-    with pytest.raises(ShardingError, match=r"collectives='stream' needs tensor parallelism \(tp > 1\) alone"):
+    with pytest.raises(ShardingError, match=r"collectives='stream' runs tp alone or pp alone, not with dp"):
         tilecc.compile(model, (ids,), system="ring:4", parallel={"tp": 2, "dp": 2, "collectives": "stream"})
     from tilecc.cli import main
 
