@@ -63,3 +63,33 @@ def test_several_rows_keep_the_norm_kernel(rows):
     x = torch.randn(1, rows, 1024, dtype=torch.bfloat16)
     cm = run_and_compare(model, (x,), target="cloud")
     assert not any("rms_norm + matmul" in m for m in _remarks(cm))
+
+
+@pytest.mark.parametrize("fmt, dt", [("int8", "I8"), ("fp8", "F8E4M3")])
+def test_one_byte_weights_decode_norm_gemv_matches_eager(fmt, dt):
+    """Weight-only int8 / fp8 e4m3 projections after the decode norm: the norm computed
+    in the GEMV, the one-byte weight read by the matrix engine as the stationary operand
+    (``rhs``, a 128-column tile) against the one-row bf16 moving operand, its scale
+    applied after the contraction; outputs equal to eager.
+
+    The weight stays stationary: with a bf16 row against a one-byte weight the array
+    runs at the bf16 rate (`TimingRules.lowp_speedup` needs both operands 8-bit), and the
+    moving operand's rows land on the accumulator's partitions (at most 128), so
+    streaming the weight instead (a [K, 1] stationary row) also takes
+    ``max(L, 128) = L`` per 128 x 128 weight tile: no faster on the matrix engine."""
+    from tilecc.quantize import quantize_weights
+    from tilecc.simulator.isa import DType
+
+    torch.manual_seed(2)
+    model = quantize_weights(_NormLinears(1024, 1536, layers=1).to(torch.bfloat16), fmt).eval()
+    x = torch.randn(1, 1, 1024, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x,), target="cloud")
+    assert any("rms_norm + matmul 1x1024x1536" in m for m in _remarks(cm))
+    assert not cm.program.meta.get("fallbacks")
+    s = cm.program.stream
+    mm = s[s["opcode"] == Opcode.MATMUL]
+    lowp = mm[mm["b_dtype"] == int(DType[dt])]
+    # both projections read one-byte weights: 1024 x 1536 and 1536 x 1024, 128 x 128 tiles
+    assert len(lowp) == 2 * (1024 // 128) * (1536 // 128)
+    assert set(lowp["rows"].tolist()) == {1} and set(lowp["cols"].tolist()) == {128}
+    assert set(lowp["a_dtype"].tolist()) == {int(DType.BF16)}

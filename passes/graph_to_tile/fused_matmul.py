@@ -88,31 +88,14 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
     y = group.block.last_op
     assert isinstance(y, YieldOp)
     ops = [o for o in group.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
-    pro_ops, epi_ops = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]
+    pro_ops = ops[: ops.index(mm)]
     if pro_ops and len(out_shape) != 2:
         return False
     yielded = list(y.values)
 
     # epilogue: on the accumulator tile, over the output's space
     space = tuple(d for d in out_shape if d != 1)
-    epi = None
-    epi_values = [v for v in yielded if v.owner in epi_ops or v is res]
-    if epi_values:
-        ek = ElementwiseKernel(lw, "epilogue", loc, space)
-        acc = ek.given_leaf(elem_of(res.type))
-        ref: dict[SSAValue, int] = {res: acc}
-        _build(ek, lw, epi_ops, ref)
-        for v in epi_values:
-            out = ref[v]
-            if out == acc:
-                # the raw product is yielded (beside epilogue values, or after a
-                # prologue): an explicit copy converts the fp32 accumulator tile (a DMA
-                # cannot convert); it is the copy an evacuation makes anyway
-                out = ek.unary("copy", acc, elem_of(v.type))
-            ek.output(out, elem_of(v.type), value=v)
-        ek.classify()
-        epi = _Part(ek, acc, epi_values)
-        epi.split_leaves(hoist=True)
+    epi = epilogue_part(lw, group, mm, space, loc)
 
     # prologue: the A rows [M, K]
     pro = None
@@ -131,12 +114,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         pro.split_leaves(hoist=True)
 
     # the schedule, for the fused kernel
-    fields: dict[str, Any] = {}
-    if epi is not None:
-        cost, n_ops = epi.cost()
-        per_col = _sram_per_col(epi)
-        fields.update(evac_cost=cost, evac_ops=n_ops, fused_sram_per_col=per_col,
-                      fused_sram=sum(_hoist_bytes(epi.ek, i, N) for i in epi.hoisted))
+    fields: dict[str, Any] = epilogue_fields(epi, N) if epi is not None else {}
     if pro is not None:
         cost, n_ops = pro.cost()
         fields.update(prep_cost=cost, prep_ops=n_ops, fused_sram=fields.get("fused_sram", 0)
@@ -160,7 +138,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         A = lw.aligned_batch(a, out_shape[:-2], (M, K))
     B = b_operand(lw, b, problem, sched, out_shape[:-2])
     ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
-    epi_outs = [lw.view(o, space) for o in _outputs(lw, epi, space)] if epi is not None else []
+    epi_outs = epilogue_outputs(lw, epi, space) if epi is not None else []
     pro_outs = [lw.view(o, (M, K)) for o in _outputs(lw, pro, (M, K))] if pro is not None else []
     if epi is not None:
         out = lw.view(epi_outs[0], out_shape)
@@ -186,6 +164,49 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         for v, o in zip(part.values, outs, strict=True):
             lw.values[v] = lw.view(o, shape_of(v.type))
     return True
+
+
+def epilogue_part(lw: LoweringContext, group: FusedOp, mm: Operation, space: tuple[int, ...],
+                  loc: str) -> _Part | None:
+    """The group's epilogue (the ops after `mm` whose values it yields, or the product
+    itself) as a DAG over `space` rooted at the accumulator tile; None without one."""
+    res = mm.results[0]
+    y = group.block.last_op
+    assert isinstance(y, YieldOp)
+    ops = [o for o in group.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
+    epi_ops = ops[ops.index(mm) + 1:]
+    epi_values = [v for v in y.values if v.owner in epi_ops or v is res]
+    if not epi_values:
+        return None
+    ek = ElementwiseKernel(lw, "epilogue", loc, space)
+    acc = ek.given_leaf(elem_of(res.type))
+    ref: dict[SSAValue, int] = {res: acc}
+    _build(ek, lw, epi_ops, ref)
+    for v in epi_values:
+        out = ref[v]
+        if out == acc:
+            # the raw product is yielded (beside epilogue values, or after a
+            # prologue): an explicit copy converts the fp32 accumulator tile (a DMA
+            # cannot convert); it is the copy an evacuation makes anyway
+            out = ek.unary("copy", acc, elem_of(v.type))
+        ek.output(out, elem_of(v.type), value=v)
+    ek.classify()
+    epi = _Part(ek, acc, epi_values)
+    epi.split_leaves(hoist=True)
+    return epi
+
+
+def epilogue_fields(epi: _Part, N: int) -> dict[str, Any]:
+    """The `MatmulProblem` fields of an epilogue: its vector work per evacuation and its
+    SRAM, so the cost model weighs them and only schedules that fit are taken."""
+    cost, n_ops = epi.cost()
+    return dict(evac_cost=cost, evac_ops=n_ops, fused_sram_per_col=_sram_per_col(epi),
+                fused_sram=sum(_hoist_bytes(epi.ek, i, N) for i in epi.hoisted))
+
+
+def epilogue_outputs(lw: LoweringContext, epi: _Part, space: tuple[int, ...]) -> list[SSAValue]:
+    """HBM tensors of the epilogue's outputs, viewed at `space`."""
+    return [lw.view(o, space) for o in _outputs(lw, epi, space)]
 
 
 def group_alone(group: FusedOp) -> g.GraphProgram:
@@ -258,11 +279,14 @@ class FusedMatmulKernel(BlockedMatmulKernel):
     `load_a_rows` (module docstring)."""
 
     def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, *,
-                 epi: _Part | None, pro: _Part | None, out_shape: tuple[int, ...], **kw: Any) -> None:
+                 epi: _Part | None, pro: _Part | None, out_shape: tuple[int, ...], front: int = 0,
+                 **kw: Any) -> None:
+        """`front`: kernel arguments after the matmul's own (A, B, [identity,] out) that a
+        subclass takes before the parts' (the norm's operands of a decode GEMV)."""
         super().__init__(kb, p, s, cfg, **kw)
         self.epi, self.pro = epi, pro
         self.out_shape = out_shape
-        args = list(kb.args[4:])
+        args = list(kb.args[(3 if self.direct else 4) + front:])
         self.store_q = cfg.dma.queues - 1
         self.qa0 = s.qa[0]
         # operands loaded once go on the store queue, idle until the first evacuation:
@@ -280,6 +304,7 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         """A part's TileProgram on this kernel's tiles; its hoisted leaves loaded now
         (`args`: the kernel arguments left, the part's taken from the front)."""
         kb, TM = self.kb, self.p.TM
+        rows = 1 if self.direct else TM  # a direct kernel's one row: its tiles read row 0 only
         n_hoist = len(part.hoisted)
         leaf_args = args[: n_hoist + len(part.per_tile)]
         del args[: n_hoist + len(part.per_tile)]
@@ -298,7 +323,7 @@ class FusedMatmulKernel(BlockedMatmulKernel):
             buf = kb.alloc([TM, cols], leaf_elem(leaf), tile.SRAM, f"hoist{i}")
             ind = [self.c(0)] * len(shape_of(arg.type))
             col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
-            kb.add(tile.LoadOp(arg, ind, buf, self.c(TM), self.c(cols), -1, col_dim, queue=self.hoist_q))
+            kb.add(tile.LoadOp(arg, ind, buf, self.c(rows), self.c(cols), -1, col_dim, queue=self.hoist_q))
             part_bufs[i] = buf
         tp.hoist_bufs = part_bufs
         return tp
@@ -359,4 +384,4 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         tp.store(idx, r, c, s, queue=self.store_q, given=given)
 
 
-__all__ = ["lower_fused_matmul", "FusedMatmulKernel"]
+__all__ = ["FusedMatmulKernel", "epilogue_fields", "epilogue_outputs", "epilogue_part", "lower_fused_matmul"]

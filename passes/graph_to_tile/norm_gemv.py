@@ -25,27 +25,38 @@ After (tile, cloud)::
       (the direct matmul: weight groups streamed, 1 x 128 matmuls, evacuation, stores)
     }
 
-Not used (the norm and the matmul lower as before): batch or rows > 1, a norm whose
-result something else reads, a row that does not split over all partitions into the
-matmul's k-tiles, or a schedule that is not direct.
+The group's epilogue (a one-byte weight's per-column scale, a residual add: the ops
+after the matmul) runs in the same kernel too, on each evacuated ``[1, TNL]`` row of
+the accumulator (`FusedMatmulKernel.evacuate`; its operands that do not vary along the
+rows, all of them here, loaded once as one row), instead of as an elementwise kernel
+of its own that would load the matmul's output back. A one-row matmul with an epilogue
+and no norm (o_proj, down_proj and their residual add) takes this kernel too. The
+epilogue runs on one vector lane (the row is one partition): the cost model counts it
+(`MatmulProblem.evac_cost`), and it overlaps the next chunk's matmuls.
+
+Not used (the norm, the matmul and the epilogue lower as before): batch or rows > 1,
+a norm whose result something else reads, a row that does not split over all
+partitions into the matmul's k-tiles, or a schedule that is not direct.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
+from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes import remarks
-from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.matmul import (
-    BlockedMatmulKernel,
-    b_operand,
-    choose_schedule,
-    direct_a,
-    problem_of,
+from tilecc.passes.graph_to_tile.fused_matmul import (
+    FusedMatmulKernel,
+    epilogue_fields,
+    epilogue_outputs,
+    epilogue_part,
 )
+from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
+from tilecc.passes.graph_to_tile.matmul import b_operand, choose_schedule, direct_a, problem_of
 from tilecc.passes.graph_to_tile.rms_norm_split import emit_split_norm, split_of, split_operands
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 
@@ -53,23 +64,31 @@ if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
 
 
-class _NormGemvKernel(BlockedMatmulKernel):
-    """The direct matmul whose row is the RMS norm of its input (args: x, B, out, w, G)."""
+class _DecodeGemvKernel(FusedMatmulKernel):
+    """The direct matmul whose row is the RMS norm of its input (`norm`; args: x, B, out,
+    w, G, then the epilogue's) or the row itself (args: A, B, out, then the epilogue's),
+    with the group's epilogue on each evacuated row."""
 
-    def __init__(self, *args, norm: g.RmsNormOp, **kw):
-        super().__init__(*args, direct=True, **kw)
+    def __init__(self, *args: Any, norm: g.RmsNormOp | None, **kw: Any):
+        super().__init__(*args, direct=True, pro=None, front=2 if norm is not None else 0, **kw)
         self.norm = norm
-        self.argW, self.argG = self.kb.args[3:5]
+        if norm is not None:
+            self.argW, self.argG = self.kb.args[3:5]
 
     def load_a_direct(self, dst: SSAValue) -> None:
+        if self.norm is None:
+            super().load_a_direct(dst)
+            return
         p, s = self.p, self.s
         emit_split_norm(self.kb, self.norm, self.argA, self.argW, self.argG, 1, p.K, p.TK, dst,
                         queue=s.qa[0], const_queue=s.qb[0])
 
 
-def lower_norm_gemv(lw: LoweringContext, pro: list[Operation], mm: Operation, loc: str) -> bool:
-    """The group's prologue `pro` (one RMS norm, views) and matmul `mm` as one kernel;
-    False (nothing emitted) where that does not apply (module docstring)."""
+def _lone_norm(pro: list[Operation], mm: Operation) -> g.RmsNormOp | None | bool:
+    """The RMS norm producing the matmul's row through views (None without a prologue),
+    or False where the prologue is anything else or its result is read elsewhere."""
+    if not pro:
+        return None
     norms = [o for o in pro if not isinstance(o, (g.ReshapeOp, g.ConstantOp))]
     if len(norms) != 1 or not isinstance(norms[0], g.RmsNormOp):
         return False
@@ -82,34 +101,82 @@ def lower_norm_gemv(lw: LoweringContext, pro: list[Operation], mm: Operation, lo
         chain.append(a)
     if a is not norm.results[0] or any(sum(1 for _ in v.uses) != 1 for v in chain):
         return False
+    # no other value of the prologue leaves it (a view of the input the group yields)
+    inside = {r for o in pro for r in o.results} - set(chain)
+    if any(u.operation not in pro for r in inside for u in r.uses):
+        return False
+    return norm
+
+
+def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: str) -> bool:
+    """The matmul group `group` (its matmul `mm`: one row, a weight B) as one direct
+    kernel with its RMS-norm prologue and its epilogue; False (nothing emitted) where
+    that does not apply (module docstring)."""
+    ops = [o for o in group.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
+    pro, epi_ops = ops[: ops.index(mm)], ops[ops.index(mm) + 1:]
+    norm = _lone_norm(pro, mm)
+    if norm is False or (norm is None and not epi_ops):
+        return False  # (a lone matmul lowers on its own, `lower_matmul_blocked`)
     got = problem_of(lw, mm)
     if got is None:
         return False
-    problem, (res, out_shape, _a, b, M, K, N) = got
-    x_shape = shape_of(norm.operands[0].type)
-    if M != 1 or problem.batch or not problem.b_weight or x_shape[-1] != K or split_of(lw, 1, K) != problem.TK:
+    problem, (res, out_shape, a, b, M, K, N) = got
+    if M != 1 or problem.batch or not problem.b_weight or K % problem.TK:
         return False  # (a direct row needs a pre-tiled weight: no schedule is chosen twice)
+    if norm is not None:
+        x_shape = shape_of(norm.operands[0].type)
+        if x_shape[-1] != K or split_of(lw, 1, K) != problem.TK:
+            return False
+    space = (1, N)
+    epi = epilogue_part(lw, group, mm, space, loc) if epi_ops else None
+    if epi is not None:
+        problem = dataclasses.replace(problem, **epilogue_fields(epi, N))
     sched = choose_schedule(lw, problem)
     if sched is None:
         return False
-    if not direct_a(lw, problem, sched, norm.operands[0]):
+    row = norm.operands[0] if norm is not None else a
+    if not direct_a(lw, problem, sched, row):
         return False
-    x = lw.materialise(norm.operands[0])
-    xv, wv, gmat = split_operands(lw, norm, x, 1, K, problem.TK)
+    if norm is not None:
+        x = lw.materialise(norm.operands[0])
+        xv, wv, gmat = split_operands(lw, norm, x, 1, K, problem.TK)
+        front = [xv]
+        norm_args = [wv, gmat]
+    else:
+        front = [lw.view(lw.materialise(a), (problem.TK, problem.nk))]
+        norm_args = []
     B = b_operand(lw, b, problem, sched, out_shape[:-2], interleaved=True)
-    out = lw.hbm(out_shape, elem_of(res.type))
-    args = [xv, B.value, out, wv, gmat]
+    extra: list[SSAValue] = []
+    if epi is not None:
+        epi_outs = epilogue_outputs(lw, epi, space)
+        out = lw.view(epi_outs[0], out_shape)
+        extra = [epi.ek.leaf_of(i).value for i in epi.hoisted + epi.per_tile] + epi_outs
+    else:
+        epi_outs = []
+        out = lw.hbm(out_shape, elem_of(res.type))
+    args = [*front, B.value, out, *norm_args, *extra]
     kb = KernelBuilder(lw.kernel_name("matmul"), [v.type for v in args], loc)
-    ea, eb, eo = elem_of(norm.results[0].type), elem_of(b.type), elem_of(res.type)
-    kernel = _NormGemvKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=[0, 1], b_imap=B.imap,
-                             elems=(ea, eb, eo), norm=norm)
+    ea = elem_of(norm.results[0].type) if norm is not None else elem_of(a.type)
+    eb, eo = elem_of(b.type), elem_of(res.type)
+    kernel = _DecodeGemvKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=[0, 1], b_imap=B.imap,
+                               elems=(ea, eb, eo), norm=norm, epi=epi, out_shape=tuple(out_shape))
     kernel.emit(out_shape[:-2])
     lw.launch(kb, args)
-    lw.values[res] = out
-    remarks.emit("lower-graph-to-tile", "passed",
-                 lambda: f"rms_norm + matmul 1x{K}x{N}: the norm computes the matmul's row in the partitions "
-                         f"(one kernel; the norm's store and the matmul's load removed)")
+    if epi is None:
+        lw.values[res] = out
+    else:
+        for v, o in zip(epi.values, epi_outs, strict=True):
+            lw.values[v] = lw.view(o, shape_of(v.type))
+    if norm is not None:
+        remarks.emit("lower-graph-to-tile", "passed",
+                     lambda: f"rms_norm + matmul 1x{K}x{N}: the norm computes the matmul's row in the partitions "
+                             f"(one kernel; the norm's store and the matmul's load removed)")
+    if epi is not None:
+        names = ", ".join(o.name.removeprefix("graph.") for o in epi_ops)
+        remarks.emit("lower-graph-to-tile", "passed",
+                     lambda: f"matmul 1x{K}x{N}: its epilogue ({names}) runs on each evacuated row "
+                             f"(one kernel; the product's store and reload removed)")
     return True
 
 
-__all__ = ["lower_norm_gemv"]
+__all__ = ["lower_gemv_group"]
