@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Part:
+class FusedPart:
     """One DAG of the group (epilogue or prologue) as a TileProgram's inputs."""
 
     ek: ElementwiseKernel
@@ -110,7 +110,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         for v in pro_values:
             ek.output(ref[v], elem_of(v.type), value=v)
         ek.classify()
-        pro = _Part(ek, ref[a_val], pro_values)
+        pro = FusedPart(ek, ref[a_val], pro_values)
         pro.split_leaves(hoist=True)
 
     # the schedule, for the fused kernel
@@ -167,7 +167,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
 
 
 def epilogue_part(lw: LoweringContext, group: FusedOp, mm: Operation, space: tuple[int, ...],
-                  loc: str) -> _Part | None:
+                  loc: str) -> FusedPart | None:
     """The group's epilogue (the ops after `mm` whose values it yields, or the product
     itself) as a DAG over `space` rooted at the accumulator tile; None without one."""
     res = mm.results[0]
@@ -191,12 +191,12 @@ def epilogue_part(lw: LoweringContext, group: FusedOp, mm: Operation, space: tup
             out = ek.unary("copy", acc, elem_of(v.type))
         ek.output(out, elem_of(v.type), value=v)
     ek.classify()
-    epi = _Part(ek, acc, epi_values)
+    epi = FusedPart(ek, acc, epi_values)
     epi.split_leaves(hoist=True)
     return epi
 
 
-def epilogue_fields(epi: _Part, N: int) -> dict[str, Any]:
+def epilogue_fields(epi: FusedPart, N: int) -> dict[str, Any]:
     """The `MatmulProblem` fields of an epilogue: its vector work per evacuation and its
     SRAM, so the cost model weighs them and only schedules that fit are taken."""
     cost, n_ops = epi.cost()
@@ -204,7 +204,7 @@ def epilogue_fields(epi: _Part, N: int) -> dict[str, Any]:
                 fused_sram=sum(_hoist_bytes(epi.ek, i, N) for i in epi.hoisted))
 
 
-def epilogue_outputs(lw: LoweringContext, epi: _Part, space: tuple[int, ...]) -> list[SSAValue]:
+def epilogue_outputs(lw: LoweringContext, epi: FusedPart, space: tuple[int, ...]) -> list[SSAValue]:
     """HBM tensors of the epilogue's outputs, viewed at `space`."""
     return [lw.view(o, space) for o in _outputs(lw, epi, space)]
 
@@ -253,7 +253,7 @@ def _build(ek: ElementwiseKernel, lw: LoweringContext, ops: list[Operation], ref
     build_dag(ek, lw, ops, args, ref)
 
 
-def _outputs(lw: LoweringContext, part: _Part, space: tuple[int, ...]) -> list[SSAValue]:
+def _outputs(lw: LoweringContext, part: FusedPart, space: tuple[int, ...]) -> list[SSAValue]:
     """HBM tensors of a part's outputs (at the part's space; layouts consumers ask for)."""
     return [part.ek.out_buffer(v, elem, space) for (_, elem), v in zip(part.ek.outputs, part.values)]
 
@@ -266,7 +266,7 @@ def _hoist_bytes(ek: ElementwiseKernel, i: int, width: int) -> int:
     return -(-cols * element_size(leaf_elem(leaf)) // ALIGN) * ALIGN
 
 
-def _sram_per_col(part: _Part) -> int:
+def _sram_per_col(part: FusedPart) -> int:
     """An epilogue's SRAM per column of the chunk (per-tile leaves and outputs in two
     sets, temps), rounded up."""
     one = TileProgram.sram_bytes(part.ek, 64, 2, {i: 2 for i in part.per_tile}, [part.root],
@@ -279,7 +279,7 @@ class FusedMatmulKernel(BlockedMatmulKernel):
     `load_a_rows` (module docstring)."""
 
     def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, *,
-                 epi: _Part | None, pro: _Part | None, out_shape: tuple[int, ...], front: int = 0,
+                 epi: FusedPart | None, pro: FusedPart | None, out_shape: tuple[int, ...], front: int = 0,
                  **kw: Any) -> None:
         """`front`: kernel arguments after the matmul's own (A, B, [identity,] out) that a
         subclass takes before the parts' (the norm's operands of a decode GEMV)."""
@@ -300,7 +300,7 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         self.pro_tp = self._program(pro, p.K, p.K, pro_args, 2) if pro is not None else None
         self.epi_tp = self._program(epi, self.TNL, p.N, epi_args, 2) if epi is not None else None
 
-    def _program(self, part: _Part, TC: int, width: int, args: list[SSAValue], D: int) -> TileProgram:
+    def _program(self, part: FusedPart, TC: int, width: int, args: list[SSAValue], D: int) -> TileProgram:
         """A part's TileProgram on this kernel's tiles; its hoisted leaves loaded now
         (`args`: the kernel arguments left, the part's taken from the front)."""
         kb, TM = self.kb, self.p.TM
@@ -328,7 +328,7 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         tp.hoist_bufs = part_bufs
         return tp
 
-    def _given(self, tp: TileProgram, part: _Part, col0: SSAValue, width: int) -> dict[int, SSAValue]:
+    def _given(self, tp: TileProgram, part: FusedPart, col0: SSAValue, width: int) -> dict[int, SSAValue]:
         """Column windows at `col0` of the full-width operands (a static offset gets a
         window that ends at the buffer's end)."""
         given: dict[int, SSAValue] = {}
@@ -384,4 +384,5 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         tp.store(idx, r, c, s, queue=self.store_q, given=given)
 
 
-__all__ = ["FusedMatmulKernel", "epilogue_fields", "epilogue_outputs", "epilogue_part", "lower_fused_matmul"]
+__all__ = ["FusedMatmulKernel", "FusedPart", "epilogue_fields", "epilogue_outputs", "epilogue_part",
+           "lower_fused_matmul"]

@@ -44,13 +44,18 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.dialects.builtin import bf16, f16, f32
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from tilecc.ir import graph as g
+from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes import remarks
+from tilecc.passes.graph_to_tile.elementwise import Leaf, leaf_elem, vector_steps
+from tilecc.passes.graph_to_tile.elementwise.cost import estimate_cycles
 from tilecc.passes.graph_to_tile.fused_matmul import (
     FusedMatmulKernel,
+    FusedPart,
     epilogue_fields,
     epilogue_outputs,
     epilogue_part,
@@ -59,6 +64,9 @@ from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.matmul import b_operand, choose_schedule, direct_a, problem_of
 from tilecc.passes.graph_to_tile.rms_norm_split import emit_split_norm, split_of, split_operands
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
+from tilecc.passes.schedule.cost_model import choose, estimate
+from tilecc.passes.schedule.matmul_schedule import MatmulProblem
+from tilecc.simulator.timing import TimingRules
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -108,14 +116,48 @@ def _lone_norm(pro: list[Operation], mm: Operation) -> g.RmsNormOp | None | bool
     return norm
 
 
-def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: str) -> bool:
+def _epilogue_pays(lw: LoweringContext, plain: MatmulProblem, fused: MatmulProblem, epi: FusedPart, N: int) -> bool:
+    """Whether the kernel with the epilogue on its one-lane rows (`fused`) is estimated
+    faster than the kernel without it (`plain`) plus the epilogue as an elementwise
+    kernel of its own (the row spread over the partitions: `estimate_cycles`); a remark
+    says which, with the figures."""
+    cfg = lw.cfg
+    plain_s, fused_s = choose(plain, cfg), choose(fused, cfg)
+    if fused_s is None or plain_s is None:
+        return fused_s is not None
+    rows = min(lw.P, N)
+    while N % rows:
+        rows -= 1
+    tiles = [v for v in epi.ek.values if isinstance(v, Leaf) and v.value is not None]
+    alone = estimate_cycles(TimingRules(cfg), (rows, N // rows), rows, N // rows, 1,
+                            [element_size(plain_elem(plain))] + [element_size(leaf_elem(v)) for v in tiles],
+                            [element_size(e) for _, e in epi.ek.outputs], vector_steps(epi.ek.values, cfg))
+    one, two = estimate(fused, fused_s, cfg), estimate(plain, plain_s, cfg)
+    pays = one <= two + alone
+    remarks.emit("lower-graph-to-tile", "analysis",
+                 lambda: f"matmul 1x{plain.K}x{N}: epilogue on the GEMV's rows (one lane) estimated {one:,.0f} cycles "
+                         f"against {two:,.0f} + {alone:,.0f} as a kernel of its own: "
+                         + ("fused" if pays else "kept separate"))
+    return pays
+
+
+def plain_elem(p: MatmulProblem) -> Attribute:
+    """The element type of the matmul's product as the next kernel reads it."""
+    return {"f32": f32, "bf16": bf16, "f16": f16}[p.o_dtype]
+
+
+def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: str, *, epilogue: bool) -> bool:
     """The matmul group `group` (its matmul `mm`: one row, a weight B) as one direct
-    kernel with its RMS-norm prologue and its epilogue; False (nothing emitted) where
-    that does not apply (module docstring)."""
+    kernel with its RMS-norm prologue and (`epilogue`) its epilogue; False (nothing
+    emitted) where that does not apply or (`epilogue`) the cost model prefers the
+    epilogue as a kernel of its own (module docstring). Without `epilogue` the kernel
+    stores the product and the caller lowers the epilogue."""
     ops = [o for o in group.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
     pro, epi_ops = ops[: ops.index(mm)], ops[ops.index(mm) + 1:]
+    if not epilogue:
+        epi_ops = []
     norm = _lone_norm(pro, mm)
-    if norm is False or (norm is None and not epi_ops):
+    if norm is False or (norm is None and not epi_ops) or (epilogue and not epi_ops):
         return False  # (a lone matmul lowers on its own, `lower_matmul_blocked`)
     got = problem_of(lw, mm)
     if got is None:
@@ -130,7 +172,10 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
     space = (1, N)
     epi = epilogue_part(lw, group, mm, space, loc) if epi_ops else None
     if epi is not None:
-        problem = dataclasses.replace(problem, **epilogue_fields(epi, N))
+        fused = dataclasses.replace(problem, **epilogue_fields(epi, N))
+        if not _epilogue_pays(lw, problem, fused, epi, N):
+            return False
+        problem = fused
     sched = choose_schedule(lw, problem)
     if sched is None:
         return False
@@ -171,6 +216,10 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
         remarks.emit("lower-graph-to-tile", "passed",
                      lambda: f"rms_norm + matmul 1x{K}x{N}: the norm computes the matmul's row in the partitions "
                              f"(one kernel; the norm's store and the matmul's load removed)")
+    else:
+        remarks.emit("lower-graph-to-tile", "passed",
+                     lambda: f"matmul 1x{K}x{N}: the A row loads straight into the partitions ({problem.nk} "
+                             f"contiguous elements each, the weight's rows interleaved to match): no transposes")
     if epi is not None:
         names = ", ".join(o.name.removeprefix("graph.") for o in epi_ops)
         remarks.emit("lower-graph-to-tile", "passed",
