@@ -86,6 +86,10 @@ def test_one_byte_weights_decode_norm_gemv_matches_eager(fmt, dt):
     cm = run_and_compare(model, (x,), target="cloud")
     assert any("rms_norm + matmul 1x1024x1536" in m for m in _remarks(cm))
     assert not cm.program.meta.get("fallbacks")
+    # the scale (and tanh; the residual add) run on the evacuated rows: one kernel per GEMV
+    assert any("1x1024x1536: its epilogue (mul, reshape, tanh)" in m for m in _remarks(cm))
+    assert any("1x1536x1024: its epilogue (mul, reshape, add)" in m for m in _remarks(cm))
+    assert len(cm.program.kernels) == 2
     s = cm.program.stream
     mm = s[s["opcode"] == Opcode.MATMUL]
     lowp = mm[mm["b_dtype"] == int(DType[dt])]
@@ -93,3 +97,33 @@ def test_one_byte_weights_decode_norm_gemv_matches_eager(fmt, dt):
     assert len(lowp) == 2 * (1024 // 128) * (1536 // 128)
     assert set(lowp["rows"].tolist()) == {1} and set(lowp["cols"].tolist()) == {128}
     assert set(lowp["a_dtype"].tolist()) == {int(DType.BF16)}
+
+
+class _GemvEpilogue(nn.Module):
+    """A one-row linear and an elementwise tail: one op (`heavy` False) or seven."""
+
+    def __init__(self, k: int, n: int, heavy: bool):
+        super().__init__()
+        self.lin = nn.Linear(k, n, bias=False)
+        self.heavy = heavy
+
+    def forward(self, x):
+        y = self.lin(x)
+        if not self.heavy:
+            return torch.relu(y)
+        return torch.tanh(torch.sigmoid(y) * y + y * y) * 0.5 - y
+
+
+@pytest.mark.parametrize("k, n, heavy", [(1024, 1024, False), (128, 16384, True)])
+def test_gemv_epilogue_goes_where_the_cost_model_says(k, n, heavy):
+    """A one-row matmul's epilogue runs on the GEMV's evacuated rows, one vector lane
+    wide, only where that is estimated no slower than an elementwise kernel of its own
+    over the partitions: a relu behind a 1024-deep contraction goes in the GEMV; a
+    seven-op tail over 16,384 columns behind a one-k-tile contraction (little matmul
+    work to hide it behind) stays a kernel of its own. Both equal eager."""
+    torch.manual_seed(3)
+    model = _GemvEpilogue(k, n, heavy).to(torch.bfloat16)
+    cm = run_and_compare(model, (torch.randn(1, k, dtype=torch.bfloat16),), target="cloud")
+    said = [m for m in _remarks(cm) if f"matmul 1x{k}x{n}: epilogue on the GEMV's rows" in m]
+    assert len(said) == 1 and said[0].endswith("kept separate" if heavy else "fused"), said
+    assert (len(cm.program.kernels) == 1) == (not heavy)

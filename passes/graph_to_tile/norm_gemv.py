@@ -1,4 +1,4 @@
-"""A decode step's RMS norm and the one-row matmul it feeds, as one kernel.
+"""A decode step's one-row matmul with the RMS norm that feeds it and its epilogue, as one kernel.
 
 At batch 1 the norm before each projection (`graph.fused "matmul"` of rms_norm, matmul:
 the fused-matmul kernel takes no prologue for a one-row matmul) would be its own kernel
@@ -29,10 +29,21 @@ The group's epilogue (a one-byte weight's per-column scale, a residual add: the 
 after the matmul) runs in the same kernel too, on each evacuated ``[1, TNL]`` row of
 the accumulator (`FusedMatmulKernel.evacuate`; its operands that do not vary along the
 rows, all of them here, loaded once as one row), instead of as an elementwise kernel
-of its own that would load the matmul's output back. A one-row matmul with an epilogue
-and no norm (o_proj, down_proj and their residual add) takes this kernel too. The
-epilogue runs on one vector lane (the row is one partition): the cost model counts it
-(`MatmulProblem.evac_cost`), and it overlaps the next chunk's matmuls.
+of its own that loads the matmul's output back (two DMA fixed latencies on the decode
+critical path). A one-row matmul with an epilogue and no norm (o_proj, down_proj and
+their residual add) takes this kernel too. The epilogue runs on one vector lane (the
+row is one partition, 2.5 core cycles per element and input on `cloud`): the cost
+model counts it (`MatmulProblem.evac_cost`; it overlaps the next chunk's matmuls, the
+last chunk's is exposed), and the epilogue is fused only where the kernel with it is
+estimated no slower than the kernel without it plus the epilogue as a kernel of its
+own over the partitions (`_epilogue_pays`; a long tail behind a short contraction
+stays separate). With an epilogue (int8 down_proj of the 1B shape)::
+
+    %g = graph.fused "matmul" (%h, %Wq, %s, %x) {
+      %p = graph.matmul %h, %Wq : (tensor<1x1x8192xbf16>, tensor<8192x2048xi8>) -> ...
+      %y = graph.mul %p, %s ...   %z = graph.add %y, %x ...   graph.yield %z }
+    ->  one kernel: the direct GEMV, then per chunk of 1,024 columns
+        tile.binary "mul" %acc, %s_win into %t ; tile.binary "add" %t, %x_win into %o ; tile.store %o
 
 Not used (the norm, the matmul and the epilogue lower as before): batch or rows > 1,
 a norm whose result something else reads, a row that does not split over all
