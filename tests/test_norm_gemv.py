@@ -50,10 +50,12 @@ def test_decode_norm_is_computed_in_the_gemv_and_matches_eager():
     assert any("rms_norm + matmul 1x1024x1536" in m for m in _remarks(cm))
     names = [n for n, _, _ in cm.program.kernels]
     assert not any("rms_norm" in n for n in names)  # no kernel of its own
-    # the norm's cross-partition sum is the kernel's one 128-row matmul; the rest are GEMV rows
+    # per layer the norm's cross-partition sum (one matmul) and the GEMVs' 2 x 96 weight
+    # tiles, each streamed past the row's k-tile (a one-column stationary)
     s = cm.program.stream
     mm = s[s["opcode"] == Opcode.MATMUL]
-    assert int((mm["rows"] == 128).sum()) == 2 and int((mm["rows"] == 1).sum()) == len(mm) - 2
+    assert len(mm) == 2 * (1 + 2 * (1024 // 128) * (1536 // 128))
+    assert (mm["cols"] == 1).all() and (mm["rows"] == 128).all()
 
 
 @pytest.mark.parametrize("rows", [2, 3])
@@ -68,15 +70,15 @@ def test_several_rows_keep_the_norm_kernel(rows):
 @pytest.mark.parametrize("fmt, dt", [("int8", "I8"), ("fp8", "F8E4M3")])
 def test_one_byte_weights_decode_norm_gemv_matches_eager(fmt, dt):
     """Weight-only int8 / fp8 e4m3 projections after the decode norm: the norm computed
-    in the GEMV, the one-byte weight read by the matrix engine as the stationary operand
-    (``rhs``, a 128-column tile) against the one-row bf16 moving operand, its scale
-    applied after the contraction; outputs equal to eager.
+    in the GEMV, the one-byte weight streamed by the matrix engine as the moving
+    operand (``lhsT``, 128 x 128 tiles) past the row's bf16 k-tile (the stationary
+    ``rhs``, one column), its scale (and tanh, the residual add) applied to each
+    evacuated [128, w] tile in the same kernel; outputs equal to eager.
 
-    The weight stays stationary: with a bf16 row against a one-byte weight the array
-    runs at the bf16 rate (`TimingRules.lowp_speedup` needs both operands 8-bit), and the
-    moving operand's rows land on the accumulator's partitions (at most 128), so
-    streaming the weight instead (a [K, 1] stationary row) also takes
-    ``max(L, 128) = L`` per 128 x 128 weight tile: no faster on the matrix engine."""
+    The orientation gains nothing on the matrix engine (one 128-cycle matmul per
+    128 x 128 weight tile either way: bf16 x int8 streams at the bf16 rate and the moving
+    rows land on the accumulator's 128 partitions); it puts the epilogue on 128 vector
+    lanes instead of one."""
     from tilecc.quantize import quantize_weights
     from tilecc.simulator.isa import DType
 
@@ -89,14 +91,17 @@ def test_one_byte_weights_decode_norm_gemv_matches_eager(fmt, dt):
     # the scale (and tanh; the residual add) run on the evacuated rows: one kernel per GEMV
     assert any("1x1024x1536: its epilogue (mul, reshape, tanh)" in m for m in _remarks(cm))
     assert any("1x1536x1024: its epilogue (mul, reshape, add)" in m for m in _remarks(cm))
+    assert sum("the weight streams past the row's k-tile" in m for m in _remarks(cm)) == 2
     assert len(cm.program.kernels) == 2
     s = cm.program.stream
     mm = s[s["opcode"] == Opcode.MATMUL]
-    lowp = mm[mm["b_dtype"] == int(DType[dt])]
-    # both projections read one-byte weights: 1024 x 1536 and 1536 x 1024, 128 x 128 tiles
+    lowp = mm[mm["a_dtype"] == int(DType[dt])]
+    # both projections stream one-byte weights: 1024 x 1536 and 1536 x 1024, 128 x 128
+    # tiles, each against a one-column bf16 stationary
     assert len(lowp) == 2 * (1024 // 128) * (1536 // 128)
-    assert set(lowp["rows"].tolist()) == {1} and set(lowp["cols"].tolist()) == {128}
-    assert set(lowp["a_dtype"].tolist()) == {int(DType.BF16)}
+    assert set(lowp["rows"].tolist()) == {128} and set(lowp["cols"].tolist()) == {1}
+    assert set(lowp["b_dtype"].tolist()) == {int(DType.BF16)}
+    assert not (mm["b_dtype"] == int(DType[dt])).any()  # never the stationary operand
 
 
 class _GemvEpilogue(nn.Module):
@@ -114,16 +119,21 @@ class _GemvEpilogue(nn.Module):
         return torch.tanh(torch.sigmoid(y) * y + y * y) * 0.5 - y
 
 
-@pytest.mark.parametrize("k, n, heavy", [(1024, 1024, False), (128, 16384, True)])
-def test_gemv_epilogue_goes_where_the_cost_model_says(k, n, heavy):
-    """A one-row matmul's epilogue runs on the GEMV's evacuated rows, one vector lane
-    wide, only where that is estimated no slower than an elementwise kernel of its own
-    over the partitions: a relu behind a 1024-deep contraction goes in the GEMV; a
-    seven-op tail over 16,384 columns behind a one-k-tile contraction (little matmul
-    work to hide it behind) stays a kernel of its own. Both equal eager."""
+@pytest.mark.parametrize("k, n, heavy, dtype", [(1024, 1024, False, torch.bfloat16), (128, 16384, True, torch.bfloat16),
+                                                 (128, 16384, True, torch.float32)])
+def test_gemv_epilogue_goes_where_the_cost_model_says(k, n, heavy, dtype):
+    """A one-row matmul's epilogue runs in the GEMV only where that is estimated no
+    slower than an elementwise kernel of its own over the partitions. With a 2-byte
+    output the weight streams and the epilogue runs on [128, w] tiles (128 lanes): a
+    relu, and even a seven-op tail behind a one-k-tile contraction, go in the GEMV. An
+    fp32 output keeps the weight stationary (the streamed tile's store would be a
+    strided DMA), its epilogue on the one-partition row (one lane): the seven-op tail
+    over 16,384 columns stays a kernel of its own. All equal eager."""
     torch.manual_seed(3)
-    model = _GemvEpilogue(k, n, heavy).to(torch.bfloat16)
-    cm = run_and_compare(model, (torch.randn(1, k, dtype=torch.bfloat16),), target="cloud")
-    said = [m for m in _remarks(cm) if f"matmul 1x{k}x{n}: epilogue on the GEMV's rows" in m]
-    assert len(said) == 1 and said[0].endswith("kept separate" if heavy else "fused"), said
-    assert (len(cm.program.kernels) == 1) == (not heavy)
+    model = _GemvEpilogue(k, n, heavy).to(dtype)
+    cm = run_and_compare(model, (torch.randn(1, k, dtype=dtype),), target="cloud")
+    said = [m for m in _remarks(cm) if f"matmul 1x{k}x{n}: epilogue in the GEMV" in m]
+    separate = dtype == torch.float32
+    assert len(said) == 1 and said[0].endswith("kept separate" if separate else "fused"), said
+    assert ("streamed weight" in said[0]) == (not separate)
+    assert (len(cm.program.kernels) == 1) == (not heavy)  # (the seven ops make two groups)

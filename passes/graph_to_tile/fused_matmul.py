@@ -28,6 +28,7 @@ prologue, or a group no schedule fits.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -166,10 +167,12 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
     return True
 
 
-def epilogue_part(lw: LoweringContext, group: FusedOp, mm: Operation, space: tuple[int, ...],
-                  loc: str) -> FusedPart | None:
+def epilogue_part(lw: LoweringContext, group: FusedOp, mm: Operation, space: tuple[int, ...], loc: str,
+                  operand: Callable[[ElementwiseKernel, SSAValue], int | None] | None = None) -> FusedPart | None:
     """The group's epilogue (the ops after `mm` whose values it yields, or the product
-    itself) as a DAG over `space` rooted at the accumulator tile; None without one."""
+    itself) as a DAG over `space` rooted at the accumulator tile; None without one (or
+    where `operand`, which makes the leaf of each tensor operand the ops read from
+    outside, gives None)."""
     res = mm.results[0]
     y = group.block.last_op
     assert isinstance(y, YieldOp)
@@ -181,6 +184,15 @@ def epilogue_part(lw: LoweringContext, group: FusedOp, mm: Operation, space: tup
     ek = ElementwiseKernel(lw, "epilogue", loc, space)
     acc = ek.given_leaf(elem_of(res.type))
     ref: dict[SSAValue, int] = {res: acc}
+    if operand is not None:
+        inside = {r for o in epi_ops for r in o.results} | {res}
+        for v in [v for o in epi_ops for v in o.operands]:
+            if v in inside or v in ref or v in lw.scalars or isinstance(v.owner, g.ConstantOp):
+                continue
+            leaf = operand(ek, v)
+            if leaf is None:
+                return None
+            ref[v] = leaf
     _build(ek, lw, epi_ops, ref)
     for v in epi_values:
         out = ref[v]
@@ -298,13 +310,14 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         n_epi = 0 if epi is None else len(epi.hoisted) + len(epi.per_tile) + len(epi.values)
         epi_args, pro_args = args[:n_epi], args[n_epi:]
         self.pro_tp = self._program(pro, p.K, p.K, pro_args, 2) if pro is not None else None
-        self.epi_tp = self._program(epi, self.TNL, p.N, epi_args, 2) if epi is not None else None
+        # a streamed-weight GEMV's tiles are [TN, TNL / TN] of the output viewed [TN, N / TN]
+        self.epi_cols = (self.TNL // p.TN, p.N // p.TN) if self.stream_b else (self.TNL, p.N)
+        self.epi_tp = self._program(epi, *self.epi_cols, epi_args, 2) if epi is not None else None
 
     def _program(self, part: FusedPart, TC: int, width: int, args: list[SSAValue], D: int) -> TileProgram:
         """A part's TileProgram on this kernel's tiles; its hoisted leaves loaded now
         (`args`: the kernel arguments left, the part's taken from the front)."""
         kb, TM = self.kb, self.p.TM
-        rows = 1 if self.direct else TM  # a direct kernel's one row: its tiles read row 0 only
         n_hoist = len(part.hoisted)
         leaf_args = args[: n_hoist + len(part.per_tile)]
         del args[: n_hoist + len(part.per_tile)]
@@ -323,7 +336,11 @@ class FusedMatmulKernel(BlockedMatmulKernel):
             buf = kb.alloc([TM, cols], leaf_elem(leaf), tile.SRAM, f"hoist{i}")
             ind = [self.c(0)] * len(shape_of(arg.type))
             col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
-            kb.add(tile.LoadOp(arg, ind, buf, self.c(rows), self.c(cols), -1, col_dim, queue=self.hoist_q))
+            # a row operand: one row for a direct kernel (its tiles read row 0 only), else
+            # broadcast to every row; a streamed-weight GEMV's operands are whole tiles
+            row_dim = leaf.imap[-2] if leaf.imap[-2] is not None else -1
+            rows = TM if row_dim >= 0 or not self.direct else 1
+            kb.add(tile.LoadOp(arg, ind, buf, self.c(rows), self.c(cols), row_dim, col_dim, queue=self.hoist_q))
             part_bufs[i] = buf
         tp.hoist_bufs = part_bufs
         return tp
@@ -359,7 +376,8 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         r, c = self.c(ms), self.c(ns)
         for i in part.per_tile:
             tp.load(i, idx, r, c, parity, queue=self.qa0)
-        given = self._given(tp, part, n0, self.TNL if self.p.N >= self.TNL else self.p.N)
+        tnl, n = self.epi_cols
+        given = self._given(tp, part, n0, tnl if n >= tnl else n)
         given[part.root] = acc
         tp.compute(r, c, parity, given)
         tp.store(idx, r, c, parity, queue=self.store_q, given=given)

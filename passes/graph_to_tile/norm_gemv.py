@@ -53,16 +53,16 @@ partitions into the matmul's k-tiles, or a schedule that is not direct.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from xdsl.dialects.builtin import bf16, f16, f32
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
 from tilecc.passes import remarks
-from tilecc.passes.graph_to_tile.elementwise import Leaf, leaf_elem, vector_steps
+from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, Leaf, leaf_elem, vector_steps
 from tilecc.passes.graph_to_tile.elementwise.cost import estimate_cycles
 from tilecc.passes.graph_to_tile.fused_matmul import (
     FusedMatmulKernel,
@@ -72,11 +72,11 @@ from tilecc.passes.graph_to_tile.fused_matmul import (
     epilogue_part,
 )
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.matmul import b_operand, choose_schedule, direct_a, problem_of
+from tilecc.passes.graph_to_tile.matmul import b_operand, choose_schedule, direct_a, problem_of, stream_b_view
 from tilecc.passes.graph_to_tile.rms_norm_split import emit_split_norm, split_of, split_operands
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.schedule.cost_model import choose, estimate
-from tilecc.passes.schedule.matmul_schedule import MatmulProblem
+from tilecc.passes.schedule.matmul_schedule import MatmulProblem, MatmulSchedule
 from tilecc.simulator.timing import TimingRules
 
 if TYPE_CHECKING:
@@ -127,34 +127,73 @@ def _lone_norm(pro: list[Operation], mm: Operation) -> g.RmsNormOp | None | bool
     return norm
 
 
-def _epilogue_pays(lw: LoweringContext, plain: MatmulProblem, fused: MatmulProblem, epi: FusedPart, N: int) -> bool:
-    """Whether the kernel with the epilogue on its one-lane rows (`fused`) is estimated
-    faster than the kernel without it (`plain`) plus the epilogue as an elementwise
-    kernel of its own (the row spread over the partitions: `estimate_cycles`); a remark
-    says which, with the figures."""
+def _separate_epilogue(lw: LoweringContext, epi: FusedPart, elem: Attribute, N: int) -> float:
+    """The epilogue as an elementwise kernel of its own, the row spread over the
+    partitions (`estimate_cycles`: load the product and operands, compute, store)."""
     cfg = lw.cfg
-    plain_s, fused_s = choose(plain, cfg), choose(fused, cfg)
-    if fused_s is None or plain_s is None:
-        return fused_s is not None
     rows = min(lw.P, N)
     while N % rows:
         rows -= 1
-    tiles = [v for v in epi.ek.values if isinstance(v, Leaf) and v.value is not None]
-    alone = estimate_cycles(TimingRules(cfg), (rows, N // rows), rows, N // rows, 1,
-                            [element_size(plain_elem(plain))] + [element_size(leaf_elem(v)) for v in tiles],
-                            [element_size(e) for _, e in epi.ek.outputs], vector_steps(epi.ek.values, cfg))
-    one, two = estimate(fused, fused_s, cfg), estimate(plain, plain_s, cfg)
-    pays = one <= two + alone
-    remarks.emit("lower-graph-to-tile", "analysis",
-                 lambda: f"matmul 1x{plain.K}x{N}: epilogue on the GEMV's rows (one lane) estimated {one:,.0f} cycles "
-                         f"against {two:,.0f} + {alone:,.0f} as a kernel of its own: "
-                         + ("fused" if pays else "kept separate"))
-    return pays
+    leaves = [v for v in epi.ek.values if isinstance(v, Leaf) and v.value is not None]
+    return estimate_cycles(TimingRules(cfg), (rows, N // rows), rows, N // rows, 1,
+                           [element_size(elem)] + [element_size(leaf_elem(v)) for v in leaves],
+                           [element_size(e) for _, e in epi.ek.outputs], vector_steps(epi.ek.values, cfg))
 
 
-def plain_elem(p: MatmulProblem) -> Attribute:
-    """The element type of the matmul's product as the next kernel reads it."""
-    return {"f32": f32, "bf16": bf16, "f16": f16}[p.o_dtype]
+def _stream_leaf(lw: LoweringContext, ek: ElementwiseKernel, v: SSAValue, N: int, TN: int) -> int | None:
+    """An epilogue operand of a streamed-weight GEMV: a contiguous 2-byte row of N,
+    viewed as the output tiles are (`stream_b_view`); None for anything else."""
+    src = lw.materialise(v)
+    if tuple(d for d in shape_of(src.type) if d != 1) != (N,) or element_size(elem_of(src.type)) != 2:
+        return None
+    if lw.layout(src)[0][-1] != 1:
+        return None
+    return ek.leaf_hbm(stream_b_view(lw, src, N, TN), [0, 1])
+
+
+@dataclass
+class _Variant:
+    """One way to lower the group: the orientation, the problem the cost model sees
+    (with the epilogue's evacuation work), the epilogue DAG, the schedule, its estimate."""
+
+    stream_b: bool
+    problem: MatmulProblem
+    epi: FusedPart | None
+    sched: MatmulSchedule | None = None
+    est: float = float("inf")
+
+
+def _variants(lw: LoweringContext, group: FusedOp, mm: Operation, problem: MatmulProblem, with_epi: bool,
+              loc: str) -> list[_Variant]:
+    """The group's lowerings the cost model weighs: the weight stationary (the product
+    a row on one partition: the epilogue on one lane) and, where the output allows it
+    (2-byte, whole TN-column tiles, a weight-stationary array), the weight streamed
+    past the row's k-tile (the product [TN, w] on TN lanes: the epilogue's vector work
+    a TN-th of the row's, `evac_cost` scaled so); both take one 128-cycle matmul per
+    128 x 128 weight tile (module docstring)."""
+    N, TN = problem.N, problem.TN
+    res = mm.results[0]
+    out: list[_Variant] = []
+    epi = epilogue_part(lw, group, mm, (1, N), loc) if with_epi else None
+    if with_epi and epi is None:
+        return []
+    out.append(_Variant(False, dataclasses.replace(problem, **epilogue_fields(epi, N)) if epi else problem, epi))
+    if N % TN == 0 and element_size(elem_of(res.type)) == 2 and lw.cfg.matrix.dataflow == "ws":
+        epi_b = epilogue_part(lw, group, mm, (TN, N // TN), loc,
+                              operand=lambda ek, v: _stream_leaf(lw, ek, v, N, TN)) if with_epi else None
+        if not with_epi or epi_b is not None:
+            if epi_b is not None:  # every operand a whole [TN, N / TN] image: loaded once
+                epi_b.hoisted, epi_b.per_tile = epi_b.hoisted + epi_b.per_tile, []
+                fields = epilogue_fields(epi_b, N // TN)
+                fields["evac_cost"] /= TN
+            else:
+                fields = dict(evac_cost=lw.cfg.vector.op_cost.unary["copy"] / TN)
+            out.append(_Variant(True, dataclasses.replace(problem, **fields), epi_b))
+    for v in out:
+        v.sched = choose(v.problem, lw.cfg)
+        if v.sched is not None:
+            v.est = estimate(v.problem, v.sched, lw.cfg)
+    return [v for v in out if v.sched is not None]
 
 
 def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: str, *, epilogue: bool) -> bool:
@@ -180,13 +219,23 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
         x_shape = shape_of(norm.operands[0].type)
         if x_shape[-1] != K or split_of(lw, 1, K) != problem.TK:
             return False
-    space = (1, N)
-    epi = epilogue_part(lw, group, mm, space, loc) if epi_ops else None
-    if epi is not None:
-        fused = dataclasses.replace(problem, **epilogue_fields(epi, N))
-        if not _epilogue_pays(lw, problem, fused, epi, N):
+    variants = _variants(lw, group, mm, problem, bool(epi_ops), loc)
+    if not variants:
+        return False
+    best = min(variants, key=lambda v: v.est)  # (ties: the weight stationary, listed first)
+    if best.epi is not None:
+        plain = _variants(lw, group, mm, problem, False, loc)
+        sep = _separate_epilogue(lw, best.epi, elem_of(res.type), N)
+        alone = min(v.est for v in plain) if plain else float("inf")
+        pays = best.est <= alone + sep
+        remarks.emit("lower-graph-to-tile", "analysis",
+                     lambda: f"matmul 1x{K}x{N}: epilogue in the GEMV ({'streamed weight, ' if best.stream_b else ''}"
+                             f"{'TN lanes' if best.stream_b else 'one lane'}) estimated {best.est:,.0f} cycles "
+                             f"against {alone:,.0f} + {sep:,.0f} as a kernel of its own: "
+                             + ("fused" if pays else "kept separate"))
+        if not pays:
             return False
-        problem = fused
+    problem, epi, stream_b = best.problem, best.epi, best.stream_b
     sched = choose_schedule(lw, problem)
     if sched is None:
         return False
@@ -203,25 +252,33 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
         norm_args = []
     B = b_operand(lw, b, problem, sched, out_shape[:-2], interleaved=True)
     extra: list[SSAValue] = []
-    if epi is not None:
-        epi_outs = epilogue_outputs(lw, epi, space)
+    TN = problem.TN
+    if epi is not None and stream_b:  # outputs [1, N] in HBM, the tiles' view of each
+        fulls = [lw.hbm(shape_of(v.type), e) for v, (_, e) in zip(epi.values, epi.ek.outputs, strict=True)]
+        epi_outs = [stream_b_view(lw, f, N, TN) for f in fulls]
+        out = lw.view(fulls[0], out_shape)
+        extra = [epi.ek.leaf_of(i).value for i in epi.hoisted + epi.per_tile] + epi_outs
+    elif epi is not None:
+        fulls = epi_outs = epilogue_outputs(lw, epi, (1, N))
         out = lw.view(epi_outs[0], out_shape)
         extra = [epi.ek.leaf_of(i).value for i in epi.hoisted + epi.per_tile] + epi_outs
     else:
-        epi_outs = []
+        fulls = []
         out = lw.hbm(out_shape, elem_of(res.type))
-    args = [*front, B.value, out, *norm_args, *extra]
+    out_arg = stream_b_view(lw, out, N, TN, lead=len(out_shape) - 2) if stream_b else out
+    args = [*front, B.value, out_arg, *norm_args, *extra]
     kb = KernelBuilder(lw.kernel_name("matmul"), [v.type for v in args], loc)
     ea = elem_of(norm.results[0].type) if norm is not None else elem_of(a.type)
     eb, eo = elem_of(b.type), elem_of(res.type)
     kernel = _DecodeGemvKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=[0, 1], b_imap=B.imap,
-                               elems=(ea, eb, eo), norm=norm, epi=epi, out_shape=tuple(out_shape))
+                               elems=(ea, eb, eo), norm=norm, epi=epi, out_shape=tuple(out_shape),
+                               stream_b=stream_b)
     kernel.emit(out_shape[:-2])
     lw.launch(kb, args)
     if epi is None:
         lw.values[res] = out
     else:
-        for v, o in zip(epi.values, epi_outs, strict=True):
+        for v, o in zip(epi.values, fulls, strict=True):
             lw.values[v] = lw.view(o, shape_of(v.type))
     if norm is not None:
         remarks.emit("lower-graph-to-tile", "passed",
@@ -231,11 +288,15 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
         remarks.emit("lower-graph-to-tile", "passed",
                      lambda: f"matmul 1x{K}x{N}: the A row loads straight into the partitions ({problem.nk} "
                              f"contiguous elements each, the weight's rows interleaved to match): no transposes")
+    if stream_b:
+        remarks.emit("lower-graph-to-tile", "passed",
+                     lambda: f"matmul 1x{K}x{N}: the weight streams past the row's k-tile (stationary "
+                             f"[{problem.TK}, 1]), its product [{TN}, {sched.w}] per chunk on {TN} lanes")
     if epi is not None:
         names = ", ".join(o.name.removeprefix("graph.") for o in epi_ops)
         remarks.emit("lower-graph-to-tile", "passed",
-                     lambda: f"matmul 1x{K}x{N}: its epilogue ({names}) runs on each evacuated row "
-                             f"(one kernel; the product's store and reload removed)")
+                     lambda: f"matmul 1x{K}x{N}: its epilogue ({names}) runs on each evacuated "
+                             f"{'tile' if stream_b else 'row'} (one kernel; the product's store and reload removed)")
     return True
 
 
