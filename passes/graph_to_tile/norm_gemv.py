@@ -37,13 +37,25 @@ model counts it (`MatmulProblem.evac_cost`; it overlaps the next chunk's matmuls
 last chunk's is exposed), and the epilogue is fused only where the kernel with it is
 estimated no slower than the kernel without it plus the epilogue as a kernel of its
 own over the partitions (`_epilogue_pays`; a long tail behind a short contraction
-stays separate). With an epilogue (int8 down_proj of the 1B shape)::
+stays separate).
+
+Orientation (`_variants`): the weight stationary (each 128 x 128 weight tile the
+`rhs`, the one-row k-tile moving: the product a row on one partition, its evacuation
+and epilogue on one vector lane) or streamed (`stream_b`: the row's k-tile the
+stationary ``[TK, 1]``, each weight tile of the same group buffer the moving `lhsT`:
+the product a ``[TN, 1]`` accumulator column per tile, a chunk's ``[TN, w]`` evacuated
+on TN lanes, the output and the epilogue's operands viewed ``[TN, N/TN]``). Both take
+one 128-cycle matmul per weight tile on `cloud` (the moving rows land on the
+accumulator's partitions, so the streamed tile is 128 wide: ``max(L, S') = L``); the
+cost model picks the cheaper evacuation, the streamed one wherever the output is
+2-byte and whole TN-column tiles. With an epilogue (int8 down_proj of the 1B shape)::
 
     %g = graph.fused "matmul" (%h, %Wq, %s, %x) {
       %p = graph.matmul %h, %Wq : (tensor<1x1x8192xbf16>, tensor<8192x2048xi8>) -> ...
       %y = graph.mul %p, %s ...   %z = graph.add %y, %x ...   graph.yield %z }
-    ->  one kernel: the direct GEMV, then per chunk of 1,024 columns
-        tile.binary "mul" %acc, %s_win into %t ; tile.binary "add" %t, %x_win into %o ; tile.store %o
+    ->  one kernel: the direct GEMV (the weight streamed), then per chunk of 1,024 columns
+        tile.binary "mul" %acc, %s_win into %t ; tile.binary "add" %t, %x_win into %o   // [128, 8]
+        tile.store %o -> %out viewed [128, 16] (strides 1, 128)
 
 Not used (the norm, the matmul and the epilogue lower as before): batch or rows > 1,
 a norm whose result something else reads, a row that does not split over all
