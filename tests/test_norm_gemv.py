@@ -105,35 +105,67 @@ def test_one_byte_weights_decode_norm_gemv_matches_eager(fmt, dt):
 
 
 class _GemvEpilogue(nn.Module):
-    """A one-row linear and an elementwise tail: one op (`heavy` False) or seven."""
+    """A one-row linear and an elementwise tail: a relu, or seven ops (`heavy`), the
+    last multiplier a one-element tensor input (`scale`) or the constant 0.5."""
 
-    def __init__(self, k: int, n: int, heavy: bool):
+    def __init__(self, k: int, n: int, heavy: bool, scale: bool):
         super().__init__()
         self.lin = nn.Linear(k, n, bias=False)
-        self.heavy = heavy
+        self.heavy, self.scale = heavy, scale
 
-    def forward(self, x):
+    def forward(self, x, s):
         y = self.lin(x)
         if not self.heavy:
             return torch.relu(y)
-        return torch.tanh(torch.sigmoid(y) * y + y * y) * 0.5 - y
+        return torch.tanh(torch.sigmoid(y) * y + y * y) * (s if self.scale else 0.5) - y
 
 
-@pytest.mark.parametrize("k, n, heavy, dtype", [(1024, 1024, False, torch.bfloat16), (128, 16384, True, torch.bfloat16),
-                                                 (128, 16384, True, torch.float32)])
-def test_gemv_epilogue_goes_where_the_cost_model_says(k, n, heavy, dtype):
+@pytest.mark.parametrize("heavy, scale", [(False, False), (True, False), (True, True)])
+def test_gemv_epilogue_goes_where_the_cost_model_says(heavy, scale):
     """A one-row matmul's epilogue runs in the GEMV only where that is estimated no
-    slower than an elementwise kernel of its own over the partitions. With a 2-byte
-    output the weight streams and the epilogue runs on [128, w] tiles (128 lanes): a
-    relu, and even a seven-op tail behind a one-k-tile contraction, go in the GEMV. An
-    fp32 output keeps the weight stationary (the streamed tile's store would be a
-    strided DMA), its epilogue on the one-partition row (one lane): the seven-op tail
-    over 16,384 columns stays a kernel of its own. All equal eager."""
+    slower than an elementwise kernel of its own over the partitions. With 2-byte row
+    operands the weight streams and the epilogue runs on [128, w] tiles (128 lanes): a
+    relu, and even a seven-op tail over 16,384 columns, go in the GEMV. A one-element
+    tensor operand has no [128, N/128] image, so the weight stays stationary and the
+    epilogue would run on the one-partition row (one lane): the seven-op tail stays a
+    kernel of its own. All equal eager."""
     torch.manual_seed(3)
-    model = _GemvEpilogue(k, n, heavy).to(dtype)
-    cm = run_and_compare(model, (torch.randn(1, k, dtype=dtype),), target="cloud")
+    k, n = 1024, 16384
+    model = _GemvEpilogue(k, n, heavy, scale).to(torch.bfloat16)
+    args = (torch.randn(1, k, dtype=torch.bfloat16), torch.rand(1, dtype=torch.bfloat16) + 0.5)
+    cm = run_and_compare(model, args, target="cloud")
     said = [m for m in _remarks(cm) if f"matmul 1x{k}x{n}: epilogue in the GEMV" in m]
-    separate = dtype == torch.float32
-    assert len(said) == 1 and said[0].endswith("kept separate" if separate else "fused"), said
-    assert ("streamed weight" in said[0]) == (not separate)
-    assert (len(cm.program.kernels) == 1) == (not heavy)  # (the seven ops make two groups)
+    assert len(said) == 1 and said[0].endswith("kept separate" if scale else "fused"), said
+    assert ("streamed weight" in said[0]) == (not scale)
+    assert (len(cm.program.kernels) == 1) == (not scale)
+
+
+class _GemvTwoOutputs(nn.Module):
+    """A one-row linear whose product and a residual sum both leave the group."""
+
+    def __init__(self, k: int, n: int):
+        super().__init__()
+        self.lin = nn.Linear(k, n, bias=False)
+
+    def forward(self, x, r):
+        y = self.lin(x)
+        return y, y + r
+
+
+@pytest.mark.parametrize("n, streams", [(1024, True), (1000, False)])
+def test_gemv_orientation_needs_whole_column_tiles(n, streams):
+    """The weight streams only where the output is whole 128-column tiles (its [128, w]
+    image); N = 1000 keeps the weight stationary (and, its weight not pre-tiled, the
+    general kernel). Two outputs of one group (the raw product and the residual sum)
+    come from the same evacuation; both equal eager."""
+    torch.manual_seed(4)
+    model = _GemvTwoOutputs(2048, n).to(torch.bfloat16)
+    x = torch.randn(1, 1, 2048, dtype=torch.bfloat16)
+    r = torch.randn(1, 1, n, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x, r), target="cloud")
+    assert any(f"matmul 1x2048x{n}: the weight streams past" in m for m in _remarks(cm)) == streams
+    s = cm.program.stream
+    mm = s[s["opcode"] == Opcode.MATMUL]
+    assert (mm["cols"] == 1).all() == streams
+    if streams:
+        assert len(cm.program.kernels) == 1  # the sum in the GEMV's evacuation

@@ -176,13 +176,14 @@ class _Variant:
 
 
 def _variants(lw: LoweringContext, group: FusedOp, mm: Operation, problem: MatmulProblem, with_epi: bool,
-              loc: str) -> list[_Variant]:
+              row: SSAValue, loc: str) -> list[_Variant]:
     """The group's lowerings the cost model weighs: the weight stationary (the product
     a row on one partition: the epilogue on one lane) and, where the output allows it
     (2-byte, whole TN-column tiles, a weight-stationary array), the weight streamed
     past the row's k-tile (the product [TN, w] on TN lanes: the epilogue's vector work
     a TN-th of the row's, `evac_cost` scaled so); both take one 128-cycle matmul per
-    128 x 128 weight tile (module docstring)."""
+    128 x 128 weight tile (module docstring). Only direct schedules (`direct_a`: the
+    row straight into the partitions, the weight pre-tiled) are kept."""
     N, TN = problem.N, problem.TN
     res = mm.results[0]
     out: list[_Variant] = []
@@ -203,9 +204,9 @@ def _variants(lw: LoweringContext, group: FusedOp, mm: Operation, problem: Matmu
             out.append(_Variant(True, dataclasses.replace(problem, **fields), epi_b))
     for v in out:
         v.sched = choose(v.problem, lw.cfg)
-        if v.sched is not None:
+        if v.sched is not None and direct_a(lw, v.problem, v.sched, row):
             v.est = estimate(v.problem, v.sched, lw.cfg)
-    return [v for v in out if v.sched is not None]
+    return [v for v in out if v.est < float("inf")]
 
 
 def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: str, *, epilogue: bool) -> bool:
@@ -231,12 +232,13 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
         x_shape = shape_of(norm.operands[0].type)
         if x_shape[-1] != K or split_of(lw, 1, K) != problem.TK:
             return False
-    variants = _variants(lw, group, mm, problem, bool(epi_ops), loc)
+    row = norm.operands[0] if norm is not None else a
+    variants = _variants(lw, group, mm, problem, bool(epi_ops), row, loc)
     if not variants:
         return False
     best = min(variants, key=lambda v: v.est)  # (ties: the weight stationary, listed first)
     if best.epi is not None:
-        plain = _variants(lw, group, mm, problem, False, loc)
+        plain = _variants(lw, group, mm, problem, False, row, loc)
         sep = _separate_epilogue(lw, best.epi, elem_of(res.type), N)
         alone = min(v.est for v in plain) if plain else float("inf")
         pays = best.est <= alone + sep
@@ -249,11 +251,8 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
             return False
     problem, epi, stream_b = best.problem, best.epi, best.stream_b
     sched = choose_schedule(lw, problem)
-    if sched is None:
-        return False
-    row = norm.operands[0] if norm is not None else a
-    if not direct_a(lw, problem, sched, row):
-        return False
+    if sched is None or not direct_a(lw, problem, sched, row):
+        return False  # (an autotuning policy chose otherwise)
     if norm is not None:
         x = lw.materialise(norm.operands[0])
         xv, wv, gmat = split_operands(lw, norm, x, 1, K, problem.TK)
