@@ -6,9 +6,11 @@ Compiles only the decode program of a Llama-shaped model on the meta device (as
 end recorded, and prints per kernel family (the kernel name without its ``k<i>_``
 prefix and launch suffix): launches, the sum of each launch's span (first start to
 last end) and that sum's share of the step. Linked kernels overlap (codegen/link.py),
-so the shares may add up to more than 100 %.
+so the shares may add up to more than 100 %. `--weights int8 | fp8 | w8a8` quantises
+the model as `benchmarks/llm.py` does (lm_head kept bf16 unless `--quantize-lm-head`).
 
     .venv/bin/python benchmarks/llm_kernels.py --model 1b --batch 32
+    .venv/bin/python benchmarks/llm_kernels.py --model 1b --batch 1 --weights int8
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--target", default="cloud")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--weights", default="bf16", help="bf16, or a tilecc.quantize scheme (int8, fp8, w8a8)")
+    ap.add_argument("--quantize-lm-head", action="store_true", help="quantise lm_head too (default: kept bf16)")
     args = ap.parse_args(argv)
 
     import tilecc
@@ -48,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     from tilecc.simulator.machine import simulate
 
     model = llm.build(args.model, args.prompt + 2)
+    if args.weights != "bf16":
+        from tilecc.quantize import quantize_scheme
+
+        model = quantize_scheme(model, args.weights, skip=() if args.quantize_lm_head else ("lm_head",))
     lm = StaticCacheLM(model, batch=args.batch, max_len=args.prompt + 2).eval()
     step = torch.zeros(args.batch, 1, dtype=torch.long, device="meta")
     decode = tilecc.compile(_LastLogits(lm).eval(), (step, torch.tensor([args.prompt], device="meta")),
@@ -64,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         spans.setdefault(family(name), []).append(t1 - t0)
     total = sim.cycles
     ghz = prog.config.clock_ghz
-    print(f"{llm.NAMES[args.model]}, bf16, batch {args.batch}, cache {args.prompt + 2} positions, {args.target}: "
+    weights = args.weights + ("+lm" if args.quantize_lm_head else "")
+    print(f"{llm.NAMES[args.model]}, {weights}, batch {args.batch}, cache {args.prompt + 2} positions, {args.target}: "
           f"decode step {total:,.0f} cycles ({total / ghz / 1e6:.3f} ms)")
     print(f"{'kernel family':<28} {'launches':>8} {'cycles':>14} {'share':>7}")
     rows = sorted(spans.items(), key=lambda kv: -sum(kv[1]))

@@ -115,16 +115,17 @@ def lower_matmul_group(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     """A matmul with its prologue (the ops before it: a layer norm producing A) and
     epilogue (the ops after it)."""
     from tilecc.passes.graph_to_tile.fused_matmul import lower_fused_matmul
-    from tilecc.passes.graph_to_tile.norm_gemv import lower_norm_gemv
+    from tilecc.passes.graph_to_tile.norm_gemv import lower_gemv_group
 
     ops = [o for o in op.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
     mm = next(o for o in ops if isinstance(o, g.MatmulOp))
-    if lw.opt_level >= 2 and lower_fused_matmul(lw, op, mm, loc):
-        return
+    if lw.opt_level >= 2 and (lower_fused_matmul(lw, op, mm, loc)
+                              or lower_gemv_group(lw, op, mm, loc, epilogue=True)):
+        return  # (a one-row matmul with its norm and epilogue: norm_gemv.py)
     y = op.block.last_op
     assert isinstance(y, YieldOp)
     pro, epi = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]
-    if not (pro and lw.opt_level >= 2 and not _needed(pro, epi, y) and lower_norm_gemv(lw, pro, mm, loc)):
+    if not (pro and lw.opt_level >= 2 and lower_gemv_group(lw, op, mm, loc, epilogue=False)):
         # (else the norm computed the one-row matmul's row: norm_gemv.py)
         if pro and not _lone_rms_norm(lw, pro):
             lower_subdag(lw, pro, _needed(pro, [mm, *epi], y), loc, _ops_name(pro), _space(pro))

@@ -28,6 +28,7 @@ prologue, or a group no schedule fits.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Part:
+class FusedPart:
     """One DAG of the group (epilogue or prologue) as a TileProgram's inputs."""
 
     ek: ElementwiseKernel
@@ -88,31 +89,14 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
     y = group.block.last_op
     assert isinstance(y, YieldOp)
     ops = [o for o in group.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
-    pro_ops, epi_ops = ops[: ops.index(mm)], ops[ops.index(mm) + 1 :]
+    pro_ops = ops[: ops.index(mm)]
     if pro_ops and len(out_shape) != 2:
         return False
     yielded = list(y.values)
 
     # epilogue: on the accumulator tile, over the output's space
     space = tuple(d for d in out_shape if d != 1)
-    epi = None
-    epi_values = [v for v in yielded if v.owner in epi_ops or v is res]
-    if epi_values:
-        ek = ElementwiseKernel(lw, "epilogue", loc, space)
-        acc = ek.given_leaf(elem_of(res.type))
-        ref: dict[SSAValue, int] = {res: acc}
-        _build(ek, lw, epi_ops, ref)
-        for v in epi_values:
-            out = ref[v]
-            if out == acc:
-                # the raw product is yielded (beside epilogue values, or after a
-                # prologue): an explicit copy converts the fp32 accumulator tile (a DMA
-                # cannot convert); it is the copy an evacuation makes anyway
-                out = ek.unary("copy", acc, elem_of(v.type))
-            ek.output(out, elem_of(v.type), value=v)
-        ek.classify()
-        epi = _Part(ek, acc, epi_values)
-        epi.split_leaves(hoist=True)
+    epi = epilogue_part(lw, group, mm, space, loc)
 
     # prologue: the A rows [M, K]
     pro = None
@@ -127,16 +111,11 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         for v in pro_values:
             ek.output(ref[v], elem_of(v.type), value=v)
         ek.classify()
-        pro = _Part(ek, ref[a_val], pro_values)
+        pro = FusedPart(ek, ref[a_val], pro_values)
         pro.split_leaves(hoist=True)
 
     # the schedule, for the fused kernel
-    fields: dict[str, Any] = {}
-    if epi is not None:
-        cost, n_ops = epi.cost()
-        per_col = _sram_per_col(epi)
-        fields.update(evac_cost=cost, evac_ops=n_ops, fused_sram_per_col=per_col,
-                      fused_sram=sum(_hoist_bytes(epi.ek, i, N) for i in epi.hoisted))
+    fields: dict[str, Any] = epilogue_fields(epi, N) if epi is not None else {}
     if pro is not None:
         cost, n_ops = pro.cost()
         fields.update(prep_cost=cost, prep_ops=n_ops, fused_sram=fields.get("fused_sram", 0)
@@ -160,7 +139,7 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         A = lw.aligned_batch(a, out_shape[:-2], (M, K))
     B = b_operand(lw, b, problem, sched, out_shape[:-2])
     ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
-    epi_outs = [lw.view(o, space) for o in _outputs(lw, epi, space)] if epi is not None else []
+    epi_outs = epilogue_outputs(lw, epi, space) if epi is not None else []
     pro_outs = [lw.view(o, (M, K)) for o in _outputs(lw, pro, (M, K))] if pro is not None else []
     if epi is not None:
         out = lw.view(epi_outs[0], out_shape)
@@ -186,6 +165,60 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         for v, o in zip(part.values, outs, strict=True):
             lw.values[v] = lw.view(o, shape_of(v.type))
     return True
+
+
+def epilogue_part(lw: LoweringContext, group: FusedOp, mm: Operation, space: tuple[int, ...], loc: str,
+                  operand: Callable[[ElementwiseKernel, SSAValue], int | None] | None = None) -> FusedPart | None:
+    """The group's epilogue (the ops after `mm` whose values it yields, or the product
+    itself) as a DAG over `space` rooted at the accumulator tile; None without one (or
+    where `operand`, which makes the leaf of each tensor operand the ops read from
+    outside, gives None)."""
+    res = mm.results[0]
+    y = group.block.last_op
+    assert isinstance(y, YieldOp)
+    ops = [o for o in group.block.ops if not isinstance(o, (YieldOp, g.ConstantOp))]
+    epi_ops = ops[ops.index(mm) + 1:]
+    epi_values = [v for v in y.values if v.owner in epi_ops or v is res]
+    if not epi_values:
+        return None
+    ek = ElementwiseKernel(lw, "epilogue", loc, space)
+    acc = ek.given_leaf(elem_of(res.type))
+    ref: dict[SSAValue, int] = {res: acc}
+    if operand is not None:
+        inside = {r for o in epi_ops for r in o.results} | {res}
+        for v in [v for o in epi_ops for v in o.operands]:
+            if v in inside or v in ref or v in lw.scalars or isinstance(v.owner, g.ConstantOp):
+                continue
+            leaf = operand(ek, v)
+            if leaf is None:
+                return None
+            ref[v] = leaf
+    _build(ek, lw, epi_ops, ref)
+    for v in epi_values:
+        out = ref[v]
+        if out == acc:
+            # the raw product is yielded (beside epilogue values, or after a
+            # prologue): an explicit copy converts the fp32 accumulator tile (a DMA
+            # cannot convert); it is the copy an evacuation makes anyway
+            out = ek.unary("copy", acc, elem_of(v.type))
+        ek.output(out, elem_of(v.type), value=v)
+    ek.classify()
+    epi = FusedPart(ek, acc, epi_values)
+    epi.split_leaves(hoist=True)
+    return epi
+
+
+def epilogue_fields(epi: FusedPart, N: int) -> dict[str, Any]:
+    """The `MatmulProblem` fields of an epilogue: its vector work per evacuation and its
+    SRAM, so the cost model weighs them and only schedules that fit are taken."""
+    cost, n_ops = epi.cost()
+    return dict(evac_cost=cost, evac_ops=n_ops, fused_sram_per_col=_sram_per_col(epi),
+                fused_sram=sum(_hoist_bytes(epi.ek, i, N) for i in epi.hoisted))
+
+
+def epilogue_outputs(lw: LoweringContext, epi: FusedPart, space: tuple[int, ...]) -> list[SSAValue]:
+    """HBM tensors of the epilogue's outputs, viewed at `space`."""
+    return [lw.view(o, space) for o in _outputs(lw, epi, space)]
 
 
 def group_alone(group: FusedOp) -> g.GraphProgram:
@@ -232,7 +265,7 @@ def _build(ek: ElementwiseKernel, lw: LoweringContext, ops: list[Operation], ref
     build_dag(ek, lw, ops, args, ref)
 
 
-def _outputs(lw: LoweringContext, part: _Part, space: tuple[int, ...]) -> list[SSAValue]:
+def _outputs(lw: LoweringContext, part: FusedPart, space: tuple[int, ...]) -> list[SSAValue]:
     """HBM tensors of a part's outputs (at the part's space; layouts consumers ask for)."""
     return [part.ek.out_buffer(v, elem, space) for (_, elem), v in zip(part.ek.outputs, part.values)]
 
@@ -245,7 +278,7 @@ def _hoist_bytes(ek: ElementwiseKernel, i: int, width: int) -> int:
     return -(-cols * element_size(leaf_elem(leaf)) // ALIGN) * ALIGN
 
 
-def _sram_per_col(part: _Part) -> int:
+def _sram_per_col(part: FusedPart) -> int:
     """An epilogue's SRAM per column of the chunk (per-tile leaves and outputs in two
     sets, temps), rounded up."""
     one = TileProgram.sram_bytes(part.ek, 64, 2, {i: 2 for i in part.per_tile}, [part.root],
@@ -258,11 +291,14 @@ class FusedMatmulKernel(BlockedMatmulKernel):
     `load_a_rows` (module docstring)."""
 
     def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, *,
-                 epi: _Part | None, pro: _Part | None, out_shape: tuple[int, ...], **kw: Any) -> None:
+                 epi: FusedPart | None, pro: FusedPart | None, out_shape: tuple[int, ...], front: int = 0,
+                 **kw: Any) -> None:
+        """`front`: kernel arguments after the matmul's own (A, B, [identity,] out) that a
+        subclass takes before the parts' (the norm's operands of a decode GEMV)."""
         super().__init__(kb, p, s, cfg, **kw)
         self.epi, self.pro = epi, pro
         self.out_shape = out_shape
-        args = list(kb.args[4:])
+        args = list(kb.args[(3 if self.direct else 4) + front:])
         self.store_q = cfg.dma.queues - 1
         self.qa0 = s.qa[0]
         # operands loaded once go on the store queue, idle until the first evacuation:
@@ -274,9 +310,11 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         n_epi = 0 if epi is None else len(epi.hoisted) + len(epi.per_tile) + len(epi.values)
         epi_args, pro_args = args[:n_epi], args[n_epi:]
         self.pro_tp = self._program(pro, p.K, p.K, pro_args, 2) if pro is not None else None
-        self.epi_tp = self._program(epi, self.TNL, p.N, epi_args, 2) if epi is not None else None
+        # a streamed-weight GEMV's tiles are [TN, TNL / TN] of the output viewed [TN, N / TN]
+        self.epi_cols = (self.TNL // p.TN, p.N // p.TN) if self.stream_b else (self.TNL, p.N)
+        self.epi_tp = self._program(epi, *self.epi_cols, epi_args, 2) if epi is not None else None
 
-    def _program(self, part: _Part, TC: int, width: int, args: list[SSAValue], D: int) -> TileProgram:
+    def _program(self, part: FusedPart, TC: int, width: int, args: list[SSAValue], D: int) -> TileProgram:
         """A part's TileProgram on this kernel's tiles; its hoisted leaves loaded now
         (`args`: the kernel arguments left, the part's taken from the front)."""
         kb, TM = self.kb, self.p.TM
@@ -298,12 +336,16 @@ class FusedMatmulKernel(BlockedMatmulKernel):
             buf = kb.alloc([TM, cols], leaf_elem(leaf), tile.SRAM, f"hoist{i}")
             ind = [self.c(0)] * len(shape_of(arg.type))
             col_dim = leaf.imap[-1] if leaf.imap[-1] is not None else -1
-            kb.add(tile.LoadOp(arg, ind, buf, self.c(TM), self.c(cols), -1, col_dim, queue=self.hoist_q))
+            # a row operand: one row for a direct kernel (its tiles read row 0 only), else
+            # broadcast to every row; a streamed-weight GEMV's operands are whole tiles
+            row_dim = leaf.imap[-2] if leaf.imap[-2] is not None else -1
+            rows = TM if row_dim >= 0 or not self.direct else 1
+            kb.add(tile.LoadOp(arg, ind, buf, self.c(rows), self.c(cols), row_dim, col_dim, queue=self.hoist_q))
             part_bufs[i] = buf
         tp.hoist_bufs = part_bufs
         return tp
 
-    def _given(self, tp: TileProgram, part: _Part, col0: SSAValue, width: int) -> dict[int, SSAValue]:
+    def _given(self, tp: TileProgram, part: FusedPart, col0: SSAValue, width: int) -> dict[int, SSAValue]:
         """Column windows at `col0` of the full-width operands (a static offset gets a
         window that ends at the buffer's end)."""
         given: dict[int, SSAValue] = {}
@@ -334,7 +376,8 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         r, c = self.c(ms), self.c(ns)
         for i in part.per_tile:
             tp.load(i, idx, r, c, parity, queue=self.qa0)
-        given = self._given(tp, part, n0, self.TNL if self.p.N >= self.TNL else self.p.N)
+        tnl, n = self.epi_cols
+        given = self._given(tp, part, n0, tnl if n >= tnl else n)
         given[part.root] = acc
         tp.compute(r, c, parity, given)
         tp.store(idx, r, c, parity, queue=self.store_q, given=given)
@@ -359,4 +402,5 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         tp.store(idx, r, c, s, queue=self.store_q, given=given)
 
 
-__all__ = ["lower_fused_matmul", "FusedMatmulKernel"]
+__all__ = ["FusedMatmulKernel", "FusedPart", "epilogue_fields", "epilogue_outputs", "epilogue_part",
+           "lower_fused_matmul"]

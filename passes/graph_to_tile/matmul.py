@@ -148,6 +148,22 @@ class _Aff:
         return not self.terms
 
 
+def _exact_div(a: _Aff, d: int) -> _Aff:
+    """`a` / `d` where `d` divides its constant and every coefficient."""
+    if a.const % d or any(k % d for _, k in a.terms):
+        raise CompileError(f"lower-graph-to-tile: a streamed-weight chunk does not start at a multiple of {d}")
+    return _Aff(a.const // d, tuple((v, k // d) for v, k in a.terms))
+
+
+def stream_b_view(lw: LoweringContext, v: SSAValue, n: int, tn: int, lead: int = 0) -> SSAValue:
+    """HBM row `v` (n elements, contiguous) viewed ``[1]*lead + [tn, n / tn]`` with
+    element (r, j) at column ``j*tn + r``: the layout of a streamed-weight GEMV's output."""
+    strides, offset = lw.layout(v)
+    if strides[-1] != 1 or n % tn:
+        raise CompileError("lower-graph-to-tile: a streamed-weight GEMV's row must be contiguous, whole tiles")
+    return lw.strided(v, [1] * lead + [tn, n // tn], [n] * lead + [1, tn], offset)
+
+
 def _idx(x: int | _Aff) -> _Aff:
     return x if isinstance(x, _Aff) else _Aff(x)
 
@@ -185,12 +201,18 @@ class BlockedMatmulKernel:
     docstring for the loop nest and the two extension points)."""
 
     def __init__(self, kb: KernelBuilder, p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, *, rank: int,
-                 a_imap: Sequence, b_imap: Sequence, elems: tuple, direct: bool = False):
+                 a_imap: Sequence, b_imap: Sequence, elems: tuple, direct: bool = False, stream_b: bool = False):
         self.kb, self.p, self.s, self.cfg = kb, p, s, cfg
         self.rank = rank
         self.a_imap, self.b_imap = list(a_imap), list(b_imap)
         # `direct` (`direct_a`): A is the row viewed [TK, nk] and there is no identity
         self.direct = direct
+        # `stream_b` (a direct kernel only): the row's k-tile is the stationary operand
+        # ([TK, 1]) and each [TK, TN] weight tile streams past it, its product a column
+        # [TN, 1] of the accumulator: a chunk's output is [TN, w] (element (r, t) is
+        # column n0 + t*TN + r), evacuated on TN lanes; the output argument (and the
+        # epilogue's) is viewed so (`stream_b_view`)
+        self.stream_b = stream_b
         if direct:
             self.argA, self.argB, self.argO = kb.args[:3]
         else:
@@ -304,7 +326,10 @@ class BlockedMatmulKernel:
                      for _ in range(s.b_sets)]
         self.obuf = [kb.alloc([TM, TNL], self.eo, tile.SRAM, "out") for _ in range(2)]
         self.acc = [kb.alloc([TM, TNL], f32, tile.ACC, "acc") for _ in range(2)]
-        self.acc_win = [[self.window(self.acc[q], t * TN, [TM, TN]) for t in range(s.w)] for q in range(2)]
+        if self.stream_b:
+            self.acc_win = [[self.window(self.acc[q], t, [TN, 1]) for t in range(s.w)] for q in range(2)]
+        else:
+            self.acc_win = [[self.window(self.acc[q], t * TN, [TM, TN]) for t in range(s.w)] for q in range(2)]
         self.true = _bool(kb, True)
         self.false = _bool(kb, False)
 
@@ -493,6 +518,10 @@ class BlockedMatmulKernel:
                 acc_flag = self.kb.ne_zero(self.ix(kt))
             for t in range(wc):
                 rwin = self.window(self.bset[bp][g], i * self.TNL + t * p.TN, [p.TK, p.TN])
+                if self.stream_b:  # the weight tile moves, the row's k-tile is stationary
+                    self.kb.add(tile.MatmulOp(rwin, lwin, self.acc_win[q][t], self.c(cs[t]), self.c(ksz), self.c(1),
+                                              acc_flag))
+                    continue
                 self.kb.add(tile.MatmulOp(lwin, rwin, self.acc_win[q][t], self.c(ms), self.c(ksz), self.c(cs[t]),
                                           acc_flag))
             if prep is not None:
@@ -508,6 +537,10 @@ class BlockedMatmulKernel:
                 self.loop1(full, lambda i, g=g, kt0=kt0: kt_body(g, i, i + kt0, 0, p.TK))
             if short:
                 kt_body(g, _Aff(n - 1), _Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1])
+        if self.stream_b:  # [TN, wc]: column t holds output columns n0 + t*TN ..
+            self.evacuate(self.window(self.acc[q], 0, [p.TN, wc]), q, self.c(0), self.ix(_exact_div(n0, p.TN)),
+                          p.TN, wc)
+            return
         self.evacuate(self.acc[q] if width == self.TNL else self.window(self.acc[q], 0, [p.TM, width]), q,
                       self.ix(m_row), self.ix(n0), ms, width)
 
