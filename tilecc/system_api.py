@@ -9,10 +9,10 @@
 parallelism around the norms; `sm.train(*inputs, loss="mean")` runs a training step,
 runtime/tp_train.py), {"pp": N, "micro_batches": M} (pipeline parallelism by layers,
 runtime/pipeline_run.py) or {"dp": N} (data parallelism: `sm.train(*inputs, loss="mean")`
-runs a training step, runtime/data_parallel.py). Two of them combine: tp x pp (inference),
-dp x tp and dp x pp (inference: the batch split over the replicas; training: each replica's
-gradients all-reduced across them), runtime/tp_pipeline_run.py's chip grid. tp x pp x dp
-must equal the system's chips. `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
+runs a training step, runtime/data_parallel.py). They combine on runtime/tp_pipeline_run.py's
+chip grid: tp x pp and tp x pp x dp (inference, the batch split over the replicas), dp x tp
+and dp x pp (inference; training: each replica's gradients all-reduced across them).
+tp x pp x dp must equal the system's chips. `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
 ColwiseParallel / RowwiseParallel / SequenceParallel / PrepareModuleInput/Output); by default
 the automatic plan of a `transformers` decoder (frontend/tensor_parallel.py). The system's
 chip config is the target of every chip (`system` may name its own: `ring:4;chip=edge`).
@@ -65,8 +65,9 @@ class SystemModel:
 
         prog = self.program
         if isinstance(prog, TpPipelineProgram) and prog.tp > 1 and prog.pp > 1:
-            raise ShardingError(f"train(): training with tp x pp (tp={prog.tp}, pp={prog.pp}) is not built; "
-                                f"sm.train() runs dp, tp, pp, dp x tp and dp x pp")
+            raise ShardingError(f"train(): parallel tp={prog.tp}, pp={prog.pp}, dp={prog.dp}: training with tensor "
+                                f"parallelism inside pipeline stages is not built; sm.train() runs dp, tp, pp, dp x tp "
+                                f"and dp x pp (tp x pp and tp x pp x dp run inference: sm(*inputs))")
         if isinstance(prog, SystemProgram) or (isinstance(prog, TpPipelineProgram) and prog.pp == 1):
             self.train_result = self._tp_trainer(inputs, loss).step(inputs, target=target, mode=self.mode)
             return self.train_result
@@ -169,10 +170,6 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
     if tp * pp * dp != system.chips:
         raise ShardingError(f"parallel: tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} must equal the system's "
                             f"{system.chips} chips ({system.topology.spec})")
-    if dp > 1 and tp > 1 and pp > 1:
-        raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp}: data parallelism with both tp and pp is timed by "
-                            f"runtime/parallel_step.py (benchmarks/cluster.py), not run functionally (dp x tp and "
-                            f"dp x pp are)")
     if dp > 1 and tp > 1 and p.get("sp"):
         raise ShardingError(f"parallel: 'sp' = True with 'dp' = {dp}: replicas of a tensor-parallel group run the "
                             f"all-reduce plan (no sequence parallelism)")
