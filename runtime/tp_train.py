@@ -331,8 +331,10 @@ class TensorParallelTrainer:
                         if gi is None:
                             continue
                         g[d, r][n] = g[d, r][n] + gi if n in g[d, r] else gi
-                        if n in self.values[0] and rt is not None:
-                            ready[n] = (stage, max(ready.get(n, (stage, 0.0))[1], bwd[stage] + rt))
+                        if n in self.values[0] and rt is not None:  # a weight of two stages: the first's
+                            prev = ready.get(n)
+                            at = bwd[stage] + rt
+                            ready[n] = (stage, max(prev[1], at) if prev is not None and prev[0] == stage else at)
                     t = max(t, res.backward_ns)
                 bwd[stage] += t
                 continue
