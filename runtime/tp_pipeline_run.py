@@ -86,32 +86,43 @@ def compile_tp_pipeline(model: torch.nn.Module, inputs: tuple, system: SystemCon
     micro = _micro_batches(split_batch(tuple(inputs), dp)[0], micro_batches)
     model = model.eval()
     plan = auto_plan(model, False) if tp > 1 else {}
-    mark = None
-    if pp > 1:
-        name, layers = _layers(model)
-        if len(layers) < pp:
-            raise ShardingError(f"{name}: {len(layers)} layers cannot make {pp} pipeline stages (one layer at least "
-                                f"each)")
-        bounds = [(k * len(layers)) // pp for k in range(pp + 1)]
-
-        def mark(chip: torch.nn.Module) -> list[Any]:
-            chip_layers = chip.get_submodule(name)
-            return [chip_layers[bounds[k]].register_forward_pre_hook(_send_hook(k)) for k in range(1, pp)]
-
-    sh = export_shards(model, micro[0], plan, tp, mark=mark)
+    sh = export_shards(model, micro[0], plan, tp, mark=stage_marks(model, pp))
     values, shared, user = sh.values, sh.shared, sh.user
     graph = split_at_collectives(sh.ep, shared, set(values[0]))
     values = [{k: v.mT.contiguous() if k in graph.transposed else v for k, v in vals.items()} for vals in values]
-    stage_of, k = [], 0
-    for st in graph.stages:
-        if isinstance(st, list) and any(c.op == "send_recv" for c in st):
-            k = max(c.group for c in st if c.op == "send_recv")
-        stage_of.append(k)
+    stage_of = stage_numbers(graph)
     cfg = system.chip_config(0)
     programs = [compile_cached(export_model(seg.module, tuple(seg.examples)), cfg, cache, stats=CompileStats(),
                                opt_level=opt_level) for seg in graph.segments]
     return TpPipelineProgram(system, tp, pp, micro_batches, graph, stage_of, programs, values, user,
                              time.perf_counter() - t0, dp, model)
+
+
+def stage_marks(model: torch.nn.Module, pp: int) -> Any:
+    """The pipeline's cut for export_shards(mark=): `send_recv` before the first layer of each
+    later stage (None for one stage)."""
+    if pp == 1:
+        return None
+    name, layers = _layers(model)
+    if len(layers) < pp:
+        raise ShardingError(f"{name}: {len(layers)} layers cannot make {pp} pipeline stages (one layer at least each)")
+    bounds = [(k * len(layers)) // pp for k in range(pp + 1)]
+
+    def mark(chip: torch.nn.Module) -> list[Any]:
+        chip_layers = chip.get_submodule(name)
+        return [chip_layers[bounds[k]].register_forward_pre_hook(_send_hook(k)) for k in range(1, pp)]
+
+    return mark
+
+
+def stage_numbers(graph: SegmentedGraph) -> list[int]:
+    """Per entry of graph.stages, its pipeline stage: that of the last send_recv before it."""
+    stage_of, k = [], 0
+    for st in graph.stages:
+        if isinstance(st, list) and any(c.op == "send_recv" for c in st):
+            k = max(c.group for c in st if c.op == "send_recv")
+        stage_of.append(k)
+    return stage_of
 
 
 def _tp_collective(c: Collective, blocks: list[torch.Tensor], tpp: TpPipelineProgram, stage: int, d: int,

@@ -82,10 +82,70 @@ def test_dp2_x_pp2_inference_and_training_equal_eager():
     assert r.dp_comm_ns > 0 and "data parallel x2" in str(r)
 
 
+def test_tp2_x_pp2_x_dp2_inference_equals_eager():
+    model, (ids,) = _llama(batch=4, seq=8, layers=2)
+    sm = tilecc.compile(model, (ids,), target="tiny", system="ring:8",
+                        parallel={"tp": 2, "pp": 2, "dp": 2, "micro_batches": 2})
+    with torch.no_grad():
+        want = model.eval()(ids)
+        torch.testing.assert_close(sm(ids), want, rtol=1e-4, atol=1e-4)
+    rep = sm.report
+    assert rep.extra == {"tp": 2, "pp": 2, "dp": 2, "micro_batches": 2}
+    # every chip ran: chip = (replica x 2 + stage) x 2 + TP rank, a stage's ranks the same stream
+    busy = [c.busy_us for c in rep.chips]
+    assert all(b > 0 for b in busy) and busy[0] == busy[1] and busy[:4] == busy[4:]
+    assert {c["op"] for c in rep.collectives} == {"all_reduce", "send_recv"}
+    # both replicas' TP all-reduces and sends share the ring: each replica alone is no slower
+    alone = tilecc.compile(model, (ids[:2],), target="tiny", system="ring:4",
+                           parallel={"tp": 2, "pp": 2, "micro_batches": 2})
+    with torch.no_grad():
+        torch.testing.assert_close(alone(ids[:2]), want[:2], rtol=1e-4, atol=1e-4)
+    assert sm.timeline.total_ns >= alone.timeline.total_ns * (1 - 1e-9)
+    assert 0 < sm.timeline.exposed_comm_ns < sm.timeline.total_ns
+
+
+def _check_tp_pipeline_step(r, want_loss, want, dp):
+    torch.testing.assert_close(r.loss, want_loss, rtol=1e-5, atol=1e-6)
+    _check_grads(r.grads, want)  # the micro-batches' (and replicas') mean: the whole batch's
+    assert (r.tp, r.pp, r.dp, r.micro_batches) == (2, 2, dp, 2)
+    # per micro-batch and layer 2 TP all-reduces forward, 2 backward; each stage's on its own group
+    assert [c.phase for c in r.collectives].count("forward") == 8 and len(r.collectives) == 16
+    assert len(r.ops) == 2 * 2 * 2 and r.send_ns[0] > 0 and r.grad_send_ns[0] > 0
+    busiest = max(2 * (f + b) for f, b in zip(r.stage_fwd_ns, r.stage_bwd_ns))
+    pipeline_end = max(o.end_ns for o in r.ops)
+    assert busiest < pipeline_end <= r.step_ns
+    # communication (TP all-reduces inside the stages, the sends) adds to the compute's schedule
+    assert 0 < r.pipeline_free_ns < pipeline_end and r.exposed_ns == pytest.approx(r.step_ns - r.pipeline_free_ns)
+    assert "pipeline stages (1F1B, 2 micro-batches)" in str(r)
+    return pipeline_end
+
+
+def test_tp2_x_pp2_training_equals_eager():
+    model, (ids,) = _llama(batch=4, seq=8, layers=2)
+    want_loss, want = _eager(model, ids)
+    sm = tilecc.compile(model, (ids,), target="tiny", system="ring:4", parallel={"tp": 2, "pp": 2, "micro_batches": 2})
+    r = sm.train(ids)
+    end = _check_tp_pipeline_step(r, want_loss, want, 1)
+    assert r.step_ns == end and r.dp_comm_ns == 0 and not r.buckets
+
+
+def test_tp2_x_pp2_x_dp2_training_equals_eager():
+    model, (ids,) = _llama(batch=4, seq=8, layers=2)
+    want_loss, want = _eager(model, ids)
+    sm = tilecc.compile(model, (ids,), target="tiny", system="ring:8",
+                        parallel={"tp": 2, "pp": 2, "dp": 2, "micro_batches": 2})
+    r = sm.train(ids)
+    end = _check_tp_pipeline_step(r, want_loss, want, 2)
+    # each stage's TP pieces all-reduced over the replicas from its last backward
+    assert len(r.stage_buckets) == 2 and all(b.comm_ns > 0 for bs in r.stage_buckets for b in bs)
+    stage0 = {b.name for b in r.stage_buckets[0]}
+    assert "model.embed_tokens" in stage0 and "model.layers.0" in stage0 and "model.norm" not in stage0
+    assert r.dp_comm_ns > 0 and r.dp_exposed_ns == pytest.approx(r.step_ns - end)
+    assert "x data parallel x2" in str(r)
+
+
 def test_combination_errors_name_key_value_and_rule(capsys):
     model, (ids,) = _llama(batch=4)
-    with pytest.raises(ShardingError, match=r"tp=2, pp=2, dp=2: data parallelism with both tp and pp is timed"):
-        tilecc.compile(model, (ids,), system="ring:8", parallel={"tp": 2, "pp": 2, "dp": 2})
     with pytest.raises(ShardingError, match=r"'sp' = True with 'dp' = 2: .* all-reduce plan"):
         tilecc.compile(model, (ids,), system="ring:4", parallel={"tp": 2, "dp": 2, "sp": True})
     with pytest.raises(ShardingError, match=r"'dp' = 3 must divide the batch; input 0 has batch 4"):
@@ -95,5 +155,5 @@ def test_combination_errors_name_key_value_and_rule(capsys):
     from tilecc.cli import main
 
     assert main(["run", "examples/llama_tp.py:llama_pipeline", "--system", "ring:8", "--dp", "2", "--tp", "2",
-                 "--pp", "2"]) == 2
-    assert "data parallelism with both tp and pp is timed by runtime/parallel_step.py" in capsys.readouterr().err
+                 "--pp", "3"]) == 2
+    assert "tp x pp x dp = 2 x 3 x 2 = 12 must equal the system's 8 chips" in capsys.readouterr().err

@@ -48,8 +48,8 @@ def test_pipeline_errors():
         tilecc.compile(model, (IDS,), system="ring:4", parallel={"pp": 4})
     with pytest.raises(ShardingError, match="input 0: batch 4 cannot be cut into 3 micro-batches"):
         tilecc.compile(model, (IDS,), system="ring:2", parallel={"pp": 2, "micro_batches": 3})
-    with pytest.raises(ShardingError, match="tp=2, pp=2, dp=2: data parallelism with both tp and pp is timed"):
-        tilecc.compile(model, (IDS,), system="ring:8", parallel={"pp": 2, "tp": 2, "dp": 2})
+    with pytest.raises(ShardingError, match=r"'sp' = True with 'dp' = 2"):
+        tilecc.compile(model, (IDS,), system="ring:8", parallel={"pp": 2, "tp": 2, "dp": 2, "sp": True})
     with pytest.raises(ShardingError, match="tp_plan= applies to tensor parallelism"):
         tilecc.compile(model, (IDS,), system="ring:2", parallel={"pp": 2}, tp_plan={})
     with pytest.raises(ShardingError, match="'dp' = 3 must divide the batch; input 0 has batch 4"):

@@ -7,12 +7,13 @@
 
 `parallel`: {"tp": N, "sp": bool} (tensor parallelism, Megatron-style, with sequence
 parallelism around the norms; `sm.train(*inputs, loss="mean")` runs a training step,
-runtime/tp_train.py), {"pp": N, "micro_batches": M} (pipeline parallelism by layers,
-runtime/pipeline_run.py) or {"dp": N} (data parallelism: `sm.train(*inputs, loss="mean")`
-runs a training step, runtime/data_parallel.py). Two of them combine: tp x pp (inference),
-dp x tp and dp x pp (inference: the batch split over the replicas; training: each replica's
-gradients all-reduced across them), runtime/tp_pipeline_run.py's chip grid. tp x pp x dp
-must equal the system's chips. `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
+runtime/tp_train.py, also with pp and dp: each pipeline stage tensor-parallel, 1F1B),
+{"pp": N, "micro_batches": M} (pipeline parallelism by layers, runtime/pipeline_run.py) or
+{"dp": N} (data parallelism: `sm.train(*inputs, loss="mean")` runs a training step,
+runtime/data_parallel.py). They combine on runtime/tp_pipeline_run.py's chip grid: tp x pp,
+tp x pp x dp, dp x tp and dp x pp (inference: the batch split over the replicas; training:
+each replica's gradients all-reduced across them). tp x pp x dp must equal the system's
+chips. `tp_plan`: a plan in PyTorch's vocabulary (module FQN ->
 ColwiseParallel / RowwiseParallel / SequenceParallel / PrepareModuleInput/Output); by default
 the automatic plan of a `transformers` decoder (frontend/tensor_parallel.py). The system's
 chip config is the target of every chip (`system` may name its own: `ring:4;chip=edge`).
@@ -56,18 +57,15 @@ class SystemModel:
 
     def train(self, *inputs: torch.Tensor, loss: str = "mean", target: torch.Tensor | None = None) -> Any:
         """One training step: data parallelism (runtime/data_parallel.py), tensor parallelism
-        (runtime/tp_train.py) or a 1F1B pipeline (runtime/pipeline_train.py, the loss: the
-        output's mean): the loss's gradients, equal to eager's, and the step's timeline; also
-        kept as `train_result`."""
+        (runtime/tp_train.py, with pp: its stages through 1F1B) or a 1F1B pipeline
+        (runtime/pipeline_train.py, the loss: the output's mean): the loss's gradients, equal
+        to eager's, and the step's timeline; also kept as `train_result`."""
         from tilecc.runtime.data_parallel import DataParallelProgram
         from tilecc.runtime.pipeline_run import PipelineProgram
         from tilecc.runtime.tp_pipeline_run import TpPipelineProgram
 
         prog = self.program
-        if isinstance(prog, TpPipelineProgram) and prog.tp > 1 and prog.pp > 1:
-            raise ShardingError(f"train(): training with tp x pp (tp={prog.tp}, pp={prog.pp}) is not built; "
-                                f"sm.train() runs dp, tp, pp, dp x tp and dp x pp")
-        if isinstance(prog, SystemProgram) or (isinstance(prog, TpPipelineProgram) and prog.pp == 1):
+        if isinstance(prog, SystemProgram) or (isinstance(prog, TpPipelineProgram) and prog.tp > 1):
             self.train_result = self._tp_trainer(inputs, loss).step(inputs, target=target, mode=self.mode)
             return self.train_result
         if isinstance(prog, PipelineProgram | TpPipelineProgram):
@@ -82,7 +80,7 @@ class SystemModel:
             return self.train_result
         if not isinstance(self.program, DataParallelProgram):
             raise TileccError("train(): training steps are compiled with parallel={'dp': N}, {'tp': N} or {'pp': N} "
-                              "(collectives='stream' and tp x pp run inference only)")
+                              "(collectives='stream' runs inference only)")
         self.train_result = self.program.step(inputs, loss=loss, target=target, mode=self.mode)
         return self.train_result
 
@@ -96,8 +94,9 @@ class SystemModel:
         key = (loss, tuple(tuple(x.shape) for x in inputs))
         if key not in self._trainers:
             self._trainers[key] = TensorParallelTrainer(prog.model, inputs, prog.system, tp=prog.tp,
-                                                        dp=getattr(prog, "dp", 1), plan=getattr(prog, "plan", None),
-                                                        loss=loss)
+                                                        dp=getattr(prog, "dp", 1), pp=getattr(prog, "pp", 1),
+                                                        micro_batches=getattr(prog, "micro_batches", 1),
+                                                        plan=getattr(prog, "plan", None), loss=loss)
         return self._trainers[key]
 
     def run(self, *inputs: torch.Tensor, trace: str | Path | None = None, timing_only: bool = False) -> Any:
@@ -169,10 +168,6 @@ def parse_parallel(parallel: dict[str, Any] | None, system: SystemConfig) -> dic
     if tp * pp * dp != system.chips:
         raise ShardingError(f"parallel: tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} must equal the system's "
                             f"{system.chips} chips ({system.topology.spec})")
-    if dp > 1 and tp > 1 and pp > 1:
-        raise ShardingError(f"parallel: tp={tp}, pp={pp}, dp={dp}: data parallelism with both tp and pp is timed by "
-                            f"runtime/parallel_step.py (benchmarks/cluster.py), not run functionally (dp x tp and "
-                            f"dp x pp are)")
     if dp > 1 and tp > 1 and p.get("sp"):
         raise ShardingError(f"parallel: 'sp' = True with 'dp' = {dp}: replicas of a tensor-parallel group run the "
                             f"all-reduce plan (no sequence parallelism)")
