@@ -152,6 +152,16 @@ def _hbm_busy(r: float, queues: int) -> float:
     return max(1.0 - hi ** queues, 1e-6)
 
 
+@lru_cache(maxsize=4096)
+def _widths(p: MatmulProblem, w: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`chunk_widths`, and for each chunk the end of its run of equal widths."""
+    widths = tuple(chunk_widths(p, w))
+    same_to = [len(widths)] * len(widths)
+    for c in range(len(widths) - 2, -1, -1):
+        same_to[c] = same_to[c + 1] if widths[c + 1] == widths[c] else c + 1
+    return widths, tuple(same_to)
+
+
 def estimate(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None = None) -> float:
     return breakdown(p, s, cfg, timing).total
 
@@ -164,7 +174,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     # both operands 8-bit: the array's 8-bit rate (the A transposes stay at the 16-bit one)
     lowp = {"i8": cfg.matrix.int8_speedup, "f8e4m3": cfg.matrix.fp8_speedup}.get(p.a_dtype, 1.0) \
         if p.a_dtype == p.b_dtype else 1.0
-    widths = chunk_widths(p, s.w)
+    widths, same_to = _widths(p, s.w)
     nch = len(widths)
     TK, TM, TN = p.TK, p.TM, p.TN
     kfull, klast = divmod(p.K, TK)
@@ -306,12 +316,18 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         key = (id(plan), bi == 0)
         if key not in runs_of:
             ch_runs: list[list] = []
-            for c in range(nch):
+            # past the chunks with items (and chunk 0), a chunk's figures depend on its
+            # width alone: a run of equal widths is one figure
+            plain = max(1, len(plan.chunk_items))
+            c = 0
+            while c < nch:
                 x = chunk_figures(bi, plan, c)
+                n = same_to[c] - c if c >= plain else 1
                 if ch_runs and ch_runs[-1][0] is x:
-                    ch_runs[-1][1] += 1
+                    ch_runs[-1][1] += n
                 else:
-                    ch_runs.append([x, 1])
+                    ch_runs.append([x, n])
+                c += n
             runs_of[key] = ch_runs
         ch_runs = runs_of[key]
         if block_runs and block_runs[-1][0] is ch_runs:
