@@ -29,6 +29,7 @@ from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.frontend.dsl.work import dsl_call_work
 from tilecc.ir import float64, tile
 from tilecc.ir.bf16_weights import Bf16Weight
+from tilecc.ir.dense_elements import dense_elements
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.graph_work import graph_work
 from tilecc.ir.meta_weights import MetaWeight
@@ -424,7 +425,7 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
             if op.weight is not None:
                 values = np.asarray(wv)
             elif op.value is not None:
-                values = np.asarray(op.value.get_values())
+                values = dense_elements(op.value)
             else:  # the branch's condition: a weight or a value
                 raise CompileError(f"{op.name} has neither a weight nor a value")
             if values.dtype.kind not in "iu" or t.dtype != DType.I32:  # ints stay exact
