@@ -97,6 +97,15 @@ class Timing(TimingRules):
     def __init__(self, cfg: HardwareConfig):
         super().__init__(cfg)
         self._memo: dict[tuple, float] = {}
+        self._by_problem: dict[int, tuple[MatmulProblem, dict]] = {}
+
+    def problem_memo(self, p: MatmulProblem) -> dict:
+        """A memo of figures of problem `p` shared by its candidate schedules (keyed by
+        the schedule fields they depend on): per problem object, which it keeps alive."""
+        got = self._by_problem.get(id(p))
+        if got is None or got[0] is not p:
+            got = self._by_problem[id(p)] = (p, {})
+        return got[1]
 
     def _memoised(self, key: tuple, compute: Callable[[], float]) -> float:
         hit = self._memo.get(key)
@@ -163,10 +172,17 @@ def _widths(p: MatmulProblem, w: int) -> tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def estimate(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None = None) -> float:
-    return breakdown(p, s, cfg, timing).total
+    return _breakdown(p, s, cfg, timing, parts=False).total
 
 
 def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None = None) -> Breakdown:
+    return _breakdown(p, s, cfg, timing, parts=True)
+
+
+def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None,
+               parts: bool) -> Breakdown:
+    """The estimate; its parts (matrix, DMA, ...: sums over the chunks) only with
+    `parts` (the ranking reads the total alone)."""
     tm = timing or Timing(cfg)
     Q = cfg.dma.queues
     store_q = Q - 1
@@ -225,9 +241,19 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
             b_cache[width] = (n, x, w)
         return b_cache[width]
 
+    shared = tm.problem_memo(p)
+
     def dma_time(width: int, msz: tuple[int, ...], n_a: int, first: bool) -> tuple[float, float]:
         """(time of the chunk's transfers, their occupancy of the shared engines and HBM:
-        the time they take together at best)."""
+        the time they take together at best); the same for every candidate with the same
+        B groups, sets, queues and layout (shared through the problem's memo)."""
+        key = ("dma", s.g, s.b_sets, s.qb, s.qa[0], s.stagger, s.pretiled, width, msz, n_a, first)
+        got = shared.get(key)
+        if got is None:
+            got = shared[key] = dma_time_of(width, msz, n_a, first)
+        return got
+
+    def dma_time_of(width: int, msz: tuple[int, ...], n_a: int, first: bool) -> tuple[float, float]:
         n, xb, wb = b_queues(width)
         fixed = [n[q] * fB for q in range(Q)]
         x, w = list(xb), list(wb)
@@ -265,6 +291,16 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
             t += (nbq - 1) * fB  # the staggering pieces of the first tiles
         return t, total_w
 
+    def step_figures(width: int, msz: tuple[int, ...]) -> tuple[list[float], float, float]:
+        """A chunk's steps' matmul times, their sum and its evacuations' time (the same
+        for every candidate: shared through the problem's memo)."""
+        key = ("steps", width, msz)
+        got = shared.get(key)
+        if got is None:
+            steps = [step_mat(ms, width) for ms in msz]
+            got = shared[key] = (steps, sum(steps), sum(tm.evac(p, ms, width) for ms in msz))
+        return got
+
     # per distinct (block plan, chunk): (D, M, exposed part of M, last step, stalls,
     # matrix, vector, bytes)
     c_cache: dict = {}
@@ -279,9 +315,9 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         width, msz = widths[c], plan.msz
         n_items = sum(1 for x in items if x is not None)
         pro = len(plan.prologue) if (c == 0 and bi > 0) else 0
-        steps = [step_mat(ms, width) for ms in msz]
-        mat = sum(steps) + (n_items + pro) * tr_item
-        vec = sum(tm.evac(p, ms, width) for ms in msz) + (n_items + pro) * cp_item
+        steps, mat_steps, vec_evac = step_figures(width, msz)
+        mat = mat_steps + (n_items + pro) * tr_item
+        vec = vec_evac + (n_items + pro) * cp_item
         d, x = dma_time(width, msz, n_items + (len(plan.prologue) if c == 0 else 0), first)
         stall = 0.0
         if pro:
@@ -418,6 +454,9 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     st = one_batch([0.0, 0.0, 0.0, 0.0], start)
     st = repeat(p.batches - 1, 3, lambda t: one_batch(t, start_next), st)
     total = st[3] + end
+    if not parts:
+        return Breakdown(total, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
     def total_of(i: int) -> float:
         return p.batches * sum(x[i] * n * nbk for ch_runs, nbk in block_runs for x, n in ch_runs)
     nb_ = p.batches
