@@ -113,9 +113,10 @@ def _link_prefixes(part: np.ndarray, local: Spans, config: HardwareConfig,
     no more than linking a longer run that contains it), a barrier between runs.
 
     The first run is looked for from the whole group down; each later one first tries
-    twice the previous run's length (runs of a model's repeated layers cut alike), then
-    the whole rest if that links: the same runs as bisecting from the whole rest each
-    time, without linking the long rest of a group cut every few kernels again and again."""
+    the previous run's length and one kernel more (a model's repeated layers cut
+    alike), then the whole rest, and bisects between the longest that linked and the
+    first that did not: the same runs as bisecting from the whole rest each time,
+    without linking the long rest of a group cut every few kernels again and again."""
     segments: list[tuple[np.ndarray, Spans]] = []
     i = 0
     prev = 0  # the previous run's length in kernels (0: none yet)
@@ -133,22 +134,25 @@ def _link_prefixes(part: np.ndarray, local: Spans, config: HardwareConfig,
             except _NoLink as e:
                 return str(e)
 
-        probe = min(len(local), i + 2 * prev) if prev else len(local)
-        got = attempt(probe)
-        if not isinstance(got, str):
-            if probe == len(local):
-                segments.append(got)
+        # upward probes until one fails: [i, lo) links (a single kernel always does;
+        # `best` is its linked stream once computed), [i, hi) does not
+        n = len(local)
+        probes = [min(n, i + prev), min(n, i + prev + 1), n] if prev else [n]
+        lo, best, hi, why = i + 1, None, n + 1, ""
+        for j in probes:
+            if j <= lo:
+                continue
+            got = attempt(j)
+            if isinstance(got, str):
+                hi, why = j, got
                 break
-            lo, best = probe, got  # run [i, lo) links
-            got, probe = attempt(len(local)), len(local)
-            if not isinstance(got, str):
-                segments.append(got)
-                break
-        else:
-            lo = i + 1
+            lo, best = j, got
+        if best is None:
             best = attempt(lo)
-        why = got
-        hi = probe  # run [i, hi) does not link
+        assert not isinstance(best, str)  # a single kernel always "links"
+        if hi > n:  # the whole rest links
+            segments.append(best)
+            break
         while hi - lo > 1:
             mid = (lo + hi) // 2
             res = attempt(mid)
@@ -156,7 +160,6 @@ def _link_prefixes(part: np.ndarray, local: Spans, config: HardwareConfig,
                 hi, why = mid, res
             else:
                 lo, best = mid, res
-        assert not isinstance(best, str)  # a single kernel always "links"
         segments.append(best)
         remarks.append(f"link: barrier kept before kernel '{local[lo][0]}': {why}")
         prev = lo - i
