@@ -45,3 +45,27 @@ def test_dense_elements_equal_get_values(el, vals):
         assert np.array_equal(got, want, equal_nan=True)
     else:
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("el", [BFloat16Type(), Float32Type(), Float16Type()], ids=str)
+@pytest.mark.parametrize("kind", ["f32", "f64", "int", "nan", "special"])
+def test_dense_floats_equal_from_list(el, kind):
+    from tilecc.ir.dense_elements import dense_floats
+
+    vals = {
+        "f32": (RNG.standard_normal(300) * 10).astype(np.float32),
+        "f64": RNG.standard_normal(300) * 10,  # not float32: one rounding, as from_list
+        "int": np.arange(-50, 50),
+        "nan": np.array([np.nan, 1.0, 2.5], dtype=np.float32),
+        # ties (halfway between bf16 / f16 neighbours), the largest, subnormals, infinities
+        "special": np.array([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 65520.0, 3.4e38, 1e-40, -1e-45, 0.0, -0.0,
+                             np.inf, -np.inf, np.float32(2**-126) * 1.5], dtype=np.float32),
+    }[kind]
+    t = TensorType(el, [len(vals)])
+    try:
+        want = DenseIntOrFPElementsAttr.from_list(t, vals.tolist()).data.data
+    except OverflowError:  # f16 beyond its range: both refuse
+        with pytest.raises(OverflowError):
+            dense_floats(vals, t)
+        return
+    assert dense_floats(vals, t).data.data == want
