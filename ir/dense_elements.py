@@ -2,7 +2,8 @@
 
 xDSL's `DenseIntOrFPElementsAttr.get_values()` unpacks element by element into Python
 numbers (bf16 one `struct.unpack` per element): the packager reading a model's
-constants (causal masks, position tables) spent most of half a second there. The
+constants (causal masks, position tables) spent 0.3 s CPU there on the benchmark
+GPT-2. The
 bytes are little-endian elements of the attribute's element type, so numpy reads
 them in one `frombuffer`:
 
@@ -10,7 +11,8 @@ them in one `frombuffer`:
 
 `dense_floats(values, type)` builds the attribute of float values from their bytes,
 equal to ``DenseIntOrFPElementsAttr.from_list(type, values.tolist())`` (whose bf16
-packing rounds each Python float on its own: a 128 x 128 identity took ~20 ms).
+packing rounds each Python float on its own: 6 ms for a 128 x 128 identity, 0.2 ms
+from its bytes).
 
 Floats come back as float32 (f32, f16 and bf16 all convert exactly; f64 as float64),
 signed integers as int64 (what `np.asarray` makes of Python ints). Element types
@@ -44,8 +46,9 @@ def dense_elements(attr: DenseIntOrFPElementsAttr) -> np.ndarray:
     if isinstance(el, BFloat16Type):
         values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
     elif isinstance(el, Float32Type | Float16Type | Float64Type):
-        values = np.frombuffer(raw, dtype={Float32Type: "<f4", Float16Type: "<f2", Float64Type: "<f8"}[type(el)])
-        values = values.astype(np.float64 if isinstance(el, Float64Type) else np.float32)
+        wide = isinstance(el, Float64Type)
+        fmt = "<f8" if wide else "<f4" if isinstance(el, Float32Type) else "<f2"
+        values = np.frombuffer(raw, dtype=fmt).astype(np.float64 if wide else np.float32)
     elif isinstance(el, IntegerType) and el.signedness.data != Signedness.UNSIGNED and el.bitwidth in (8, 16, 32, 64):
         return np.frombuffer(raw, dtype=f"<i{el.bitwidth // 8}").astype(np.int64)
     if values is None or np.isnan(values).any():
