@@ -3,9 +3,8 @@
 xDSL's `DenseIntOrFPElementsAttr.get_values()` unpacks element by element into Python
 numbers (bf16 one `struct.unpack` per element): the packager reading a model's
 constants (causal masks, position tables) spent 0.3 s CPU there on the benchmark
-GPT-2. The
-bytes are little-endian elements of the attribute's element type, so numpy reads
-them in one `frombuffer`:
+GPT-2. The bytes are little-endian elements of the attribute's element type, so
+numpy reads them in one `frombuffer`:
 
     dense_elements(attr)  ==  np.asarray(attr.get_values())   (element for element)
 
