@@ -110,9 +110,16 @@ def _link_prefixes(part: np.ndarray, local: Spans, config: HardwareConfig,
                    remarks: list[str]) -> list[tuple[np.ndarray, Spans]]:
     """The group linked, or, where it cannot be as a whole, cut into the longest
     linkable runs of consecutive kernels (found by bisection; linking a run needs
-    no more than linking a longer run that contains it), a barrier between runs."""
+    no more than linking a longer run that contains it), a barrier between runs.
+
+    The first run is looked for from the whole group down; each later one first tries
+    the previous run's length and one kernel more (a model's repeated layers cut
+    alike), then the whole rest, and bisects between the longest that linked and the
+    first that did not: the same runs as bisecting from the whole rest each time,
+    without linking the long rest of a group cut every few kernels again and again."""
     segments: list[tuple[np.ndarray, Spans]] = []
     i = 0
+    prev = 0  # the previous run's length in kernels (0: none yet)
     while i < len(local):
 
         def attempt(j: int) -> tuple[np.ndarray, Spans] | str:
@@ -127,13 +134,25 @@ def _link_prefixes(part: np.ndarray, local: Spans, config: HardwareConfig,
             except _NoLink as e:
                 return str(e)
 
-        got = attempt(len(local))
-        if not isinstance(got, str):
-            segments.append(got)
+        # upward probes until one fails: [i, lo) links (a single kernel always does;
+        # `best` is its linked stream once computed), [i, hi) does not
+        n = len(local)
+        probes = [min(n, i + prev), min(n, i + prev + 1), n] if prev else [n]
+        lo, best, hi, why = i + 1, None, n + 1, ""
+        for j in probes:
+            if j <= lo:
+                continue
+            got = attempt(j)
+            if isinstance(got, str):
+                hi, why = j, got
+                break
+            lo, best = j, got
+        if best is None:
+            best = attempt(lo)
+        assert not isinstance(best, str)  # a single kernel always "links"
+        if hi > n:  # the whole rest links
+            segments.append(best)
             break
-        why = got
-        lo, hi = i + 1, len(local)  # run [i, lo) links; [i, hi) does not
-        best = attempt(lo)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             res = attempt(mid)
@@ -141,9 +160,9 @@ def _link_prefixes(part: np.ndarray, local: Spans, config: HardwareConfig,
                 hi, why = mid, res
             else:
                 lo, best = mid, res
-        assert not isinstance(best, str)  # a single kernel always "links"
         segments.append(best)
         remarks.append(f"link: barrier kept before kernel '{local[lo][0]}': {why}")
+        prev = lo - i
         i = lo
     return segments
 
@@ -184,8 +203,10 @@ def _link_group(s: np.ndarray, spans: Spans, config: HardwareConfig) -> np.ndarr
         idx = np.flatnonzero(eng == e)
         ordinal[idx] = np.arange(1, idx.size + 1)
         queue_members.append(idx)
-    last_w = np.zeros((n_cells, n_eng), dtype=np.int64)  # ordinal of the last writer per engine
-    last_r = np.zeros((n_cells, n_eng), dtype=np.int64)
+    # ordinal of the last writer (reader) per cell and engine; one row more than cells,
+    # always 0, so that a range's end is a valid index for `_query`'s reduceat
+    last_w = np.zeros((n_cells + 1, n_eng), dtype=np.int64)
+    last_r = np.zeros((n_cells + 1, n_eng), dtype=np.int64)
     fk = kernel_of[fp.instr]
     order = np.argsort(fk, kind="stable")
     bounds = np.searchsorted(fk[order], np.arange(len(spans) + 1))
@@ -256,11 +277,32 @@ def _pool_semaphores(s, eng, kernel_of, n_kernels: int, n_eng: int, config: Hard
     return [int(base[-1]) + e for e in range(n_eng)]
 
 
-def _ranges(rows: np.ndarray, c0: np.ndarray, c1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _unique_rows(cols: list[np.ndarray], sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the integer columns `cols` (column i in [0, sizes[i])), and each
+    row's number: one int64 key per row where the sizes' product fits (a sort of
+    scalars; `np.unique(axis=0)` sorts structured rows, an order of magnitude slower),
+    else the rows themselves. The rows' order is unspecified."""
+    span = 1
+    for n in sizes:
+        span *= max(n, 1)
+    if span >= 1 << 62:
+        uniq, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    key = cols[0].astype(np.int64)
+    for c, n in zip(cols[1:], sizes[1:], strict=True):
+        key = key * max(n, 1) + c
+    ukey, inv = np.unique(key, return_inverse=True)
+    out = np.empty((len(ukey), len(cols)), dtype=np.int64)
+    for i in range(len(cols) - 1, -1, -1):
+        n = max(sizes[i], 1)
+        out[:, i] = ukey % n
+        ukey = ukey // n
+    return out, inv.reshape(-1)
+
+
+def _ranges(rows: np.ndarray, c0: np.ndarray, c1: np.ndarray, n_cells: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct cell ranges of footprints `rows`, and each row's range number."""
-    pairs = np.stack([c0[rows], c1[rows]], axis=1)
-    uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
-    return uniq, inv.reshape(-1)
+    return _unique_rows([c0[rows], c1[rows]], [n_cells + 1, n_cells + 1])
 
 
 def _query(rows, fp, c0, c1, eng, last_w, last_r, need) -> None:
@@ -269,13 +311,13 @@ def _query(rows, fp, c0, c1, eng, last_w, last_r, need) -> None:
     reads for a write)."""
     if not len(rows):
         return
-    uniq, inv = _ranges(rows, c0, c1)
-    w_max = np.zeros((len(uniq), last_w.shape[1]), dtype=np.int64)
-    r_max = np.zeros_like(w_max)
-    for u, (a, b) in enumerate(uniq.tolist()):
-        if b > a:
-            w_max[u] = last_w[a:b].max(axis=0)
-            r_max[u] = last_r[a:b].max(axis=0)
+    uniq, inv = _ranges(rows, c0, c1, len(last_w) - 1)
+    # the max over each range [a, b) at once: reduceat over the interleaved bounds
+    # (a range's b is at most the cell count, a valid row: last_w has one row more)
+    bounds = uniq.reshape(-1)
+    empty = (uniq[:, 1] <= uniq[:, 0])[:, None]
+    w_max = np.where(empty, 0, np.maximum.reduceat(last_w, bounds, axis=0)[0::2])
+    r_max = np.where(empty, 0, np.maximum.reduceat(last_r, bounds, axis=0)[0::2])
     got = np.where(fp.write[rows][:, None], np.maximum(w_max[inv], r_max[inv]), w_max[inv])
     np.maximum.at(need, fp.instr[rows], got)
 
@@ -287,10 +329,10 @@ def _update(rows, fp, c0, c1, eng, ordinal, last_w, last_r) -> None:
     e = eng[fp.instr[rows]]
     o = ordinal[fp.instr[rows]]
     w = fp.write[rows].astype(np.int64)
-    key = np.stack([c0[rows], c1[rows], e, w], axis=1)
-    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    size = len(last_w)
+    uniq, inv = _unique_rows([c0[rows], c1[rows], e, w], [size, size, last_w.shape[1], 2])
     best = np.zeros(len(uniq), dtype=np.int64)
-    np.maximum.at(best, inv.reshape(-1), o)
+    np.maximum.at(best, inv, o)
     for (a, b, ee, ww), v in zip(uniq.tolist(), best.tolist(), strict=True):
         target = last_w if ww else last_r
         np.maximum(target[a:b, ee], v, out=target[a:b, ee])

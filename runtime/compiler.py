@@ -29,6 +29,7 @@ from tilecc.frontend.dsl.graph_call import DslKernels
 from tilecc.frontend.dsl.work import dsl_call_work
 from tilecc.ir import float64, tile
 from tilecc.ir.bf16_weights import Bf16Weight
+from tilecc.ir.dense_elements import dense_elements
 from tilecc.ir.graph import GraphProgram
 from tilecc.ir.graph_work import graph_work
 from tilecc.ir.meta_weights import MetaWeight
@@ -216,7 +217,8 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
 
         tuner = autotune if isinstance(autotune, Autotuner) else None
         matmul_policy = tuning_policy(cfg, lambda gp_, sched: measure_program(gp_, sched, cfg), tuner)
-    if opt_level >= 2:  # fold-norm-affine and merge-linears add weights: to a dict of this compile's own
+    own_dict = opt_level >= 2
+    if own_dict:  # fold-norm-affine and merge-linears add weights: to a dict of this compile's own
         gp = dataclasses.replace(gp, weights=dict(gp.weights))
     if opt_level >= 2 and "fold-norm-affine" not in disabled:  # needs the weights' data (not a module pass)
         if before_pass is not None:
@@ -258,6 +260,11 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         if after_pass is not None:
             after_pass(name, module)
     assert layout is not None
+    if own_dict:
+        # the layout holds what the Program needs: the weights this compile made (folded,
+        # merged) go with their last reference, as `own_weights` re-tiles them, instead
+        # of sitting beside the Program's copies
+        gp.weights.clear()
     program = package_program(module, layout, cfg, intrinsic, link="link-kernels" not in disabled)
     if stats is not None:
         stats.total_seconds = time.perf_counter() - t0
@@ -339,13 +346,17 @@ class _Layout:
         """`weight_data` with every borrowed weight (a view of the model's tensor:
         ir/bf16_weights.py) copied, so the Program keeps its values whatever the model's
         parameters become. The packager calls it last, after the stream is encoded and
-        linked, so these copies do not sit beside the compile's IR and temporaries."""
+        linked, so these copies do not sit beside the compile's IR and temporaries.
+        The pre-tiled ones come first, each dropping its source as it is made (a weight
+        of the compile's own, a folded one, is then freed before the next copy), then
+        the borrowed ones (the same entries, in the same order, as the other way round)."""
+        for name in sorted(self.deferred):
+            bits, dims, interleaved = self.deferred.pop(name)
+            self.weight_data[name] = tile_b(bits, *dims, interleaved=interleaved).reshape(-1).view(np.uint8)
+            del bits
         for name in sorted(self.borrowed):
             self.weight_data[name] = np.array(self.weight_data[name], order="C").reshape(-1).view(np.uint8)
         self.borrowed.clear()
-        for name, (bits, dims, interleaved) in sorted(self.deferred.items()):
-            self.weight_data[name] = tile_b(bits, *dims, interleaved=interleaved).reshape(-1).view(np.uint8)
-        self.deferred.clear()
         return self.weight_data
 
 
@@ -414,7 +425,7 @@ def read_layout(module: ModuleOp, gp: GraphProgram) -> _Layout:
             if op.weight is not None:
                 values = np.asarray(wv)
             elif op.value is not None:
-                values = np.asarray(op.value.get_values())
+                values = dense_elements(op.value)
             else:  # the branch's condition: a weight or a value
                 raise CompileError(f"{op.name} has neither a weight nor a value")
             if values.dtype.kind not in "iu" or t.dtype != DType.I32:  # ints stay exact

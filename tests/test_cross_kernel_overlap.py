@@ -312,3 +312,50 @@ def test_a_wait_with_no_room_moves_to_an_earlier_kernels_instruction_of_its_queu
     assert (linked["wait_sem"][len(k1) - 1] >= 0).any()  # kernel 1's queue-3 load carries the fifth
     res = simulate(linked, cfg, np.zeros(1 << 16, np.uint8), sanitize=True)
     assert res.start[first] >= res.end[: len(k1) - 1].max()
+
+
+@pytest.mark.parametrize("cuts,limit", [((), 99), ((5, 10, 15, 20, 25), 99), ((3, 4, 11, 30), 7), ((), 4),
+                                        ((1, 2, 3), 99), ((29,), 6)])
+def test_link_runs_are_the_longest_linkable(monkeypatch, cuts, limit):
+    """`_link_prefixes` cuts a group into the longest linkable runs, whatever order it
+    tries runs in: with a monotone stand-in for `_link_group` (a run fails when it
+    spans a cut, i.e. holds kernels c-1 and c, or has more than `limit` kernels) its
+    runs equal the greedy longest runs, and each run's reason is that of the run one
+    kernel longer."""
+    from tilecc.codegen import link
+
+    n = 31
+    local = [(f"k{k}", 10 * k, 10) for k in range(n)]
+    part = np.arange(10 * n)
+    calls = []
+
+    def fails(a: int, b: int) -> str | None:  # kernels [a, b)
+        if b - a > limit:
+            return f"longer than {limit}"
+        return next((f"cut {c}" for c in cuts if a < c < b), None)
+
+    def fake_link(s, spans, config):
+        a = int(s[0]) // 10
+        b = a + len(spans)
+        calls.append((a, b))
+        why = fails(a, b)
+        if why is not None:
+            raise link._NoLink(why)
+        return s
+
+    monkeypatch.setattr(link, "_link_group", fake_link)
+    remarks: list[str] = []
+    segments = link._link_prefixes(part, local, load_config("cloud"), remarks)
+    want, i = [], 0
+    while i < n:
+        j = i + 1
+        while j < n and fails(i, j + 1) is None:
+            j += 1
+        want.append((i, j))
+        i = j
+    got = [(int(seg[0]) // 10, int(seg[0]) // 10 + len(spans)) for seg, spans in segments]
+    assert got == want
+    assert [r.split("': ")[1] for r in remarks] == [fails(a, b + 1) for a, b in want[:-1]]
+    assert len(remarks) == len(want) - 1
+    if not cuts and limit >= n:
+        assert calls == [(0, n)]  # a group that links whole is linked once

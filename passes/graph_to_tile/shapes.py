@@ -32,6 +32,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from tilecc.errors import CompileError
 from tilecc.ir import tile
+from tilecc.ir.dense_elements import dense_floats
 from tilecc.ir.dtypes import element_size
 
 __all__ = [
@@ -181,7 +182,7 @@ def matmul_dims(op: Operation) -> MatmulDims | None:
 def dense_attr(data: np.ndarray, elem: Attribute, shape: Sequence[int]) -> DenseIntOrFPElementsAttr:
     values = data.reshape(-1)
     if isinstance(elem, (Float32Type, BFloat16Type, Float16Type)):
-        return DenseIntOrFPElementsAttr.from_list(TensorType(elem, list(shape)), values.tolist())
+        return dense_floats(values, TensorType(elem, list(shape)))
     if elem not in (i32, i8):  # i8: the identity of an int8 matmul's transposes (W8A8)
         raise CompileError(f"lower-graph-to-tile: a constant of element type {elem} (tilecc: f32, bf16, f16, i32, i8)")
     int_type = TensorType(cast(IntegerType, elem), list(shape))

@@ -97,6 +97,15 @@ class Timing(TimingRules):
     def __init__(self, cfg: HardwareConfig):
         super().__init__(cfg)
         self._memo: dict[tuple, float] = {}
+        self._by_problem: dict[int, tuple[MatmulProblem, dict]] = {}
+
+    def problem_memo(self, p: MatmulProblem) -> dict:
+        """A memo of figures of problem `p` shared by its candidate schedules (keyed by
+        the schedule fields they depend on): per problem object, which it keeps alive."""
+        got = self._by_problem.get(id(p))
+        if got is None or got[0] is not p:
+            got = self._by_problem[id(p)] = (p, {})
+        return got[1]
 
     def _memoised(self, key: tuple, compute: Callable[[], float]) -> float:
         hit = self._memo.get(key)
@@ -152,11 +161,28 @@ def _hbm_busy(r: float, queues: int) -> float:
     return max(1.0 - hi ** queues, 1e-6)
 
 
+@lru_cache(maxsize=4096)
+def _widths(p: MatmulProblem, w: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`chunk_widths`, and for each chunk the end of its run of equal widths."""
+    widths = tuple(chunk_widths(p, w))
+    same_to = [len(widths)] * len(widths)
+    for c in range(len(widths) - 2, -1, -1):
+        same_to[c] = same_to[c + 1] if widths[c + 1] == widths[c] else c + 1
+    return widths, tuple(same_to)
+
+
 def estimate(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None = None) -> float:
-    return breakdown(p, s, cfg, timing).total
+    return _breakdown(p, s, cfg, timing, parts=False).total
 
 
 def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None = None) -> Breakdown:
+    return _breakdown(p, s, cfg, timing, parts=True)
+
+
+def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: Timing | None,
+               parts: bool) -> Breakdown:
+    """The estimate; its parts (matrix, DMA, ...: sums over the chunks) only with
+    `parts` (the ranking reads the total alone)."""
     tm = timing or Timing(cfg)
     Q = cfg.dma.queues
     store_q = Q - 1
@@ -164,7 +190,7 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     # both operands 8-bit: the array's 8-bit rate (the A transposes stay at the 16-bit one)
     lowp = {"i8": cfg.matrix.int8_speedup, "f8e4m3": cfg.matrix.fp8_speedup}.get(p.a_dtype, 1.0) \
         if p.a_dtype == p.b_dtype else 1.0
-    widths = chunk_widths(p, s.w)
+    widths, same_to = _widths(p, s.w)
     nch = len(widths)
     TK, TM, TN = p.TK, p.TM, p.TN
     kfull, klast = divmod(p.K, TK)
@@ -215,9 +241,19 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
             b_cache[width] = (n, x, w)
         return b_cache[width]
 
+    shared = tm.problem_memo(p)
+
     def dma_time(width: int, msz: tuple[int, ...], n_a: int, first: bool) -> tuple[float, float]:
         """(time of the chunk's transfers, their occupancy of the shared engines and HBM:
-        the time they take together at best)."""
+        the time they take together at best); the same for every candidate with the same
+        B groups, sets, queues and layout (shared through the problem's memo)."""
+        key = ("dma", s.g, s.b_sets, s.qb, s.qa[0], s.stagger, s.pretiled, width, msz, n_a, first)
+        got = shared.get(key)
+        if got is None:
+            got = shared[key] = dma_time_of(width, msz, n_a, first)
+        return got
+
+    def dma_time_of(width: int, msz: tuple[int, ...], n_a: int, first: bool) -> tuple[float, float]:
         n, xb, wb = b_queues(width)
         fixed = [n[q] * fB for q in range(Q)]
         x, w = list(xb), list(wb)
@@ -255,6 +291,16 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
             t += (nbq - 1) * fB  # the staggering pieces of the first tiles
         return t, total_w
 
+    def step_figures(width: int, msz: tuple[int, ...]) -> tuple[list[float], float, float]:
+        """A chunk's steps' matmul times, their sum and its evacuations' time (the same
+        for every candidate: shared through the problem's memo)."""
+        key = ("steps", width, msz)
+        got = shared.get(key)
+        if got is None:
+            steps = [step_mat(ms, width) for ms in msz]
+            got = shared[key] = (steps, sum(steps), sum(tm.evac(p, ms, width) for ms in msz))
+        return got
+
     # per distinct (block plan, chunk): (D, M, exposed part of M, last step, stalls,
     # matrix, vector, bytes)
     c_cache: dict = {}
@@ -269,9 +315,9 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         width, msz = widths[c], plan.msz
         n_items = sum(1 for x in items if x is not None)
         pro = len(plan.prologue) if (c == 0 and bi > 0) else 0
-        steps = [step_mat(ms, width) for ms in msz]
-        mat = sum(steps) + (n_items + pro) * tr_item
-        vec = sum(tm.evac(p, ms, width) for ms in msz) + (n_items + pro) * cp_item
+        steps, mat_steps, vec_evac = step_figures(width, msz)
+        mat = mat_steps + (n_items + pro) * tr_item
+        vec = vec_evac + (n_items + pro) * cp_item
         d, x = dma_time(width, msz, n_items + (len(plan.prologue) if c == 0 else 0), first)
         stall = 0.0
         if pro:
@@ -306,12 +352,18 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
         key = (id(plan), bi == 0)
         if key not in runs_of:
             ch_runs: list[list] = []
-            for c in range(nch):
+            # past the chunks with items (and chunk 0), a chunk's figures depend on its
+            # width alone: a run of equal widths is one figure
+            plain = max(1, len(plan.chunk_items))
+            c = 0
+            while c < nch:
                 x = chunk_figures(bi, plan, c)
+                n = same_to[c] - c if c >= plain else 1
                 if ch_runs and ch_runs[-1][0] is x:
-                    ch_runs[-1][1] += 1
+                    ch_runs[-1][1] += n
                 else:
-                    ch_runs.append([x, 1])
+                    ch_runs.append([x, n])
+                c += n
             runs_of[key] = ch_runs
         ch_runs = runs_of[key]
         if block_runs and block_runs[-1][0] is ch_runs:
@@ -402,6 +454,9 @@ def breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing: 
     st = one_batch([0.0, 0.0, 0.0, 0.0], start)
     st = repeat(p.batches - 1, 3, lambda t: one_batch(t, start_next), st)
     total = st[3] + end
+    if not parts:
+        return Breakdown(total, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
     def total_of(i: int) -> float:
         return p.batches * sum(x[i] * n * nbk for ch_runs, nbk in block_runs for x, n in ch_runs)
     nb_ = p.batches
