@@ -255,8 +255,13 @@ def shard_module(model: nn.Module, plan: dict[str, Any], tp: int, rank: int, *, 
                                 f"(ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput/Output)")
         if training and isinstance(style, st["colwise"]):  # Megatron's f on the replicated input
             mod.register_forward_pre_hook(lambda m, args: (ops.grad_all_reduce(args[0], tp), *args[1:]))
-    chip.tp_shards = specs
+    chip.__dict__["tp_shards"] = specs  # a plain attribute (nn.Module's setattr is typed for tensors)
     return chip
+
+
+def shard_specs(chip: nn.Module) -> dict[str, ShardSpec]:
+    """How each parameter of a chip's copy comes from the model's (`tp_shards`)."""
+    return cast("dict[str, ShardSpec]", chip.__dict__["tp_shards"])
 
 
 def _check_training(name: str, mod: nn.Module, style: Any, st: dict[str, type]) -> None:

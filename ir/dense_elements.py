@@ -21,6 +21,8 @@ a NaN (whose payload the Python float round trip may change), take `get_values()
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 from xdsl.dialects.builtin import (
     BFloat16Type,
@@ -69,6 +71,6 @@ def dense_floats(values: np.ndarray, t: TensorType) -> DenseIntOrFPElementsAttr:
     el = t.get_element_type()
     if np.isnan(flat).any() or not isinstance(el, Float32Type | BFloat16Type) \
             or (src.dtype != np.float32 and not np.array_equal(flat, src)):  # not float32 values
-        return DenseIntOrFPElementsAttr.from_list(t, src.tolist())
+        return DenseIntOrFPElementsAttr.from_list(cast(Any, t), src.tolist())
     raw = f32_to_bf16_bits(flat).astype("<u2") if isinstance(el, BFloat16Type) else flat.astype("<f4")
-    return DenseIntOrFPElementsAttr(t, BytesAttr(raw.tobytes()))
+    return DenseIntOrFPElementsAttr(cast(Any, t), BytesAttr(raw.tobytes()))

@@ -21,10 +21,11 @@ the weights, marks such an sdpa with the `MASK_FINITE` attribute
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, Float64Type, IntegerType
-from xdsl.ir import Attribute, Block, BlockArgument, SSAValue
+from xdsl.dialects.builtin import BFloat16Type, ContainerType, Float16Type, Float32Type, Float64Type, IntegerType
+from xdsl.ir import Attribute, BlockArgument, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_fusion as gf
@@ -47,7 +48,9 @@ _FLOAT_MAX: dict[type, float] = {
 
 def _element(v: SSAValue) -> Attribute:
     t = v.type
-    return t.element_type if hasattr(t, "element_type") else t  # pyright: ignore[reportAttributeAccessIssue]
+    if isinstance(t, ContainerType):
+        return cast(Attribute, cast(Any, t).get_element_type())
+    return t
 
 
 def _type_max(elem: Attribute) -> float | None:
@@ -65,13 +68,12 @@ def magnitude(v: SSAValue, const: Const | None = None) -> float | None:
     """A finite bound on ``|v|`` for every input, or None where none is known."""
     elem = _element(v)
     if isinstance(elem, IntegerType):
-        return _type_max(elem)
+        return float(2 ** max(elem.bitwidth - 1, 1))
     known = const(v) if const is not None else None
     if known is not None:
         return float(np.max(np.abs(known), initial=0.0)) if np.all(np.isfinite(known)) else None
     if isinstance(v, BlockArgument):  # an argument of a fused group's region: its operand
-        block = v.owner
-        fused = block.parent_op() if isinstance(block, Block) else None
+        fused = v.owner.parent_op()
         return magnitude(fused.operands[v.index], const) if isinstance(fused, gf.FusedOp) else None
     owner = v.owner
     if isinstance(owner, g.ConstantOp):
@@ -89,5 +91,5 @@ def magnitude(v: SSAValue, const: Const | None = None) -> float | None:
         yields = owner.regions[0].block.last_op
         if not isinstance(yields, gf.YieldOp):
             return None
-        return magnitude(yields.operands[list(owner.results).index(v)], const)
+        return magnitude(yields.operands[next(i for i, r in enumerate(owner.results) if r is v)], const)
     return None

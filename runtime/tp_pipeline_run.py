@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -109,7 +109,7 @@ def stage_marks(model: torch.nn.Module, pp: int) -> Any:
     bounds = [(k * len(layers)) // pp for k in range(pp + 1)]
 
     def mark(chip: torch.nn.Module) -> list[Any]:
-        chip_layers = chip.get_submodule(name)
+        chip_layers = cast(torch.nn.ModuleList, chip.get_submodule(name))
         return [chip_layers[bounds[k]].register_forward_pre_hook(_send_hook(k)) for k in range(1, pp)]
 
     return mark

@@ -54,14 +54,14 @@ of the compute alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
 from tilecc.frontend.segments import Segment, split_at_collectives
-from tilecc.frontend.tensor_parallel import ShardingError, ShardSpec, auto_plan, unshard
+from tilecc.frontend.tensor_parallel import ShardingError, ShardSpec, auto_plan, shard_specs, unshard
 from tilecc.runtime.data_parallel import Bucket, make_buckets, mean_grads, overlap, split_batch
 from tilecc.runtime.group_collective import all_reduce_blocks, concurrent_sends, group_collective
 from tilecc.runtime.one_f_one_b import PipeOp, one_f_one_b
@@ -90,6 +90,11 @@ class SegmentFn(nn.Module):
         outs = self.seg_module(*args)
         outs = outs if isinstance(outs, tuple | list) else (outs,)
         return tuple(outs[i] for i in self.order)
+
+
+def _order(step: TrainStep) -> list[int]:
+    """The output order of a segment's training step (its `SegmentFn`)."""
+    return cast(SegmentFn, step.module.model).order
 
 
 @dataclass
@@ -211,7 +216,7 @@ class TensorParallelTrainer:
         self.values = [{k: v.mT.contiguous() if k in self.graph.transposed else v for k, v in vals.items()}
                        for vals in sh.values]
         self.user, self.fqn = sh.user, sh.fqn
-        self.specs: list[dict[str, ShardSpec]] = [chip.tp_shards for chip in sh.chips]
+        self.specs: list[dict[str, ShardSpec]] = [shard_specs(chip) for chip in sh.chips]
         for c in self.graph.collectives:
             if c.op not in ("all_reduce", "grad_all_reduce", "send_recv"):
                 raise ShardingError(f"training with tensor parallelism: the {c.op} of {c.input} is not supported "
@@ -272,7 +277,7 @@ class TensorParallelTrainer:
                     t = max(t, sum(run.time_ns for run in p.forward_runs))
                     if self.steps[k].loss is not None:  # the last: its output is the loss
                         continue
-                    for i, o in zip(self.steps[k].module.model.order, p.output):
+                    for i, o in zip(_order(self.steps[k]), p.output):
                         env[d, r][st.outputs[i]] = o.detach()
                         if o.requires_grad:
                             diff.add(st.outputs[i])
@@ -357,7 +362,7 @@ class TensorParallelTrainer:
         step = self.steps[k]
         if step.loss is not None:
             return step.backward(p)
-        order = step.module.model.order
+        order = _order(step)
         outs = p.output if isinstance(p.output, tuple) else (p.output,)
         go = [g.get(seg.outputs[i]) if o.requires_grad else None for i, o in zip(order, outs)]
         if all(x is None for x in go):  # nothing later takes a gradient from this segment

@@ -33,9 +33,10 @@ becomes the additive mask ``where(cond, 0, -big)``. Grouped-query attention's
 exported with `repeat_kv`'d k and v (sdpa after Llama's `repeat_kv`: q, the mask and the
 result reshaped to the grouped batch dims, k and v the unrepeated caches; one query row
 is left to decode-attention, which makes the heads rows). `mark_finite_masks` marks sdpa
-masks that never hold -inf (`ir/graph_finite.py`). A chain that cannot be rewritten (a cast inside it: softmax in another precision; a mask applied in another view
-of the scores; batch dims that differ otherwise) stays as written, with a ``missed``
-remark naming why.
+masks that never hold -inf (`ir/graph_finite.py`). A chain that cannot be rewritten (a
+cast inside it: softmax in another precision; a mask applied in another view of the
+scores; batch dims that differ otherwise) stays as written, with a ``missed`` remark
+naming why.
 """
 
 from __future__ import annotations

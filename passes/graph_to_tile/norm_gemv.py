@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from xdsl.ir import Attribute, Operation, SSAValue
 
@@ -115,7 +115,7 @@ class _DecodeGemvKernel(FusedMatmulKernel):
                         queue=s.qa[0], const_queue=s.qb[0])
 
 
-def _lone_norm(pro: list[Operation], mm: Operation) -> g.RmsNormOp | None | bool:
+def _lone_norm(pro: list[Operation], mm: Operation) -> g.RmsNormOp | None | Literal[False]:
     """The RMS norm producing the matmul's row through views (None without a prologue),
     or False where the prologue is anything else or its result is read elsewhere."""
     if not pro:
