@@ -4,6 +4,8 @@ with tensor parallelism: token ids -> hidden states.
     tilecc run examples/llama_tp.py:llama --system ring:4 --tp 4
     tilecc run examples/llama_tp.py:llama --system "switch:8;link=nvlink4" --tp 8 --sp --trace tp8.json
     tilecc run examples/llama_tp.py:llama_pipeline --system ring:2 --pp 2 --micro-batches 4
+    tilecc run examples/llama_tp.py:llama_pipeline --system ring:4 --pp 2 --micro-batches 2 --tp 2 --train
+    tilecc run examples/llama_tp.py:llama_pipeline --system ring:8 --tp 2 --pp 2 --dp 2 --micro-batches 2
 
 2 layers, hidden 256, 16 attention heads, 8 key / value heads (grouped-query), MLP 512,
 vocabulary 1000, 32 tokens, eager attention, `use_cache=False`. Nothing is downloaded. The

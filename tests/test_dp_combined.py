@@ -157,3 +157,19 @@ def test_combination_errors_name_key_value_and_rule(capsys):
     assert main(["run", "examples/llama_tp.py:llama_pipeline", "--system", "ring:8", "--dp", "2", "--tp", "2",
                  "--pp", "3"]) == 2
     assert "tp x pp x dp = 2 x 3 x 2 = 12 must equal the system's 8 chips" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--system", "ring:2", "--pp", "2", "--micro-batches", "2"],
+                                   ["--system", "ring:2", "--tp", "2"]])
+def test_cli_train_runs_a_training_step_without_dp(flags, capsys):
+    """`tilecc run ... --train`: a pipeline-parallel or tensor-parallel training step from
+    the command line, its gradients compared with eager autograd's (the exit code says so)."""
+    import json
+
+    from tilecc.cli import main
+
+    assert main(["run", "examples/llama_tp.py:llama_pipeline", *flags, "--train", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["allclose"] is True and d["step_us"] > 0 and "dp" not in d["parallel"]
+    assert main(["run", "examples/llama_tp.py:llama_pipeline", *flags, "--train", "--timing-only"]) == 2
+    assert "--timing-only is not supported with a training step" in capsys.readouterr().err

@@ -36,6 +36,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--dp", type=int, default=1,
                      help="with --system: data-parallel replicas (alone, or of --tp or --pp groups); runs a "
                           "training step (the loss: the output's mean) and compares its gradients with eager autograd")
+    run.add_argument("--train", action="store_true",
+                     help="with --system: one training step (the loss: the output's mean) under --tp / --pp / --dp "
+                          "in any combination, its gradients compared with eager autograd (implied by --dp)")
     run.add_argument("--timing-only", action="store_true",
                      help="with --tp: no data moves, chip 0 is simulated for its identical peers (not compared "
                           "with eager)")
@@ -43,7 +46,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 
 def wants_system(args: argparse.Namespace) -> bool:
     return (bool(args.system) or args.tp != 1 or args.dp != 1 or args.pp != 1 or args.sp or args.micro_batches != 1
-            or args.timing_only or args.collectives != "between")
+            or args.timing_only or args.collectives != "between" or args.train)
 
 
 def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) -> int:
@@ -55,9 +58,16 @@ def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) 
     from tilecc.simulator import progress
 
     if not args.system:
-        raise TileccError("--tp / --pp / --sp / --micro-batches / --timing-only need --system (e.g. --system ring:4)")
-    if args.dp != 1:
-        return _run_data_parallel(args, load_factory)
+        raise TileccError("--tp / --pp / --dp / --sp / --micro-batches / --timing-only / --train need --system "
+                          "(e.g. --system ring:4)")
+    if args.dp != 1 or args.train:
+        for flag in ("sp", "timing_only"):
+            if getattr(args, flag):
+                raise TileccError(f"--{flag.replace('_', '-')} is not supported with a training step "
+                                  f"(--train, --dp)")
+        if args.collectives != "between":
+            raise TileccError("--collectives stream is not supported with a training step (--train, --dp)")
+        return _run_training(args, load_factory)
     for flag in ("save", "autotune"):
         if getattr(args, flag, None):
             raise TileccError(f"--{flag} is not supported with --system")
@@ -108,15 +118,15 @@ def cmd_run_system(args: argparse.Namespace, load_factory: Any, run_eager: Any) 
     return 0 if ok else 1
 
 
-def _run_data_parallel(args: argparse.Namespace, load_factory: Any) -> int:
-    """`--dp N` (with `--tp T` or `--pp P [--micro-batches M]`): one training step, its
-    gradients against eager autograd's."""
+def _run_training(args: argparse.Namespace, load_factory: Any) -> int:
+    """`--train` or `--dp N` (with any of `--tp T`, `--pp P [--micro-batches M]`): one
+    training step, its gradients against eager autograd's."""
     import copy
 
     import tilecc
     from tilecc.runtime.compare import compare
 
-    parallel: dict[str, Any] = {"dp": args.dp}
+    parallel: dict[str, Any] = {"dp": args.dp} if args.dp != 1 else {}
     if args.tp != 1:
         parallel["tp"] = args.tp
     if args.pp != 1:
