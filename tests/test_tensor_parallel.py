@@ -129,7 +129,8 @@ def test_cli_errors(capsys):
 
     assert main(["run", "examples/llama_tp.py:llama", "--tp", "2"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --tp / --pp / --sp / --micro-batches / --timing-only need --system (e.g. --system ring:4)")
+        "error: --tp / --pp / --dp / --sp / --micro-batches / --timing-only / --train need --system "
+        "(e.g. --system ring:4)")
     assert main(["run", "examples/llama_tp.py:llama", "--system", "ring:4", "--tp", "3"]) == 2
     assert "tp x pp x dp = 3 x 1 x 1 = 3 must equal the system's 4 chips" in capsys.readouterr().err
 
