@@ -369,9 +369,12 @@ class BlockedMatmulKernel:
         """The first m-tile's A rows, which the first matmuls wait for: in row pieces, one
         on each queue that loads A or B (`first_rows_queues`), each ahead of that queue's
         first B loads, so they land at HBM's full rate rather than sharing it with the
-        first chunks' B loads (an A-row producer, `load_a_rows` overridden, loads whole)."""
+        first chunks' B loads (an A-row producer, `load_a_rows` overridden, loads whole).
+        A short first m-tile (decode at batch 8 / 32: a few rows, one block) loads whole:
+        its pieces of a row or two cost each queue a transfer's fixed time ahead of its B
+        loads and made the 1B batch-8 q/k/v GEMM 5% slower (cost_model.py's start term)."""
         queues = first_rows_queues(self.s, ms)
-        if len(queues) == 1 or self.p.prep_ops or not self.loads_a_rows():
+        if len(queues) == 1 or ms < self.p.TM or self.p.prep_ops or not self.loads_a_rows():
             self.load_item_rows(_Aff(0), u_par, ms)
             return
         dst = self.a_nat[u_par]
