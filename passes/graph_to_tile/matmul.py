@@ -93,6 +93,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     blocks,
     chunk_widths,
     first_rows_queues,
+    first_rows_whole,
     groups,
     plan_blocks,
     prep_sites,
@@ -370,11 +371,10 @@ class BlockedMatmulKernel:
         on each queue that loads A or B (`first_rows_queues`), each ahead of that queue's
         first B loads, so they land at HBM's full rate rather than sharing it with the
         first chunks' B loads (an A-row producer, `load_a_rows` overridden, loads whole).
-        A short first m-tile (decode at batch 8 / 32: a few rows, one block) loads whole:
-        its pieces of a row or two cost each queue a transfer's fixed time ahead of its B
-        loads and made the 1B batch-8 q/k/v GEMM 5% slower (cost_model.py's start term)."""
+        A short first m-tile with a 2-byte weight (`first_rows_whole`: decode at batch
+        8 / 32) loads whole: its pieces delay each queue's first B group."""
         queues = first_rows_queues(self.s, ms)
-        if len(queues) == 1 or ms < self.p.TM or self.p.prep_ops or not self.loads_a_rows():
+        if len(queues) == 1 or first_rows_whole(self.p) or self.p.prep_ops or not self.loads_a_rows():
             self.load_item_rows(_Aff(0), u_par, ms)
             return
         dst = self.a_nat[u_par]

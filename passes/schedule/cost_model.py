@@ -61,6 +61,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     candidates,
     chunk_widths,
     first_rows_queues,
+    first_rows_whole,
     groups,
     kernel_matmuls,
     plan_blocks,
@@ -375,7 +376,7 @@ def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing:
     # the A queue meanwhile), then its transposes (or their vector copies, wide ones in a
     # prologue: `prologue_group`), the latency and copy of the last one
     first_ms = blks[0][0]
-    if (s.pretiled and p.M == 1 and not p.batch) or 1 < p.M < TM:
+    if (s.pretiled and p.M == 1 and not p.batch) or first_rows_whole(p):
         # a one-row matmul on a pre-tiled weight loads its row straight into lhsT
         # (matmul.py `direct_a`), and a few rows (decode at batch 8 / 32: one short
         # m-tile) load whole (`load_first_rows`): none of the pieces and wide transposes
