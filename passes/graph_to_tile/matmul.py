@@ -93,6 +93,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     blocks,
     chunk_widths,
     first_rows_queues,
+    first_rows_whole,
     groups,
     plan_blocks,
     prep_sites,
@@ -369,9 +370,11 @@ class BlockedMatmulKernel:
         """The first m-tile's A rows, which the first matmuls wait for: in row pieces, one
         on each queue that loads A or B (`first_rows_queues`), each ahead of that queue's
         first B loads, so they land at HBM's full rate rather than sharing it with the
-        first chunks' B loads (an A-row producer, `load_a_rows` overridden, loads whole)."""
+        first chunks' B loads (an A-row producer, `load_a_rows` overridden, loads whole).
+        A short first m-tile with a 2-byte weight (`first_rows_whole`: decode at batch
+        8 / 32) loads whole: its pieces delay each queue's first B group."""
         queues = first_rows_queues(self.s, ms)
-        if len(queues) == 1 or self.p.prep_ops or not self.loads_a_rows():
+        if len(queues) == 1 or first_rows_whole(self.p) or self.p.prep_ops or not self.loads_a_rows():
             self.load_item_rows(_Aff(0), u_par, ms)
             return
         dst = self.a_nat[u_par]

@@ -61,6 +61,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     candidates,
     chunk_widths,
     first_rows_queues,
+    first_rows_whole,
     groups,
     kernel_matmuls,
     plan_blocks,
@@ -375,11 +376,13 @@ def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing:
     # the A queue meanwhile), then its transposes (or their vector copies, wide ones in a
     # prologue: `prologue_group`), the latency and copy of the last one
     first_ms = blks[0][0]
-    if s.pretiled and p.M == 1 and not p.batch:
+    if (s.pretiled and p.M == 1 and not p.batch) or first_rows_whole(p):
         # a one-row matmul on a pre-tiled weight loads its row straight into lhsT
-        # (matmul.py `direct_a`): none of the pieces and transposes below run. Its start
-        # keeps the estimate its schedules were chosen and measured with (the decode
-        # GEMVs: the first row and B group, one B queue's tiles in turn)
+        # (matmul.py `direct_a`), and a few rows (decode at batch 8 / 32: one short
+        # m-tile) load whole (`load_first_rows`): none of the pieces and wide transposes
+        # below run. Their start keeps the estimate their schedules were chosen and
+        # measured with (the first rows and B group, one B queue's tiles in turn); the
+        # multi-block term picked narrower, slower GEMVs and batch-8 GEMMs
         start = tm.dma_fixed(first_ms) + tm.dma_transfer(first_ms, p.K, p.ia) * min(2.0, 1.0 + nbq) + tr_item \
             + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM) + tm.prep(p)
         start = max(start, grp[0][1] * (fB + tm.dma_transfer(TK, widths[0], p.ib)))

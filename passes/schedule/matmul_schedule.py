@@ -401,6 +401,17 @@ def first_rows_queues(s: MatmulSchedule, ms: int) -> list[int]:
     return list(s.qb[:FIRST_ROWS_QUEUES])[:max(ms, 1)]
 
 
+def first_rows_whole(p: MatmulProblem) -> bool:
+    """Whether a short first m-tile (1 < M < TM: decode at batch 8 / 32, one block)
+    loads its A rows whole rather than in pieces (`first_rows_queues`). With a 2-byte
+    weight the pieces delay each queue's first B group, which the start waits for
+    (cloud, M=8, K=2048, bf16: 69,969 cycles whole vs 75,898 in pieces for N=2048);
+    with a 1-byte weight the B groups are half as long and the A rows' transfer the
+    larger part of the start, which the pieces spread over the queues (int8 weight,
+    N=3072: 81,926 in pieces vs 84,335 whole; K=8192: 166,798 vs 174,275)."""
+    return 1 < p.M < p.TM and p.ib > 1
+
+
 def prologue_group(p: MatmulProblem, s: MatmulSchedule) -> int:
     """k-tiles a block's prologue (the preparation of a full m-tile with no matmuls to
     hide behind) transposes side by side into one output accumulator and copies out
