@@ -50,3 +50,35 @@ def run_and_compare(model: torch.nn.Module, inputs: tuple, target: str = "tiny")
         rtol, atol = tolerance(e.dtype, float(e.float().abs().max()) if e.numel() else 1.0)
         torch.testing.assert_close(g.float(), e.float(), rtol=rtol, atol=atol)
     return cm
+
+
+def small_llama(batch: int = 2, seq: int = 8, layers: int = 1):
+    """The `examples/llama_tp.py` decoder at hidden 64, 4 heads, 2 KV heads: (model, (ids,))."""
+    import sys
+    from pathlib import Path
+
+    examples = str(Path(__file__).resolve().parents[1] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    from llama_tp import build
+
+    return build(hidden=64, heads=4, kv_heads=2, layers=layers, seq=seq, batch=batch)
+
+
+def eager_train_step(model: torch.nn.Module, ids: torch.Tensor, loss: str = "mean"):
+    """Eager autograd on a copy of `model` (train mode), the loss the output's mean or
+    sum: (the loss, {parameter name: gradient})."""
+    import copy
+
+    ref = copy.deepcopy(model).train()
+    out = ref(ids).float()
+    value = out.mean() if loss == "mean" else out.sum()
+    value.backward()
+    return value.detach(), {k: p.grad for k, p in ref.named_parameters()}
+
+
+def assert_grads_equal(got: dict, want: dict) -> None:
+    """The same parameters, each gradient equal within the training tests' tolerance."""
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)

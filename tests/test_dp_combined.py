@@ -2,41 +2,17 @@
 (runtime/tp_pipeline_run.py's chip grid, runtime/tp_train.py, runtime/pipeline_train.py):
 inference outputs and training gradients against eager."""
 
-import copy
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import tilecc
+from tests.helpers import assert_grads_equal, eager_train_step, small_llama
 from tilecc.frontend.tensor_parallel import ShardingError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-
-def _llama(batch=2, seq=8, layers=1):
-    from llama_tp import build
-
-    return build(hidden=64, heads=4, kv_heads=2, layers=layers, seq=seq, batch=batch)
-
-
-def _eager(model, ids):
-    ref = copy.deepcopy(model).train()
-    out = ref(ids).float().mean()
-    out.backward()
-    return out.detach(), {k: p.grad for k, p in ref.named_parameters()}
-
-
-def _check_grads(got, want):
-    assert set(got) == set(want)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 def test_dp2_x_tp2_inference_and_training_equal_eager():
-    model, (ids,) = _llama(batch=2)
-    want_loss, want = _eager(model, ids)
+    model, (ids,) = small_llama(batch=2)
+    want_loss, want = eager_train_step(model, ids)
     sm = tilecc.compile(model, (ids,), target="tiny", system="ring:4", parallel={"dp": 2, "tp": 2})
     with torch.no_grad():
         torch.testing.assert_close(sm(ids), model.eval()(ids), rtol=1e-4, atol=1e-4)
@@ -45,7 +21,7 @@ def test_dp2_x_tp2_inference_and_training_equal_eager():
     assert {c["op"] for c in rep.collectives} == {"all_reduce"} and rep.extra["dp"] == 2
     r = sm.train(ids)
     torch.testing.assert_close(r.loss, want_loss, rtol=1e-5, atol=1e-6)
-    _check_grads(r.grads, want)  # the replicas' mean over their halves of the batch: the whole batch's
+    assert_grads_equal(r.grads, want)  # the replicas' mean over their halves of the batch: the whole batch's
     assert r.dp == 2 and r.tp == 2
     # the TP all-reduces of both replicas at once (chips 0-1 and 2-3), all exposed; the replicas'
     # gradient all-reduce in buckets from their ready times, one stream (data_parallel.overlap)
@@ -62,8 +38,8 @@ def test_dp2_x_tp2_inference_and_training_equal_eager():
 
 
 def test_dp2_x_pp2_inference_and_training_equal_eager():
-    model, (ids,) = _llama(batch=4, seq=8, layers=2)
-    want_loss, want = _eager(model, ids)
+    model, (ids,) = small_llama(batch=4, seq=8, layers=2)
+    want_loss, want = eager_train_step(model, ids)
     sm = tilecc.compile(model, (ids,), target="tiny", system="ring:4",
                         parallel={"dp": 2, "pp": 2, "micro_batches": 2})
     with torch.no_grad():
@@ -72,7 +48,7 @@ def test_dp2_x_pp2_inference_and_training_equal_eager():
     assert {c["op"] for c in sm.report.collectives} == {"send_recv"}
     r = sm.train(ids)
     torch.testing.assert_close(r.loss, want_loss, rtol=1e-5, atol=1e-6)
-    _check_grads(r.grads, want)
+    assert_grads_equal(r.grads, want)
     # each stage's buckets from its last backward; the step ends after the last stage's last bucket
     assert r.dp == 2 and len(r.buckets) == 2 and all(b.comm_ns > 0 for bs in r.buckets for b in bs)
     stage0 = {b.name for b in r.buckets[0]}
@@ -83,7 +59,7 @@ def test_dp2_x_pp2_inference_and_training_equal_eager():
 
 
 def test_tp2_x_pp2_x_dp2_inference_equals_eager():
-    model, (ids,) = _llama(batch=4, seq=8, layers=2)
+    model, (ids,) = small_llama(batch=4, seq=8, layers=2)
     sm = tilecc.compile(model, (ids,), target="tiny", system="ring:8",
                         parallel={"tp": 2, "pp": 2, "dp": 2, "micro_batches": 2})
     with torch.no_grad():
@@ -106,7 +82,7 @@ def test_tp2_x_pp2_x_dp2_inference_equals_eager():
 
 def _check_tp_pipeline_step(r, want_loss, want, dp):
     torch.testing.assert_close(r.loss, want_loss, rtol=1e-5, atol=1e-6)
-    _check_grads(r.grads, want)  # the micro-batches' (and replicas') mean: the whole batch's
+    assert_grads_equal(r.grads, want)  # the micro-batches' (and replicas') mean: the whole batch's
     assert (r.tp, r.pp, r.dp, r.micro_batches) == (2, 2, dp, 2)
     # per micro-batch and layer 2 TP all-reduces forward, 2 backward; each stage's on its own group
     assert [c.phase for c in r.collectives].count("forward") == 8 and len(r.collectives) == 16
@@ -121,8 +97,8 @@ def _check_tp_pipeline_step(r, want_loss, want, dp):
 
 
 def test_tp2_x_pp2_training_equals_eager():
-    model, (ids,) = _llama(batch=4, seq=8, layers=2)
-    want_loss, want = _eager(model, ids)
+    model, (ids,) = small_llama(batch=4, seq=8, layers=2)
+    want_loss, want = eager_train_step(model, ids)
     sm = tilecc.compile(model, (ids,), target="tiny", system="ring:4", parallel={"tp": 2, "pp": 2, "micro_batches": 2})
     r = sm.train(ids)
     end = _check_tp_pipeline_step(r, want_loss, want, 1)
@@ -130,8 +106,8 @@ def test_tp2_x_pp2_training_equals_eager():
 
 
 def test_tp2_x_pp2_x_dp2_training_equals_eager():
-    model, (ids,) = _llama(batch=4, seq=8, layers=2)
-    want_loss, want = _eager(model, ids)
+    model, (ids,) = small_llama(batch=4, seq=8, layers=2)
+    want_loss, want = eager_train_step(model, ids)
     sm = tilecc.compile(model, (ids,), target="tiny", system="ring:8",
                         parallel={"tp": 2, "pp": 2, "dp": 2, "micro_batches": 2})
     r = sm.train(ids)
@@ -145,7 +121,7 @@ def test_tp2_x_pp2_x_dp2_training_equals_eager():
 
 
 def test_combination_errors_name_key_value_and_rule(capsys):
-    model, (ids,) = _llama(batch=4)
+    model, (ids,) = small_llama(batch=4)
     with pytest.raises(ShardingError, match=r"'sp' = True with 'dp' = 2: .* all-reduce plan"):
         tilecc.compile(model, (ids,), system="ring:4", parallel={"tp": 2, "dp": 2, "sp": True})
     with pytest.raises(ShardingError, match=r"'dp' = 3 must divide the batch; input 0 has batch 4"):

@@ -3,45 +3,23 @@ simulated, the all-reduces run on real data over the links; the loss and every g
 (gathered from the chips' pieces) against eager autograd."""
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-
-def _llama(batch=2, seq=8, layers=1):
-    from llama_tp import build
-
-    return build(hidden=64, heads=4, kv_heads=2, layers=layers, seq=seq, batch=batch)
-
-
-def _eager(model, ids, loss="mean"):
-    ref = copy.deepcopy(model).train()
-    out = ref(ids).float()
-    value = out.mean() if loss == "mean" else out.sum()
-    value.backward()
-    return value.detach(), {k: p.grad for k, p in ref.named_parameters()}
-
-
-def _check_grads(got, want):
-    assert set(got) == set(want)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+from tests.helpers import assert_grads_equal, eager_train_step, small_llama
 
 
 def test_tp2_llama_step_equals_eager_and_times_its_all_reduces():
     import tilecc
 
-    model, (ids,) = _llama()
-    want_loss, want = _eager(model, ids)
+    model, (ids,) = small_llama()
+    want_loss, want = eager_train_step(model, ids)
     sm = tilecc.compile(model, (ids,), target="tiny", system="ring:2", parallel={"tp": 2})
     r = sm.train(ids)
     assert r is sm.train_result
     torch.testing.assert_close(r.loss, want_loss, rtol=1e-5, atol=1e-6)
-    _check_grads(r.grads, want)
+    assert_grads_equal(r.grads, want)
     # each chip holds its piece of a sharded weight: rows of q (column-parallel), columns of o
     q, o = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"
     assert r.chip_grads[1][q].shape == (32, 64) and r.chip_grads[1][o].shape == (64, 32)
@@ -90,7 +68,7 @@ def test_tp2_gpt2_fused_qkv_and_row_bias_gradients_equal_eager():
     tr = TensorParallelTrainer(model, (ids,), load_system("ring:2;chip=tiny"), tp=2, loss="cross_entropy")
     r = tr.step((ids,), target=target)
     torch.testing.assert_close(r.loss, want_loss.detach(), rtol=1e-5, atol=1e-5)
-    _check_grads(r.grads, want)
+    assert_grads_equal(r.grads, want)
 
 
 def test_training_refuses_what_the_all_reduce_plan_does_not_cover():
@@ -101,7 +79,7 @@ def test_training_refuses_what_the_all_reduce_plan_does_not_cover():
     from tilecc.runtime.tp_train import TensorParallelTrainer
     from tilecc.simulator.interconnect.system import load_system
 
-    model, (ids,) = _llama()
+    model, (ids,) = small_llama()
     system = load_system("ring:2;chip=tiny")
     with pytest.raises(ShardingError, match=r"self_attn: training with tensor parallelism runs Megatron's "
                                             r"all-reduce plan .* the style PrepareModuleInput is not supported"):

@@ -43,7 +43,8 @@ from tilecc.ir.meta_weights import MetaWeight
 from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, Leaf, TileProgram, leaf_elem, vector_steps
 from tilecc.passes.graph_to_tile.elementwise.dag import ALIGN
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.matmul import BlockedMatmulKernel, b_operand, choose_schedule, problem_of
+from tilecc.passes.graph_to_tile.matmul import BlockedMatmulKernel
+from tilecc.passes.graph_to_tile.matmul_problem import b_operand, choose_schedule, problem_of
 from tilecc.passes.graph_to_tile.shapes import Operand, dense_attr, elem_of, shape_of
 from tilecc.passes.schedule.matmul_schedule import MatmulProblem, MatmulSchedule
 from tilecc.simulator.config import HardwareConfig

@@ -84,7 +84,8 @@ from tilecc.passes.graph_to_tile.fused_matmul import (
     epilogue_part,
 )
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.matmul import b_operand, choose_schedule, direct_a, problem_of, stream_b_view
+from tilecc.passes.graph_to_tile.matmul import stream_b_view
+from tilecc.passes.graph_to_tile.matmul_problem import b_operand, choose_schedule, direct_a, problem_of
 from tilecc.passes.graph_to_tile.rms_norm_split import emit_split_norm, split_of, split_operands
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.schedule.cost_model import choose, estimate
