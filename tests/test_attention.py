@@ -258,6 +258,49 @@ def test_strided_head_views(target, batch, heads, L, S, D, Dv, causal, dtype, ma
     assert _attention_kernels(cm)
 
 
+def _kt_copies(cm, scale: float) -> list[int]:
+    """The partitions (rows) of each K^T copy of the attention kernels: the vector
+    multiplies by the scale that move K's transposes from the accumulator into SRAM."""
+    st = cm.program.stream
+    rows: list[int] = []
+    for name, lo, n in cm.program.kernels:
+        if "attention" not in name:
+            continue
+        s = st[lo:lo + n]
+        sel = ((s["opcode"] == 5) & (s["func"] == 2) & ((s["flags"] & 4) != 0) & (s["a_mem"] == 2)
+               & np.isclose(s["imm"], scale))
+        rows += [int(r) for r in s["rows"][sel]]
+    return rows
+
+
+def test_packed_kt_two_heads_per_copy_cloud():
+    """GPT-2's head width 64 on cloud (128 partitions): two heads' K^T share one buffer
+    (rows 0..63 and 64..127), so one K^T copy runs on all 128 lanes where two copies on
+    64 lanes each ran before (the copy's time is set by its columns, not its rows), and
+    a pair in one K group block transposes with one matmul. Outputs match eager."""
+    heads, s, dh = 4, 256, 64
+    qkv = torch.randn(1, s, 3 * heads * dh, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    cm = run_and_compare(_QkvSplit(heads), (qkv,), "cloud")
+    rows = _kt_copies(cm, dh ** -0.5)
+    assert rows == [2 * dh] * (heads // 2 * (s // 128))
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["dense", "strided"])
+def test_packed_kt_tiny(grouped):
+    """Packed K^T on tiny (16 partitions, head width 8): dense heads (separate K loads,
+    one transpose each into the two halves of the accumulator) and strided heads (a K
+    group block of the 6 heads: one transpose per pair). Causal, 6 heads."""
+    heads, s, dh = 6, 40, 8
+    if grouped:
+        qkv = torch.randn(1, s, 3 * heads * dh, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+        cm = run_and_compare(_QkvSplit(heads), (qkv,), "tiny")
+    else:
+        q, k, v = _qkv((1,), heads, s, s, dh, dh, torch.bfloat16, seed=4)
+        cm = run_and_compare(_Sdpa(True), (q, k, v), "tiny")
+    rows = _kt_copies(cm, dh ** -0.5)
+    assert rows and all(r == 2 * dh for r in rows)
+
+
 def test_head_grouping_needs_heads_side_by_side():
     """Heads h and h + 1 of a row are neighbours in GPT-2's views (head stride = width),
     not in a dense ``[b, h, n, d]`` tensor (head stride n * d), unless n == 1."""

@@ -126,6 +126,9 @@ class AttentionKernel(HeadProgram):
         self.init: ScheduleInit = ScheduleInit()
         self._pending = []
         self._negm_at = {}
+        self._kset = self._krow = 0
+        # packed K^T needs the body's heads in pairs with K / V of their own
+        self.kpack = p.kpack and self.U % 2 == 0 and not self._kv_shared()
 
 
     def _heads_per_body(self, qtiles: list[int]) -> int:
@@ -361,8 +364,10 @@ class AttentionKernel(HeadProgram):
             # the head's place in its group (grouped loads: the group's first head loads
             # for all, the last stores the group's output) and the group's buffer set
             self._j, self._gs = u % p.heads, (u // p.heads) % self.gsets
+            # its K^T buffer set and rows: a pair's shared buffer where K^T is packed
+            self._kset, self._krow = ((u // 2) % p.sets, (u % 2) * p.D) if self.kpack else (s, 0)
             if not shared or u == 0:
-                self._prep_kv(ops, u, bidx, s, ring)
+                self._prep_kv(ops, u, bidx, s, ring, heads[u + 1] if self.kpack and u % 2 == 0 else None)
             qidx = self._index(bidx, self.a_q, p.grp[0])
             # the q-blocks with the most key tiles first: a body's last q-tiles, whose pass
             # 2 nothing overlaps (the matrix engine's share of a q-tile grows with its key

@@ -143,6 +143,10 @@ class AttentionPlan:
     qdma: bool = False
     # the additive mask never holds -inf (`ir/graph_finite.py`): its rows need no clamp
     mask_finite: bool = False
+    # *packed K^T* (`kpack_ok`): heads 2i and 2i + 1 of a body share one K^T buffer, rows
+    # 0..D-1 and D..2D-1 (their Q^T rows likewise), so one vector copy on all the lanes
+    # moves both heads' transposes out of the accumulator (two copies on D lanes each else)
+    kpack: bool = False
 
     @property
     def nq(self) -> int:
@@ -306,6 +310,15 @@ def plan_attention(cfg: HardwareConfig, q_shape: Shape, k_shape: Shape, v_shape:
                             and acc_bytes(p) <= cfg.accumulator.bytes_per_partition):
                         return p
     return None
+
+
+def kpack_ok(p: AttentionPlan) -> bool:
+    """Whether two heads' K^T can share one buffer (`AttentionPlan.kpack`): their rows fit
+    the partitions together (2 D <= T, one D chunk), no fold row sits below them in Q^T /
+    K^T, Q^T loads by DMA transposes (any row offset), and the heads come in pairs (K head
+    groups of an even size: a pair's K blocks are one group block's neighbouring columns)."""
+    return (2 * p.D <= p.T and len(p.chunks) == 1 and p.fold_row is None and p.qdma
+            and bool(p.batch) and p.batch[-1] % 2 == 0 and (p.grp[1] == 1 or p.grp[1] % 2 == 0))
 
 
 def transposed_ok(elem: Attribute, masked: bool) -> bool:

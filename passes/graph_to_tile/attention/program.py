@@ -18,7 +18,10 @@ Layout (*transposed scores*), per (batch, head):
   partitions, one buffer per load block so later blocks do not hold up earlier
   q-tiles); V loads naturally into resident ``V_aug`` buffers. K^T / V_aug are
   double-buffered across heads (and loaded once per body when k and v broadcast over
-  heads).
+  heads). *Packed K^T* (2 D <= T: `plan.kpack_ok`): heads 2i and 2i + 1 share one K^T
+  buffer, rows 0..D-1 and D..2D-1 (their Q^T loads at the same rows), so one copy on all
+  the lanes moves both heads' transposes (a vector op costs its columns, whatever its
+  rows); the even head prepares both K blocks.
 - Per q-tile: ``Q^T`` loads by DMA transposes (`DmaPattern.TRANSPOSE`, a 2-byte dtype:
   no matmul, no vector pass). An fp32 Q loads naturally, is transposed like K and its
   copy takes the scale instead (the K^T copy is then a plain copy).
@@ -121,9 +124,13 @@ class HeadProgram:
     _true: SSAValue | None
     _false: SSAValue | None
     # the body being written: the head's place in its group, the group's buffer set,
-    # whether this is the body's last q-block / q-tile
+    # its K^T set and first K^T / Q^T row (packed K^T: D for a pair's odd head), whether
+    # this is the body's last q-block / q-tile
     _j: int
     _gs: int
+    _kset: int
+    _krow: int
+    kpack: bool  # the plan's packed K^T, where the body's heads pair up
     _last_block: bool
     _last_tile: bool
     # kernel arguments
@@ -291,40 +298,37 @@ class HeadProgram:
         return idx
 
     # -- a head's program -------------------------------------------------------------
-    def _prep_kv(self, ops: list[SchedOp], u: int, bidx: BatchIndex, s: int, ring: Ring) -> None:
-        """K blocks: load, transpose every tile and chunk, copy into K^T; V blocks / tiles."""
+    def _prep_kv(self, ops: list[SchedOp], u: int, bidx: BatchIndex, s: int, ring: Ring,
+                 partner: BatchIndex | None = None) -> None:
+        """K blocks: load, transpose every tile and chunk, copy into K^T; V blocks / tiles.
+        Packed K^T (`plan.AttentionPlan.kpack`): the even head of a pair also loads and
+        transposes its `partner`'s K blocks (rows D..2D-1 of the same accumulator) and one
+        copy moves both; the odd head then prepares only V."""
         p, T, kc = self.p, self.p.T, self.kb.const
         fk = p.kseq.f
         _, gk, gv, _ = p.grp
         j, gs = self._j, self._gs
-        kidx, vidx = self._index(bidx, self.a_k, gk), self._index(bidx, self.a_v, gv)
-        krank, vrank = len(shape_of(self.a_k.type)), len(shape_of(self.a_v.type))
+        vidx = self._index(bidx, self.a_v, gv)
+        vrank = len(shape_of(self.a_v.type))
         for bk in self.kblocks:
             rk = p.kseq.rows(bk)
             pr = (u, -1, bk)
-            acc = self.acc_tr[ring["tr"] % p.ntr]
-            ring["tr"] += 1
-            if gk > 1:  # the group's block: head j's columns
-                assert self.kgrp is not None
-                kn, col0 = self.kgrp[gs][bk], j * p.D
-                if j == 0:
-                    self._load(ops, self.a_k, lambda bk=bk: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk,
-                               gk * p.D, krank - 2, krank - 1, pr)
-            else:
-                kn, col0 = self.knat[ring["k"] % self.nk_ring], 0
-                ring["k"] += 1
-                self._load(ops, self.a_k, lambda bk=bk: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk, fk * p.D,
-                           krank - 2, krank - 1, pr)
-            for tk in range(fk):
-                for ci, (d0, dc) in enumerate(p.chunks):
-                    self._mm(ops, kn, (0, col0 + tk * p.D + d0), self.ident, (0, 0), acc,
-                             (0, (ci * fk + tk) * T), dc, rk, rk, False, pr)
-            for ci, (_d0, dc) in enumerate(p.chunks):
-                if rk == T:  # the block's tiles side by side: one copy per chunk
-                    self._k_copy(ops, acc, self.kt[s][bk], ci * fk * T, dc, fk * T, pr)
-                else:
-                    for tk in range(fk):
-                        self._k_copy(ops, acc, self.kt[s][bk], (ci * fk + tk) * T, dc, rk, pr)
+            if not self.kpack or partner is not None:
+                acc = self.acc_tr[ring["tr"] % p.ntr]
+                ring["tr"] += 1
+                # a pair in one K group block (side by side): one transpose of both heads'
+                # columns; else the partner's own load and transposes below the head's
+                both = partner is not None and gk > 1
+                self._k_transposes(ops, bidx, j, gs, bk, acc, 0, ring, pr, 2 if both else 1)
+                rows = 1 if partner is None else 2
+                if partner is not None and not both:
+                    self._k_transposes(ops, partner, 0, 0, bk, acc, p.D, ring, pr)
+                for ci, (_d0, dc) in enumerate(p.chunks):
+                    if rk == T:  # the block's tiles side by side: one copy per chunk
+                        self._k_copy(ops, acc, self.kt[self._kset][bk], ci * fk * T, rows * dc, fk * T, pr)
+                    else:
+                        for tk in range(fk):
+                            self._k_copy(ops, acc, self.kt[self._kset][bk], (ci * fk + tk) * T, rows * dc, rk, pr)
             if gv > 1:
                 if j == 0:
                     assert self.vgrp is not None
@@ -342,6 +346,33 @@ class HeadProgram:
                                self.vaug[s][bk * fk + tk], (0, 0), rk, p.Dv, vrank - 2, vrank - 1, pr,
                                row_step=fk)
 
+    def _k_transposes(self, ops: list[SchedOp], bidx: BatchIndex, j: int, gs: int, bk: int, acc: SSAValue,
+                      row: int, ring: Ring, pr: Prio, heads: int = 1) -> None:
+        """Head `bidx`'s K block `bk` (its place `j` in its group, the group's set `gs`):
+        its load (a group's block: by the group's first head) and the identity matmuls that
+        transpose each tile and chunk into `acc`, from partition `row`; `heads` = 2: heads
+        j and j + 1 of a group block at once (packed K^T, one chunk: rows 0..2D-1)."""
+        p, T, kc = self.p, self.p.T, self.kb.const
+        fk, gk = p.kseq.f, p.grp[1]
+        kidx = self._index(bidx, self.a_k, gk)
+        krank = len(shape_of(self.a_k.type))
+        rk = p.kseq.rows(bk)
+        if gk > 1:  # the group's block: head j's columns
+            assert self.kgrp is not None
+            kn, col0 = self.kgrp[gs][bk], j * p.D
+            if j == 0:
+                self._load(ops, self.a_k, lambda: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk,
+                           gk * p.D, krank - 2, krank - 1, pr)
+        else:
+            kn, col0 = self.knat[ring["k"] % self.nk_ring], 0
+            ring["k"] += 1
+            self._load(ops, self.a_k, lambda: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk, fk * p.D,
+                       krank - 2, krank - 1, pr)
+        for tk in range(fk):
+            for ci, (d0, dc) in enumerate(p.chunks):
+                self._mm(ops, kn, (0, col0 + tk * p.D + d0), self.ident, (0, 0), acc,
+                         (row, (ci * fk + tk) * T), heads * dc, rk, rk, False, pr)
+
     def _k_copy(self, ops: list[SchedOp], acc: SSAValue, kt: SSAValue, col: int, rows: int, cols: int,
                 pr: Prio) -> None:
         """The K transposes' copy into K^T (times the scale where Q^T loads by DMA: the
@@ -351,10 +382,11 @@ class HeadProgram:
         else:
             self._vec(ops, "unary", "copy", acc, (0, col), kt, (0, col), rows, cols, pr)
 
-    def _kt(self, s: int, k: int) -> tuple[SSAValue, int]:
-        """(K^T buffer, column of chunk 0) of key tile k; chunk ci is ci * f * T further."""
+    def _kt(self, k: int) -> tuple[SSAValue, int]:
+        """(K^T buffer, column of chunk 0) of key tile k of the current head (its rows start
+        at `_krow`); chunk ci is ci * f * T further."""
         fk = self.p.kseq.f
-        return self.kt[s][k // fk], (k % fk) * self.p.T
+        return self.kt[self._kset][k // fk], (k % fk) * self.p.T
 
     def _v(self, s: int, k: int) -> tuple[SSAValue, int]:
         """(V_aug buffer, column of its first value) of key tile k (of the current head)."""
@@ -486,7 +518,7 @@ class HeadProgram:
         # are computed in transposed mode
         chunks1 = [keys[x:x + p.W1] for x in range(0, len(keys), p.W1)]
         n_t = self._transposed_chunks(chunks1, qs, last=self._last_tile)
-        held = self._pass1(ops, (u, qi, 2), s, chunks1, n_t, qs, r, mrow, ring)
+        held = self._pass1(ops, (u, qi, 2), chunks1, n_t, qs, r, mrow, ring)
         tmode = self._subtract_max(ops, (u, qi, 3), held, qs, r, ring)
         normal = [(k, mid) for k, mid in keys if k not in tmode]
 
@@ -508,8 +540,8 @@ class HeadProgram:
         p, T, kc = self.p, self.p.T, self.kb.const
         qrank = len(shape_of(self.a_q.type))
         for ci, (d0, dc) in enumerate(p.chunks):
-            self._load(ops, self.a_q, lambda d0=d0: [*qidx(), kc(bq * T), kc(col + d0)], qt, (0, ci * T), dc, qs,
-                       qrank - 1, qrank - 2, pr, pattern=DmaPattern.TRANSPOSE)
+            self._load(ops, self.a_q, lambda d0=d0: [*qidx(), kc(bq * T), kc(col + d0)], qt, (self._krow, ci * T),
+                       dc, qs, qrank - 1, qrank - 2, pr, pattern=DmaPattern.TRANSPOSE)
 
     def _q_transpose(self, ops: list[SchedOp], pr: Prio, qn: SSAValue, col: int, qt: SSAValue, qs: int,
                      ring: Ring) -> None:
@@ -543,7 +575,7 @@ class HeadProgram:
             self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), qs, p.S, pr, imm=self.lowest)
         return mrow
 
-    def _pass1(self, ops: list[SchedOp], pr: Prio, s: int, chunks1: list[list[KeyTile]], n_t: int, qs: int,
+    def _pass1(self, ops: list[SchedOp], pr: Prio, chunks1: list[list[KeyTile]], n_t: int, qs: int,
                r: int, mrow: SSAValue | None, ring: Ring) -> list[tuple[list[KeyTile], SSAValue]]:
         """``S = Q K^T`` chunk by chunk, max-reduced into the row max ``m``; the last `n_t`
         chunks (transposed mode) are returned with the accumulators that hold them."""
@@ -559,10 +591,11 @@ class HeadProgram:
             off = 0
             for k, mid in ch:
                 ks = p.ks(k)
-                ktb, kcol = self._kt(s, k)
+                ktb, kcol = self._kt(k)
+                kr = self._krow
                 for ci, (_d0, dc) in enumerate(p.chunks):
-                    self._mm(ops, qt, (0, ci * T), ktb, (0, ci * fk * T + kcol), acc, (0, off), qs, dc, ks, ci > 0,
-                             pr)
+                    self._mm(ops, qt, (kr, ci * T), ktb, (kr, ci * fk * T + kcol), acc, (0, off), qs, dc, ks,
+                             ci > 0, pr)
                 if mid is not None:
                     assert self.masks is not None
                     self._mm(ops, self.ident, (0, 0), self.masks, (0, mid * T), acc, (0, off), qs, qs, ks, True, pr)
@@ -659,10 +692,12 @@ class HeadProgram:
                     sm, col = tmode[k]
                     self._mm(ops, sm, (0, col), self.ident, (0, 0), acc, slot, ks, qs, qs, False, pr)
                     continue
-                ktb, kcol = self._kt(s, k)
+                ktb, kcol = self._kt(k)
+                kr = self._krow
                 for ci, (_d0, dc) in enumerate(p.chunks):
                     kk = dc + (1 if p.fold_row is not None and ci == nd - 1 else 0)
-                    self._mm(ops, ktb, (0, ci * fk * T + kcol), qt, (0, ci * T), acc, slot, ks, kk, qs, ci > 0, pr)
+                    self._mm(ops, ktb, (kr, ci * fk * T + kcol), qt, (kr, ci * T), acc, slot, ks, kk, qs, ci > 0,
+                             pr)
                 if p.fold_row is None:
                     negm, j = self._negm_at[r]
                     self._mm(ops, self.ones, (j, 0), negm, (j, 0), acc, slot, ks, 1, qs, True, pr)
