@@ -258,31 +258,41 @@ def test_strided_head_views(target, batch, heads, L, S, D, Dv, causal, dtype, ma
     assert _attention_kernels(cm)
 
 
-def _kt_copies(cm, scale: float) -> list[int]:
-    """The partitions (rows) of each K^T copy of the attention kernels: the vector
+def _kt_copies(cm, scale: float) -> list[tuple[int, int]]:
+    """(partitions, columns) of each K^T copy of the attention kernels: the vector
     multiplies by the scale that move K's transposes from the accumulator into SRAM."""
     st = cm.program.stream
-    rows: list[int] = []
+    out: list[tuple[int, int]] = []
     for name, lo, n in cm.program.kernels:
         if "attention" not in name:
             continue
         s = st[lo:lo + n]
         sel = ((s["opcode"] == 5) & (s["func"] == 2) & ((s["flags"] & 4) != 0) & (s["a_mem"] == 2)
                & np.isclose(s["imm"], scale))
-        rows += [int(r) for r in s["rows"][sel]]
-    return rows
+        out += list(zip(s["rows"][sel].tolist(), s["cols"][sel].tolist()))
+    return out
 
 
 def test_packed_kt_two_heads_per_copy_cloud():
-    """GPT-2's head width 64 on cloud (128 partitions): two heads' K^T share one buffer
-    (rows 0..63 and 64..127), so one K^T copy runs on all 128 lanes where two copies on
-    64 lanes each ran before (the copy's time is set by its columns, not its rows), and
-    a pair in one K group block transposes with one matmul. Outputs match eager."""
-    heads, s, dh = 4, 256, 64
+    """GPT-2's layout on cloud (12 heads of 64, 128 partitions): two heads' K^T share one
+    buffer (rows 0..63 and 64..127), so a K^T copy runs on all 128 lanes where two copies
+    on 64 lanes each ran before (a copy's time is set by its columns, not its rows), and
+    the key blocks of a head share copies (one per block before). Outputs match eager."""
+    heads, s, dh = 12, 256, 64
     qkv = torch.randn(1, s, 3 * heads * dh, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     cm = run_and_compare(_QkvSplit(heads), (qkv,), "cloud")
-    rows = _kt_copies(cm, dh ** -0.5)
-    assert rows == [2 * dh] * (heads // 2 * (s // 128))
+    copies = _kt_copies(cm, dh ** -0.5)
+    assert all(r == 2 * dh for r, _ in copies) and sum(c for _, c in copies) == heads // 2 * s
+    assert len(copies) < heads // 2 * (s // 128)
+
+
+def test_kt_copy_spans_key_blocks_tiny():
+    """Head width 8 on tiny (16 partitions): each head's K^T copy covers all four key
+    blocks (64 keys) in one instruction, not one copy per block."""
+    q, k, v = _qkv((1,), 4, 64, 64, 8, 8, torch.bfloat16, seed=5)
+    cm = run_and_compare(_Sdpa(), (q, k, v), "tiny")
+    copies = _kt_copies(cm, 8 ** -0.5)
+    assert copies and all(c == 64 for _, c in copies)
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["dense", "strided"])
@@ -297,8 +307,8 @@ def test_packed_kt_tiny(grouped):
     else:
         q, k, v = _qkv((1,), heads, s, s, dh, dh, torch.bfloat16, seed=4)
         cm = run_and_compare(_Sdpa(True), (q, k, v), "tiny")
-    rows = _kt_copies(cm, dh ** -0.5)
-    assert rows and all(r == 2 * dh for r in rows)
+    copies = _kt_copies(cm, dh ** -0.5)
+    assert copies and all(r == 2 * dh for r, _ in copies)
 
 
 def test_head_grouping_needs_heads_side_by_side():

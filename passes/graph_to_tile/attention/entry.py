@@ -47,6 +47,7 @@ from tilecc.passes.graph_to_tile.attention.plan import (
     group_sizes,
     hbm_types,
     heads_adjacent,
+    kcopy_plan,
     kpack_ok,
     plan_attention,
     qranges,
@@ -148,7 +149,8 @@ def lower_attention_kernel(lw: LoweringContext, op: Operation, loc: str) -> bool
     remarks.emit("lower-graph-to-tile", "passed", lambda: (
         f"attention {list(a.q)} x {list(a.k)}: chose tiling q x{plan.qseq.f} k x{plan.kseq.f}, "
         f"tile {plan.T}, row sum {'fused' if plan.rowsum_fused else 'separate'}, heads per DMA "
-        f"{plan.grp}{', two heads per K^T buffer' if plan.kpack else ''}, estimated {est:,.0f} cycles "
+        f"{plan.grp}{', two heads per K^T buffer' if plan.kpack else ''}"
+        f"{f', {plan.kc} K blocks per K^T copy' if plan.kc > 1 else ''}, estimated {est:,.0f} cycles "
         f"(best of {tried} tilings)"), loc)
     mask = None
     if op.mask is not None:
@@ -201,15 +203,20 @@ def search_tilings(lw: LoweringContext, a: AttentionShapes, loc: str, pair_ok: t
             best = (est, plan)
     if best is None:
         return None
-    # the fastest tiling with two heads' K^T per buffer (one copy on all the lanes), where
-    # its heads pair up: packing delays a pair's first head until both K blocks are in
-    if kpack_ok(best[1]):
-        packed = replace(best[1], kpack=True)
-        est = dry_run(lw, a, loc, packed)
+    # variants of the fastest tiling, each kept where its replay is faster: two heads' K^T
+    # per buffer (one copy on all the lanes; delays a pair's first head until both K
+    # blocks are in), then several K blocks per K^T buffer (fewer, longer copies)
+    n = len(tried)
+    for make in (lambda p: replace(p, kpack=True) if kpack_ok(p) else None,
+                 lambda p: kcopy_plan(p, lw.cfg, element_size(a.elem))):
+        variant = make(best[1])
+        if variant is None:
+            continue
+        est = dry_run(lw, a, loc, variant)
+        n += 1
         if est < best[0]:
-            best = (est, packed)
-        return (*best, len(tried) + 1)
-    return (*best, len(tried))
+            best = (est, variant)
+    return (*best, n)
 
 
 def dry_run(lw: LoweringContext, a: AttentionShapes, loc: str, plan: AttentionPlan) -> float:
@@ -220,5 +227,5 @@ def dry_run(lw: LoweringContext, a: AttentionShapes, loc: str, plan: AttentionPl
     if DEBUG:
         print(f"attention tiling q x{plan.qseq.f} k x{plan.kseq.f} fused row sum {plan.rowsum_fused} "
               f"heads per DMA {plan.grp} (group sets {plan.gsets}) fold row {plan.fold_row} "
-              f"packed K^T {plan.kpack}: {est:,.0f} cycles")
+              f"packed K^T {plan.kpack} K blocks per K^T {plan.kc}: {est:,.0f} cycles")
     return est

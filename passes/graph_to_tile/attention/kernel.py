@@ -260,7 +260,8 @@ class AttentionKernel(HeadProgram):
                      if go > 1 else None)
         self.nk_ring = 0 if gk > 1 else min(nkb, 2 * self.queues)
         self.knat = [self.alloc([T, fk * p.D], SRAM, "k") for _ in range(self.nk_ring)]
-        self.kt = [[self.alloc([T, nd * fk * T], SRAM, "kT") for _ in range(nkb)] for _ in range(p.sets)]
+        self.kt = [[self.alloc([T, nd * p.kc * fk * T], SRAM, "kT") for _ in range(-(-nkb // p.kc))]
+                   for _ in range(p.sets)]
         if gv > 1:
             self.vaug = None
         elif p.v_paired:
@@ -283,7 +284,7 @@ class AttentionKernel(HeadProgram):
         self.pt = [self.alloc([T, p.G * T], SRAM, "pT") for _ in range(N2)]
         self.obuf = [] if go > 1 else [self.alloc([T, fq * p.Dv], SRAM, "out") for _ in range(2)]
         self.sm = [self.alloc([T, p.W1 * T], SRAM, "s_m") for _ in range(p.na1)] if p.tmode else []
-        self.acc_tr = [self.alloc([T, nd * fk * T], ACC, "acc_kT", f32) for _ in range(p.ntr)]
+        self.acc_tr = [self.alloc([T, nd * p.kc * fk * T], ACC, "acc_kT", f32) for _ in range(p.ntr)]
         self.acc_q = [] if p.qdma else [self.alloc([T, nd * T], ACC, "acc_qT", f32) for _ in range(2)]
         self.acc1 = [self.alloc([T, p.W1 * T], ACC, "acc_s", f32) for _ in range(p.na1)]
         self.acc_m = [self.alloc([T, T], ACC, "acc_m", f32) for _ in range(2 if p.neg_batch > 1 else 1)]
@@ -299,7 +300,7 @@ class AttentionKernel(HeadProgram):
         c = kb.const
         ready = self.init.ready
         if p.fold_row is not None:
-            r, w = p.fold_row, fk * T
+            r, w = p.fold_row, p.kc * fk * T
             for s in range(p.sets):
                 for buf in self.kt[s]:
                     for c0 in range(0, w, T):

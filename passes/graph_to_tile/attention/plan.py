@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from xdsl.dialects.builtin import Float16Type, MemRefType, NoneAttr
@@ -147,6 +147,9 @@ class AttentionPlan:
     # 0..D-1 and D..2D-1 (their Q^T rows likewise), so one vector copy on all the lanes
     # moves both heads' transposes out of the accumulator (two copies on D lanes each else)
     kpack: bool = False
+    # K blocks per K^T buffer (`kcopy_plan`): their transposes share one accumulator and
+    # one copy per D chunk moves them all (a copy per block else)
+    kc: int = 1
 
     @property
     def nq(self) -> int:
@@ -221,7 +224,7 @@ def sram_bytes(p: AttentionPlan, isz: int, queues: int) -> int:
         total += p.gsets * nkb * align(gk * p.D * isz)
     else:
         total += min(nkb, 2 * queues) * align(fk * p.D * isz)  # K natural ring
-    total += p.sets * nkb * align(nd * fk * T * isz)  # K^T
+    total += p.sets * -(-nkb // p.kc) * align(nd * p.kc * fk * T * isz)  # K^T
     if gv > 1:
         total += p.gsets * nkb * align(gv * p.Dv * isz)
     elif p.v_paired:
@@ -251,7 +254,7 @@ def acc_bytes(p: AttentionPlan) -> int:
     T, nd = p.T, len(p.chunks)
     accq = 0 if p.qdma else 2 * align(nd * T * 4)  # the Q transposes
     accm = (2 if p.neg_batch > 1 else 1) * align(T * 4)  # the transposes of m
-    return (p.ntr * align(nd * p.kseq.f * T * 4) + accq + p.na1 * align(p.W1 * T * 4)
+    return (p.ntr * align(nd * p.kc * p.kseq.f * T * 4) + accq + p.na1 * align(p.W1 * T * 4)
             + accm + p.n2 * align(p.G * T * 4) + NO * align((p.Dv + 1) * 4))
 
 
@@ -319,6 +322,19 @@ def kpack_ok(p: AttentionPlan) -> bool:
     groups of an even size: a pair's K blocks are one group block's neighbouring columns)."""
     return (2 * p.D <= p.T and len(p.chunks) == 1 and p.fold_row is None and p.qdma
             and bool(p.batch) and p.batch[-1] % 2 == 0 and (p.grp[1] == 1 or p.grp[1] % 2 == 0))
+
+
+def kcopy_plan(p: AttentionPlan, cfg: HardwareConfig, isz: int) -> AttentionPlan | None:
+    """`p` with the most K blocks per K^T buffer (`AttentionPlan.kc`, at least 2) that fit
+    SRAM and the accumulator, or None: fewer, longer K^T copies (a vector instruction
+    pays ~190 core cycles on ``cloud`` whatever its size), a q-tile's pass 1 waiting for
+    all the blocks of a buffer."""
+    for kc in range(p.kseq.blocks, 1, -1):
+        c = replace(p, kc=kc)
+        if (sram_bytes(c, isz, cfg.dma.queues) <= cfg.sram.bytes_per_partition
+                and acc_bytes(c) <= cfg.accumulator.bytes_per_partition):
+            return c
+    return None
 
 
 def transposed_ok(elem: Attribute, masked: bool) -> bool:

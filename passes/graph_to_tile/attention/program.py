@@ -21,7 +21,9 @@ Layout (*transposed scores*), per (batch, head):
   heads). *Packed K^T* (2 D <= T: `plan.kpack_ok`): heads 2i and 2i + 1 share one K^T
   buffer, rows 0..D-1 and D..2D-1 (their Q^T loads at the same rows), so one copy on all
   the lanes moves both heads' transposes (a vector op costs its columns, whatever its
-  rows); the even head prepares both K blocks.
+  rows); the even head prepares both K blocks. Where the accumulator holds them, the
+  transposes of several K blocks (`plan.AttentionPlan.kc`) share one accumulator and
+  one K^T buffer: one copy per D chunk for all of them.
 - Per q-tile: ``Q^T`` loads by DMA transposes (`DmaPattern.TRANSPOSE`, a 2-byte dtype:
   no matmul, no vector pass). An fp32 Q loads naturally, is transposed like K and its
   copy takes the scale instead (the K^T copy is then a plain copy).
@@ -310,12 +312,16 @@ class HeadProgram:
         j, gs = self._j, self._gs
         vidx = self._index(bidx, self.a_v, gv)
         vrank = len(shape_of(self.a_v.type))
+        kw = p.kc * fk * T  # K^T columns per D chunk
+        acc = self.acc_tr[0]
         for bk in self.kblocks:
             rk = p.kseq.rows(bk)
             pr = (u, -1, bk)
+            bb = bk % p.kc  # the block's place in its K^T buffer
             if not self.kpack or partner is not None:
-                acc = self.acc_tr[ring["tr"] % p.ntr]
-                ring["tr"] += 1
+                if bb == 0:
+                    acc = self.acc_tr[ring["tr"] % p.ntr]
+                    ring["tr"] += 1
                 # a pair in one K group block (side by side): one transpose of both heads'
                 # columns; else the partner's own load and transposes below the head's
                 both = partner is not None and gk > 1
@@ -323,12 +329,18 @@ class HeadProgram:
                 rows = 1 if partner is None else 2
                 if partner is not None and not both:
                     self._k_transposes(ops, partner, 0, 0, bk, acc, p.D, ring, pr)
-                for ci, (_d0, dc) in enumerate(p.chunks):
-                    if rk == T:  # the block's tiles side by side: one copy per chunk
-                        self._k_copy(ops, acc, self.kt[self._kset][bk], ci * fk * T, rows * dc, fk * T, pr)
-                    else:
-                        for tk in range(fk):
-                            self._k_copy(ops, acc, self.kt[self._kset][bk], (ci * fk + tk) * T, rows * dc, rk, pr)
+                last = bb == p.kc - 1 or bk == self.kblocks[-1]
+                if last:  # the buffer's blocks are in: its copies
+                    kt = self.kt[self._kset][bk // p.kc]
+                    b0 = bk - bb
+                    for ci, (_d0, dc) in enumerate(p.chunks):
+                        if all(p.kseq.rows(x) == T for x in range(b0, bk + 1)):  # tiles side by side: one copy
+                            self._k_copy(ops, acc, kt, ci * kw, rows * dc, (bb + 1) * fk * T, pr)
+                            continue
+                        for x in range(b0, bk + 1):
+                            for tk in range(fk):
+                                self._k_copy(ops, acc, kt, ci * kw + ((x - b0) * fk + tk) * T, rows * dc,
+                                             p.kseq.rows(x), pr)
             if gv > 1:
                 if j == 0:
                     assert self.vgrp is not None
@@ -368,10 +380,11 @@ class HeadProgram:
             ring["k"] += 1
             self._load(ops, self.a_k, lambda: [*kidx(), kc(bk * T), kc(0)], kn, (0, 0), rk, fk * p.D,
                        krank - 2, krank - 1, pr)
+        kw, bb = p.kc * fk * T, bk % p.kc
         for tk in range(fk):
             for ci, (d0, dc) in enumerate(p.chunks):
                 self._mm(ops, kn, (0, col0 + tk * p.D + d0), self.ident, (0, 0), acc,
-                         (row, (ci * fk + tk) * T), heads * dc, rk, rk, False, pr)
+                         (row, ci * kw + (bb * fk + tk) * T), heads * dc, rk, rk, False, pr)
 
     def _k_copy(self, ops: list[SchedOp], acc: SSAValue, kt: SSAValue, col: int, rows: int, cols: int,
                 pr: Prio) -> None:
@@ -384,9 +397,15 @@ class HeadProgram:
 
     def _kt(self, k: int) -> tuple[SSAValue, int]:
         """(K^T buffer, column of chunk 0) of key tile k of the current head (its rows start
-        at `_krow`); chunk ci is ci * f * T further."""
-        fk = self.p.kseq.f
-        return self.kt[self._kset][k // fk], (k % fk) * self.p.T
+        at `_krow`); chunk ci is `_kw` further."""
+        p = self.p
+        fk = p.kseq.f
+        return self.kt[self._kset][k // (fk * p.kc)], (k % (fk * p.kc)) * p.T
+
+    @property
+    def _kw(self) -> int:
+        """K^T columns per D chunk: the tiles of `plan.AttentionPlan.kc` K blocks."""
+        return self.p.kc * self.p.kseq.f * self.p.T
 
     def _v(self, s: int, k: int) -> tuple[SSAValue, int]:
         """(V_aug buffer, column of its first value) of key tile k (of the current head)."""
@@ -580,7 +599,6 @@ class HeadProgram:
         """``S = Q K^T`` chunk by chunk, max-reduced into the row max ``m``; the last `n_t`
         chunks (transposed mode) are returned with the accumulators that hold them."""
         p, T = self.p, self.p.T
-        fk = p.kseq.f
         qt, mcol, mpart = self.qt[r], self.mcol[r], self.mpart[r]
         held: list[tuple[list[KeyTile], SSAValue]] = []
         for w, ch in enumerate(chunks1):
@@ -594,7 +612,7 @@ class HeadProgram:
                 ktb, kcol = self._kt(k)
                 kr = self._krow
                 for ci, (_d0, dc) in enumerate(p.chunks):
-                    self._mm(ops, qt, (kr, ci * T), ktb, (kr, ci * fk * T + kcol), acc, (0, off), qs, dc, ks,
+                    self._mm(ops, qt, (kr, ci * T), ktb, (kr, ci * self._kw + kcol), acc, (0, off), qs, dc, ks,
                              ci > 0, pr)
                 if mid is not None:
                     assert self.masks is not None
@@ -677,7 +695,7 @@ class HeadProgram:
         """``P^T = exp(S^T - m)``, ``O_aug += P^T^T V_aug``; transposed-mode tiles first
         (their pass-1 accumulators are then free for the next q-tile)."""
         p, T = self.p, self.p.T
-        fk, nd = p.kseq.f, len(p.chunks)
+        nd = len(p.chunks)
         qt = self.qt[r]
         first = True
         for grp in self._groups([km for ch, _ in held for km in ch]) + self._groups(normal):
@@ -696,7 +714,7 @@ class HeadProgram:
                 kr = self._krow
                 for ci, (_d0, dc) in enumerate(p.chunks):
                     kk = dc + (1 if p.fold_row is not None and ci == nd - 1 else 0)
-                    self._mm(ops, ktb, (kr, ci * fk * T + kcol), qt, (kr, ci * T), acc, slot, ks, kk, qs, ci > 0,
+                    self._mm(ops, ktb, (kr, ci * self._kw + kcol), qt, (kr, ci * T), acc, slot, ks, kk, qs, ci > 0,
                              pr)
                 if p.fold_row is None:
                     negm, j = self._negm_at[r]
