@@ -331,6 +331,22 @@ def test_head_grouping_needs_heads_side_by_side():
 # -------------------------------------------------------------------------------- masks
 
 
+@pytest.mark.parametrize("L,S,mask", [(100, 100, True), (104, 96, False), (200, 200, False)],
+                         ids=["mask", "paired-partial", "paired-partial-long"])
+def test_batched_max_rows_keep_pending_buffers(L, S, mask):
+    """D = T (16 on tiny): one copy writes the -m rows of up to 4 q-tiles, so a q-tile's
+    pass 2 waits for later q-tiles' pass 1. Those must not overwrite what the waiting pass
+    2 reads: the mask rows (a ring of 2) and the S - m buffers of transposed mode (a
+    ring of 3; the small last q-tile of a paired sequence runs them). The kernel flushes
+    the waiting q-tiles first (it did not: wrong rows, or every row with a mask)."""
+    q, k, v = _qkv((1,), 2 if mask else 1, L, S, 16, 16, torch.bfloat16, seed=L)
+    if mask:
+        m = torch.randn(L, S, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+        run_and_compare(_Masked(), (q, k, v, m), "tiny")
+    else:
+        run_and_compare(_Sdpa(), (q, k, v), "tiny")
+
+
 @pytest.mark.parametrize(
     "mask_shape",
     [(18, 21), (2, 1, 1, 21), (2, 3, 18, 21), (1, 18, 1), (3, 1, 21)],

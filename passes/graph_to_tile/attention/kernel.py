@@ -126,6 +126,7 @@ class AttentionKernel(HeadProgram):
         self.init: ScheduleInit = ScheduleInit()
         self._pending = []
         self._negm_at = {}
+        self._pending_reads = set()
         self._kset = self._krow = 0
         # packed K^T needs the body's heads in pairs with K / V of their own
         self.kpack = p.kpack and self.U % 2 == 0 and not self._kv_shared()

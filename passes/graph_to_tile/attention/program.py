@@ -172,6 +172,7 @@ class HeadProgram:
     # ring slot or None without a -m row, prio, the rest of its program; or a store)
     _pending: list[tuple[int, int | None, Prio, Callable[[], None]]]
     _negm_at: dict[int, tuple[SSAValue, int]]  # q-tile ring slot -> (its -m buffer, row)
+    _pending_reads: set[SSAValue]  # ring buffers (mask rows, S - m) the pending q-tiles' pass 2 reads
     acc2: Buffers
     acco: Buffers
 
@@ -531,6 +532,11 @@ class HeadProgram:
             self._q_load_transposed(ops, (u, qi, 0), qidx, bq, qcol + tq * p.D, self.qt[r], qs)
         else:
             self._q_transpose(ops, (u, qi, 1), qn, qcol + tq * p.D, self.qt[r], qs, ring)
+        # a pending q-tile's pass 2 still reads its mask rows and S - m buffers (rings of
+        # NQ and na1): flush it before this q-tile writes them
+        mbuf = self.mrow[r % len(self.mrow)] if self.mrow is not None else None
+        if mbuf in self._pending_reads:
+            self._flush(ops, ring)
         mrow = self._mask_rows(ops, (u, qi, 1), bidx, bq, tq, qs, r) if p.has_mask else None
         keys = p.pairs[qi]
         # pass 1: row max of S = Q K^T; the last chunks stay in the accumulator when they
@@ -538,6 +544,9 @@ class HeadProgram:
         chunks1 = [keys[x:x + p.W1] for x in range(0, len(keys), p.W1)]
         n_t = self._transposed_chunks(chunks1, qs, last=self._last_tile)
         held = self._pass1(ops, (u, qi, 2), chunks1, n_t, qs, r, mrow, ring)
+        sms = [self.sm[(ring["sm"] + i) % len(self.sm)] for i in range(len(held))]
+        if any(b in self._pending_reads for b in sms):
+            self._flush(ops, ring)
         tmode = self._subtract_max(ops, (u, qi, 3), held, qs, r, ring)
         normal = [(k, mid) for k, mid in keys if k not in tmode]
 
@@ -547,6 +556,8 @@ class HeadProgram:
 
         if p.neg_batch > 1:
             self._defer(ops, (u, qi, 3), qs, r if normal else None, rest, ring)
+            if self._pending:  # still pending (the last entry)
+                self._pending_reads.update(b for b in (mbuf, *sms) if b is not None)
             return
         if normal:
             self._neg_max_row(ops, (u, qi, 3), qs, r)
@@ -672,6 +683,7 @@ class HeadProgram:
                 self._negm_at[r] = (negm, j)
             self._vec(ops, "scalar", "mul", acc, (0, 0), negm, (0, 0), len(rows), qs, pr, imm=-1.0)
         pending, self._pending = self._pending, []
+        self._pending_reads.clear()
         for _, _, _, rest in pending:
             rest()
 
