@@ -54,11 +54,17 @@ Layout (*transposed scores*), per (batch, head):
   and a store.
 
 Per 128 x 128 key tile on ``cloud`` at D = 128 that is 5 matmuls (pass 1, pass 2,
-fold, PV, row sum) and 3 vector element-ops per score (exp costs 2, max 1) in normal
-mode, 4 matmuls and 4 element-ops in transposed mode; the flash-attention-2 layout
-(S with queries on partitions, P transposed on the matrix engine, online rescale) needs
-3-4 matmuls but 6 element-ops per score (max, subtract, exp, sum, copy of the
-transposed P), and the vector engine is the scarce one.
+fold, PV, row sum) and 2 vector element-ops per score (max, exp) in normal mode, 4
+matmuls and 3 element-ops in transposed mode; the flash-attention-2 layout (S with
+queries on partitions, P transposed on the matrix engine, online rescale) needs 3-4
+matmuls but more element-ops per score (max, subtract, exp, sum, copy of the transposed
+P: this ISA has no exp with a bias column or a fused row sum), and the vector engine is
+the scarce one. A matmul costs about one preload (128 cycles) whatever its K and N, so
+the fold (K = 1), the row sum (N = 1) and K = 64 contractions cost a full tile each,
+and packing two 64-wide heads into one contraction (block-diagonal) would not save a
+matmul; but a 128-column vector op over 128 key rows costs what one over 4 rows does
+(~320 + ~190 cycles), against 128 per matmul: the vector engine sets the pace
+(`causal attention s2048 d128`: busy from the first max to the last exp, matrix idle).
 
 Masks: `is_causal` (torch's top-left aligned ``tril(ones(L, S))``) skips key tiles
 above the diagonal entirely; a tile the diagonal crosses adds a constant pattern
