@@ -354,6 +354,10 @@ class BlockedMatmulKernel:
         self.kb.add(tile.StoreOp(out, self.argO, [*self.ivs, m0, n0], self.c(ms), self.c(ns),
                                  self.rank - 2, self.rank - 1))
 
+    def tile_done(self, q: int, ms: int, n0: _Aff, cols: list[int]) -> None:
+        """Matmuls added to accumulator `q` (ms rows; TN-column blocks of `cols` columns
+        from output column n0) after its k-tiles, before its evacuation. Default: none."""
+
     def loads_a_rows(self) -> bool:
         """Whether `load_a_rows` loads the rows from A (any row range: the first m-tile's
         may load in pieces), not a producer that writes whole m-tiles."""
@@ -539,6 +543,8 @@ class BlockedMatmulKernel:
                 self.loop1(full, lambda i, g=g, kt0=kt0: kt_body(g, i, i + kt0, 0, p.TK))
             if short:
                 kt_body(g, _Aff(n - 1), _Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1])
+        if not self.stream_b:
+            self.tile_done(q, ms, n0, cs)
         if self.stream_b:  # [TN, wc]: column t holds output columns n0 + t*TN ..
             self.evacuate(self.window(self.acc[q], 0, [p.TN, wc]), q, self.c(0), self.ix(_exact_div(n0, p.TN)),
                           p.TN, wc)

@@ -208,7 +208,8 @@ def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing:
     a_fixed = tm.dma_fixed(TM)
 
     def mm_k(m: int, n: int) -> float:  # one TN-column block of an m-tile over all of K
-        return sum(c * tm.mm_interval(m, k, n, fp32, lowp) for k, c in ksizes)
+        bias = tm.mm_interval(m, 1, n, fp32) if p.bias_mm else 0.0  # the bias row's matmul
+        return sum(c * tm.mm_interval(m, k, n, fp32, lowp) for k, c in ksizes) + bias
 
     tr_item = sum(c * tm.mm_interval(k, TM, TM, fp32) for k, c in ksizes)  # transposes of one m-tile
     cp_item = sum(c * tm.copy(k, TM) for k, c in ksizes) + tm.prep(p)

@@ -70,6 +70,10 @@ class MatmulProblem:
     fused_sram: int = 0
     fused_sram_per_col: int = 0
     fused_ops: str = ""  # the fused group's ops and shapes (part of the cache signature)
+    # a bias row added on the matrix engine (`fused_matmul.py`: one K=1 matmul of a
+    # ones row by the bias per TN-column block of every output tile, instead of a
+    # vector add in the evacuation)
+    bias_mm: bool = False
     # B is a constant weight (no batch): the compiler may store it in HBM pre-tiled
     # (`MatmulSchedule.pretiled`, `pretile_ok`)
     b_weight: bool = False
@@ -126,7 +130,7 @@ class MatmulProblem:
             "a_batch": list(self.a_batch), "b_batch": list(self.b_batch),
             "dtypes": [self.a_dtype, self.b_dtype, self.o_dtype], "layout": "A[M,K] row-major, B[K,N] row-major",
             "fused": [self.evac_cost, self.evac_ops, self.prep_cost, self.prep_ops, self.fused_sram,
-                      self.fused_sram_per_col, self.fused_ops],
+                      self.fused_sram_per_col, self.fused_ops, *(["bias_mm"] if self.bias_mm else [])],
             **({"b_weight": True} if self.b_weight else {}),
         }
 
@@ -445,6 +449,8 @@ def kernel_size(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int, int]:
     item_bodies = (ng - 1) * _calls(size) + _calls(last_full) + short
     pro_bodies = _calls(p.nk - short) + short
     matmuls = with_item * item_bodies * (wc + 1) + without * plain_bodies * wc + (prep - with_item) * pro_bodies
+    if p.bias_mm:  # the bias matmuls: one per TN-column block of a step
+        matmuls += (with_item + without) * wc
     loads = ng + short + (len(s.qb) if s.stagger else 0)
     instructions = (matmuls + with_item * (item_bodies + 1) + (prep - with_item) * (pro_bodies + 1)
                     + 2 * (with_item + without) + chunks * loads)
