@@ -466,10 +466,14 @@ class FusedMatmulKernel(BlockedMatmulKernel):
         r, c = self.c(ms), self.c(cols)
         for i in part.per_tile:
             tp.load(i, idx, r, c, s, queue=queue)
-        given = self._given(tp, part, k0, self.p.K)
-        given[part.root] = dst
-        tp.compute(r, c, s, given)
-        tp.store(idx, r, c, s, queue=self.store_q, given=given)
+
+        def produce() -> None:
+            given = self._given(tp, part, k0, self.p.K)
+            given[part.root] = dst
+            tp.compute(r, c, s, given)
+            tp.store(idx, r, c, s, queue=self.store_q, given=given)
+
+        self.defer(produce)
 
 
 __all__ = ["FusedMatmulKernel", "FusedPart", "epilogue_fields", "epilogue_outputs", "epilogue_part",

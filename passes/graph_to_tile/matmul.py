@@ -229,6 +229,8 @@ class BlockedMatmulKernel:
         self._cache: dict = {}
         self.n_sites = 0
         self.beta_par = 0
+        # work `load_a_rows` leaves for after the current preparation's transposes (`defer`)
+        self.deferred: list[Callable[[], None]] = []
         self.chunks_per_batch = self.steps_per_batch = 0
         self._alloc()
 
@@ -379,12 +381,27 @@ class BlockedMatmulKernel:
         queues = first_rows_queues(self.s, ms)
         if len(queues) == 1 or first_rows_whole(self.p) or self.p.prep_ops or not self.loads_a_rows():
             self.load_item_rows(_Aff(0), u_par, ms)
+            self.run_deferred()  # the first transposes read these rows
             return
         dst = self.a_nat[u_par]
         for r, q in enumerate(queues):
             r0, r1 = r * ms // len(queues), (r + 1) * ms // len(queues)
             win = self.kb.add(tile.SubviewOp(dst, self.c(r0), self.c(0), [self.p.TM - r0, self.p.K])).results[0]
             self.load_a_rows(win, self.c(r0), self.c(0), r1 - r0, self.p.K, q)
+
+    def defer(self, work: Callable[[], None]) -> None:
+        """Emit `work` (vector work of `load_a_rows` on rows just loaded: a fused
+        prologue) after the transposes of the preparation in progress rather than now:
+        the engines run their queues in order, so work emitted with the next m-tile's
+        loads would hold the current m-tile's transpose copies (and the matmuls waiting
+        for them) behind it. Rows loaded for a preparation are transposed in a later one
+        (the first m-tile's excepted: `load_first_rows` emits its work at once)."""
+        self.deferred.append(work)
+
+    def run_deferred(self) -> None:
+        for work in self.deferred:
+            work()
+        self.deferred.clear()
 
     def site_acc(self) -> list[SSAValue]:
         """A pair of accumulator tiles private to one transposing place of the kernel."""
@@ -543,6 +560,7 @@ class BlockedMatmulKernel:
                 self.loop1(full, lambda i, g=g, kt0=kt0: kt_body(g, i, i + kt0, 0, p.TK))
             if short:
                 kt_body(g, _Aff(n - 1), _Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1])
+        self.run_deferred()
         if not self.stream_b:
             self.tile_done(q, ms, n0, cs)
         if self.stream_b:  # [TN, wc]: column t holds output columns n0 + t*TN ..
@@ -575,6 +593,7 @@ class BlockedMatmulKernel:
                                                              dst, dst_col, acc_t))
         if full < p.nk:
             self.transpose(_Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1], a_buf, u_par, item.ms, dst, dst_col, acc_t)
+        self.run_deferred()
 
     # -- chunks and blocks --------------------------------------------------------------
 

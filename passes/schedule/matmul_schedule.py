@@ -523,7 +523,10 @@ def candidates(p: MatmulProblem, cfg: HardwareConfig) -> list[MatmulSchedule]:
     """Every schedule of the search space that fits the target, in a fixed order.
 
     One B set is only offered when two do not fit; staggering only with several B
-    queues."""
+    queues. A fused A-row producer (`prep_ops`: vector work on the rows, a layer norm)
+    does not load its rows on the store queue where another queue is left: there they
+    wait behind the stores, which wait for their evacuations, and the vector engine
+    then idles until the rows land (gpt2 block qkv on cloud: 144k -> 131k cycles)."""
     ntiles = p.n_mtiles
     ncols = _cdiv(p.N, p.TN)
     nbs = sorted({min(x, ntiles) for x in (1, 2, 3, 4, 6, 8, 10, 12, MAX_BLOCK)})
@@ -536,6 +539,8 @@ def candidates(p: MatmulProblem, cfg: HardwareConfig) -> list[MatmulSchedule]:
             for g in gs:
                 for pipelined in ((True, False) if multi else (False,)):
                     for qb, qa in queue_plans(cfg):
+                        if p.prep_ops and qa[0] == cfg.dma.queues - 1 and cfg.dma.queues > 2:
+                            continue
                         for stagger in ((False, True) if len(qb) > 1 else (False,)):
                             for pre in ((False, True) if pretile_ok(p, w, g) else (False,)):
                                 s = MatmulSchedule(nb, w, g, 2, pipelined, qb, qa, stagger, pre)
