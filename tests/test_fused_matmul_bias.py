@@ -61,6 +61,17 @@ def test_bias_row_is_added_on_the_matrix_engine(dtype):
     assert any("bias row is added on the matrix engine" in r["message"] for r in cm.program.meta["remarks"])
 
 
+@pytest.mark.parametrize("target", ["cloud", "tiny"])
+def test_bias_row_on_edge_tiles(target):
+    """Rows, contraction and columns that are not whole tiles, a batch of two: the bias
+    matmuls cover the short last m-tile and column block."""
+    torch.manual_seed(5)
+    model = LnFcGelu(136, 300).to(torch.bfloat16)
+    x = torch.randn(2, 100, 136, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x,), target=target)
+    assert _bias_matmuls(_fused(cm)) > 0
+
+
 def test_bias_and_residual_epilogue_matches_eager():
     """linear + bias + residual: the bias goes to the matrix engine, the residual stays
     the evacuation's one vector add."""
