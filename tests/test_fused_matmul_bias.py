@@ -7,7 +7,11 @@ import pytest
 import torch
 from helpers import run_and_compare
 
-from tilecc.passes.schedule.matmul_schedule import MatmulProblem, candidates
+from tilecc.frontend.torch_export import export_model, import_exported_program
+from tilecc.passes.schedule.matmul_schedule import MatmulProblem, MatmulSchedule, candidates
+from tilecc.runtime.compare import tolerance
+from tilecc.runtime.compiler import compile_graph
+from tilecc.runtime.executor import run_program
 from tilecc.simulator.config import load_config
 from tilecc.simulator.isa import Mem, Opcode
 
@@ -133,3 +137,44 @@ def test_gpt2_mlp_projection_kernel_cycles():
     h, x = torch.randn(1, 512, 3072, dtype=torch.bfloat16), torch.randn(1, 512, 768, dtype=torch.bfloat16)
     cm = run_and_compare(model, (h, x), target="cloud")
     assert cm.report.cycles < 130_000, cm.report.cycles
+
+
+class TwoLinears(torch.nn.Module):
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_a_written_by_an_earlier_kernel_loads_its_first_rows_whole():
+    """The first matmul's A is the program input: its first m-tile loads in row pieces
+    on the B queues, ahead of the weights. The second's A is the first kernel's output
+    (`MatmulProblem.a_produced`): its first rows load whole on the A queue, so its B
+    queues fetch the weights while the first kernel still runs instead of waiting
+    behind rows that wait for that kernel's stores."""
+    torch.manual_seed(6)
+    model = TwoLinears(256, 384).to(torch.bfloat16).eval()
+    x = torch.randn(1, 256, 256, dtype=torch.bfloat16)
+    cfg = load_config("cloud")
+    with torch.no_grad():
+        gp = import_exported_program(export_model(model, (x,)))
+        expected = model(x)
+    seen = []
+
+    def policy(problem, program=None):  # two B queues, so the first rows may go in pieces
+        seen.append(problem)
+        return MatmulSchedule(1, 2, 1, 2, True, (0, 1), (2,))
+
+    prog = compile_graph(gp, cfg, matmul_policy=policy)
+    (out,), _ = run_program(prog, (x,), sanitize=True)
+    rtol, atol = tolerance(expected.dtype, float(expected.float().abs().max()))
+    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
+    assert [p.a_produced for p in seen] == [False, True]
+    kernels = [prog.stream[a:a + c] for name, a, c in prog.kernels if "matmul" in name]
+
+    def a_pieces(s: np.ndarray, k: int) -> int:
+        return int(((s["opcode"] == Opcode.DMA_LOAD) & (s["rows"] < 128) & (s["cols"] == k)).sum())
+
+    assert len(kernels) == 2 and a_pieces(kernels[0], 256) == 2 and a_pieces(kernels[1], 384) == 0

@@ -91,6 +91,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     batch_unrolled,
     blocks,
     chunk_widths,
+    first_rows_in_pieces,
     first_rows_queues,
     first_rows_whole,
     groups,
@@ -379,7 +380,8 @@ class BlockedMatmulKernel:
         A short first m-tile with a 2-byte weight (`first_rows_whole`: decode at batch
         8 / 32) loads whole: its pieces delay each queue's first B group."""
         queues = first_rows_queues(self.s, ms)
-        if len(queues) == 1 or first_rows_whole(self.p) or self.p.prep_ops or not self.loads_a_rows():
+        if len(queues) == 1 or first_rows_whole(self.p) or not first_rows_in_pieces(self.p) \
+                or not self.loads_a_rows():
             self.load_item_rows(_Aff(0), u_par, ms)
             self.run_deferred()  # the first transposes read these rows
             return

@@ -60,6 +60,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     blocks,
     candidates,
     chunk_widths,
+    first_rows_in_pieces,
     first_rows_queues,
     first_rows_whole,
     groups,
@@ -388,7 +389,7 @@ def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing:
             + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM) + tm.prep(p)
         start = max(start, grp[0][1] * (fB + tm.dma_transfer(TK, widths[0], p.ib)))
     else:
-        pieces = len(first_rows_queues(s, first_ms)) if not p.prep_ops else 1
+        pieces = len(first_rows_queues(s, first_ms)) if first_rows_in_pieces(p) else 1
         prefetch = p.n_mtiles > 1
         a_alone = tm.dma_fixed(-(-first_ms // pieces)) + tm.dma_transfer(first_ms, p.K, p.ia)
         a_first = a_alone + tm.dma_transfer(first_ms, p.K, p.ia) * (0.5 if prefetch else 0.0) if pieces > 1 else \

@@ -74,6 +74,10 @@ class MatmulProblem:
     # ones row by the bias per TN-column block of every output tile, instead of a
     # vector add in the evacuation)
     bias_mm: bool = False
+    # A is written by an earlier kernel of the program and B is a weight: the first A
+    # rows load whole on the A queue (`first_rows_in_pieces`), so the B queues prefetch
+    # the weights while the earlier kernel still runs
+    a_produced: bool = False
     # B is a constant weight (no batch): the compiler may store it in HBM pre-tiled
     # (`MatmulSchedule.pretiled`, `pretile_ok`)
     b_weight: bool = False
@@ -130,7 +134,8 @@ class MatmulProblem:
             "a_batch": list(self.a_batch), "b_batch": list(self.b_batch),
             "dtypes": [self.a_dtype, self.b_dtype, self.o_dtype], "layout": "A[M,K] row-major, B[K,N] row-major",
             "fused": [self.evac_cost, self.evac_ops, self.prep_cost, self.prep_ops, self.fused_sram,
-                      self.fused_sram_per_col, self.fused_ops, *(["bias_mm"] if self.bias_mm else [])],
+                      self.fused_sram_per_col, self.fused_ops, *(["bias_mm"] if self.bias_mm else []),
+                      *(["a_produced"] if self.a_produced else [])],
             **({"b_weight": True} if self.b_weight else {}),
         }
 
@@ -403,6 +408,16 @@ def first_rows_queues(s: MatmulSchedule, ms: int) -> list[int]:
     the A queue meanwhile; a transpose then waits on these queues, the A queue and the
     vector engine, within the ISA's wait slots."""
     return list(s.qb[:FIRST_ROWS_QUEUES])[:max(ms, 1)]
+
+
+def first_rows_in_pieces(p: MatmulProblem) -> bool:
+    """Whether the first m-tile's A rows may load in pieces ahead of the B loads on the
+    B queues (`first_rows_queues`): not when a fused prologue produces them (it loads
+    whole rows), nor when an earlier kernel writes A (`a_produced`): the pieces would
+    wait for that kernel's stores and hold the B queues' weight loads behind them,
+    which could otherwise run during that kernel (gpt2 block c_proj: the block 601k ->
+    598k cycles on cloud)."""
+    return not (p.prep_ops or p.a_produced)
 
 
 def first_rows_whole(p: MatmulProblem) -> bool:
