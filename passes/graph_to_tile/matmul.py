@@ -91,6 +91,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     batch_unrolled,
     blocks,
     chunk_widths,
+    first_rows_in_pieces,
     first_rows_queues,
     first_rows_whole,
     groups,
@@ -229,6 +230,8 @@ class BlockedMatmulKernel:
         self._cache: dict = {}
         self.n_sites = 0
         self.beta_par = 0
+        # work `load_a_rows` leaves for after the current preparation's transposes (`defer`)
+        self.deferred: list[Callable[[], None]] = []
         self.chunks_per_batch = self.steps_per_batch = 0
         self._alloc()
 
@@ -354,6 +357,10 @@ class BlockedMatmulKernel:
         self.kb.add(tile.StoreOp(out, self.argO, [*self.ivs, m0, n0], self.c(ms), self.c(ns),
                                  self.rank - 2, self.rank - 1))
 
+    def tile_done(self, q: int, ms: int, n0: _Aff, cols: list[int]) -> None:
+        """Matmuls added to accumulator `q` (ms rows; TN-column blocks of `cols` columns
+        from output column n0) after its k-tiles, before its evacuation. Default: none."""
+
     def loads_a_rows(self) -> bool:
         """Whether `load_a_rows` loads the rows from A (any row range: the first m-tile's
         may load in pieces), not a producer that writes whole m-tiles."""
@@ -373,14 +380,30 @@ class BlockedMatmulKernel:
         A short first m-tile with a 2-byte weight (`first_rows_whole`: decode at batch
         8 / 32) loads whole: its pieces delay each queue's first B group."""
         queues = first_rows_queues(self.s, ms)
-        if len(queues) == 1 or first_rows_whole(self.p) or self.p.prep_ops or not self.loads_a_rows():
+        if len(queues) == 1 or first_rows_whole(self.p) or not first_rows_in_pieces(self.p) \
+                or not self.loads_a_rows():
             self.load_item_rows(_Aff(0), u_par, ms)
+            self.run_deferred()  # the first transposes read these rows
             return
         dst = self.a_nat[u_par]
         for r, q in enumerate(queues):
             r0, r1 = r * ms // len(queues), (r + 1) * ms // len(queues)
             win = self.kb.add(tile.SubviewOp(dst, self.c(r0), self.c(0), [self.p.TM - r0, self.p.K])).results[0]
             self.load_a_rows(win, self.c(r0), self.c(0), r1 - r0, self.p.K, q)
+
+    def defer(self, work: Callable[[], None]) -> None:
+        """Emit `work` (vector work of `load_a_rows` on rows just loaded: a fused
+        prologue) after the transposes of the preparation in progress rather than now:
+        the engines run their queues in order, so work emitted with the next m-tile's
+        loads would hold the current m-tile's transpose copies (and the matmuls waiting
+        for them) behind it. Rows loaded for a preparation are transposed in a later one
+        (the first m-tile's excepted: `load_first_rows` emits its work at once)."""
+        self.deferred.append(work)
+
+    def run_deferred(self) -> None:
+        for work in self.deferred:
+            work()
+        self.deferred.clear()
 
     def site_acc(self) -> list[SSAValue]:
         """A pair of accumulator tiles private to one transposing place of the kernel."""
@@ -539,6 +562,9 @@ class BlockedMatmulKernel:
                 self.loop1(full, lambda i, g=g, kt0=kt0: kt_body(g, i, i + kt0, 0, p.TK))
             if short:
                 kt_body(g, _Aff(n - 1), _Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1])
+        self.run_deferred()
+        if not self.stream_b:
+            self.tile_done(q, ms, n0, cs)
         if self.stream_b:  # [TN, wc]: column t holds output columns n0 + t*TN ..
             self.evacuate(self.window(self.acc[q], 0, [p.TN, wc]), q, self.c(0), self.ix(_exact_div(n0, p.TN)),
                           p.TN, wc)
@@ -569,6 +595,7 @@ class BlockedMatmulKernel:
                                                              dst, dst_col, acc_t))
         if full < p.nk:
             self.transpose(_Aff(p.nk - 1), (p.nk - 1) % 2, self.ksz[-1], a_buf, u_par, item.ms, dst, dst_col, acc_t)
+        self.run_deferred()
 
     # -- chunks and blocks --------------------------------------------------------------
 

@@ -64,8 +64,27 @@ def problem_of(lw: LoweringContext, op: Operation) -> tuple[MatmulProblem, Matmu
     problem = MatmulProblem.make(lw.cfg, M, K, N, batch=batch, a_batch=walks(a_shape), b_batch=walks(b_shape),
                                  a_dtype=names[0], b_dtype=names[1], o_dtype=names[2])
     if not batch and weight_of(b) is not None and tuple(b_shape) == (K, N):
-        problem = dataclasses.replace(problem, b_weight=True)
+        problem = dataclasses.replace(problem, b_weight=True, a_produced=produced(a))
     return problem, dims
+
+
+def produced(v: SSAValue) -> bool:
+    """Whether `v` (through a fused group's block argument and reshapes) is computed by
+    an op of the program, not a program input, weight or constant."""
+    from xdsl.ir import BlockArgument
+
+    from tilecc.ir.graph import ConstantOp, ReshapeOp
+
+    while True:
+        if isinstance(v, BlockArgument):
+            parent = v.owner.parent_op()
+            if parent is None or parent.name == "func.func" or v.index >= len(parent.operands):
+                return False
+            v = parent.operands[v.index]
+        elif isinstance(v.owner, ReshapeOp):
+            v = v.owner.operands[0]
+        else:
+            return not isinstance(v.owner, (WeightOp, ConstantOp))
 
 
 def choose_schedule(

@@ -60,6 +60,7 @@ from tilecc.passes.schedule.matmul_schedule import (
     blocks,
     candidates,
     chunk_widths,
+    first_rows_in_pieces,
     first_rows_queues,
     first_rows_whole,
     groups,
@@ -208,7 +209,8 @@ def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing:
     a_fixed = tm.dma_fixed(TM)
 
     def mm_k(m: int, n: int) -> float:  # one TN-column block of an m-tile over all of K
-        return sum(c * tm.mm_interval(m, k, n, fp32, lowp) for k, c in ksizes)
+        bias = tm.mm_interval(m, 1, n, fp32) if p.bias_mm else 0.0  # the bias row's matmul
+        return sum(c * tm.mm_interval(m, k, n, fp32, lowp) for k, c in ksizes) + bias
 
     tr_item = sum(c * tm.mm_interval(k, TM, TM, fp32) for k, c in ksizes)  # transposes of one m-tile
     cp_item = sum(c * tm.copy(k, TM) for k, c in ksizes) + tm.prep(p)
@@ -387,7 +389,7 @@ def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing:
             + tm.mm_latency(TK, TM, TM, fp32) + tm.copy(TK, TM) + tm.prep(p)
         start = max(start, grp[0][1] * (fB + tm.dma_transfer(TK, widths[0], p.ib)))
     else:
-        pieces = len(first_rows_queues(s, first_ms)) if not p.prep_ops else 1
+        pieces = len(first_rows_queues(s, first_ms)) if first_rows_in_pieces(p) else 1
         prefetch = p.n_mtiles > 1
         a_alone = tm.dma_fixed(-(-first_ms // pieces)) + tm.dma_transfer(first_ms, p.K, p.ia)
         a_first = a_alone + tm.dma_transfer(first_ms, p.K, p.ia) * (0.5 if prefetch else 0.0) if pieces > 1 else \

@@ -70,6 +70,14 @@ class MatmulProblem:
     fused_sram: int = 0
     fused_sram_per_col: int = 0
     fused_ops: str = ""  # the fused group's ops and shapes (part of the cache signature)
+    # a bias row added on the matrix engine (`fused_matmul.py`: one K=1 matmul of a
+    # ones row by the bias per TN-column block of every output tile, instead of a
+    # vector add in the evacuation)
+    bias_mm: bool = False
+    # A is written by an earlier kernel of the program and B is a weight: the first A
+    # rows load whole on the A queue (`first_rows_in_pieces`), so the B queues prefetch
+    # the weights while the earlier kernel still runs
+    a_produced: bool = False
     # B is a constant weight (no batch): the compiler may store it in HBM pre-tiled
     # (`MatmulSchedule.pretiled`, `pretile_ok`)
     b_weight: bool = False
@@ -126,7 +134,8 @@ class MatmulProblem:
             "a_batch": list(self.a_batch), "b_batch": list(self.b_batch),
             "dtypes": [self.a_dtype, self.b_dtype, self.o_dtype], "layout": "A[M,K] row-major, B[K,N] row-major",
             "fused": [self.evac_cost, self.evac_ops, self.prep_cost, self.prep_ops, self.fused_sram,
-                      self.fused_sram_per_col, self.fused_ops],
+                      self.fused_sram_per_col, self.fused_ops, *(["bias_mm"] if self.bias_mm else []),
+                      *(["a_produced"] if self.a_produced else [])],
             **({"b_weight": True} if self.b_weight else {}),
         }
 
@@ -401,6 +410,16 @@ def first_rows_queues(s: MatmulSchedule, ms: int) -> list[int]:
     return list(s.qb[:FIRST_ROWS_QUEUES])[:max(ms, 1)]
 
 
+def first_rows_in_pieces(p: MatmulProblem) -> bool:
+    """Whether the first m-tile's A rows may load in pieces ahead of the B loads on the
+    B queues (`first_rows_queues`): not when a fused prologue produces them (it loads
+    whole rows), nor when an earlier kernel writes A (`a_produced`): the pieces would
+    wait for that kernel's stores and hold the B queues' weight loads behind them,
+    which could otherwise run during that kernel (gpt2 block c_proj: the block 601k ->
+    598k cycles on cloud)."""
+    return not (p.prep_ops or p.a_produced)
+
+
 def first_rows_whole(p: MatmulProblem) -> bool:
     """Whether a short first m-tile (1 < M < TM: decode at batch 8 / 32, one block)
     loads its A rows whole rather than in pieces (`first_rows_queues`). With a 2-byte
@@ -445,6 +464,8 @@ def kernel_size(p: MatmulProblem, s: MatmulSchedule) -> tuple[int, int, int]:
     item_bodies = (ng - 1) * _calls(size) + _calls(last_full) + short
     pro_bodies = _calls(p.nk - short) + short
     matmuls = with_item * item_bodies * (wc + 1) + without * plain_bodies * wc + (prep - with_item) * pro_bodies
+    if p.bias_mm:  # the bias matmuls: one per TN-column block of a step
+        matmuls += (with_item + without) * wc
     loads = ng + short + (len(s.qb) if s.stagger else 0)
     instructions = (matmuls + with_item * (item_bodies + 1) + (prep - with_item) * (pro_bodies + 1)
                     + 2 * (with_item + without) + chunks * loads)
@@ -517,7 +538,10 @@ def candidates(p: MatmulProblem, cfg: HardwareConfig) -> list[MatmulSchedule]:
     """Every schedule of the search space that fits the target, in a fixed order.
 
     One B set is only offered when two do not fit; staggering only with several B
-    queues."""
+    queues. A fused A-row producer (`prep_ops`: vector work on the rows, a layer norm)
+    does not load its rows on the store queue where another queue is left: there they
+    wait behind the stores, which wait for their evacuations, and the vector engine
+    then idles until the rows land (gpt2 block qkv on cloud: 144k -> 131k cycles)."""
     ntiles = p.n_mtiles
     ncols = _cdiv(p.N, p.TN)
     nbs = sorted({min(x, ntiles) for x in (1, 2, 3, 4, 6, 8, 10, 12, MAX_BLOCK)})
@@ -530,6 +554,8 @@ def candidates(p: MatmulProblem, cfg: HardwareConfig) -> list[MatmulSchedule]:
             for g in gs:
                 for pipelined in ((True, False) if multi else (False,)):
                     for qb, qa in queue_plans(cfg):
+                        if p.prep_ops and qa[0] == cfg.dma.queues - 1 and cfg.dma.queues > 2:
+                            continue
                         for stagger in ((False, True) if len(qb) > 1 else (False,)):
                             for pre in ((False, True) if pretile_ok(p, w, g) else (False,)):
                                 s = MatmulSchedule(nb, w, g, 2, pipelined, qb, qa, stagger, pre)
