@@ -118,18 +118,50 @@ class PlanSramPass(ModulePass):
 
 
 def plan_sram(module: ModuleOp, cfg: HardwareConfig, mirror: bool = True) -> None:
-    """Plan every kernel, mirroring every other one with `mirror` (see the module
-    docstring; off with unlinked kernels, which gives the barrier-separated layout)."""
+    """Plan every kernel; with `mirror` (linked kernels) each kernel's buffers move to
+    the first of these places that is disjoint from the previous kernel's: just above
+    them, at the bottom, at the top (see the module docstring; off with unlinked
+    kernels, which gives the barrier-separated layout)."""
     kernels = [f for f in module.ops if isinstance(f, func.FuncOp) and tile.KERNEL_ATTR in f.attributes]
-    prev: dict[str, int] | None = None
     capacity = {tile.SRAM: cfg.sram.bytes_per_partition, tile.ACC: cfg.accumulator.bytes_per_partition}
-    for i, f in enumerate(kernels):
-        used = plan_kernel(f, cfg, mirror=mirror and i % 2 == 1)
-        if mirror and prev is not None:
-            for space, cap in capacity.items():
-                if prev[space] + used[space] > cap:
-                    remarks.emit("plan-sram", "missed", (
-                        f"kernel {f.sym_name.data}: its {space} buffers ({used[space]:,} bytes per "
-                        f"partition) and the previous kernel's ({prev[space]:,}) do not fit side by "
-                        f"side in {cap:,}: the link orders the bytes they share"), _loc(f))
-        prev = used
+    prev: dict[str, tuple[int, int]] = {}  # per memory: the previous kernel's [start, end)
+    for f in kernels:
+        used = plan_kernel(f, cfg)
+        if not mirror:
+            continue
+        for space, cap in capacity.items():
+            cap -= cap % ALIGN
+            size = -(-used[space] // ALIGN) * ALIGN
+            lo, hi = prev.get(space, (0, 0))
+            base = _ring_base(lo, hi, size, cap)
+            if base is None:
+                base = 0 if lo >= cap - hi else cap - size  # overlap the smaller side
+                remarks.emit("plan-sram", "missed", (
+                    f"kernel {f.sym_name.data}: its {space} buffers ({used[space]:,} bytes per "
+                    f"partition) and the previous kernel's ({hi - lo:,}) do not fit side by "
+                    f"side in {cap:,}: the link orders the bytes they share"), _loc(f))
+            _shift(f, space, base)
+            prev[space] = (base, base + size)
+
+
+def _ring_base(lo: int, hi: int, size: int, cap: int) -> int | None:
+    """Where `size` bytes go next to the previous kernel's [lo, hi) in [0, cap): above
+    it (so consecutive kernels walk around the memory and a kernel's buffers are also
+    apart from the ones two or three kernels back, whose reads its first loads would
+    otherwise wait for), else at the bottom, else at the top; None where none is free."""
+    if hi + size <= cap:
+        return hi
+    if size <= lo:
+        return 0
+    return None
+
+
+def _shift(kernel: func.FuncOp, space: str, base: int) -> None:
+    """Move the buffers of `space` in `kernel` up by `base` bytes."""
+    if not base:
+        return
+    for op in kernel.walk():
+        if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == space:
+            off = op.properties["offset"]
+            assert isinstance(off, IntegerAttr)
+            op.properties["offset"] = IntegerAttr(off.value.data + base, i64)

@@ -132,7 +132,7 @@ def plan_small_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Sma
     if (acc_bytes > cfg.accumulator.bytes_per_partition
             or nk * kbytes + 2 * ALIGN * T + rest > cfg.sram.bytes_per_partition):
         return None
-    return SmallO2Plan(TK, nk, TN, TCo, nchunks, weight_pieces(cfg, nk, T, TK * Co_g * isz))
+    return SmallO2Plan(TK, nk, TN, TCo, nchunks, weight_pieces(cfg, nk, T))
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Gemm
         if st.folded:
             pieces.append(None)
         else:  # a channel tile: its taps split into pieces over the queues
-            pieces.append([(t0, nt) for _, t0, nt in weight_pieces(cfg, 1, len(st.taps), st.K * Co_g * isz)])
+            pieces.append([(t0, nt) for _, t0, nt in weight_pieces(cfg, 1, len(st.taps))])
     return GemmO2Plan(KMAX, TCo, ntile, RB, ks, pieces, nsl, nb <= 8)
 
 
