@@ -87,8 +87,9 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
     # the mask and zeros after the weights on their queues (once: before the loops
     # where these run more than once)
     once = N * G == 1
+    contiguous = pad is not None and Wq == pad.Wp  # the compaction writes each band's rows as one run
     if not once:
-        epi.init(k, qm)
+        epi.init(k, qm, contiguous)
     bbuf = None
     if b is not None and bview is not None:
         bbuf = kb.alloc([TCo, ntile], value_elem(b), tile.SRAM, "bias")
@@ -119,7 +120,7 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
                                                kb.const(ntp * Co_g), 1, 3,
                                                queue=qm.next(kk * ntp * Co_g * isz, ntp * Co_g * isz, const=True)))
 
-        def band_loads(bidx: SSAValue, sset: int) -> None:
+        def band_loads(bidx: SSAValue, sset: int, among_stores: bool = True) -> None:
             p0 = lin(kb, 0, (RB * Wq, bidx))
             slabs = slabsets[sset]
             for si, st in enumerate(ks):
@@ -128,7 +129,7 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
                         ci = lin(kb, ci0, (Ci_g, gi))
                         kb.add(tile.LoadOp(sa, [n, ci, kb.const(ph_), kb.addi(p0, kb.const(off)) if off else p0],
                                            sub(kb, slabs[si][li], r0, 0, [kk, L]), kb.const(kk), kb.const(L), 1, 3,
-                                           queue=qm.next(kk * L * isz, L * isz)))
+                                           queue=qm.next(kk * L * isz, L * isz, among_stores=among_stores)))
 
         def band(bidx: SSAValue, bset: int, sset: int, first: bool = False, last: bool = False) -> None:
             slabs = slabsets[sset]
@@ -166,9 +167,9 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
         # queues; the bands' slabs on the activation queues (`queue_split`)
         weight_loads()
         if once:
-            epi.init(k, qm)
+            epi.init(k, qm, contiguous)
         epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g, defer=True)
-        band_loads(kb.const(0), 0)
+        band_loads(kb.const(0), 0, among_stores=False)
         if unroll:
             # each band's loads one band ahead of its matmuls while it has a set of its
             # own, so the epilogue's tile operands (a residual; loaded in `band`) do not

@@ -298,10 +298,13 @@ class Epilogue:
         """The mask and zeros buffers of a padded epilogue (`alloc`)."""
         return present(self.maskb, "padded epilogue's mask buffer"), present(self.zerob, "padded epilogue's zeros")
 
-    def init(self, k: HbmKernel, queues: QueueModel | None = None) -> None:
+    def init(self, k: HbmKernel, queues: QueueModel | None = None, rows_contiguous: bool = False) -> None:
         """Kernel-start setup of a padded epilogue: the mask, zeroed output buffers (their
         padding columns are read by the mask before anything writes them) and the zeros
-        of the padding ring."""
+        of the padding ring. `rows_contiguous`: every band's compaction writes its rows
+        as one run (`emit` with ``Wq == Wp``), so only the columns before and after that
+        run are zeroed (a vector pass over the whole buffer per set, ~5,000 cycles per
+        kernel on `cloud` at 56 x 56, otherwise)."""
         self.queues = queues
         if self.pad is None:
             return
@@ -314,8 +317,15 @@ class Epilogue:
         zl = value_shape(zerob)[1]
         kb.add(tile.LoadOp(k.arg(self.zero), [kb.const(0)], zerob, kb.const(TC), kb.const(zl), -1, 0,
                            queue=_pick(queues, zl * 2, zl * 2, True)))
+        spans = [(0, cols)]
+        if rows_contiguous:
+            written = self.lead + (self.rb - 1) * self.pad.Wp + self.OW
+            spans = [(lo, hi) for lo, hi in ((0, self.lead), (written, cols)) if hi > lo]
         for ob in self.obs:  # zeros (mask * 0: the mask is the only initialised source this wide)
-            kb.add(tile.ScalarOp("mul", maskb, 0.0, ob, kb.const(TC), kb.const(cols)))
+            for lo, hi in spans:
+                kb.add(tile.ScalarOp("mul", sub(kb, maskb, 0, lo, [TC, hi - lo]), 0.0,
+                                     sub(kb, ob, 0, lo, [TC, hi - lo]),
+                                     kb.const(TC), kb.const(hi - lo)))
 
     def emit_ring(self, k: HbmKernel, n: SSAValue, c0: SSAValue, j: SSAValue, rows: SSAValue) -> None:
         """Store the zeros above the first and below the last output row (padded output)."""

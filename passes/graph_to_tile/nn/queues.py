@@ -68,14 +68,11 @@ class QueueModel:
     def next(self, nbytes: int = 0, chunk: int | None = None, const: bool = False, among_stores: bool = False) -> int:
         """The queue for a DMA of `nbytes` in rows of `chunk` contiguous bytes (None: long
         rows); `const`: it reads data no earlier kernel writes (weights, constants);
-        `among_stores`: it is issued between stores and waits for compute too, so
-        neither on the store queue (the last), where it would wait for the compute the
-        store before it waits for, nor on a queue that carries weights in any kernel,
-        where the next kernel's weights would wait for it (`store_queues`)."""
+        `among_stores`: it is issued between stores, so not on the store queue (the
+        last), where it would wait for the compute the store before it waits for."""
         qs = self.const_queues if const else self.io_queues
         if among_stores:
-            Q = len(self.free)
-            qs = [q for q in qs if Q // 2 <= q < Q - 1] or qs
+            qs = [q for q in qs if q != len(self.free) - 1] or qs
         q = min(qs, key=lambda i: (self.free[i], i))
         if nbytes:
             rows = self.rows if chunk is None else max(1, min(self.rows, nbytes // max(chunk, 1)))
