@@ -249,9 +249,13 @@ def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Gemm
     RB = pick_band(geo, fits)
     if not RB:
         return None
-    want = 4 if OH >= 16 else (2 if OH >= 2 else 1)
-    for cand in range(RB, 0, -1):
-        if OH % cand == 0 and OH // cand >= want and fits(cand) and geo.lp(cand) >= min(geo.lp(RB), 256):
+    # (four bands where they are not that short, else two: a single band runs its load,
+    # matmuls, epilogue and store one after the other)
+    wants = (4, 2) if OH >= 16 else ((2,) if OH >= 2 else (1,))
+    for want in wants:
+        cand = next((c for c in range(RB, 0, -1) if OH % c == 0 and OH // c >= want and fits(c)
+                     and geo.lp(c) >= min(geo.lp(RB), 256)), 0)
+        if cand:
             RB = cand
             break
     nb = OH // RB
