@@ -37,8 +37,8 @@ kernel: the race detector sees the instructions of the whole group in one segmen
 - Waits point only backwards in program order, to earlier kernels, so linking adds no
   deadlock. On-chip footprints are compared by byte range over all partitions and HBM
   ones by bounding range (conservative: a false conflict costs overlap, never order).
-  `plan-sram` mirrors every other kernel, so consecutive kernels' buffers are disjoint
-  where they fit side by side.
+  `plan-sram` places each kernel's buffers above the previous kernel's (a ring), so
+  consecutive kernels' buffers are disjoint where they fit side by side.
 - A group ends (a full BARRIER stays) where it would exceed `max_group` instructions
   (it bounds the sanitisers' and the scheduler's per-segment work) or before the first
   kernel that cannot be linked to the ones before it (more pooled semaphores than the

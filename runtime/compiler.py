@@ -241,8 +241,8 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             continue
         if name == "lower-tile-to-npu":
             layout = read_layout(module, gp)
-        if name == "plan-sram" and "link-kernels" in disabled:  # no overlap: no mirrored kernels
-            run = functools.partial(plan_sram, cfg=cfg, mirror=False)
+        if name == "plan-sram" and "link-kernels" in disabled:  # no overlap: every kernel from offset 0
+            run = functools.partial(plan_sram, cfg=cfg, linked=False)
         if before_pass is not None:
             before_pass(name, module)
         progress.report(name)

@@ -38,7 +38,7 @@ class Layers(torch.nn.Module):
 def _both(model: torch.nn.Module, inputs: tuple, target: str = "tiny"):
     gp = import_exported_program(export_model(model.eval(), inputs))
     cfg = load_config(target)
-    # linking off in both: plan-sram's mirroring alternates per *distinct* kernel when
+    # linking off in both: plan-sram's ring places each *distinct* kernel after the one before when
     # kernels are shared, so linked streams differ in SRAM placement (both correct; the
     # link orders what they share); the relocation itself must give the same bytes
     return (compile_graph(gp, cfg, disabled={"link-kernels"}),

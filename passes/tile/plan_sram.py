@@ -15,12 +15,14 @@ disjoint ranges, aligned to 64 bytes; SRAM and the accumulator are planned separ
 A kernel whose buffers do not fit raises `SramOverflowError` naming the buffers.
 
 Kernels that follow each other run overlapped (`codegen/link.py` replaces the barrier
-between them by waits on the memory they share), so every other kernel is mirrored:
-its buffers are placed from the top of each memory down (offset ``top - offset -
-size``), and two consecutive kernels whose buffers fit together use disjoint bytes (a
-kernel's first loads then need not wait for the previous kernel's last reads). Where
-they do not fit together the mirrored layout is still valid and the link orders the
-overlapping buffers (a remark says so).
+between them by waits on the memory they share), so each kernel's buffers move up, as a
+block, to just above the previous kernel's (wrapping to the bottom of the memory when
+they do not fit there): kernels walk around each memory like a ring, so a kernel's
+buffers are disjoint from the previous kernel's and, memory allowing, from the ones a
+few kernels back too, and its first loads (the next convolution's weights, say) need
+not wait for those kernels' last reads: they run ahead while the kernels before compute.
+Where a kernel's buffers and the previous kernel's do not fit side by side the layout is
+still valid and the link orders the overlapping buffers (a remark says so).
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ def buffer_bytes(t: MemRefType) -> int:
     return cols * element_size(t.element_type)
 
 
-def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig, mirror: bool = False) -> dict[str, int]:
-    """Assign offsets in place; return the bytes used per partition by memory space.
-    With `mirror` the buffers are placed from the top of each memory down."""
+def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
+    """Assign offsets in place (from the bottom of each memory up); return the bytes
+    used per partition by memory space."""
     limits = {
         tile.SRAM: (cfg.sram.partitions, cfg.sram.bytes_per_partition),
         tile.ACC: (cfg.accumulator.partitions, cfg.accumulator.bytes_per_partition),
@@ -82,19 +84,6 @@ def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig, mirror: bool = False) 
                 f"kernel {kernel.sym_name.data}: {space} buffers need {offset + size} bytes per "
                 f"partition, the target has {capacity}: {listing}", kernel.sym_name.data,
             )
-    if mirror:
-        for space, top in ((tile.SRAM, limits[tile.SRAM][1]), (tile.ACC, limits[tile.ACC][1])):
-            top -= top % ALIGN
-            if used[space] > top:
-                continue  # the aligned layout needs the last bytes: keep it bottom-up
-            for op in kernel.walk():
-                if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == space:
-                    t = op.result.type
-                    assert isinstance(t, MemRefType)
-                    size = -(-buffer_bytes(t) // ALIGN) * ALIGN
-                    off = op.properties["offset"]
-                    assert isinstance(off, IntegerAttr)
-                    op.properties["offset"] = IntegerAttr(top - off.value.data - size, i64)
     remarks.emit("plan-sram", "analysis", lambda: (
         f"kernel {kernel.sym_name.data}: " + ", ".join(
             f"{space} {used[space]:,} of {limits[space][1]:,} bytes per partition "
@@ -117,19 +106,48 @@ class PlanSramPass(ModulePass):
         plan_sram(op, load_config(self.target))
 
 
-def plan_sram(module: ModuleOp, cfg: HardwareConfig, mirror: bool = True) -> None:
-    """Plan every kernel, mirroring every other one with `mirror` (see the module
+def plan_sram(module: ModuleOp, cfg: HardwareConfig, linked: bool = True) -> None:
+    """Plan every kernel; with `linked` kernels each kernel's buffers move just above
+    the previous kernel's, or to the bottom where they do not fit there (see the module
     docstring; off with unlinked kernels, which gives the barrier-separated layout)."""
     kernels = [f for f in module.ops if isinstance(f, func.FuncOp) and tile.KERNEL_ATTR in f.attributes]
-    prev: dict[str, int] | None = None
     capacity = {tile.SRAM: cfg.sram.bytes_per_partition, tile.ACC: cfg.accumulator.bytes_per_partition}
-    for i, f in enumerate(kernels):
-        used = plan_kernel(f, cfg, mirror=mirror and i % 2 == 1)
-        if mirror and prev is not None:
-            for space, cap in capacity.items():
-                if prev[space] + used[space] > cap:
-                    remarks.emit("plan-sram", "missed", (
-                        f"kernel {f.sym_name.data}: its {space} buffers ({used[space]:,} bytes per "
-                        f"partition) and the previous kernel's ({prev[space]:,}) do not fit side by "
-                        f"side in {cap:,}: the link orders the bytes they share"), _loc(f))
-        prev = used
+    prev: dict[str, tuple[int, int]] = {}  # per memory: the previous kernel's [start, end)
+    for f in kernels:
+        used = plan_kernel(f, cfg)
+        if not linked:
+            continue
+        for space, cap in capacity.items():
+            cap -= cap % ALIGN
+            size = -(-used[space] // ALIGN) * ALIGN
+            lo, hi = prev.get(space, (0, 0))
+            base = _ring_base(lo, hi, size, cap)
+            if base is None:
+                base = 0
+                remarks.emit("plan-sram", "missed", (
+                    f"kernel {f.sym_name.data}: its {space} buffers ({used[space]:,} bytes per "
+                    f"partition) and the previous kernel's ({hi - lo:,}) do not fit side by "
+                    f"side in {cap:,}: the link orders the bytes they share"), _loc(f))
+            _shift(f, space, base)
+            prev[space] = (base, base + size)
+
+
+def _ring_base(lo: int, hi: int, size: int, cap: int) -> int | None:
+    """Where `size` bytes go next to the previous kernel's [lo, hi) in [0, cap): just
+    above it, else at the bottom; None where neither is disjoint from it."""
+    if hi + size <= cap:
+        return hi
+    if size <= lo:
+        return 0
+    return None
+
+
+def _shift(kernel: func.FuncOp, space: str, base: int) -> None:
+    """Move the buffers of `space` in `kernel` up by `base` bytes."""
+    if not base:
+        return
+    for op in kernel.walk():
+        if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == space:
+            off = op.properties["offset"]
+            assert isinstance(off, IntegerAttr)
+            op.properties["offset"] = IntegerAttr(off.value.data + base, i64)

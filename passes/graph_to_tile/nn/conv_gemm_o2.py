@@ -6,8 +6,8 @@ out of alternating sets, so one band's loads and matmuls overlap the previous ba
 epilogue and store:
 
     k4_conv2d(%xq [1, 64, 1, 3364], %w [1, 64, 9, 64], %scale, %shift, %out, ...):
+      tile.load %w[0, 0, t0, 0] -> %weights_piece   (pieces over the weight queues)
       tile.load %scale, %shift (rows -> columns by 1x1 matmuls);  tile.load %xq band 0 -> %slab (set 0)
-      tile.load %w[0, 0, t0, 0] -> %weights_piece   (pieces over the queues)
       band b:  tile.matmul %weights[:, tap], %slab[:, off + q] -> %acc[b % 2][tile]   (every tap)
                epilogue(%acc) -> tile.store %out[...];  tile.load %xq band b + nsl -> %slab (its set)
 """
@@ -69,7 +69,9 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
     args = [src, wview] + ([bview] if bview is not None else []) + epi.hbm_args()
     k = HbmKernel(lw, "conv2d", loc, args)
     kb = k.kb
-    qm = QueueModel(cfg)
+    # weights and activations on their own DMA queues, more of them for the larger
+    slab_bytes = nb * sum(st.K * L for st in ks for L in st.slabs) * isz
+    qm = QueueModel(cfg, split=True, light_weights=slab_bytes > Ci_g * T * Co_g * isz)
     sa, wa = k.arg(src), k.arg(wview)
     # weight buffers: per step, one per weight DMA piece (tap range) of that step
     wpieces: list[list[tuple[int, int, SSAValue]]] = []  # per step: (first tap index, taps, buffer)
@@ -82,7 +84,12 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
                 for _ in range(nsl if unroll else 2)]
     accs = [[kb.alloc([TCo, lp], f32, tile.ACC, "acc") for _ in range(ntile)] for _ in range(2)]
     epi.alloc(kb, TCo, RB * OW, out_elem, col_sets=ntile, sets=2)
-    epi.init(k, qm)
+    # the mask and zeros after the weights on their queues (once: before the loops
+    # where these run more than once)
+    once = N * G == 1
+    contiguous = pad is not None and Wq == pad.Wp  # the compaction writes each band's rows as one run
+    if not once:
+        epi.init(k, qm, contiguous)
     bbuf = None
     if b is not None and bview is not None:
         bbuf = kb.alloc([TCo, ntile], value_elem(b), tile.SRAM, "bias")
@@ -105,15 +112,15 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
                         kk, ci0 = st.wloads[0][1], st.loads[0][0][2]
                         kb.add(tile.LoadOp(wa, [gi, kb.const(ci0), kb.const(t0), kb.const(0)], buf, kb.const(kk),
                                            kb.const(nt * Co_g), 1, 3,
-                                           queue=qm.next(kk * nt * Co_g * isz, nt * Co_g * isz)))
+                                           queue=qm.next(kk * nt * Co_g * isz, nt * Co_g * isz, const=True)))
                     else:  # row blocks of one buffer: disjoint partitions, any queues
                         for r0, kk, tap0, ntp, _ in st.wloads:
                             kb.add(tile.LoadOp(wa, [gi, kb.const(0), kb.const(tap0), kb.const(0)],
                                                sub(kb, buf, r0, 0, [kk, ntp * Co_g]), kb.const(kk),
                                                kb.const(ntp * Co_g), 1, 3,
-                                               queue=qm.next(kk * ntp * Co_g * isz, ntp * Co_g * isz)))
+                                               queue=qm.next(kk * ntp * Co_g * isz, ntp * Co_g * isz, const=True)))
 
-        def band_loads(bidx: SSAValue, sset: int) -> None:
+        def band_loads(bidx: SSAValue, sset: int, among_stores: bool = True) -> None:
             p0 = lin(kb, 0, (RB * Wq, bidx))
             slabs = slabsets[sset]
             for si, st in enumerate(ks):
@@ -122,7 +129,7 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
                         ci = lin(kb, ci0, (Ci_g, gi))
                         kb.add(tile.LoadOp(sa, [n, ci, kb.const(ph_), kb.addi(p0, kb.const(off)) if off else p0],
                                            sub(kb, slabs[si][li], r0, 0, [kk, L]), kb.const(kk), kb.const(L), 1, 3,
-                                           queue=qm.next(kk * L * isz, L * isz)))
+                                           queue=qm.next(kk * L * isz, L * isz, among_stores=among_stores)))
 
         def band(bidx: SSAValue, bset: int, sset: int, first: bool = False, last: bool = False) -> None:
             slabs = slabsets[sset]
@@ -155,16 +162,21 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
                 epi.emit(k, acc, m, n, c0, kb.const(0), oh0, RB, Wq, compact, col_set=j, buf_set=(bset + j) % 2,
                          first=first, last=last)
 
-        # issue order: the per-channel operands (small; turned into columns just before
-        # the first epilogue), the first band's slabs, the weights, the other bands' slabs
-        epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g, defer=True)
-        band_loads(kb.const(0), 0)
+        # issue order: the weights, then the epilogue's constants and per-channel operands
+        # (small; turned into columns just before the first epilogue) on the weight
+        # queues; the bands' slabs on the activation queues (`queue_split`)
         weight_loads()
+        if once:
+            epi.init(k, qm, contiguous)
+        epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g, defer=True)
+        band_loads(kb.const(0), 0, among_stores=False)
         if unroll:
-            # the first `nsl` bands' loads up front, each later band's when its set frees
-            for bi in range(1, min(nsl, nb)):
-                band_loads(kb.const(bi), bi)
+            # each band's loads one band ahead of its matmuls while it has a set of its
+            # own, so the epilogue's tile operands (a residual; loaded in `band`) do not
+            # queue behind every band's slabs; later bands' when their set frees
             for bi in range(nb):
+                if 0 < bi + 1 < nsl:
+                    band_loads(kb.const(bi + 1), bi + 1)
                 band(kb.const(bi), bi % 2, bi % nsl, first=bi == 0, last=bi == nb - 1)
                 if bi + nsl < nb:
                     band_loads(kb.const(bi + nsl), (bi + nsl) % nsl)

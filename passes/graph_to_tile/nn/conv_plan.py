@@ -132,7 +132,7 @@ def plan_small_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Sma
     if (acc_bytes > cfg.accumulator.bytes_per_partition
             or nk * kbytes + 2 * ALIGN * T + rest > cfg.sram.bytes_per_partition):
         return None
-    return SmallO2Plan(TK, nk, TN, TCo, nchunks, weight_pieces(cfg, nk, T, TK * Co_g * isz))
+    return SmallO2Plan(TK, nk, TN, TCo, nchunks, weight_pieces(cfg, nk, T))
 
 
 @dataclass(frozen=True)
@@ -249,9 +249,13 @@ def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Gemm
     RB = pick_band(geo, fits)
     if not RB:
         return None
-    want = 4 if OH >= 16 else (2 if OH >= 2 else 1)
-    for cand in range(RB, 0, -1):
-        if OH % cand == 0 and OH // cand >= want and fits(cand) and geo.lp(cand) >= min(geo.lp(RB), 256):
+    # (four bands where they are not that short, else two: a single band runs its load,
+    # matmuls, epilogue and store one after the other)
+    wants = (4, 2) if OH >= 16 else ((2,) if OH >= 2 else (1,))
+    for want in wants:
+        cand = next((c for c in range(RB, 0, -1) if OH % c == 0 and OH // c >= want and fits(c)
+                     and geo.lp(c) >= min(geo.lp(RB), 256)), 0)
+        if cand:
             RB = cand
             break
     nb = OH // RB
@@ -266,7 +270,7 @@ def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Gemm
         if st.folded:
             pieces.append(None)
         else:  # a channel tile: its taps split into pieces over the queues
-            pieces.append([(t0, nt) for _, t0, nt in weight_pieces(cfg, 1, len(st.taps), st.K * Co_g * isz)])
+            pieces.append([(t0, nt) for _, t0, nt in weight_pieces(cfg, 1, len(st.taps))])
     return GemmO2Plan(KMAX, TCo, ntile, RB, ks, pieces, nsl, nb <= 8)
 
 

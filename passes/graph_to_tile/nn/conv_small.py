@@ -201,24 +201,30 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
     if b is not None and bview is not None:
         bbuf = kb.alloc([TCo, nchunks], value_elem(b), tile.SRAM, "bias")
         epi.extra_columns = [(bview, bbuf)]
-    qm = QueueModel(cfg)
-    epi.init(k, qm)
+    # weights and activations on their own DMA queues, more of them for the larger
+    qm = QueueModel(cfg, split=True, light_weights=geo.nph * HW > T * Co_g)
+    once = N * G == 1  # the mask and zeros after the weights, where they load once
+    if not once:
+        epi.init(k, qm)
     with kb.loop(N) as n, kb.loop(G) as gi:
         ch0 = lin(kb, 0, (Co_g, gi))
-        # the small loads first (slabs, selection, per-channel operands), then the weights
+        # the weights first, then the constants (selection, mask, per-channel operands) on
+        # the weight queues; the slabs on the activation queues (`queue_split`)
+        for piece in pieces:
+            t, t0, nt = piece
+            kb.add(tile.LoadOp(wa, [gi, kb.const(ktiles[t][0]), kb.const(t0), kb.const(0)], wbufs[piece],
+                               kb.const(ktiles[t][1]), kb.const(nt * Co_g), 1, 3,
+                               queue=qm.next(ktiles[t][1] * nt * Co_g * isz, nt * Co_g * isz, const=True)))
         for (ci0, kk), slab in zip(ktiles, slabsets):
             ci = lin(kb, ci0, (Ci_g, gi))
             L = geo.nph * HW  # the phases of a channel are contiguous
             kb.add(tile.LoadOp(sa, [n, ci, kb.const(0), kb.const(0)], slab, kb.const(kk),
                                kb.const(L), 1, 3, queue=qm.next(kk * L * isz, L * isz)))
+        if once:
+            epi.init(k, qm)
         kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], selb, kb.const(Lp), kb.const(S), 0, 1,
-                           queue=qm.next(Lp * S * 4, S * 4)))
+                           queue=qm.next(Lp * S * 4, S * 4, const=True)))
         epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g)
-        for piece in pieces:
-            t, t0, nt = piece
-            kb.add(tile.LoadOp(wa, [gi, kb.const(ktiles[t][0]), kb.const(t0), kb.const(0)], wbufs[piece],
-                               kb.const(ktiles[t][1]), kb.const(nt * Co_g), 1, 3,
-                               queue=qm.next(ktiles[t][1] * nt * Co_g * isz, nt * Co_g * isz)))
         first = True
         for rnd in [pieces]:
             for t, t0, nt in rnd:

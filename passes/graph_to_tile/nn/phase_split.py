@@ -40,6 +40,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     value_shape,
 )
 from tilecc.passes.graph_to_tile.nn.geometry import PhaseSpec
+from tilecc.passes.graph_to_tile.nn.queues import queue_split, store_queues
 from tilecc.simulator.config import HardwareConfig
 
 if TYPE_CHECKING:
@@ -272,10 +273,16 @@ def _phase_split_channels(
     tbs = [kb.alloc([KMAX, TC], elem, tile.SRAM, "xT") for _ in range(NS)]
     a1s = [kb.alloc([KMAX, TC], f32, tile.ACC, "acc_t") for _ in range(NS)]
     a2s = [kb.alloc([TC, NMAX], f32, tile.ACC, "acc_s") for _ in range(NS)]
-    kb.add(tile.LoadOp(k.arg(ident), [kb.const(0), kb.const(0)], ib, kb.const(TC), kb.const(TC), 0, 1))
-    kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], sb, kb.const(KMAX), kb.const(scols), 0, 1))
-    kb.add(tile.LoadOp(k.arg(fills), [kb.const(0), kb.const(0)], fb, kb.const(1), kb.const(fcols), 0, 1))
-    kb.add(tile.LoadOp(k.arg(ones), [kb.const(0)], ob, kb.const(1), kb.const(TC), -1, 0))
+    # DMA queues: the constants on the weight queues, the input rows and the phases'
+    # stores (short, so mostly fixed latency) side by side on the others (`queue_split`)
+    cq, sq = queue_split(lw.cfg)[0], store_queues(lw.cfg)
+    kb.add(tile.LoadOp(k.arg(ident), [kb.const(0), kb.const(0)], ib, kb.const(TC), kb.const(TC), 0, 1,
+                       queue=cq[0]))
+    kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], sb, kb.const(KMAX), kb.const(scols), 0, 1,
+                       queue=cq[1 % len(cq)]))
+    kb.add(tile.LoadOp(k.arg(fills), [kb.const(0), kb.const(0)], fb, kb.const(1), kb.const(fcols), 0, 1,
+                       queue=cq[0]))
+    kb.add(tile.LoadOp(k.arg(ones), [kb.const(0)], ob, kb.const(1), kb.const(TC), -1, 0, queue=cq[1 % len(cq)]))
 
     def geom(ui: int | SSAValue, bi: int) -> tuple[int, int, int, SSAValue]:
         gi = (units[0][1] - units[0][0]) if isinstance(ui, SSAValue) else (units[ui][1] - units[ui][0])
@@ -338,7 +345,7 @@ def _phase_split_channels(
         for (u0, u1), (xlo, xhi) in zip(bands, plan.band_xrows):
             qi0 = units[u0][0]
             kb.add(tile.LoadOp(xa, [n, c0, kb.const(xlo * W)], sub(kb, xb, 0, 0, [TC, (xhi - xlo + 1) * W]),
-                               c, kb.const((xhi - xlo + 1) * W), 1, 2))
+                               c, kb.const((xhi - xlo + 1) * W), 1, 2, queue=sq[-1]))
             for bi in range(len(blocks)):
                 # runs of consecutive units of one kind: a loop over pairs of units
                 # (two buffer sets), the odd one out unrolled
@@ -373,6 +380,7 @@ def _phase_split_channels(
                 kb.add(tile.StoreOp(
                     sub(kb, qb, 0, ph * max_qrows * Wq, [TC, rows * Wq]), oa,
                     [n, c0, kb.const(ph), kb.const(qi0 * Wq)], c, kb.const(rows * Wq), 1, 3,
+                    queue=sq[ph % len(sq)],
                 ))
     k.launch()
     return True
