@@ -108,10 +108,10 @@ def lower_index_scatter(lw: LoweringContext, op: gs.IndexScatterOp, loc: str) ->
     if N == 0 or A * R == 0:
         return
     src = lw.view(lw.materialise(op.src), (A, N, R))
-    idx = lw.view(lw.materialise(op.index), (N, 1))
     start = _constant_range(op.index, V)
     if reduce == "none" and start is not None and _copy_row_range(lw, loc, src, out, (A, V, R), start, N):
         return
+    idx = lw.view(lw.materialise(op.index), (N, 1))
     if reduce == "none" and N == 1 and A > 1:
         _scatter_one_index(lw, loc, lw.view(src, (A, R)), idx, lw.view(out, (A * V, R)), A, V, R)
     elif reduce == "none" and A > 1 and _heads_side_by_side(lw, src, A, R):
