@@ -15,7 +15,7 @@ import torch
 
 import tilecc
 from tilecc.cli import main
-from tilecc.errors import TileccError
+from tilecc.errors import InputMismatchError, TileccError
 from tilecc.llm.programs import compile_programs
 from tilecc.llm.static_cache import StaticCacheLM
 
@@ -66,6 +66,38 @@ def test_static_cache_decode_steps_match_eager():
     # one decode program served every step: the position is an input
     names = [s.name for s in progs.decode.program.inputs]
     assert "input_ids" in names and "cache_position" in names
+
+
+def test_prefill_positions_are_constants_so_its_attention_is_causal():
+    """The prefill fills an empty cache from position 0, so its positions are constants
+    of the program: the mask built from them is the causal pattern at compile time (the
+    flash kernel skips the masked tiles and the cache slots past the prompt), and the
+    logits and the cache still equal the eager wrapper's. Positions other than 0..P-1 are
+    refused (the program could not honour them)."""
+    model = _examples().tiny_llama()
+    ids = _prompt(model, 1, 40)
+    progs = compile_programs(copy.deepcopy(model), batch=1, prompt_len=40, max_len=48)
+    assert progs.prefill.program is not None
+    assert [s.name for s in progs.prefill.program.inputs if not s.name.startswith("buffer:")] == ["input_ids"]
+    notes = [r["message"] for r in progs.prefill.program.meta["remarks"]]
+    assert sum("mask is the causal pattern" in n for n in notes) == 2, notes  # one per layer
+    eager = StaticCacheLM(copy.deepcopy(model), batch=1, max_len=48).eval()
+    with torch.no_grad():
+        want = eager(ids, torch.arange(40), last_only=True)
+    torch.testing.assert_close(progs.prefill(ids), want, rtol=1e-4, atol=1e-4)
+    for name in ("key_cache_0", "value_cache_1"):
+        torch.testing.assert_close(progs.prefill.state.buffers[f"lm.{name}"], getattr(eager, name),
+                                   rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(progs.prefill(ids, torch.arange(40)), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(InputMismatchError, match=r"positions must be 0\.\.39"):
+        progs.prefill(ids, torch.arange(40) + 1)
+    with pytest.raises(InputMismatchError, match="positions must be"):
+        progs.prefill(ids, torch.arange(39))
+    # the next token through the decode program at position 40 still matches the model
+    token = want[:, -1].argmax(-1, keepdim=True)
+    with torch.no_grad():
+        full = model(torch.cat([ids, token], 1)).logits[:, -1:]
+    torch.testing.assert_close(progs.decode(token, torch.tensor([40])), full, rtol=1e-4, atol=1e-4)
 
 
 def test_generate_llama_batch2_matches_eager_and_reports_figures():

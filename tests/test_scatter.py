@@ -294,3 +294,49 @@ def test_cache_update_of_side_by_side_heads_matches_eager(heads, n, v, dtype):
     tiles = -(-n // min(n, 16 if heads != 8 else 128))
     assert int((ops == Opcode.DMA_LOAD).sum()) == 2 * tiles  # the indices and the rows, once per tile
     assert int((ops == Opcode.DMA_SCATTER).sum()) == heads * tiles
+
+
+class ConstantCacheUpdate(torch.nn.Module):
+    """A prefill's KV-cache update at constant positions (`tilecc/llm/programs.py`):
+    rows ``start..start+n-1`` (or `order`, a constant permutation of them) of a
+    ``[1, H, V, D]`` cache, from a projection's rows; `wide` takes the heads from a
+    column window of wider rows (a merged q/k/v projection's v)."""
+
+    def __init__(self, heads: int, v: int, d: int, start: int, wide: bool, order: list[int] | None = None):
+        super().__init__()
+        self.heads, self.d, self.start, self.wide, self.order = heads, d, start, wide, order
+        self.register_buffer("cache", torch.zeros(1, heads, v, d))
+
+    def forward(self, x):
+        y = x * 2
+        if self.wide:
+            y = y[..., self.d:self.d + self.heads * self.d]
+        rows = y.unflatten(-1, (self.heads, self.d)).transpose(1, 2)
+        n = x.shape[1]
+        pos = torch.tensor(self.order) if self.order else torch.arange(self.start, self.start + n)
+        self.cache.index_copy_(2, pos, rows)
+        return self.cache.clone()
+
+
+@pytest.mark.parametrize("heads,n,v,start,wide,target", [
+    (4, 40, 45, 0, False, "tiny"), (3, 24, 30, 5, True, "tiny"), (8, 256, 258, 0, False, "cloud"),
+    (8, 256, 260, 2, True, "cloud"), (2, 7, 9, 1, False, "tiny"),
+])
+def test_cache_update_at_constant_positions_is_block_copies(heads, n, v, start, wide, target):
+    """Constant contiguous positions (folded by passes/graph/scatter_index.py): k rows per
+    partition, one store per head of runs of k*D elements, no indirect stores, no index
+    kernel; the cache equals eager's."""
+    x = torch.randn(1, n, heads * 8 + (16 if wide else 0), generator=torch.Generator().manual_seed(n))
+    cm = run_and_compare(ConstantCacheUpdate(heads, v, 8, start, wide), (x,), target=target)
+    names = [name for name, _, _ in cm.program.kernels]
+    assert sum("scatter_rows" in name for name in names) == 1 and not any("_lt" in name for name in names), names
+    assert int((cm.program.stream["opcode"] == Opcode.DMA_SCATTER).sum()) == 0
+
+
+def test_cache_update_at_constant_scattered_positions_keeps_the_indirect_store():
+    """A constant index that is not a contiguous range scatters row by row, as before."""
+    order = [5, 1, 4, 0, 2, 7]
+    x = torch.randn(1, 6, 24, generator=torch.Generator().manual_seed(3))
+    cm = run_and_compare(ConstantCacheUpdate(3, 8, 8, 0, False, order), (x,))
+    assert not any("scatter_rows" in name for name, _, _ in cm.program.kernels)
+    assert int((cm.program.stream["opcode"] == Opcode.DMA_SCATTER).sum()) > 0

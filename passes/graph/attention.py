@@ -304,9 +304,12 @@ def _mask(ch: AttentionChain, const: ConstValues, scores: list[int], emit, loc: 
 
 
 def _is_tril(keep: np.ndarray, scores: list[int], tril: np.ndarray) -> bool:
-    """Whether `keep` (broadcasting to the scores) keeps exactly the causal pairs."""
+    """Whether `keep` (broadcasting to the scores) keeps exactly the causal pairs. Only
+    the last two dims are expanded (a mask shared by every head is compared once, not
+    per head: a [1, 1, 2048, 2050] prefill mask against [1, 32, 2048, 2050] scores)."""
     try:
-        full = np.broadcast_to(keep, scores)
+        if np.broadcast_shapes(keep.shape, tuple(scores)) != tuple(scores):
+            return False
     except ValueError:
         return False
-    return bool(np.all(full == tril))
+    return bool(np.all(np.broadcast_to(keep, (*keep.shape[:-2], *tril.shape)) == tril))

@@ -67,6 +67,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     from tilecc.passes.graph.fold_reshapes import fold_reshapes
     from tilecc.passes.graph.rms_norm import recognise_rms_norm
     from tilecc.passes.graph.rope import recognise_rope
+    from tilecc.passes.graph.scatter_index import fold_scatter_indices
 
     count = 0
     for op in list(fn.body.block.ops):
@@ -91,6 +92,7 @@ def canonicalize(fn: func.FuncOp, weights: Mapping[str, np.ndarray] | None = Non
     count += rewrite_decode_attention(fn)
     mark_finite_masks(fn, weights)  # sdpa masks that never hold -inf (passes/graph/attention.py)
     count += fold_reshapes(fn)  # reshape chains, e.g. around a recognised attention (fold_reshapes.py)
+    count += fold_scatter_indices(fn, weights)  # compile-time scatter indices (scatter_index.py)
     count += eliminate_common_subexpressions(fn)  # identical layers' equal values computed once (cse.py)
     dead_code(fn)
     return count

@@ -51,6 +51,7 @@ import numpy as np
 from xdsl.dialects.builtin import i32
 from xdsl.ir import SSAValue
 
+from tilecc.ir import graph as g
 from tilecc.ir import graph_scatter as gs
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
@@ -107,6 +108,9 @@ def lower_index_scatter(lw: LoweringContext, op: gs.IndexScatterOp, loc: str) ->
     if N == 0 or A * R == 0:
         return
     src = lw.view(lw.materialise(op.src), (A, N, R))
+    start = _constant_range(op.index, V)
+    if reduce == "none" and start is not None and _copy_row_range(lw, loc, src, out, (A, V, R), start, N):
+        return
     idx = lw.view(lw.materialise(op.index), (N, 1))
     if reduce == "none" and N == 1 and A > 1:
         _scatter_one_index(lw, loc, lw.view(src, (A, R)), idx, lw.view(out, (A * V, R)), A, V, R)
@@ -177,6 +181,80 @@ def _scatter_row_blocks(
             kb.add(tile.ScatterOp(part, ib, kb.args[2], [kb.const(a), zero], r, kb.const(R),
                                   queue=queues - 1 - a % queues))
     lw.launch(kb, [rows_view, idx, table])
+
+
+def _constant_range(index: SSAValue, V: int) -> int | None:
+    """n0 where the index is the compile-time range n0, n0+1, .., n0+N-1 inside the
+    destination's V rows (a prefill's cache positions, folded to a constant by
+    passes/graph/scatter_index.py), else None."""
+    owner = index.owner
+    if not isinstance(owner, g.ConstantOp):
+        return None
+    values = owner.values().reshape(-1).astype(np.int64)
+    n0 = int(values[0]) if values.size else 0
+    if values.size == 0 or n0 < 0 or n0 + values.size > V:
+        return None
+    return n0 if bool(np.all(values == np.arange(n0, n0 + values.size))) else None
+
+
+def _copy_row_range(
+    lw: LoweringContext, loc: str, src: SSAValue, out: SSAValue, dims: tuple[int, int, int], n0: int, N: int
+) -> bool:
+    """Rows n0..n0+N-1 of every outer index a written as block copies (False: not this
+    case, the caller scatters). Where source row n of every a lies side by side (a
+    projection's ``[S, H*D]`` rows: the KV heads of a prefill's cache update), partition
+    m holds k consecutive rows, ``[k, A*R]`` in the source (one DMA when the rows follow
+    each other, else one per row j) and ``[k, R]`` contiguous in each a's destination:
+    the vector engine gathers each a's k rows side by side and one DMA per a stores them
+    (runs of ``k*R`` elements instead of an indirect store of ``R``-element rows)."""
+    A, V, R = dims
+    elem = elem_of(src.type)
+    isz = element_size(elem)
+    strides, offset = lw.layout(src)
+    budget = min(16384, lw.cfg.sram.bytes_per_partition // 8)
+    fits = [d for d in range(1, N + 1) if N % d == 0 and d * A * R * isz <= budget]
+    why = ("one outer index" if A < 2 else
+           "the outer indices' rows are not side by side" if (strides[0] != R or strides[2] != 1
+                                                             or strides[1] < A * R) else
+           f"a row of the {A} outer indices is over {budget} bytes" if not fits else None)
+    if why is not None:
+        remarks.emit("lower-graph-to-tile", "missed", lambda: f"scatter of the constant rows {n0}..{n0 + N - 1} "
+                     f"stays indirect stores: {why}", loc)
+        return False
+    k = next((d for d in fits if N // d <= lw.P), fits[-1])
+    M, TR, queues = N // k, min(lw.P, N // k), lw.cfg.dma.queues
+    rs = strides[1]  # between source rows: A*R when they follow each other, else one load per j
+    rows_view = (lw.strided(src, (M, k * A * R), (k * A * R, 1), offset) if rs == A * R
+                 else lw.strided(src, (M, k, A * R), (k * rs, rs, 1), offset))
+    table = lw.view(out, (A, V, R))
+    tstrides, base = lw.layout(table)
+    dst_view = lw.strided(table, (A, M, k * R), (tstrides[0], k * R, 1), base + n0 * R)
+    kb = KernelBuilder(lw.kernel_name("scatter_rows"), [rows_view.type, dst_view.type], loc)
+    zero = kb.const(0)
+    with kb.tiles(M, TR) as (m0, r):
+        pieces: list[tuple[SSAValue, int]] = []  # (buffer, column) of each row j's [A*R] elements
+        if rs == A * R:
+            rows = kb.alloc([TR, k * A * R], elem, tile.SRAM, "rows")
+            kb.add(tile.LoadOp(kb.args[0], [m0, zero], rows, r, kb.const(k * A * R), 0, 1))
+            pieces = [(rows, j * A * R) for j in range(k)]
+        for j in range(k if rs != A * R else 0):  # own buffers: row j's copies start once it is in
+            buf = kb.alloc([TR, A * R], elem, tile.SRAM, "rows")
+            kb.add(tile.LoadOp(kb.args[0], [m0, kb.const(j), zero], buf, r, kb.const(A * R), 0, 2,
+                               queue=j % queues))
+            pieces.append((buf, 0))
+        for a in range(A):
+            head = kb.alloc([TR, k * R], elem, tile.SRAM, "head_rows")
+            for j, (buf, col) in enumerate(pieces):
+                part = kb.add(tile.SubviewOp(buf, zero, kb.const(col + a * R), [TR, R])).results[0]
+                dst = kb.add(tile.SubviewOp(head, zero, kb.const(j * R), [TR, R])).results[0]
+                kb.add(tile.UnaryOp("copy", part, dst, r, kb.const(R)))
+            kb.add(tile.StoreOp(head, kb.args[1], [kb.const(a), m0, zero], r, kb.const(k * R), 1, 2,
+                                queue=queues - 1 - a % queues))
+    lw.launch(kb, [rows_view, dst_view])
+    remarks.emit("lower-graph-to-tile", "passed", lambda: (
+        f"scatter of the constant rows {n0}..{n0 + N - 1}: block copies of {k} rows per partition "
+        f"({A} outer indices side by side), no indirect stores"), loc)
+    return True
 
 
 def _scatter_one_index(

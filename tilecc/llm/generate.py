@@ -135,7 +135,7 @@ def run_generation(progs: LMPrograms, ids: torch.Tensor, max_new_tokens: int, *,
     functional = not timing_only
     progs.lm.reset()
     progs.prefill.state.buffers.clear()  # the cache starts empty for this prompt
-    outputs, prefill_report = _timed_run(progs.prefill, progs.prefill_inputs(ids), functional)
+    outputs, prefill_report = _timed_run(progs.prefill.compiled, progs.prefill_inputs(ids), functional)
     steps = max_new_tokens - 1 if functional else min(1, max_new_tokens - 1)
     next_ids = outputs[0][:, -1, :].argmax(-1) if functional else torch.zeros(progs.batch, dtype=torch.long)
     tokens = [next_ids]
