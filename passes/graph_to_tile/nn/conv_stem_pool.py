@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
 _PASS = "lower-graph-to-tile"
 _BIG = -(2.0 ** 100)  # the pool's padding: exact in bf16 and fp32, below any real value
+_EXTRA = 3  # contraction rows besides the image's: the padding row and column (-2^100), the bias
 # the epilogue steps that commute with a max (monotone non-decreasing per channel)
 _MONOTONE_UNARY = ("relu", "sigmoid", "tanh", "exp")
 _MONOTONE_SCALAR = ("add", "max", "min")
@@ -109,9 +110,11 @@ class StemPoolPlan:
     KMAX: int
     RB: int
 
+    stack: int = 1  # bands side by side on the partitions (blocks of the output channels)
+
     @property
     def K(self) -> int:
-        return len(self.keys) + 2
+        return len(self.keys) + _EXTRA
 
     @property
     def ksteps(self) -> list[tuple[int, int]]:
@@ -164,7 +167,7 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
                         index.setdefault(key, 0)
             block_keys.append(bk)
     keys = sorted(index, key=lambda k_: (k_[0], k_[2], k_[3], k_[1]))
-    if cdiv(len(keys) + 2, KMAX) > 4:
+    if cdiv(len(keys) + _EXTRA, KMAX) > 4:
         return "the contraction needs more than four steps"
     mdh = max(k_[2] for k_ in keys)
     mdw = max(k_[3] for k_ in keys)
@@ -173,7 +176,7 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
     plan = StemPoolPlan(S, Hq4, Wq4, OHp, OWp, keys, block_keys, KMAX, 0)
     isz, osz = prob.isz, prob.osz
     nsteps = len(plan.ksteps)
-    nat = prob.Ci_g * KH * KW + 2
+    nat = prob.Ci_g * KH * KW + _EXTRA
     nch = cdiv(nat, KMAX)
     Co = prob.Co_g
     fixed = (nsteps * partition_bytes(plan.Lall, isz) + 4 * nsteps * partition_bytes(Co, isz)
@@ -190,6 +193,12 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
     plan.RB = max((rb for rb in range(1, OHp + 1) if OHp % rb == 0 and fits(rb)), default=0)
     if not plan.RB:
         return "one band of pooled rows does not fit the accumulator"
+    # bands side by side on the partitions where the channels leave them free (the ops
+    # then run once for all of them); per-channel operands would need copies per block
+    if all(st.kind in ("unary", "scalar") for st in steps):
+        nb = OHp // plan.RB
+        cap = min(cfg.sram.partitions, cfg.accumulator.partitions) // Co
+        plan.stack = max(t for t in range(1, cap + 1) if nb % t == 0)
     return plan
 
 
@@ -246,10 +255,10 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
     nsteps = len(ksteps)
     KH, KW = geo.k
     nat = prob.Ci_g * KH * KW
-    NAT = nat + 2  # the natural weight rows and the two -2^100 rows
+    NAT = nat + _EXTRA  # the natural weight rows, the two -2^100 rows and the bias
     nch = cdiv(NAT, KMAX)
     row_of = {key: r for r, key in enumerate(plan.keys)}
-    mrow, mcol = len(plan.keys), len(plan.keys) + 1
+    mrow, mcol, ones = len(plan.keys), len(plan.keys) + 1, len(plan.keys) + 2
     # per output phase (a, b): natural rows -> contraction rows
     perm = np.zeros((nch * KMAX, 4 * nsteps * KMAX), dtype=np.float32)
     for blk, bk in enumerate(plan.block_keys):
@@ -259,20 +268,25 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
             rows.append((nat, mrow))
         if b == 0:
             rows.append((nat + 1, mcol))
+        rows.append((nat + 2, ones))
         for nr, kr in rows:
             perm[nr, (blk * nsteps + kr // KMAX) * KMAX + kr % KMAX] = 1.0
     pconst, pcols = consts_2d(lw, [perm[c * KMAX:(c + 1) * KMAX] for c in range(nch)], 4 * nsteps * KMAX, KMAX,
                               elem)
-    masks = np.zeros((2, Lall), dtype=np.float32)
+    masks = np.zeros((_EXTRA, Lall), dtype=np.float32)
     masks[0, :Wq4] = 1.0  # pooled-row phase 0, row 0: the convolution's row -1
     masks[1, ::Wq4] = 1.0  # pooled-column phase 0, column 0: its column -1
+    masks[2] = 1.0  # times the bias
     mconst = const_hbm(lw, masks, elem)
     big = const_hbm(lw, np.full((1, Co), _BIG, dtype=np.float32), elem)
+    zero = const_hbm(lw, np.zeros((1, Co), dtype=np.float32), elem)
     wnat = lw.view(lw.materialise(op.weight), (nat, Co))
     b_ = op.bias
-    bview = lw.view(lw.materialise(b_), (Co, 1)) if b_ is not None else None
+    bview = lw.view(lw.materialise(b_), (1, Co)) if b_ is not None else None
+    T = plan.stack
+    TC = T * Co
     epi = Epilogue(lw, steps, out, N, Co, OHp, OWp, pad=pad, loc=loc, rb=RB)
-    args = [xq, wnat, pconst, mconst, big] + ([bview] if bview is not None else []) + epi.hbm_args()
+    args = [xq, wnat, pconst, mconst, big, bview if bview is not None else zero] + epi.hbm_args()
     k = HbmKernel(lw, "conv2d_max_pool2d", loc, args)
     kb = k.kb
     qm = QueueModel(cfg)
@@ -283,16 +297,12 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
     pb = kb.alloc([KMAX, pcols], elem, tile.SRAM, "permute")
     wacc = kb.alloc([KMAX, Co], f32, tile.ACC, "acc_w")
     ncols = [(RB + 1) * Wq4 if blk < 2 else RB * Wq4 for blk in range(4)]  # a = 0 needs one row more
-    accs = [[kb.alloc([Co, ncols[blk]], f32, tile.ACC, "acc") for blk in range(4)] for _ in range(2)]
+    accs = [[kb.alloc([TC, ncols[blk]], f32, tile.ACC, "acc") for blk in range(4)] for _ in range(2)]
     R = RB * Wq4
-    vbufs = [kb.alloc([Co, R], f32, tile.SRAM, f"rows{b}") for b in range(2)]
-    ubuf = kb.alloc([Co, R], f32, tile.SRAM, "pooled")
-    epi.alloc(kb, Co, RB * OWp, out_elem, col_sets=1, sets=2)
+    vbufs = [kb.alloc([TC, R], f32, tile.SRAM, f"rows{b}") for b in range(2)]
+    ubuf = kb.alloc([TC, R], f32, tile.SRAM, "pooled")
+    epi.alloc(kb, TC, RB * OWp, out_elem, col_sets=1, sets=2)
     epi.init(k, qm)
-    bbuf = None
-    if b_ is not None and bview is not None:
-        bbuf = kb.alloc([Co, 1], value_elem(b_), tile.SRAM, "bias")
-        epi.extra_columns = [(bview, bbuf)]
     c_co = kb.const(Co)
     with kb.loop(N) as n:
         epi.preload_columns(k, kb.const(0), Co, queues=qm, count=Co, defer=True)
@@ -302,9 +312,9 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
             if r > 0:
                 kb.add(tile.LoadOp(wa, [kb.const(c * KMAX), kb.const(0)], sub(kb, wstage[c], 0, 0, [r, Co]),
                                    kb.const(r), c_co, 0, 1, queue=qm.next(r * Co * isz, Co * isz)))
-        for nr in (nat, nat + 1):
+        for nr, src in ((nat, big), (nat + 1, big), (nat + 2, bview if bview is not None else zero)):
             dst = sub(kb, wstage[nr // KMAX], nr % KMAX, 0, [1, Co])
-            kb.add(tile.LoadOp(k.arg(big), [kb.const(0), kb.const(0)], dst, kb.const(1), c_co, 0, 1,
+            kb.add(tile.LoadOp(k.arg(src), [kb.const(0), kb.const(0)], dst, kb.const(1), c_co, 0, 1,
                                queue=qm.next(Co * isz, Co * isz)))
         kb.add(tile.LoadOp(k.arg(pconst), [kb.const(0), kb.const(0)], pb, kb.const(KMAX), kb.const(pcols), 0, 1,
                            queue=qm.next(KMAX * pcols * isz, pcols * isz)))
@@ -319,30 +329,33 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
                                          kb.const(K), kb.const(r), c_co, true_i1(kb) if c else false_i1(kb)))
                 kb.add(tile.UnaryOp("copy", sub(kb, wacc, 0, 0, [K, Co]), wbufs[blk][si], kb.const(K), c_co))
         TP = cfg.matrix.cols
-        nb = OHp // RB
-        for bi in range(nb):
-            bset = bi % 2
-            p0 = bi * RB * Wq4
+        ngroups = OHp // RB // T  # bands of one group lie on the T partition blocks of Co
+        for gi in range(ngroups):
+            bset = gi % 2
             for blk in range(4):
                 acc = accs[bset][blk]
-                for q0 in range(0, ncols[blk], TP):
-                    nq = min(TP, ncols[blk] - q0)
-                    for si, K in enumerate(Ks):
-                        kb.add(tile.MatmulOp(
-                            wbufs[blk][si], sub(kb, slabs[si], 0, p0 + q0, [K, nq]), sub(kb, acc, 0, q0, [Co, nq]),
-                            c_co, kb.const(K), kb.const(nq), true_i1(kb) if si else false_i1(kb),
-                        ))
-            _pool(kb, accs[bset], vbufs, ubuf, Co, R, Wq4)
+                for t in range(T):
+                    p0 = (t * ngroups + gi) * RB * Wq4
+                    for q0 in range(0, ncols[blk], TP):
+                        nq = min(TP, ncols[blk] - q0)
+                        for si, K in enumerate(Ks):
+                            kb.add(tile.MatmulOp(
+                                wbufs[blk][si], sub(kb, slabs[si], 0, p0 + q0, [K, nq]),
+                                sub(kb, acc, t * Co, q0, [Co, nq]), c_co, kb.const(K), kb.const(nq),
+                                true_i1(kb) if si else false_i1(kb),
+                            ))
+            _pool(kb, accs[bset], vbufs, ubuf, TC, R, Wq4)
 
             def compact(s_: SSAValue, d_: SSAValue, rows_: SSAValue, cols: int) -> None:
-                if bbuf is not None:
-                    kb.add(tile.BinaryOp("add", s_, sub(kb, bbuf, 0, 0, [Co, 1]), d_, rows_, kb.const(cols),
-                                         "column"))
-                else:
-                    kb.add(tile.UnaryOp("copy", s_, d_, rows_, kb.const(cols)))
+                kb.add(tile.UnaryOp("copy", s_, d_, rows_, kb.const(cols)))
 
-            epi.emit(k, ubuf, c_co, n, kb.const(0), kb.const(0), kb.const(bi * RB), RB, Wq4, compact, col_set=0,
-                     buf_set=bset, first=bi == 0, last=bi == nb - 1)
+            tops = [(t * ngroups + gi) * RB for t in range(T)]
+            if T == 1:
+                epi.emit(k, ubuf, c_co, n, kb.const(0), kb.const(0), kb.const(gi * RB), RB, Wq4, compact, col_set=0,
+                         buf_set=bset, first=gi == 0, last=gi == ngroups - 1)
+            else:
+                epi.emit(k, ubuf, kb.const(TC), n, kb.const(0), kb.const(0), kb.const(0), RB, Wq4, compact,
+                         buf_set=bset, stack=tops)
     k.launch()
 
 
@@ -372,7 +385,7 @@ def _load_im2col(kb: KernelBuilder, k: HbmKernel, qm: QueueModel, plan: StemPool
                            sub(kb, slabs[r // KMAX], r % KMAX, 0, [cnt, Lall]), kb.const(cnt), kb.const(Lall),
                            2, 3, max(step, 1), 1, queue=qm.next(cnt * Lall * isz, Lall * isz)))
         r = e
-    for m in range(2):
+    for m in range(_EXTRA):
         kr = len(keys) + m
         dst = sub(kb, slabs[kr // KMAX], kr % KMAX, 0, [1, Lall])
         kb.add(tile.LoadOp(k.arg(mconst), [kb.const(m), kb.const(0)], dst, kb.const(1), kb.const(Lall), 0, 1,

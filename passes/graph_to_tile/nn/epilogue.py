@@ -398,18 +398,26 @@ class Epilogue:
         self, k: HbmKernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
         oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool = False,
         col_set: int | None = None, buf_set: int = 0, first: bool = False, last: bool = False,
+        stack: list[int] | None = None,
     ) -> None:
         """`src`: the band's positions (row r of the band at column r * Wq); `compact(s, d,
         rows, cols)` writes the rounded output of a piece of it. `col_set`: the preloaded
-        column operands' chunk (see `alloc`)."""
+        column operands' chunk (see `alloc`). `stack`: the tile's partitions hold
+        len(stack) bands of the same channels (piece s: partitions s * rows / len(stack)
+        on, its first output row stack[s]); the ops run once over all of them, each piece
+        is stored on its own (`oh0`, `first` and `last` then follow from stack; only
+        unary and scalar steps: no per-channel or tile operand)."""
         kb = k.kb
         if self.pending:
             self.columns_ready(k)
         OW = self.OW
         obuf = self.obs[buf_set]
         TC = value_shape(obuf)[0]
+        if stack is not None:
+            assert all(st.kind in ("unary", "scalar") for st in self.steps) and not self.extra_columns
         if self.pad is not None:
-            self._emit_padded(k, src, rows, n, c0, j, oh0, rb, Wq, compact, row_aware, col_set, buf_set, first, last)
+            self._emit_padded(k, src, rows, n, c0, j, oh0, rb, Wq, compact, row_aware, col_set, buf_set, first, last,
+                              stack)
             return
         cols = rb * OW
         if Wq == OW:
@@ -425,7 +433,13 @@ class Epilogue:
         cc = kb.const(cols)
         s0 = lin(kb, 0, (OW, oh0))
         self._steps(k, ob, rows, cc, n, c0, j, s0, col_set, buf_set, TC, cols)
-        kb.add(tile.StoreOp(ob, k.arg(self.out), [n, c0, j, s0], rows, cc, 1, 3))
+        if stack is None:
+            kb.add(tile.StoreOp(ob, k.arg(self.out), [n, c0, j, s0], rows, cc, 1, 3))
+            return
+        tcs = TC // len(stack)
+        for p, oh in enumerate(stack):
+            kb.add(tile.StoreOp(sub(kb, obuf, p * tcs, 0, [tcs, cols]), k.arg(self.out), [n, c0, j, kb.const(OW * oh)],
+                                kb.const(tcs), cc, 1, 3))
 
     def _steps(
         self, k: HbmKernel, ob: SSAValue, rows: SSAValue, cc: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
@@ -462,12 +476,12 @@ class Epilogue:
     def _emit_padded(
         self, k: HbmKernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
         oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool, col_set: int | None,
-        buf_set: int, first: bool, last: bool,
+        buf_set: int, first: bool, last: bool, stack: list[int] | None = None,
     ) -> None:
         """Buffer position lead + r * Wp + ow is padded index (oh0 + r + pt) * Wp + ow + pl.
         The first band's store also covers the ring above it, the last band's the ring
         below (`first` / `last`: bands emitted once each; bands in a loop rely on
-        `emit_ring` instead)."""
+        `emit_ring` instead). `stack`: see `emit`."""
         kb = k.kb
         pad, OW = self.pad, self.OW
         assert pad is not None and self.maskb is not None
@@ -487,12 +501,16 @@ class Epilogue:
         ob = sub(kb, obuf, 0, lead, [TC, valid])
         s0 = lin(kb, lead, (Wp, oh0))
         self._steps(k, ob, rows, kb.const(valid), n, c0, j, s0, col_set, buf_set, TC, valid)
-        lo = 0 if first else lead
-        hi = lead + rb * Wp + (self.bottom if last else 0)
         span = value_shape(self.maskb)[1]
         obf = sub(kb, obuf, 0, 0, [TC, span])
         kb.add(tile.BinaryOp("mul", obf, self.maskb, obf, rows, kb.const(span)))
-        dst = kb.const(0) if first else s0
-        kb.add(tile.StoreOp(sub(kb, obuf, 0, lo, [TC, hi - lo]), k.arg(self.out), [n, c0, j, dst], rows,
-                            kb.const(hi - lo), 1, 3))
+        pieces = [(0, TC, rows, first, last, s0)] if stack is None else [
+            (p * (TC // len(stack)), TC // len(stack), kb.const(TC // len(stack)), oh == 0, oh + rb == self.OH,
+             kb.const(lead + Wp * oh)) for p, oh in enumerate(stack)]
+        for r0, tcs, rows_, first_, last_, s0_ in pieces:
+            lo = 0 if first_ else lead
+            hi = lead + rb * Wp + (self.bottom if last_ else 0)
+            dst = kb.const(0) if first_ else s0_
+            kb.add(tile.StoreOp(sub(kb, obuf, r0, lo, [tcs, hi - lo]), k.arg(self.out), [n, c0, j, dst], rows_,
+                                kb.const(hi - lo), 1, 3))
 
