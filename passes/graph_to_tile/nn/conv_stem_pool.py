@@ -170,8 +170,11 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
     if cdiv(len(keys) + _EXTRA, KMAX) > 4:
         return "the contraction needs more than four steps"
     mdh = max(k_[2] for k_ in keys)
-    mdw = max(k_[3] for k_ in keys)
-    Wq4 = OWp + 1 + mdw
+    # rows of Wq4 positions: column phase b = 0 is read up to column OWp, b = 1 up to
+    # OWp - 1, each through its own keys' column offsets (a longer row only wraps junk)
+    mdw0 = max(k_[3] for blk in (0, 2) for k_ in block_keys[blk].values())
+    mdw1 = max(k_[3] for blk in (1, 3) for k_ in block_keys[blk].values())
+    Wq4 = max(OWp + 1 + mdw0, OWp + mdw1)
     Hq4 = OHp + 2 + mdh
     plan = StemPoolPlan(S, Hq4, Wq4, OHp, OWp, keys, block_keys, KMAX, 0)
     isz, osz = prob.isz, prob.osz
@@ -190,15 +193,20 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
                                                                          OWp + 2, OWp)
         return acc <= cfg.accumulator.bytes_per_partition and sram <= cfg.sram.bytes_per_partition - 8 * ALIGN
 
-    plan.RB = max((rb for rb in range(1, OHp + 1) if OHp % rb == 0 and fits(rb)), default=0)
-    if not plan.RB:
-        return "one band of pooled rows does not fit the accumulator"
     # bands side by side on the partitions where the channels leave them free (the ops
-    # then run once for all of them); per-channel operands would need copies per block
-    if all(st.kind in ("unary", "scalar") for st in steps):
-        nb = OHp // plan.RB
-        cap = min(cfg.sram.partitions, cfg.accumulator.partitions) // Co
-        plan.stack = max(t for t in range(1, cap + 1) if nb % t == 0)
+    # then run once for all of them; per-channel operands would need copies per block):
+    # the band height and stack with the most rows per group of ops
+    cap = min(cfg.sram.partitions, cfg.accumulator.partitions) // Co
+    if not all(st.kind in ("unary", "scalar") for st in steps):
+        cap = 1
+    best = (0, 0, 0)
+    for rb in range(1, OHp + 1):
+        if OHp % rb == 0 and fits(rb):
+            t = max(t for t in range(1, cap + 1) if (OHp // rb) % t == 0)
+            best = max(best, (rb * t, rb, t))
+    if not best[0]:
+        return "one band of pooled rows does not fit the accumulator"
+    plan.RB, plan.stack = best[1], best[2]
     return plan
 
 
@@ -285,6 +293,11 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
     bview = lw.view(lw.materialise(b_), (1, Co)) if b_ is not None else None
     T = plan.stack
     TC = T * Co
+    # a leading relu runs in the compaction (relu commutes with the rounding; other
+    # functions would see the unrounded value)
+    first_fn = "copy"
+    if steps and steps[0].kind == "unary" and steps[0].fn == "relu":
+        first_fn, steps = "relu", steps[1:]
     epi = Epilogue(lw, steps, out, N, Co, OHp, OWp, pad=pad, loc=loc, rb=RB)
     args = [xq, wnat, pconst, mconst, big, bview if bview is not None else zero] + epi.hbm_args()
     k = HbmKernel(lw, "conv2d_max_pool2d", loc, args)
@@ -347,7 +360,7 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
             _pool(kb, accs[bset], vbufs, ubuf, TC, R, Wq4)
 
             def compact(s_: SSAValue, d_: SSAValue, rows_: SSAValue, cols: int) -> None:
-                kb.add(tile.UnaryOp("copy", s_, d_, rows_, kb.const(cols)))
+                kb.add(tile.UnaryOp(first_fn, s_, d_, rows_, kb.const(cols)))
 
             tops = [(t * ngroups + gi) * RB for t in range(T)]
             if T == 1:

@@ -423,16 +423,28 @@ def _phase_split_rows(
             if Cm.any():
                 ckey[(b, wi)] = len(cblocks)
                 cblocks.append(Cm)
+    # a phase whose rows or columns are all padding is all zeros
+    empty = [not any((a, hi) in rkey for hi in range(len(hch))) or not any((b, wi) in ckey for wi in range(len(wch)))
+             for a, b in phases]
+    # consecutive phase images are consecutive rows in HBM: up to g of them share a tile
+    # (phase after phase on the partitions), one copy and one store
+    g = max(1, min(MMAX, lw.P) // Hq)
+    groups: list[list[int]] = []
+    for ph in range(len(phases)):
+        if not empty[ph] and groups and len(groups[-1]) < g and not empty[groups[-1][-1]] and groups[-1][-1] == ph - 1:
+            groups[-1].append(ph)
+        else:
+            groups.append([ph])
     # buffer sets: each channel its own where they fit (channels overlap), else fewer
     # sets taken in turn
     sets = C
     while sets:
         need = (
             sets * len(hch) * partition_bytes(W, isz) + sets * len(row_res) * len(wch) * partition_bytes(Hq, isz)
-            + sets * len(phases) * partition_bytes(Wq, isz) + partition_bytes(len(rblocks) * Hq, isz)
+            + sets * len(groups) * partition_bytes(Wq, isz) + partition_bytes(len(rblocks) * Hq, isz)
             + partition_bytes(len(cblocks) * Wq, isz)
         )
-        acc_need = sets * len(row_res) * len(wch) * Hq * 4 + sets * len(phases) * Wq * 4
+        acc_need = sets * len(row_res) * len(wch) * Hq * 4 + sets * len(groups) * Wq * 4
         if need <= sram_budget(lw) - 8 * ALIGN and acc_need <= cfg.accumulator.bytes_per_partition:
             break
         sets -= 1
@@ -440,10 +452,7 @@ def _phase_split_rows(
         return False
     rconst, rcols = consts_2d(lw, rblocks, Hq, KMAX, elem)
     cconst, ccols = consts_2d(lw, cblocks, Wq, KMAX, elem)
-    out5 = lw.view(out, (N, C, len(phases), Hq, Wq))
-    # a phase whose rows or columns are all padding is all zeros
-    empty = [not any((a, hi) in rkey for hi in range(len(hch))) or not any((b, wi) in ckey for wi in range(len(wch)))
-             for a, b in phases]
+    out5 = lw.view(out, (N, C, len(phases) * Hq, Wq))  # rows of the phase images, one after another
     zero = fill_row(lw, 0.0, elem, Wq) if any(empty) else None
     k = HbmKernel(lw, what, loc, [x, rconst, cconst, out5] + ([zero] if zero is not None else []))
     kb = k.kb
@@ -490,24 +499,28 @@ def _phase_split_rows(
                     tbuf = buf("rows", c, row_res.index(a) * len(wch) + wi, [w1 - w0, Hq], elem, tile.SRAM)
                     kb.add(tile.UnaryOp("copy", acc, tbuf, kb.const(w1 - w0), kb.const(Hq)))
                     ta[(a, wi)] = tbuf
-            for ph, (a, b) in enumerate(phases):
-                if empty[ph]:
+            for gi, grp in enumerate(groups):
+                if empty[grp[0]]:
                     zeros = present(zb, "phase split's zeros buffer")
-                    kb.add(tile.StoreOp(zeros, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
-                                        kb.const(Hq), kb.const(Wq), 3, 4))
+                    kb.add(tile.StoreOp(zeros, oa, [n, kb.const(c), kb.const(grp[0] * Hq), kb.const(0)],
+                                        kb.const(Hq), kb.const(Wq), 2, 3))
                     continue
-                acc = buf("acc_c", c, ph, [Hq, Wq], f32, tile.ACC)
-                terms = [wi for wi in range(len(wch)) if (b, wi) in ckey]
-                for t_, wi in enumerate(terms):
-                    w0, w1 = wch[wi]
-                    kb.add(tile.MatmulOp(
-                        ta[(a, wi)], sub(kb, cb, 0, ckey[(b, wi)] * Wq, [w1 - w0, Wq]), acc,
-                        kb.const(Hq), kb.const(w1 - w0), kb.const(Wq), true_i1(kb) if t_ else false_i1(kb),
-                    ))
-                qbuf = buf("phase", c, ph, [Hq, Wq], elem, tile.SRAM)
-                kb.add(tile.UnaryOp("copy", acc, qbuf, kb.const(Hq), kb.const(Wq)))
-                kb.add(tile.StoreOp(qbuf, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
-                                    kb.const(Hq), kb.const(Wq), 3, 4, queue=stores.next(Hq * Wq * isz, Wq * isz)))
+                gr = len(grp) * Hq
+                acc = buf("acc_c", c, gi, [gr, Wq], f32, tile.ACC)
+                for q, ph in enumerate(grp):
+                    a, b = phases[ph]
+                    terms = [wi for wi in range(len(wch)) if (b, wi) in ckey]
+                    for t_, wi in enumerate(terms):
+                        w0, w1 = wch[wi]
+                        kb.add(tile.MatmulOp(
+                            ta[(a, wi)], sub(kb, cb, 0, ckey[(b, wi)] * Wq, [w1 - w0, Wq]),
+                            sub(kb, acc, q * Hq, 0, [Hq, Wq]), kb.const(Hq), kb.const(w1 - w0), kb.const(Wq),
+                            true_i1(kb) if t_ else false_i1(kb),
+                        ))
+                qbuf = buf("phase", c, gi, [gr, Wq], elem, tile.SRAM)
+                kb.add(tile.UnaryOp("copy", acc, qbuf, kb.const(gr), kb.const(Wq)))
+                kb.add(tile.StoreOp(qbuf, oa, [n, kb.const(c), kb.const(grp[0] * Hq), kb.const(0)],
+                                    kb.const(gr), kb.const(Wq), 2, 3, queue=stores.next(gr * Wq * isz, Wq * isz)))
     k.launch()
     return True
 
