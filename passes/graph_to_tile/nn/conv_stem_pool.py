@@ -195,7 +195,8 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
 
     # bands side by side on the partitions where the channels leave them free (the ops
     # then run once for all of them; per-channel operands would need copies per block):
-    # the band height and stack with the most rows per group of ops
+    # the most bands side by side (an op's time is its columns, whatever its partitions),
+    # then the most rows per group of ops (fewer instructions)
     cap = min(cfg.sram.partitions, cfg.accumulator.partitions) // Co
     if not all(st.kind in ("unary", "scalar") for st in steps):
         cap = 1
@@ -203,10 +204,10 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
     for rb in range(1, OHp + 1):
         if OHp % rb == 0 and fits(rb):
             t = max(t for t in range(1, cap + 1) if (OHp // rb) % t == 0)
-            best = max(best, (rb * t, rb, t))
+            best = max(best, (t, rb * t, rb))
     if not best[0]:
         return "one band of pooled rows does not fit the accumulator"
-    plan.RB, plan.stack = best[1], best[2]
+    plan.stack, plan.RB = best[0], best[2]
     return plan
 
 
@@ -237,7 +238,7 @@ def lower_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, ste
                          plan.Wq4, 0.0))
     _emit(lw, op, prob, plan, steps, xq, out, pad, loc)
     remarks.emit(_PASS, "passed", f"max pool fused into the stem convolution ({plan.K} contraction rows, "
-                 f"bands of {plan.RB} pooled rows)", loc)
+                 f"bands of {plan.RB} pooled rows, {plan.stack} side by side on the partitions)", loc)
     if fused:
         fused[-1].results[0].replace_all_uses_with(op.results[0])
         for u in reversed(fused):
