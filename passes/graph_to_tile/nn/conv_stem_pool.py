@@ -166,7 +166,9 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
                         bk[(ci * KH + kh) * KW + kw] = key
                         index.setdefault(key, 0)
             block_keys.append(bk)
-    keys = sorted(index, key=lambda k_: (k_[0], k_[2], k_[3], k_[1]))
+    # by offset, then channel and phase: the rows of one offset are phase images in turn,
+    # evenly spaced in HBM (the runs `_load_im2col` loads with one DMA each)
+    keys = sorted(index, key=lambda k_: (k_[2], k_[3], k_[0], k_[1]))
     if cdiv(len(keys) + _EXTRA, KMAX) > 4:
         return "the contraction needs more than four steps"
     mdh = max(k_[2] for k_ in keys)
@@ -300,11 +302,12 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
     if steps and steps[0].kind == "unary" and steps[0].fn == "relu":
         first_fn, steps = "relu", steps[1:]
     epi = Epilogue(lw, steps, out, N, Co, OHp, OWp, pad=pad, loc=loc, rb=RB)
-    args = [xq, wnat, pconst, mconst, big, bview if bview is not None else zero] + epi.hbm_args()
+    xflat = lw.view(xq, (N, geo.C * plan.S * plan.S * plan.Hq4 * Wq4))
+    args = [xflat, wnat, pconst, mconst, big, bview if bview is not None else zero] + epi.hbm_args()
     k = HbmKernel(lw, "conv2d_max_pool2d", loc, args)
     kb = k.kb
     qm = QueueModel(cfg)
-    xa = k.arg(xq)
+    xa = k.arg(xflat)
     slabs = [kb.alloc([K, Lall], elem, tile.SRAM, "im2col") for K in Ks]
     wbufs = [[kb.alloc([K, Co], elem, tile.SRAM, "weights") for K in Ks] for _ in range(4)]
     wstage = [kb.alloc([min(KMAX, NAT - c * KMAX), Co], elem, tile.SRAM, "weights_nat") for c in range(nch)]
@@ -375,35 +378,29 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
 
 def _load_im2col(kb: KernelBuilder, k: HbmKernel, qm: QueueModel, plan: StemPoolPlan, xa: SSAValue, n: SSAValue,
                  slabs: list[SSAValue], mconst: SSAValue, isz: int) -> None:
-    """The contraction rows: shifted windows of the phase images, one DMA per run of
-    rows of one channel and offset whose phases step evenly; then the two mask rows."""
+    """The contraction rows: shifted windows of the phase images (`xa`: all of them, one
+    flat row per image), one DMA per run of rows evenly spaced in HBM within one step;
+    then the mask and ones rows."""
     Lall, Wq4, KMAX = plan.Lall, plan.Wq4, plan.KMAX
-    keys = plan.keys
+    L4 = plan.Hq4 * Wq4
+    nph = plan.S * plan.S
+    flat = [(ci * nph + ph) * L4 + dh * Wq4 + dw for ci, ph, dh, dw in plan.keys]
     r = 0
-    while r < len(keys):
-        ci, ph, dh, dw = keys[r]
+    while r < len(flat):
         e = r + 1
-        step = 0
-        while e < len(keys) and e % KMAX != 0:
-            c2, p2, h2, w2 = keys[e]
-            if (c2, h2, w2) != (ci, dh, dw):
-                break
-            st = p2 - keys[e - 1][1]
-            if e == r + 1:
-                step = st
-            elif st != step:
-                break
+        while e < len(flat) and e % KMAX != 0 and flat[e] - flat[e - 1] == flat[r + 1] - flat[r] > 0:
             e += 1
         cnt = e - r
-        kb.add(tile.LoadOp(xa, [n, kb.const(ci), kb.const(ph), kb.const(dh * Wq4 + dw)],
-                           sub(kb, slabs[r // KMAX], r % KMAX, 0, [cnt, Lall]), kb.const(cnt), kb.const(Lall),
-                           2, 3, max(step, 1), 1, queue=qm.next(cnt * Lall * isz, Lall * isz)))
+        kb.add(tile.LoadOp(xa, [n, kb.const(flat[r])], sub(kb, slabs[r // KMAX], r % KMAX, 0, [cnt, Lall]),
+                           kb.const(cnt), kb.const(Lall), 1, 1, flat[r + 1] - flat[r] if cnt > 1 else 1, 1,
+                           queue=qm.next(cnt * Lall * isz, Lall * isz)))
         r = e
-    for m in range(_EXTRA):
-        kr = len(keys) + m
-        dst = sub(kb, slabs[kr // KMAX], kr % KMAX, 0, [1, Lall])
-        kb.add(tile.LoadOp(k.arg(mconst), [kb.const(m), kb.const(0)], dst, kb.const(1), kb.const(Lall), 0, 1,
-                           queue=qm.next(Lall * isz, Lall * isz)))
+    k0 = len(flat)
+    pieces = [(k0, _EXTRA)] if k0 // KMAX == (k0 + _EXTRA - 1) // KMAX else [(k0 + m, 1) for m in range(_EXTRA)]
+    for kr, cnt in pieces:
+        dst = sub(kb, slabs[kr // KMAX], kr % KMAX, 0, [cnt, Lall])
+        kb.add(tile.LoadOp(k.arg(mconst), [kb.const(kr - k0), kb.const(0)], dst, kb.const(cnt), kb.const(Lall), 0, 1,
+                           queue=qm.next(cnt * Lall * isz, Lall * isz)))
 
 
 def _pool(kb: KernelBuilder, accs: list[SSAValue], vbufs: list[SSAValue], ubuf: SSAValue, Co: int, R: int,
