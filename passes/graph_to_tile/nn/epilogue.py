@@ -437,9 +437,10 @@ class Epilogue:
             kb.add(tile.StoreOp(ob, k.arg(self.out), [n, c0, j, s0], rows, cc, 1, 3))
             return
         tcs = TC // len(stack)
+        nq = self.lw.cfg.dma.queues
         for p, oh in enumerate(stack):
             kb.add(tile.StoreOp(sub(kb, obuf, p * tcs, 0, [tcs, cols]), k.arg(self.out), [n, c0, j, kb.const(OW * oh)],
-                                kb.const(tcs), cc, 1, 3))
+                                kb.const(tcs), cc, 1, 3, queue=(nq - 1 - p) % nq))
 
     def _steps(
         self, k: HbmKernel, ob: SSAValue, rows: SSAValue, cc: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
@@ -501,16 +502,18 @@ class Epilogue:
         ob = sub(kb, obuf, 0, lead, [TC, valid])
         s0 = lin(kb, lead, (Wp, oh0))
         self._steps(k, ob, rows, kb.const(valid), n, c0, j, s0, col_set, buf_set, TC, valid)
-        span = value_shape(self.maskb)[1]
-        obf = sub(kb, obuf, 0, 0, [TC, span])
-        kb.add(tile.BinaryOp("mul", obf, self.maskb, obf, rows, kb.const(span)))
+        # after `init` zeroed the buffer only [lead, lead + valid) is ever written (by the
+        # compaction and the steps): the mask zeroes its padding columns, the rest stays 0
+        kb.add(tile.BinaryOp("mul", ob, sub(kb, self.maskb, 0, lead, [TC, valid]), ob, rows, kb.const(valid)))
         pieces = [(0, TC, rows, first, last, s0)] if stack is None else [
             (p * (TC // len(stack)), TC // len(stack), kb.const(TC // len(stack)), oh == 0, oh + rb == self.OH,
              kb.const(lead + Wp * oh)) for p, oh in enumerate(stack)]
-        for r0, tcs, rows_, first_, last_, s0_ in pieces:
+        nq = self.lw.cfg.dma.queues
+        for p, (r0, tcs, rows_, first_, last_, s0_) in enumerate(pieces):
             lo = 0 if first_ else lead
             hi = lead + rb * Wp + (self.bottom if last_ else 0)
             dst = kb.const(0) if first_ else s0_
+            # a stack's pieces on queues of their own, from the last (a store's default) down
             kb.add(tile.StoreOp(sub(kb, obuf, r0, lo, [tcs, hi - lo]), k.arg(self.out), [n, c0, j, dst], rows_,
-                                kb.const(hi - lo), 1, 3))
+                                kb.const(hi - lo), 1, 3, queue=None if stack is None else (nq - 1 - p) % nq))
 
