@@ -208,7 +208,7 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
             t = max(t for t in range(1, cap + 1) if (OHp // rb) % t == 0)
             best = max(best, (t, rb * t, rb))
     if not best[0]:
-        return "one band of pooled rows does not fit the accumulator"
+        return "one band of pooled rows does not fit on chip (SRAM and accumulator)"
     plan.stack, plan.RB = best[0], best[2]
     return plan
 

@@ -476,11 +476,18 @@ def _phase_split_rows(
         return pool[key]
 
     with kb.loop(N) as n:
+
+        def load(c: int) -> None:
+            for i, (h0, h1) in enumerate(hch):
+                kb.add(tile.LoadOp(xa, [n, kb.const(c), kb.const(h0), kb.const(0)],
+                                   buf("x", c, i, [h1 - h0, W], elem, tile.SRAM), kb.const(h1 - h0), kb.const(W), 2, 3))
+
+        # the loads ahead of the stores (the queues run in order): every set's first channel
+        # up front, a later channel's once the channel before it in its set has been read
+        for c in range(min(sets, C)):
+            load(c)
         for c in range(C):  # few channels: each its own buffers (sets permitting), so channels overlap
             xs = [buf("x", c, i, [h1 - h0, W], elem, tile.SRAM) for i, (h0, h1) in enumerate(hch)]
-            for (h0, h1), xbuf in zip(hch, xs):
-                kb.add(tile.LoadOp(xa, [n, kb.const(c), kb.const(h0), kb.const(0)], xbuf,
-                                   kb.const(h1 - h0), kb.const(W), 2, 3))
             ta: dict[tuple[int, int], SSAValue] = {}
             for a in row_res:
                 for wi, (w0, w1) in enumerate(wch):
@@ -499,6 +506,8 @@ def _phase_split_rows(
                     tbuf = buf("rows", c, row_res.index(a) * len(wch) + wi, [w1 - w0, Hq], elem, tile.SRAM)
                     kb.add(tile.UnaryOp("copy", acc, tbuf, kb.const(w1 - w0), kb.const(Hq)))
                     ta[(a, wi)] = tbuf
+            if c + sets < C:
+                load(c + sets)
             for gi, grp in enumerate(groups):
                 if empty[grp[0]]:
                     zeros = present(zb, "phase split's zeros buffer")
