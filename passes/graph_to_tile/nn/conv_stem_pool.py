@@ -369,10 +369,10 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
             tops = [(t * ngroups + gi) * RB for t in range(T)]
             if T == 1:
                 epi.emit(k, ubuf, c_co, n, kb.const(0), kb.const(0), kb.const(gi * RB), RB, Wq4, compact, col_set=0,
-                         buf_set=bset, first=gi == 0, last=gi == ngroups - 1)
+                         buf_set=bset, first=gi == 0, last=gi == ngroups - 1, per_row=True)
             else:
                 epi.emit(k, ubuf, kb.const(TC), n, kb.const(0), kb.const(0), kb.const(0), RB, Wq4, compact,
-                         buf_set=bset, stack=tops)
+                         buf_set=bset, stack=tops, per_row=True)
     k.launch()
 
 

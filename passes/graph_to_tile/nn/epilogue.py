@@ -153,6 +153,15 @@ def _binary_steps(lw: LoweringContext, op: Operation, user: Operation, cur: SSAV
     return None
 
 
+def _keeps_zero(st: Step) -> bool:
+    """Whether step `st` maps 0 to 0 (a tile operand: padded, zero where the output is)."""
+    if st.kind == "unary":
+        return st.fn == "relu"
+    if st.kind in ("scalar", "column"):
+        return st.fn == "mul" and not st.swap
+    return st.fn in ("add", "mul")
+
+
 def finish_fusion(lw: LoweringContext, op: Operation, fused: list[Operation], out: SSAValue) -> None:
     """Record `out` as the value of `op` and of its fused users; drop the fused ops."""
     res = op.results[0]
@@ -398,7 +407,7 @@ class Epilogue:
         self, k: HbmKernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
         oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool = False,
         col_set: int | None = None, buf_set: int = 0, first: bool = False, last: bool = False,
-        stack: list[int] | None = None,
+        stack: list[int] | None = None, per_row: bool = False,
     ) -> None:
         """`src`: the band's positions (row r of the band at column r * Wq); `compact(s, d,
         rows, cols)` writes the rounded output of a piece of it. `col_set`: the preloaded
@@ -417,7 +426,7 @@ class Epilogue:
             assert all(st.kind in ("unary", "scalar") for st in self.steps) and not self.extra_columns
         if self.pad is not None:
             self._emit_padded(k, src, rows, n, c0, j, oh0, rb, Wq, compact, row_aware, col_set, buf_set, first, last,
-                              stack)
+                              stack, per_row)
             return
         cols = rb * OW
         if Wq == OW:
@@ -477,12 +486,14 @@ class Epilogue:
     def _emit_padded(
         self, k: HbmKernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
         oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool, col_set: int | None,
-        buf_set: int, first: bool, last: bool, stack: list[int] | None = None,
+        buf_set: int, first: bool, last: bool, stack: list[int] | None = None, per_row: bool = False,
     ) -> None:
         """Buffer position lead + r * Wp + ow is padded index (oh0 + r + pt) * Wp + ow + pl.
         The first band's store also covers the ring above it, the last band's the ring
         below (`first` / `last`: bands emitted once each; bands in a loop rely on
-        `emit_ring` instead). `stack`: see `emit`."""
+        `emit_ring` instead). `stack`: see `emit`; `per_row`: compact row by row even where
+        Wq == Wp (the padding columns are then never written, so steps that keep zeros
+        need no mask)."""
         kb = k.kb
         pad, OW = self.pad, self.OW
         assert pad is not None and self.maskb is not None
@@ -490,7 +501,8 @@ class Epilogue:
         obuf = self.obs[buf_set]
         TC = value_shape(obuf)[0]
         valid = (rb - 1) * Wp + OW  # through the last valid position
-        if Wq == Wp:
+        whole = Wq == Wp and not per_row
+        if whole:
             compact(sub(kb, src, 0, 0, [TC, valid]), sub(kb, obuf, 0, lead, [TC, valid]), rows, valid)
         else:
             with kb.loop(rb) as r:
@@ -503,8 +515,10 @@ class Epilogue:
         s0 = lin(kb, lead, (Wp, oh0))
         self._steps(k, ob, rows, kb.const(valid), n, c0, j, s0, col_set, buf_set, TC, valid)
         # after `init` zeroed the buffer only [lead, lead + valid) is ever written (by the
-        # compaction and the steps): the mask zeroes its padding columns, the rest stays 0
-        kb.add(tile.BinaryOp("mul", ob, sub(kb, self.maskb, 0, lead, [TC, valid]), ob, rows, kb.const(valid)))
+        # compaction and the steps): the mask zeroes its padding columns, the rest stays 0;
+        # compacted row by row, the padding columns stay 0 unless a step changes zeros
+        if whole or not all(_keeps_zero(st) for st in self.steps):
+            kb.add(tile.BinaryOp("mul", ob, sub(kb, self.maskb, 0, lead, [TC, valid]), ob, rows, kb.const(valid)))
         pieces = [(0, TC, rows, first, last, s0)] if stack is None else [
             (p * (TC // len(stack)), TC // len(stack), kb.const(TC // len(stack)), oh == 0, oh + rb == self.OH,
              kb.const(lead + Wp * oh)) for p, oh in enumerate(stack)]
