@@ -6,23 +6,24 @@ phase images ``y[2i + a - 1, 2j + b - 1]``. The kernel computes the convolution 
 in that order: output phase (a, b) of a stride-s convolution is a stride-2s convolution,
 i.e. a stride-1 one over the 4s^2 phase images of the input, so one contraction of rows
 (input channel, phase, row offset, column offset) serves all four output phases (each
-with its own permuted weights) and a handful of DMAs load it. The pool then runs on the
-accumulators with six whole-band vector ops (separable: rows, then columns), before the
-epilogue: bias, rounding and the fused steps are monotone, so ``f(max y) = max f(y)``
-exactly, and they run on the pooled quarter of the positions. Two extra contraction
-rows add -2^100 at the positions of the pool's padding (row -1, column -1), so they
-never win a max.
+with its own permuted weights) and a handful of DMAs load it. Three more rows: two add
+-2^100 at the pool's padding (row -1, column -1), so it never wins a max, one of ones
+adds the bias. The pool then runs on the accumulators with six whole-band vector ops
+(separable: rows, then columns) before the epilogue: rounding and the fused steps are
+monotone (`_monotone`), so ``f(max y) = max f(y)`` exactly, on a quarter of the
+positions. Where the channels leave partitions free, bands sit side by side on them
+(`StemPoolPlan.stack`), so each op covers several bands.
 
     %y = graph.conv2d %x, %w {stride 2, padding 3} ; %r = graph.relu %y
     %p = graph.max_pool2d %r kernel 3 stride 2 padding 1
       -> k0_conv2d_pad(%x, %xq)                 the 16 phase images of %x (stride 4)
-         k1_conv2d_max_pool2d(%xq, %w, %perm, ..., %p):
-           tile.load %xq[0, ci, ph0, off] -> %im2col[r0:r0 + n]      (27 runs for ResNet-18)
+         k1_conv2d_max_pool2d(%xq, %w, %perm, %masks, ..., %p):
+           tile.load %xq[0, off] -> %im2col[r0:r0 + n]   (runs of evenly spaced rows: 13 for ResNet-18)
            tile.matmul %perm, %weights_nat -> %acc_w; copy -> %weights_ab   (per output phase)
-           band:  tile.matmul %weights_ab, %im2col[:, p0 + q] -> %acc_ab     (four phases)
-                  tile.binary "max" %acc_1b, %acc_0b[+row] -> %v_b; "max" %v_b, %acc_0b -> %v_b
-                  tile.binary "max" %v_1, %v_0[+1] -> %u; "max" %u, %v_0 -> %u
-                  epilogue (bias, relu, padded layout) -> tile.store %p
+           band group:  tile.matmul %weights_ab, %im2col[:, p0 + q] -> %acc_ab[t * 64:]  (four phases, two bands)
+                        tile.binary "max" %acc_1b, %acc_0b[+row] -> %v_b; "max" %v_b, %acc_0b -> %v_b
+                        tile.binary "max" %v_1, %v_0[+1] -> %u; "max" %u, %v_0 -> %u
+                        tile.unary "relu" %u rows -> %out (padded layout); tile.store per band
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def _pool_after(final: SSAValue) -> nn.MaxPool2dOp | None:
 
 
 def _monotone(steps: list[Step]) -> bool:
+    """Whether every step is non-decreasing per channel (then it commutes with a max)."""
     for st in steps:
         if st.kind == "unary" and st.fn in _MONOTONE_UNARY:
             continue
@@ -96,20 +98,20 @@ def _monotone(steps: list[Step]) -> bool:
 
 @dataclass
 class StemPoolPlan:
-    """Sizes of `emit_conv_stem_pool`: pooled output OHp x OWp, phase images of the
-    input (stride S, Hq4 x Wq4), the contraction rows `keys` in steps of <= KMAX, the
-    rows of each output phase, and bands of RB pooled rows."""
+    """Sizes of the kernel (`_emit`): pooled output OHp x OWp, phase images of the input
+    (stride S, Hq4 x Wq4), the contraction rows `keys` (then the _EXTRA rows) in steps of
+    <= KMAX, the rows of each output phase, bands of RB pooled rows, `stack` of them
+    side by side on the partitions."""
 
     S: int
     Hq4: int
     Wq4: int
     OHp: int
     OWp: int
-    keys: list[Key]  # the image rows, then the two mask rows (row -1, column -1)
+    keys: list[Key]  # the image's rows (the _EXTRA rows follow them)
     block_keys: list[dict[int, Key]]  # per output phase (a, b): natural weight row -> its key
     KMAX: int
     RB: int
-
     stack: int = 1  # bands side by side on the partitions (blocks of the output channels)
 
     @property
