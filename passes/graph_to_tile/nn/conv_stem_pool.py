@@ -7,8 +7,8 @@ in that order: output phase (a, b) of a stride-s convolution is a stride-2s conv
 i.e. a stride-1 one over the 4s^2 phase images of the input, so one contraction of rows
 (input channel, phase, row offset, column offset) serves all four output phases (each
 with its own permuted weights) and a handful of DMAs load it. Three more rows: two add
--2^100 at the pool's padding (row -1, column -1), so it never wins a max, one of ones
-adds the bias. The pool then runs on the accumulators with six whole-band vector ops
+-2^100 at the pool's padding (row and column -1, and OH / OW of an odd side), so it
+never wins a max, one of ones adds the bias. The pool then runs on the accumulators with six whole-band vector ops
 (separable: rows, then columns) before the epilogue: rounding and the fused steps are
 monotone (`_monotone`), so ``f(max y) = max f(y)`` exactly, on a quarter of the
 positions. Where the channels leave partitions free, bands sit side by side on them
@@ -136,8 +136,6 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
         return "the max pool is not 3x3, stride 2, padding 1"
     if prob.layout != "gihwo" or prob.G != 1 or prob.Ci_g > 8 or len(geo.taps) < 4:
         return "the convolution is not a stem (few input channels, packed weights)"
-    if geo.OH % 2 or geo.OW % 2:
-        return "the convolution's output has an odd side"
     if not isinstance(value_elem(op.input), (BFloat16Type, Float32Type)):
         return "the element type is neither bf16 nor fp32"
     if padded_of(lw, op.input) is not None:
@@ -153,7 +151,7 @@ def plan_stem_pool(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, step
         return "the convolution's strides differ"
     S = 2 * sh
     KH, KW = geo.k
-    OHp, OWp = geo.OH // 2, geo.OW // 2
+    OHp, OWp = (geo.OH + 1) // 2, (geo.OW + 1) // 2  # an odd side: the last window has padding below
     keys: list[Key] = []
     index: dict[Key, int] = {}
     block_keys: list[dict[int, Key]] = []
@@ -289,6 +287,10 @@ def _emit(lw: LoweringContext, op: nn.Conv2dOp, prob: ConvProblem, plan: StemPoo
     masks = np.zeros((_EXTRA, Lall), dtype=np.float32)
     masks[0, :Wq4] = 1.0  # pooled-row phase 0, row 0: the convolution's row -1
     masks[1, ::Wq4] = 1.0  # pooled-column phase 0, column 0: its column -1
+    if geo.OH % 2:  # row phase 0, row OHp: the convolution's row OH
+        masks[0, OHp * Wq4:] = 1.0
+    if geo.OW % 2:  # column phase 0, column OWp: its column OW
+        masks[1, OWp::Wq4] = 1.0
     masks[2] = 1.0  # times the bias
     mconst = const_hbm(lw, masks, elem)
     big = const_hbm(lw, np.full((1, Co), _BIG, dtype=np.float32), elem)
