@@ -48,6 +48,7 @@ from tilecc.passes.graph_to_tile.nn.conv_small import (
     emit_conv_small_o2,
 )
 from tilecc.passes.graph_to_tile.nn.conv_stem import emit_conv_stem_o2
+from tilecc.passes.graph_to_tile.nn.conv_stem_pool import lower_stem_pool
 from tilecc.passes.graph_to_tile.nn.epilogue import finish_fusion, fuse_epilogue
 from tilecc.passes.graph_to_tile.nn.layout import (
     check_absorbed,
@@ -72,6 +73,8 @@ def lower_conv2d(lw: LoweringContext, op: nn.Conv2dOp, loc: str) -> None:
     check_absorbed(lw, op, fused, loc)
     final = fused[-1].results[0] if fused else res
     prob = conv_problem(op, steps)
+    if lower_stem_pool(lw, op, prob, steps, fused, final, loc):
+        return
     layout = plan_output_layout(lw, final, steps, N, Co, OH, OW, wq=prob.geo.Wq)
     plan = plan_conv(lw.cfg, lw.opt_level, prob, layout.Wp if layout is not None else None, loc)
     pad, wanted = realise_output_layout(lw, layout if plan.padded else None, final, N, Co, OH, OW,

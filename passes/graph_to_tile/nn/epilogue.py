@@ -153,6 +153,15 @@ def _binary_steps(lw: LoweringContext, op: Operation, user: Operation, cur: SSAV
     return None
 
 
+def _keeps_zero(st: Step) -> bool:
+    """Whether step `st` maps 0 to 0 (a tile operand: padded, zero where the output is)."""
+    if st.kind == "unary":
+        return st.fn == "relu"
+    if st.kind in ("scalar", "column"):
+        return st.fn == "mul" and not st.swap
+    return st.fn in ("add", "mul")
+
+
 def finish_fusion(lw: LoweringContext, op: Operation, fused: list[Operation], out: SSAValue) -> None:
     """Record `out` as the value of `op` and of its fused users; drop the fused ops."""
     res = op.results[0]
@@ -412,18 +421,26 @@ class Epilogue:
         self, k: HbmKernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
         oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool = False,
         col_set: int | None = None, buf_set: int = 0, first: bool = False, last: bool = False,
+        stack: list[int] | None = None, per_row: bool = False,
     ) -> None:
         """`src`: the band's positions (row r of the band at column r * Wq); `compact(s, d,
         rows, cols)` writes the rounded output of a piece of it. `col_set`: the preloaded
-        column operands' chunk (see `alloc`)."""
+        column operands' chunk (see `alloc`). `stack`: the tile's partitions hold
+        len(stack) bands of the same channels (piece s: partitions s * rows / len(stack)
+        on, its first output row stack[s]); the ops run once over all of them, each piece
+        is stored on its own (`oh0`, `first` and `last` then follow from stack; only
+        unary and scalar steps: no per-channel or tile operand)."""
         kb = k.kb
         if self.pending:
             self.columns_ready(k)
         OW = self.OW
         obuf = self.obs[buf_set]
         TC = value_shape(obuf)[0]
+        if stack is not None:
+            assert all(st.kind in ("unary", "scalar") for st in self.steps) and not self.extra_columns
         if self.pad is not None:
-            self._emit_padded(k, src, rows, n, c0, j, oh0, rb, Wq, compact, row_aware, col_set, buf_set, first, last)
+            self._emit_padded(k, src, rows, n, c0, j, oh0, rb, Wq, compact, row_aware, col_set, buf_set, first, last,
+                              stack, per_row)
             return
         cols = rb * OW
         if Wq == OW:
@@ -439,7 +456,14 @@ class Epilogue:
         cc = kb.const(cols)
         s0 = lin(kb, 0, (OW, oh0))
         self._steps(k, ob, rows, cc, n, c0, j, s0, col_set, buf_set, TC, cols)
-        kb.add(tile.StoreOp(ob, k.arg(self.out), [n, c0, j, s0], rows, cc, 1, 3))
+        if stack is None:
+            kb.add(tile.StoreOp(ob, k.arg(self.out), [n, c0, j, s0], rows, cc, 1, 3))
+            return
+        tcs = TC // len(stack)
+        nq = self.lw.cfg.dma.queues
+        for p, oh in enumerate(stack):
+            kb.add(tile.StoreOp(sub(kb, obuf, p * tcs, 0, [tcs, cols]), k.arg(self.out), [n, c0, j, kb.const(OW * oh)],
+                                kb.const(tcs), cc, 1, 3, queue=(nq - 1 - p) % nq))
 
     def _steps(
         self, k: HbmKernel, ob: SSAValue, rows: SSAValue, cc: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
@@ -479,12 +503,14 @@ class Epilogue:
     def _emit_padded(
         self, k: HbmKernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
         oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool, col_set: int | None,
-        buf_set: int, first: bool, last: bool,
+        buf_set: int, first: bool, last: bool, stack: list[int] | None = None, per_row: bool = False,
     ) -> None:
         """Buffer position lead + r * Wp + ow is padded index (oh0 + r + pt) * Wp + ow + pl.
         The first band's store also covers the ring above it, the last band's the ring
         below (`first` / `last`: bands emitted once each; bands in a loop rely on
-        `emit_ring` instead)."""
+        `emit_ring` instead). `stack`: see `emit`; `per_row`: compact row by row even where
+        Wq == Wp (the padding columns are then never written, so steps that keep zeros
+        need no mask)."""
         kb = k.kb
         pad, OW = self.pad, self.OW
         assert pad is not None and self.maskb is not None
@@ -492,7 +518,8 @@ class Epilogue:
         obuf = self.obs[buf_set]
         TC = value_shape(obuf)[0]
         valid = (rb - 1) * Wp + OW  # through the last valid position
-        if Wq == Wp:
+        whole = Wq == Wp and not per_row
+        if whole:
             compact(sub(kb, src, 0, 0, [TC, valid]), sub(kb, obuf, 0, lead, [TC, valid]), rows, valid)
         else:
             with kb.loop(rb) as r:
@@ -504,12 +531,20 @@ class Epilogue:
         ob = sub(kb, obuf, 0, lead, [TC, valid])
         s0 = lin(kb, lead, (Wp, oh0))
         self._steps(k, ob, rows, kb.const(valid), n, c0, j, s0, col_set, buf_set, TC, valid)
-        lo = 0 if first else lead
-        hi = lead + rb * Wp + (self.bottom if last else 0)
-        span = value_shape(self.maskb)[1]
-        obf = sub(kb, obuf, 0, 0, [TC, span])
-        kb.add(tile.BinaryOp("mul", obf, self.maskb, obf, rows, kb.const(span)))
-        dst = kb.const(0) if first else s0
-        kb.add(tile.StoreOp(sub(kb, obuf, 0, lo, [TC, hi - lo]), k.arg(self.out), [n, c0, j, dst], rows,
-                            kb.const(hi - lo), 1, 3))
+        # after `init` zeroed the buffer only [lead, lead + valid) is ever written (by the
+        # compaction and the steps): the mask zeroes its padding columns, the rest stays 0;
+        # compacted row by row, the padding columns stay 0 unless a step changes zeros
+        if whole or not all(_keeps_zero(st) for st in self.steps):
+            kb.add(tile.BinaryOp("mul", ob, sub(kb, self.maskb, 0, lead, [TC, valid]), ob, rows, kb.const(valid)))
+        pieces = [(0, TC, rows, first, last, s0)] if stack is None else [
+            (p * (TC // len(stack)), TC // len(stack), kb.const(TC // len(stack)), oh == 0, oh + rb == self.OH,
+             kb.const(lead + Wp * oh)) for p, oh in enumerate(stack)]
+        nq = self.lw.cfg.dma.queues
+        for p, (r0, tcs, rows_, first_, last_, s0_) in enumerate(pieces):
+            lo = 0 if first_ else lead
+            hi = lead + rb * Wp + (self.bottom if last_ else 0)
+            dst = kb.const(0) if first_ else s0_
+            # a stack's pieces on queues of their own, from the last (a store's default) down
+            kb.add(tile.StoreOp(sub(kb, obuf, r0, lo, [tcs, hi - lo]), k.arg(self.out), [n, c0, j, dst], rows_,
+                                kb.const(hi - lo), 1, 3, queue=None if stack is None else (nq - 1 - p) % nq))
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
+from xdsl.ir import Attribute, SSAValue
 
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
@@ -40,7 +40,7 @@ from tilecc.passes.graph_to_tile.nn.common import (
     value_shape,
 )
 from tilecc.passes.graph_to_tile.nn.geometry import PhaseSpec
-from tilecc.passes.graph_to_tile.nn.queues import queue_split, store_queues
+from tilecc.passes.graph_to_tile.nn.queues import QueueModel, queue_split, store_queues
 from tilecc.simulator.config import HardwareConfig
 
 if TYPE_CHECKING:
@@ -430,20 +430,36 @@ def _phase_split_rows(
             if Cm.any():
                 ckey[(b, wi)] = len(cblocks)
                 cblocks.append(Cm)
-    need = (
-        C * len(hch) * partition_bytes(W, isz) + C * len(row_res) * len(wch) * partition_bytes(Hq, isz)
-        + C * len(phases) * partition_bytes(Wq, isz) + partition_bytes(len(rblocks) * Hq, isz)
-        + partition_bytes(len(cblocks) * Wq, isz)
-    )
-    acc_need = C * len(row_res) * len(wch) * Hq * 4 + C * len(phases) * Wq * 4
-    if need > sram_budget(lw) - 8 * ALIGN or acc_need > cfg.accumulator.bytes_per_partition:
-        return False
-    rconst, rcols = consts_2d(lw, rblocks, Hq, KMAX, elem)
-    cconst, ccols = consts_2d(lw, cblocks, Wq, KMAX, elem)
-    out5 = lw.view(out, (N, C, len(phases), Hq, Wq))
     # a phase whose rows or columns are all padding is all zeros
     empty = [not any((a, hi) in rkey for hi in range(len(hch))) or not any((b, wi) in ckey for wi in range(len(wch)))
              for a, b in phases]
+    # consecutive phase images are consecutive rows in HBM: up to g of them share a tile
+    # (phase after phase on the partitions), one copy and one store
+    g = max(1, min(MMAX, lw.P) // Hq)
+    groups: list[list[int]] = []
+    for ph in range(len(phases)):
+        if not empty[ph] and groups and len(groups[-1]) < g and not empty[groups[-1][-1]] and groups[-1][-1] == ph - 1:
+            groups[-1].append(ph)
+        else:
+            groups.append([ph])
+    # buffer sets: each channel its own where they fit (channels overlap), else fewer
+    # sets taken in turn
+    sets = C
+    while sets:
+        need = (
+            sets * len(hch) * partition_bytes(W, isz) + sets * len(row_res) * len(wch) * partition_bytes(Hq, isz)
+            + sets * len(groups) * partition_bytes(Wq, isz) + partition_bytes(len(rblocks) * Hq, isz)
+            + partition_bytes(len(cblocks) * Wq, isz)
+        )
+        acc_need = sets * len(row_res) * len(wch) * Hq * 4 + sets * len(groups) * Wq * 4
+        if need <= sram_budget(lw) - 8 * ALIGN and acc_need <= cfg.accumulator.bytes_per_partition:
+            break
+        sets -= 1
+    if not sets:
+        return False
+    rconst, rcols = consts_2d(lw, rblocks, Hq, KMAX, elem)
+    cconst, ccols = consts_2d(lw, cblocks, Wq, KMAX, elem)
+    out5 = lw.view(out, (N, C, len(phases) * Hq, Wq))  # rows of the phase images, one after another
     zero = fill_row(lw, 0.0, elem, Wq) if any(empty) else None
     k = HbmKernel(lw, what, loc, [x, rconst, cconst, out5] + ([zero] if zero is not None else []))
     kb = k.kb
@@ -456,19 +472,36 @@ def _phase_split_rows(
     if zero is not None:
         zb = kb.alloc([Hq, Wq], elem, tile.SRAM, "zeros")
         kb.add(tile.LoadOp(k.arg(zero), [kb.const(0)], zb, kb.const(Hq), kb.const(Wq), -1, 0))
+    pool: dict[tuple[str, int, int], SSAValue] = {}
+    stores = QueueModel(cfg)  # the phase images' stores spread over the queues
+
+    def buf(name: str, c: int, i: int, shape: list[int], el: Attribute, space: str) -> SSAValue:
+        """Channel c's buffer `name` (i: which of them): shared by the channels of one set."""
+        key = (name, c % sets, i)
+        if key not in pool:
+            pool[key] = kb.alloc(shape, el, space, f"{name}{c % sets}_")
+        return pool[key]
+
     with kb.loop(N) as n:
-        for c in range(C):  # few channels: each its own buffers, so channels overlap
-            xs = [kb.alloc([h1 - h0, W], elem, tile.SRAM, f"x{c}_") for h0, h1 in hch]
-            for (h0, h1), xbuf in zip(hch, xs):
-                kb.add(tile.LoadOp(xa, [n, kb.const(c), kb.const(h0), kb.const(0)], xbuf,
-                                   kb.const(h1 - h0), kb.const(W), 2, 3))
+
+        def load(c: int) -> None:
+            for i, (h0, h1) in enumerate(hch):
+                kb.add(tile.LoadOp(xa, [n, kb.const(c), kb.const(h0), kb.const(0)],
+                                   buf("x", c, i, [h1 - h0, W], elem, tile.SRAM), kb.const(h1 - h0), kb.const(W), 2, 3))
+
+        # the loads ahead of the stores (the queues run in order): every set's first channel
+        # up front, a later channel's once the channel before it in its set has been read
+        for c in range(min(sets, C)):
+            load(c)
+        for c in range(C):  # few channels: each its own buffers (sets permitting), so channels overlap
+            xs = [buf("x", c, i, [h1 - h0, W], elem, tile.SRAM) for i, (h0, h1) in enumerate(hch)]
             ta: dict[tuple[int, int], SSAValue] = {}
             for a in row_res:
                 for wi, (w0, w1) in enumerate(wch):
                     terms = [hi for hi in range(len(hch)) if (a, hi) in rkey]
                     if not terms:
                         continue
-                    acc = kb.alloc([w1 - w0, Hq], f32, tile.ACC, f"acc_r{c}_")
+                    acc = buf("acc_r", c, row_res.index(a) * len(wch) + wi, [w1 - w0, Hq], f32, tile.ACC)
                     for t_, hi in enumerate(terms):
                         h0, h1 = hch[hi]
                         kb.add(tile.MatmulOp(
@@ -477,27 +510,33 @@ def _phase_split_rows(
                             kb.const(w1 - w0), kb.const(h1 - h0), kb.const(Hq),
                             true_i1(kb) if t_ else false_i1(kb),
                         ))
-                    tbuf = kb.alloc([w1 - w0, Hq], elem, tile.SRAM, f"rows{c}_")
+                    tbuf = buf("rows", c, row_res.index(a) * len(wch) + wi, [w1 - w0, Hq], elem, tile.SRAM)
                     kb.add(tile.UnaryOp("copy", acc, tbuf, kb.const(w1 - w0), kb.const(Hq)))
                     ta[(a, wi)] = tbuf
-            for ph, (a, b) in enumerate(phases):
-                if empty[ph]:
+            if c + sets < C:
+                load(c + sets)
+            for gi, grp in enumerate(groups):
+                if empty[grp[0]]:
                     zeros = present(zb, "phase split's zeros buffer")
-                    kb.add(tile.StoreOp(zeros, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
-                                        kb.const(Hq), kb.const(Wq), 3, 4))
+                    kb.add(tile.StoreOp(zeros, oa, [n, kb.const(c), kb.const(grp[0] * Hq), kb.const(0)],
+                                        kb.const(Hq), kb.const(Wq), 2, 3))
                     continue
-                acc = kb.alloc([Hq, Wq], f32, tile.ACC, f"acc_c{c}_")
-                terms = [wi for wi in range(len(wch)) if (b, wi) in ckey]
-                for t_, wi in enumerate(terms):
-                    w0, w1 = wch[wi]
-                    kb.add(tile.MatmulOp(
-                        ta[(a, wi)], sub(kb, cb, 0, ckey[(b, wi)] * Wq, [w1 - w0, Wq]), acc,
-                        kb.const(Hq), kb.const(w1 - w0), kb.const(Wq), true_i1(kb) if t_ else false_i1(kb),
-                    ))
-                qbuf = kb.alloc([Hq, Wq], elem, tile.SRAM, f"phase{c}_")
-                kb.add(tile.UnaryOp("copy", acc, qbuf, kb.const(Hq), kb.const(Wq)))
-                kb.add(tile.StoreOp(qbuf, oa, [n, kb.const(c), kb.const(ph), kb.const(0), kb.const(0)],
-                                    kb.const(Hq), kb.const(Wq), 3, 4))
+                gr = len(grp) * Hq
+                acc = buf("acc_c", c, gi, [gr, Wq], f32, tile.ACC)
+                for q, ph in enumerate(grp):
+                    a, b = phases[ph]
+                    terms = [wi for wi in range(len(wch)) if (b, wi) in ckey]
+                    for t_, wi in enumerate(terms):
+                        w0, w1 = wch[wi]
+                        kb.add(tile.MatmulOp(
+                            ta[(a, wi)], sub(kb, cb, 0, ckey[(b, wi)] * Wq, [w1 - w0, Wq]),
+                            sub(kb, acc, q * Hq, 0, [Hq, Wq]), kb.const(Hq), kb.const(w1 - w0), kb.const(Wq),
+                            true_i1(kb) if t_ else false_i1(kb),
+                        ))
+                qbuf = buf("phase", c, gi, [gr, Wq], elem, tile.SRAM)
+                kb.add(tile.UnaryOp("copy", acc, qbuf, kb.const(gr), kb.const(Wq)))
+                kb.add(tile.StoreOp(qbuf, oa, [n, kb.const(c), kb.const(grp[0] * Hq), kb.const(0)],
+                                    kb.const(gr), kb.const(Wq), 2, 3, queue=stores.next(gr * Wq * isz, Wq * isz)))
     k.launch()
     return True
 

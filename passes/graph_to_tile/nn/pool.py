@@ -6,6 +6,9 @@ average pooling (separable window sums).
                                          padded and >= 0: its zero ring is the padding)
          k6_max_pool2d(%xq, ..., %y)     per tap: tile.binary "max" (see `window.py`)
     %z = graph.adaptive_avg_pool2d %y (1, 1)  ->  k7_adaptive_avg_pool2d: tile.reduce "sum"; tile.scalar "div"
+
+A 3x3 / 2 max pool after an image stem convolution never reaches this module at -O2:
+the convolution's lowering runs it in its own kernel (`conv_stem_pool.py`).
 """
 
 from __future__ import annotations
