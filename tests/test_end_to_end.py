@@ -26,9 +26,10 @@ def test_mlp_odd_sizes(dtype):
     assert r.cycles >= r.roofline_cycles > 0
     assert r.instructions_by_engine["matrix"] > 0
     # matrix-engine MACs executed: the model's, plus -O2's on-chip transposes of the
-    # activation operand (one [k x m] x [m x m] identity matmul per A tile)
+    # activation operand (one [k x m] x [m x m] identity matmul per A tile) and the bias
+    # rows added on the matrix engine (a K = 1 matmul of a ones row: m x n MACs per layer)
     assert r.macs >= 37 * 53 * 29 + 37 * 29 * 31
-    assert r.macs <= 1.5 * (37 * 53 * 29 + 37 * 29 * 31)
+    assert r.macs <= 1.5 * (37 * 53 * 29 + 37 * 29 * 31) + 37 * (29 + 31)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
