@@ -16,10 +16,18 @@ in fp32 and bf16.
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from tilecc.simulator.isa import STORAGE, DType
+
+if TYPE_CHECKING:
+    import torch
+
+    TORCH_DTYPES: dict[torch.dtype, DType]  # built on first use: see __getattr__
+    DTYPE_TO_TORCH: dict[DType, torch.dtype]
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -71,11 +79,15 @@ F8E4M3_MAX = 448.0
 def f32_to_f8e4m3_bits(x: np.ndarray) -> np.ndarray:
     """Round fp32 values to fp8 e4m3 (nearest-even, saturating at +-448); the uint8 bits."""
     x = np.clip(np.asarray(x, dtype=np.float32), -F8E4M3_MAX, F8E4M3_MAX)  # NaN passes
+    import torch
+
     t = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float8_e4m3fn)
     return t.view(torch.uint8).numpy().reshape(x.shape).copy()
 
 
 def f8e4m3_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    import torch
+
     b = np.ascontiguousarray(np.asarray(b, dtype=np.uint8))
     return torch.from_numpy(b).view(torch.float8_e4m3fn).float().numpy().reshape(b.shape)
 
@@ -121,19 +133,39 @@ def from_storage(x: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(x).astype(np.float32)
 
 
-TORCH_DTYPES = {
-    torch.float32: DType.F32,
-    torch.bfloat16: DType.BF16,
-    torch.float16: DType.F16,
-    torch.int32: DType.I32,
-    torch.int8: DType.I8,
-    torch.float8_e4m3fn: DType.F8E4M3,
-}
-DTYPE_TO_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
+@functools.cache
+def _torch_dtypes() -> dict[torch.dtype, DType]:
+    import torch
+
+    return {
+        torch.float32: DType.F32,
+        torch.bfloat16: DType.BF16,
+        torch.float16: DType.F16,
+        torch.int32: DType.I32,
+        torch.int8: DType.I8,
+        torch.float8_e4m3fn: DType.F8E4M3,
+    }
+
+
+@functools.cache
+def _dtype_to_torch() -> dict[DType, torch.dtype]:
+    return {v: k for k, v in _torch_dtypes().items()}
+
+
+def __getattr__(name: str):
+    """`TORCH_DTYPES` (torch dtype -> DType) and `DTYPE_TO_TORCH`, built on first use: torch
+    is imported only when a tensor is converted, so the IR and the passes (tilecc-opt, the
+    FileCheck tests: one process per RUN line) load without it (~1.2 s per process)."""
+    if name in ("TORCH_DTYPES", "DTYPE_TO_TORCH"):
+        return _torch_dtypes() if name == "TORCH_DTYPES" else _dtype_to_torch()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def torch_to_storage(t: torch.Tensor) -> tuple[np.ndarray, DType]:
     """A torch tensor -> (stored representation, element type), without copying twice."""
+    import torch
+
+    TORCH_DTYPES = _torch_dtypes()
     if t.dtype not in TORCH_DTYPES:
         raise TypeError(f"unsupported dtype {t.dtype}")
     dt = TORCH_DTYPES[t.dtype]
@@ -146,6 +178,8 @@ def torch_to_storage(t: torch.Tensor) -> tuple[np.ndarray, DType]:
 
 
 def storage_to_torch(x: np.ndarray, dtype: DType) -> torch.Tensor:
+    import torch
+
     x = np.ascontiguousarray(x).reshape(np.shape(x))  # (ascontiguousarray makes 0-d 1-d)
     if dtype == DType.BF16:
         return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
