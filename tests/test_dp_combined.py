@@ -105,6 +105,7 @@ def test_tp2_x_pp2_training_equals_eager():
     assert r.step_ns == end and r.dp_comm_ns == 0 and not r.buckets
 
 
+@pytest.mark.slow  # ~13 s; tp x pp training and dp x pp training stay in the default profile
 def test_tp2_x_pp2_x_dp2_training_equals_eager():
     model, (ids,) = small_llama(batch=4, seq=8, layers=2)
     want_loss, want = eager_train_step(model, ids)
@@ -136,7 +137,7 @@ def test_combination_errors_name_key_value_and_rule(capsys):
 
 
 @pytest.mark.parametrize("flags", [["--system", "ring:2", "--pp", "2", "--micro-batches", "2"],
-                                   ["--system", "ring:2", "--tp", "2"]])
+                                   pytest.param(["--system", "ring:2", "--tp", "2"], marks=pytest.mark.slow)])
 def test_cli_train_runs_a_training_step_without_dp(flags, capsys):
     """`tilecc run ... --train`: a pipeline-parallel or tensor-parallel training step from
     the command line, its gradients compared with eager autograd's (the exit code says so)."""
