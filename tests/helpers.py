@@ -52,6 +52,18 @@ def run_and_compare(model: torch.nn.Module, inputs: tuple, target: str = "tiny")
     return cm
 
 
+def random_batch_norm(c: int) -> torch.nn.BatchNorm2d:
+    """A BatchNorm2d over `c` channels with random running statistics and affine terms
+    (a fresh one is the identity in eval mode, which would hide a wrong fold)."""
+    bn = torch.nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.normal_()
+        bn.bias.normal_()
+    return bn
+
+
 def small_llama(batch: int = 2, seq: int = 8, layers: int = 1):
     """The `examples/llama_tp.py` decoder at hidden 64, 4 heads, 2 KV heads: (model, (ids,))."""
     import sys

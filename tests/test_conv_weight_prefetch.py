@@ -9,21 +9,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tests.helpers import random_batch_norm as _bn
 from tests.helpers import run_and_compare
 from tilecc.passes.graph_to_tile.nn.queues import queue_split, weight_pieces
 from tilecc.simulator.config import load_config
 from tilecc.simulator.isa import Opcode
 from tilecc.simulator.machine import simulate
-
-
-def _bn(c: int) -> torch.nn.BatchNorm2d:
-    bn = torch.nn.BatchNorm2d(c)
-    with torch.no_grad():
-        bn.running_mean.normal_()
-        bn.running_var.uniform_(0.5, 2.0)
-        bn.weight.normal_()
-        bn.bias.normal_()
-    return bn
 
 
 class _Layer3(torch.nn.Module):

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import random_batch_norm as _bn
 from helpers import run_and_compare
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
@@ -303,16 +304,6 @@ def test_pool_resize_pad_reduce_references():
 
 def _graph(model, *inputs):
     return import_exported_program(export_model(model.eval(), inputs))
-
-
-def _bn(c):
-    bn = torch.nn.BatchNorm2d(c)
-    with torch.no_grad():
-        bn.running_mean.normal_()
-        bn.running_var.uniform_(0.5, 2.0)
-        bn.weight.normal_()
-        bn.bias.normal_()
-    return bn
 
 
 def test_import_packs_weights_and_decomposes_batch_norm():

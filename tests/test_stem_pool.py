@@ -7,19 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import random_batch_norm as _bn
 from helpers import run_and_compare
 
 from tilecc.simulator.isa import Opcode
-
-
-def _bn(c):
-    bn = torch.nn.BatchNorm2d(c)
-    with torch.no_grad():
-        bn.running_mean.normal_()
-        bn.running_var.uniform_(0.5, 2.0)
-        bn.weight.normal_()
-        bn.bias.normal_()
-    return bn
 
 
 class _Stem(torch.nn.Module):
