@@ -51,6 +51,7 @@ from tilecc.passes.graph_to_tile.attention.plan import (
     kpack_ok,
     plan_attention,
     qranges,
+    rbatch_plans,
 )
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.session import CompileSession
@@ -205,17 +206,18 @@ def search_tilings(lw: LoweringContext, a: AttentionShapes, loc: str, pair_ok: t
         return None
     # variants of the fastest tiling, each kept where its replay is faster: two heads' K^T
     # per buffer (one copy on all the lanes; delays a pair's first head until both K
-    # blocks are in), then several K blocks per K^T buffer (fewer, longer copies)
+    # blocks are in), then several K blocks per K^T buffer (fewer, longer copies), then the
+    # row sums of several q-tiles inverted by one reciprocal
     n = len(tried)
-    for make in (lambda p: replace(p, kpack=True) if kpack_ok(p) else None,
-                 lambda p: kcopy_plan(p, lw.cfg, element_size(a.elem))):
-        variant = make(best[1])
-        if variant is None:
-            continue
-        est = dry_run(lw, a, loc, variant)
-        n += 1
-        if est < best[0]:
-            best = (est, variant)
+    for make in (lambda p: [replace(p, kpack=True)] if kpack_ok(p) else [],
+                 lambda p: [c] if (c := kcopy_plan(p, lw.cfg, element_size(a.elem))) else [],
+                 lambda p: rbatch_plans(p, lw.cfg)):
+        base = best[1]
+        for variant in make(base):
+            est = dry_run(lw, a, loc, variant)
+            n += 1
+            if est < best[0]:
+                best = (est, variant)
     return (*best, n)
 
 

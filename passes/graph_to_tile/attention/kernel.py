@@ -41,7 +41,7 @@ from xdsl.ir import Attribute, SSAValue
 from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size, masked_value
-from tilecc.passes.graph_to_tile.attention.plan import N2, NO, NQ, SCHEDULE_TRIES, AttentionPlan, body_budget
+from tilecc.passes.graph_to_tile.attention.plan import N2, NQ, SCHEDULE_TRIES, AttentionPlan, body_budget
 from tilecc.passes.graph_to_tile.attention.program import BatchIndex, HeadProgram, Ring
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp, ScheduleInit, schedule
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
@@ -127,6 +127,8 @@ class AttentionKernel(HeadProgram):
         self._pending = []
         self._negm_at = {}
         self._pending_reads = set()
+        self._norm = []
+        self._lslot = 0
         self._kset = self._krow = 0
         # packed K^T needs the body's heads in pairs with K / V of their own
         self.kpack = p.kpack and self.U % 2 == 0 and not self._kv_shared()
@@ -290,7 +292,8 @@ class AttentionKernel(HeadProgram):
         self.acc1 = [self.alloc([T, p.W1 * T], ACC, "acc_s", f32) for _ in range(p.na1)]
         self.acc_m = [self.alloc([T, T], ACC, "acc_m", f32) for _ in range(2 if p.neg_batch > 1 else 1)]
         self.acc2 = [self.alloc([T, p.G * T], ACC, "acc_sT", f32) for _ in range(p.n2)]
-        self.acco = [self.alloc([T, p.Dv + 1], ACC, "acc_o", f32) for _ in range(NO)]
+        self.acco = [self.alloc([T, p.Dv + 1], ACC, "acc_o", f32) for _ in range(p.no)]
+        self.acc_l = [self.alloc([T, p.rbatch], ACC, "acc_l", f32) for _ in range(2)] if p.rbatch > 1 else []
 
     def _ones_folds(self, vec: float) -> float:
         """Ones: the fold row of every K^T buffer, the ones column of every V_aug tile
@@ -379,6 +382,7 @@ class AttentionKernel(HeadProgram):
                 self._last_block = u == len(heads) - 1 and bq == order[-1]
                 self._q_block(ops, u, bidx, s, bq, qidx, ring)
             self._flush(ops, ring)
+        self._norm_flush(ops)
         # a dry run compares tilings: the unperturbed priorities suffice for that
         order, span = schedule(ops, self.tm, self.queues, self.init, 0 if self.dry else SCHEDULE_TRIES)
         for o, q in order:

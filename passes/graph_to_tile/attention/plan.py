@@ -64,6 +64,7 @@ NQ = 2  # q-tile ring: Q^T, the max, -m
 NQ_DMA = 8  # the same ring where Q^T loads by DMA transposes (they are issued further ahead)
 NEG_BATCH = 4  # q-tiles whose -m rows one vector copy writes (a separate -m row: D a multiple of T)
 NO = 2  # O_aug accumulators
+RBATCH = 4  # q-tiles whose row sums one reciprocal inverts (a separate row sum: `AttentionPlan.rbatch`)
 N2 = 3  # pass-2 ring: S^T accumulators, P^T
 MAX_HELD = 2  # transposed-mode chunks per q-tile
 SCHEDULE_TRIES = 8  # seeded perturbations of the critical-path priorities
@@ -150,6 +151,18 @@ class AttentionPlan:
     # K blocks per K^T buffer (`kcopy_plan`): their transposes share one accumulator and
     # one copy per D chunk moves them all (a copy per block else)
     kc: int = 1
+    # q-tiles whose row sums land side by side in one accumulator, inverted by one vector
+    # reciprocal, each output then a column multiply (1: each q-tile's own divide or
+    # reciprocal; only with a separate row sum, whose matmul writes any column)
+    rbatch: int = 1
+    # O_aug accumulators beyond the batch's (its outputs wait for its last row sum): one
+    # lets the next q-tile's pass 2 start before the batch's multiplies
+    ospare: int = NO - 1
+
+    @property
+    def no(self) -> int:
+        """O_aug accumulators: a reciprocal batch's q-tiles and `ospare` more."""
+        return self.rbatch + self.ospare
 
     @property
     def nq(self) -> int:
@@ -255,7 +268,8 @@ def acc_bytes(p: AttentionPlan) -> int:
     accq = 0 if p.qdma else 2 * align(nd * T * 4)  # the Q transposes
     accm = (2 if p.neg_batch > 1 else 1) * align(T * 4)  # the transposes of m
     return (p.ntr * align(nd * p.kc * p.kseq.f * T * 4) + accq + p.na1 * align(p.W1 * T * 4)
-            + accm + p.n2 * align(p.G * T * 4) + NO * align((p.Dv + 1) * 4))
+            + accm + p.n2 * align(p.G * T * 4) + p.no * align((p.Dv + 1) * 4)
+            + (2 * align(p.rbatch * 4) if p.rbatch > 1 else 0))
 
 
 def plan_attention(cfg: HardwareConfig, q_shape: Shape, k_shape: Shape, v_shape: Shape, out_shape: Shape,
@@ -335,6 +349,31 @@ def kcopy_plan(p: AttentionPlan, cfg: HardwareConfig, isz: int) -> AttentionPlan
                 and acc_bytes(c) <= cfg.accumulator.bytes_per_partition):
             return c
     return None
+
+
+def rbatch_plans(p: AttentionPlan, cfg: HardwareConfig) -> list[AttentionPlan]:
+    """`p` with the row sums of 2 to `RBATCH` q-tiles inverted by one reciprocal
+    (`AttentionPlan.rbatch`; each batch size with a spare O_aug where the accumulator
+    holds it, else without): only with a separate row sum (a fused one lands in each
+    q-tile's O_aug column Dv), and where a column multiply plus a share of the
+    reciprocal costs less than the q-tile's own normalisation (a divide, or a
+    reciprocal and a multiply: `_normalise`)."""
+    if p.rowsum_fused:
+        return []
+    tm, T, Dv = TimingRules(cfg), p.T, p.Dv
+
+    def vec(kind: str, fn: str, rows: int, cols: int) -> float:
+        return tm.vector_time(rows, cols, tm.vector_op_cost(kind, fn), 1)
+
+    own = min(vec("binary", "div", T, Dv), vec("unary", "reciprocal", T, 1) + vec("binary", "mul", T, Dv))
+    out: list[AttentionPlan] = []
+    for n in range(RBATCH, 1, -1):
+        if vec("binary", "mul", T, Dv) + vec("unary", "reciprocal", T, n) / n >= own:
+            continue
+        fits = [c for c in (replace(p, rbatch=n, ospare=spare) for spare in (NO - 1, 0))
+                if acc_bytes(c) <= cfg.accumulator.bytes_per_partition]
+        out += fits[:1]
+    return out
 
 
 def transposed_ok(elem: Attribute, masked: bool) -> bool:

@@ -92,7 +92,7 @@ from xdsl.ir import SSAValue
 
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
-from tilecc.passes.graph_to_tile.attention.plan import MAX_HELD, NO, AttentionPlan
+from tilecc.passes.graph_to_tile.attention.plan import MAX_HELD, AttentionPlan
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
@@ -181,6 +181,11 @@ class HeadProgram:
     _pending_reads: set[SSAValue]  # ring buffers (mask rows, S - m) the pending q-tiles' pass 2 reads
     acc2: Buffers
     acco: Buffers
+    acc_l: Buffers  # the row sums of a reciprocal batch (`plan.AttentionPlan.rbatch`), two sets
+    # outputs waiting for their batch's reciprocal (`_normalise`): (O_aug or None for a
+    # store queued behind them, rows, prio, what to emit once the reciprocal is in)
+    _norm: list[tuple[SSAValue | None, int, Prio, Callable[[], None]]]
+    _lslot: int  # the acc_l set of the batch being filled
 
     # -- windows and flags -----------------------------------------------------------
     def name(self, v: SSAValue) -> str:
@@ -515,8 +520,14 @@ class HeadProgram:
         oidx = self._index(bidx, self.a_out, go)
         if go == 1 or j == go - 1:  # a grouped output block: once the group's last head wrote it
             def store() -> None:
-                self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
-                            (u, bq * fq, 9))
+                def emit() -> None:
+                    self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
+                                (u, bq * fq, 9))
+
+                if self._norm:  # after the outputs still waiting for their reciprocal
+                    self._norm.append((None, rq, (u, bq * fq, 9), emit))
+                else:
+                    emit()
 
             if self._pending:  # after the q-tiles still waiting for their -m rows
                 self._pending.append((self._pending[-1][0], None, (u, bq * fq, 9), store))
@@ -533,7 +544,7 @@ class HeadProgram:
         qs = p.qseq.rows(bq)
         r = ring["qt"] % p.nq
         ring["qt"] += 1
-        acco = self.acco[(ring["qt"] - 1) % NO]
+        acco = self.acco[(ring["qt"] - 1) % p.no]
         if p.qdma:
             self._q_load_transposed(ops, (u, qi, 0), qidx, bq, qcol + tq * p.D, self.qt[r], qs)
         else:
@@ -557,8 +568,9 @@ class HeadProgram:
         normal = [(k, mid) for k, mid in keys if k not in tmode]
 
         def rest() -> None:
-            self._pass2(ops, (u, qi, 4), s, held, normal, tmode, qs, r, mrow, acco, ring)
-            self._normalise(ops, (u, qi, 5), acco, ob, ocol + tq * p.Dv, qs)
+            lsum = self._row_sum_slot(ops, acco, qs)
+            self._pass2(ops, (u, qi, 4), s, held, normal, tmode, qs, r, mrow, acco, ring, lsum)
+            self._normalise(ops, (u, qi, 5), acco, ob, ocol + tq * p.Dv, qs, lsum)
 
         if p.neg_batch > 1:
             self._defer(ops, (u, qi, 3), qs, r if normal else None, rest, ring)
@@ -709,9 +721,11 @@ class HeadProgram:
 
     def _pass2(self, ops: list[SchedOp], pr: Prio, s: int, held: list[tuple[list[KeyTile], SSAValue]],
                normal: list[KeyTile], tmode: dict[int, tuple[SSAValue, int]], qs: int, r: int,
-               mrow: SSAValue | None, acco: SSAValue, ring: Ring) -> None:
+               mrow: SSAValue | None, acco: SSAValue, ring: Ring, lsum: tuple[SSAValue, Pos]) -> None:
         """``P^T = exp(S^T - m)``, ``O_aug += P^T^T V_aug``; transposed-mode tiles first
-        (their pass-1 accumulators are then free for the next q-tile)."""
+        (their pass-1 accumulators are then free for the next q-tile). A separate row sum
+        accumulates into `lsum` (O_aug's column Dv, or the q-tile's column of a
+        reciprocal batch)."""
         p, T = self.p, self.p.T
         nd = len(p.chunks)
         qt = self.qt[r]
@@ -749,13 +763,54 @@ class HeadProgram:
                 for e0, ne in p.vchunks:
                     self._mm(ops, pt, (0, jj * qs), va, (0, vcol + e0), acco, (0, e0), qs, ks, ne, not first, pr)
                 if not p.rowsum_fused:
-                    self._mm(ops, pt, (0, jj * qs), self.ones, (0, 0), acco, (0, p.Dv), qs, ks, 1, not first, pr)
+                    self._mm(ops, pt, (0, jj * qs), self.ones, (0, 0), lsum[0], lsum[1], qs, ks, 1, not first, pr)
                 first = False
 
-    def _normalise(self, ops: list[SchedOp], pr: Prio, acco: SSAValue, ob: SSAValue, col: int, qs: int) -> None:
+    def _row_sum_slot(self, ops: list[SchedOp], acco: SSAValue, qs: int) -> tuple[SSAValue, Pos]:
+        """Where the q-tile's row sum accumulates: O_aug's column Dv, or (a reciprocal
+        batch, `plan.AttentionPlan.rbatch`) the next column of the batch's acc_l. The
+        waiting outputs are emitted first where the q-tile would overwrite one of their
+        O_aug (the ring came round) or its rows differ from theirs (one reciprocal: rows
+        of one height)."""
+        p = self.p
+        if p.rbatch == 1:
+            return acco, (0, p.Dv)
+        if any(a is acco or (a is not None and n != qs) for a, n, _, _ in self._norm):
+            self._norm_flush(ops)
+        j = sum(1 for a, _, _, _ in self._norm if a is not None)
+        return self.acc_l[self._lslot], (0, j)
+
+    def _norm_flush(self, ops: list[SchedOp]) -> None:
+        """The waiting outputs of a reciprocal batch: one reciprocal of their row sums (in
+        place), each output's column multiply, and the stores queued behind them, in order."""
+        if not self._norm:
+            return
+        waiting = [(n, pr) for a, n, pr, _ in self._norm if a is not None]
+        if waiting:
+            accl = self.acc_l[self._lslot]
+            self._vec(ops, "unary", "reciprocal", accl, (0, 0), accl, (0, 0), waiting[0][0], len(waiting),
+                      waiting[-1][1])
+            self._lslot = 1 - self._lslot
+        pending, self._norm = self._norm, []
+        for _, _, _, emit in pending:
+            emit()
+
+    def _normalise(self, ops: list[SchedOp], pr: Prio, acco: SSAValue, ob: SSAValue, col: int, qs: int,
+                   lsum: tuple[SSAValue, Pos]) -> None:
         """``O = O_aug[:, :Dv] / O_aug[:, Dv]`` into the q-block's output tile: a column
-        divide, or a reciprocal of the column and a multiply where that is cheaper."""
+        divide, or a reciprocal of the column and a multiply where that is cheaper; in a
+        reciprocal batch (`plan.AttentionPlan.rbatch`), a column multiply by the batch's
+        reciprocal once the batch is full (`_norm_flush`; a store of the output block
+        waits behind it)."""
         p, tm = self.p, self.tm
+        if p.rbatch > 1:
+            def emit() -> None:
+                self._vec(ops, "column", "mul", acco, (0, 0), ob, (0, col), qs, p.Dv, pr, col=lsum)
+
+            self._norm.append((acco, qs, pr, emit))
+            if sum(1 for a, _, _, _ in self._norm if a is not None) == p.rbatch:
+                self._norm_flush(ops)
+            return
         if (tm.vec("unary", "reciprocal", qs, 1) + tm.vec("binary", "mul", qs, p.Dv)
                 < tm.vec("binary", "div", qs, p.Dv)):
             self._vec(ops, "unary", "reciprocal", acco, (0, p.Dv), acco, (0, p.Dv), qs, 1, pr)
