@@ -602,3 +602,26 @@ def test_row_sum_batches_chosen_on_cloud():
     fused = la.plan_attention(load_config("cloud"), (1, 2, 256, 64), (1, 2, 256, 64), (1, 2, 256, 64),
                               (1, 2, 256, 64), True, False, bf16, 1)
     assert fused.rowsum_fused and not rbatch_plans(fused, cfg)  # the row sum is in each O_aug
+
+
+# ------------------------------------------------------------------ grouped-query heads
+
+
+@pytest.mark.parametrize("dtype,causal,L", [(torch.bfloat16, True, 128), (torch.float32, False, 100),
+                                            (torch.bfloat16, False, 97)])
+def test_kv_heads_prepared_once_for_their_query_heads(dtype, causal, L):
+    """Grouped-query attention whose heads do not fit one body (tiny: 64 pairs a body,
+    one head of 128 causal queries has 36): the first body of a KV head's query heads
+    prepares K^T / V_aug, the loop of the others reads them. Checked against eager with
+    the sanitisers on (the next KV head's body overwrites what the loop read); each KV
+    head's K^T is copied out once (bf16: the copies carry the scale)."""
+    g = torch.Generator().manual_seed(L)
+    batch, heads, kv_heads, D = 2, 4, 2, 8
+    q = torch.randn(batch, heads, L, D, generator=g).to(dtype)
+    k = torch.randn(batch, kv_heads, L, D, generator=g).to(dtype)
+    v = torch.randn(batch, kv_heads, L, D, generator=g).to(dtype)
+    cm = run_and_compare(_Gqa(heads // kv_heads, causal), (q, k, v), "tiny")
+    assert _attention_kernels(cm)
+    if dtype == torch.bfloat16:
+        copies = _kt_copies(cm, D ** -0.5)
+        assert sum(c for _, c in copies) == batch * kv_heads * L  # not once per query head

@@ -325,24 +325,37 @@ class AttentionKernel(HeadProgram):
         return vec
 
     def _outer(self, extents: list[int], ivs: list[SSAValue]) -> None:
-        """Loops over the outer batch dims, then bodies of U heads over the last one."""
+        """Loops over the outer batch dims, then bodies of U heads over the last one.
+        Where K and V broadcast over those heads (grouped-query attention: the query
+        heads of one KV head) and a body holds only some of them, the first body prepares
+        K^T / V_aug for all and a loop of the others reads them (`body`'s `prep`)."""
         kb, p = self.kb, self.p
         H, U = p.batch[-1], self.U
         trips = H // U  # U divides H
+        peel = self._kv_shared() and trips > 1
         if self.dry:  # the schedule of the body, times its repetitions
             outer = int(np.prod(extents)) if extents else 1
-            self.estimate = self.body([[None] * len(p.batch) for _ in range(U)]) * trips * outer
+            heads: list[BatchIndex] = [[None] * len(p.batch) for _ in range(U)]
+            first = self.body(heads)
+            rest = self.body(heads, prep=False) if peel else first
+            self.estimate = (first + rest * (trips - 1)) * outer
             return
         if extents:
             with kb.loop(extents[0]) as i:
                 self._outer(extents[1:], [*ivs, i])
             return
-        with kb.loop(trips) as it:
-            base = kb.muli(it, kb.const(U)) if trips > 1 else kb.const(0)
-            hg = p.heads  # grouped tensors: head group it * U / hg + u // hg
-            gbase = (kb.muli(it, kb.const(U // hg)) if trips > 1 else kb.const(0)) if hg > 1 else None
-            span = self.body([[*ivs, (base, u, gbase)] for u in range(U)])
-        self.estimate = span * trips * int(np.prod(p.batch[:-1], dtype=np.int64))
+        hg = p.heads  # grouped tensors: head group it * U / hg + u // hg
+        total = 0.0
+        if peel:
+            zero = kb.const(0)
+            total = self.body([[*ivs, (zero, u, zero if hg > 1 else None)] for u in range(U)])
+        with kb.loop(trips - 1 if peel else trips) as it:
+            body = kb.addi(it, kb.const(1)) if peel else it  # the index of the body
+            base = kb.muli(body, kb.const(U)) if trips > 1 else kb.const(0)
+            gbase = (kb.muli(body, kb.const(U // hg)) if trips > 1 else kb.const(0)) if hg > 1 else None
+            span = self.body([[*ivs, (base, u, gbase)] for u in range(U)], prep=not peel)
+        total += span * (trips - 1 if peel else trips)
+        self.estimate = total * int(np.prod(p.batch[:-1], dtype=np.int64))
 
     def _kv_shared(self) -> bool:
         """K and V do not depend on the last batch index (broadcast over heads; a
@@ -357,9 +370,11 @@ class AttentionKernel(HeadProgram):
         return True
 
     # -- one scheduled body: the heads `heads` (batch index values) --------------------------
-    def body(self, heads: list[BatchIndex]) -> float:
+    def body(self, heads: list[BatchIndex], prep: bool = True) -> float:
         """One body: the program of each head, list-scheduled and (unless a dry run)
-        emitted in the scheduled order; its estimated cycles."""
+        emitted in the scheduled order; its estimated cycles. `prep` False: K^T / V_aug
+        (shared by all heads: `_kv_shared`) are already in their first set, written by
+        an earlier body."""
         p = self.p
         ops: list[SchedOp] = []
         ring: Ring = {"k": 0, "q": 0, "qt": 0, "s1": 0, "s2": 0, "pt": 0, "tr": 0, "sm": 0, "o": 0, "negm": 0}
@@ -371,7 +386,7 @@ class AttentionKernel(HeadProgram):
             self._j, self._gs = u % p.heads, (u // p.heads) % self.gsets
             # its K^T buffer set and rows: a pair's shared buffer where K^T is packed
             self._kset, self._krow = ((u // 2) % p.sets, (u % 2) * p.D) if self.kpack else (s, 0)
-            if not shared or u == 0:
+            if prep and (not shared or u == 0):
                 self._prep_kv(ops, u, bidx, s, ring, heads[u + 1] if self.kpack and u % 2 == 0 else None)
             qidx = self._index(bidx, self.a_q, p.grp[0])
             # the q-blocks with the most key tiles first: a body's last q-tiles, whose pass
