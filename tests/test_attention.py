@@ -625,3 +625,18 @@ def test_kv_heads_prepared_once_for_their_query_heads(dtype, causal, L):
     if dtype == torch.bfloat16:
         copies = _kt_copies(cm, D ** -0.5)
         assert sum(c for _, c in copies) == batch * kv_heads * L  # not once per query head
+
+
+@pytest.mark.parametrize("L,causal,dtype,mask", [(128, True, torch.bfloat16, False), (100, False, torch.float32, True)],
+                         ids=["causal-bf16", "mask-fp32"])
+def test_kv_broadcast_over_strided_heads_across_bodies(L, causal, dtype, mask):
+    """One K / V head for four query heads read through strided views (q and the output
+    may move several heads per DMA), more pairs than a body holds: the first body
+    prepares K^T / V_aug, the loop of the others reads them. Against eager."""
+    g = torch.Generator().manual_seed(L)
+    heads, D = 4, 8
+    ins = tuple(torch.randn(1, L, h * D, generator=g).to(dtype) for h in (heads, 1, 1))
+    if mask:
+        ins += (torch.randn(L, L, generator=g).to(dtype),)
+    cm = run_and_compare(_HeadViews(heads, causal, 1), ins, "tiny")
+    assert _attention_kernels(cm)
