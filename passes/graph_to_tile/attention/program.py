@@ -51,7 +51,10 @@ Layout (*transposed scores*), per (batch, head):
   ``O_aug`` is the softmax denominator: a ones column of ``V_aug`` where Dv + 1 fits the
   array columns, else one more matmul per key tile (N = 1).
 - ``O = O_aug[:, :Dv] / O_aug[:, Dv]`` (a column divide, or reciprocal and multiply),
-  and a store.
+  and a store. Where the row sum is a matmul of its own it may instead accumulate
+  into a column of a batch accumulator (`plan.AttentionPlan.rbatch` q-tiles side by
+  side): one reciprocal inverts the batch's row sums, each output is a column
+  multiply, and the outputs (and the stores of their blocks) wait for it.
 
 Per 128 x 128 key tile on ``cloud`` at D = 128 that is 5 matmuls (pass 1, pass 2,
 fold, PV, row sum) and 2 vector element-ops per score (max, exp) in normal mode, 4
