@@ -355,10 +355,11 @@ def rbatch_plans(p: AttentionPlan, cfg: HardwareConfig) -> list[AttentionPlan]:
     """`p` with the row sums of 2 to `RBATCH` q-tiles inverted by one reciprocal
     (`AttentionPlan.rbatch`; each batch size with a spare O_aug where the accumulator
     holds it, else without): only with a separate row sum (a fused one lands in each
-    q-tile's O_aug column Dv), and where a column multiply plus a share of the
-    reciprocal costs less than the q-tile's own normalisation (a divide, or a
-    reciprocal and a multiply: `_normalise`)."""
-    if p.rowsum_fused:
+    q-tile's O_aug column Dv), output blocks of several q-tiles (a batch ends at a
+    block's store: paired q rows or grouped heads), and where a column multiply plus a
+    share of the reciprocal costs less than the q-tile's own normalisation (a divide,
+    or a reciprocal and a multiply: `_normalise`)."""
+    if p.rowsum_fused or (p.qseq.f == 1 and p.grp[3] == 1):  # a batch ends at each q-tile's store
         return []
     tm, T, Dv = TimingRules(cfg), p.T, p.Dv
 

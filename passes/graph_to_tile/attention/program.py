@@ -54,7 +54,7 @@ Layout (*transposed scores*), per (batch, head):
   and a store. Where the row sum is a matmul of its own it may instead accumulate
   into a column of a batch accumulator (`plan.AttentionPlan.rbatch` q-tiles side by
   side): one reciprocal inverts the batch's row sums, each output is a column
-  multiply, and the outputs (and the stores of their blocks) wait for it.
+  multiply; the outputs wait for it (a batch ends early at a store of their block).
 
 Per 128 x 128 key tile on ``cloud`` at D = 128 that is 5 matmuls (pass 1, pass 2,
 fold, PV, row sum) and 2 vector element-ops per score (max, exp) in normal mode, 4
@@ -185,9 +185,9 @@ class HeadProgram:
     acc2: Buffers
     acco: Buffers
     acc_l: Buffers  # the row sums of a reciprocal batch (`plan.AttentionPlan.rbatch`), two sets
-    # outputs waiting for their batch's reciprocal (`_normalise`): (O_aug or None for a
-    # store queued behind them, rows, prio, what to emit once the reciprocal is in)
-    _norm: list[tuple[SSAValue | None, int, Prio, Callable[[], None]]]
+    # outputs waiting for their batch's reciprocal (`_normalise`): (O_aug, rows, prio,
+    # what to emit once the reciprocal is in)
+    _norm: list[tuple[SSAValue, int, Prio, Callable[[], None]]]
     _lslot: int  # the acc_l set of the batch being filled
 
     # -- windows and flags -----------------------------------------------------------
@@ -527,10 +527,10 @@ class HeadProgram:
                     self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
                                 (u, bq * fq, 9))
 
-                if self._norm:  # after the outputs still waiting for their reciprocal
-                    self._norm.append((None, rq, (u, bq * fq, 9), emit))
-                else:
-                    emit()
+                # the outputs still waiting for their reciprocal first: a batch ends at a
+                # store rather than hold it back (the next kernel reads the output)
+                self._norm_flush(ops)
+                emit()
 
             if self._pending:  # after the q-tiles still waiting for their -m rows
                 self._pending.append((self._pending[-1][0], None, (u, bq * fq, 9), store))
@@ -778,22 +778,19 @@ class HeadProgram:
         p = self.p
         if p.rbatch == 1:
             return acco, (0, p.Dv)
-        if any(a is acco or (a is not None and n != qs) for a, n, _, _ in self._norm):
+        if any(a is acco or n != qs for a, n, _, _ in self._norm):
             self._norm_flush(ops)
-        j = sum(1 for a, _, _, _ in self._norm if a is not None)
-        return self.acc_l[self._lslot], (0, j)
+        return self.acc_l[self._lslot], (0, len(self._norm))
 
     def _norm_flush(self, ops: list[SchedOp]) -> None:
         """The waiting outputs of a reciprocal batch: one reciprocal of their row sums (in
-        place), each output's column multiply, and the stores queued behind them, in order."""
+        place), then each output's column multiply."""
         if not self._norm:
             return
-        waiting = [(n, pr) for a, n, pr, _ in self._norm if a is not None]
-        if waiting:
-            accl = self.acc_l[self._lslot]
-            self._vec(ops, "unary", "reciprocal", accl, (0, 0), accl, (0, 0), waiting[0][0], len(waiting),
-                      waiting[-1][1])
-            self._lslot = 1 - self._lslot
+        accl = self.acc_l[self._lslot]
+        rows, pr = self._norm[0][1], self._norm[-1][2]
+        self._vec(ops, "unary", "reciprocal", accl, (0, 0), accl, (0, 0), rows, len(self._norm), pr)
+        self._lslot = 1 - self._lslot
         pending, self._norm = self._norm, []
         for _, _, _, emit in pending:
             emit()
@@ -803,15 +800,15 @@ class HeadProgram:
         """``O = O_aug[:, :Dv] / O_aug[:, Dv]`` into the q-block's output tile: a column
         divide, or a reciprocal of the column and a multiply where that is cheaper; in a
         reciprocal batch (`plan.AttentionPlan.rbatch`), a column multiply by the batch's
-        reciprocal once the batch is full (`_norm_flush`; a store of the output block
-        waits behind it)."""
+        reciprocal once the batch is full or a store of the output block comes
+        (`_norm_flush`)."""
         p, tm = self.p, self.tm
         if p.rbatch > 1:
             def emit() -> None:
                 self._vec(ops, "column", "mul", acco, (0, 0), ob, (0, col), qs, p.Dv, pr, col=lsum)
 
             self._norm.append((acco, qs, pr, emit))
-            if sum(1 for a, _, _, _ in self._norm if a is not None) == p.rbatch:
+            if len(self._norm) == p.rbatch:
                 self._norm_flush(ops)
             return
         if (tm.vec("unary", "reciprocal", qs, 1) + tm.vec("binary", "mul", qs, p.Dv)
