@@ -212,8 +212,7 @@ def search_tilings(lw: LoweringContext, a: AttentionShapes, loc: str, pair_ok: t
     for make in (lambda p: [replace(p, kpack=True)] if kpack_ok(p) else [],
                  lambda p: [c] if (c := kcopy_plan(p, lw.cfg, element_size(a.elem))) else [],
                  lambda p: rbatch_plans(p, lw.cfg)):
-        base = best[1]
-        for variant in make(base):
+        for variant in make(best[1]):
             est = dry_run(lw, a, loc, variant)
             n += 1
             if est < best[0]:

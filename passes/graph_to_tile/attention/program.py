@@ -523,14 +523,11 @@ class HeadProgram:
         oidx = self._index(bidx, self.a_out, go)
         if go == 1 or j == go - 1:  # a grouped output block: once the group's last head wrote it
             def store() -> None:
-                def emit() -> None:
-                    self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
-                                (u, bq * fq, 9))
-
                 # the outputs still waiting for their reciprocal first: a batch ends at a
                 # store rather than hold it back (the next kernel reads the output)
                 self._norm_flush(ops)
-                emit()
+                self._store(ops, ob, self.a_out, lambda: [*oidx(), kc(bq * T), kc(0)], rq, go * fq * p.Dv,
+                            (u, bq * fq, 9))
 
             if self._pending:  # after the q-tiles still waiting for their -m rows
                 self._pending.append((self._pending[-1][0], None, (u, bq * fq, 9), store))
