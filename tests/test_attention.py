@@ -642,3 +642,57 @@ def test_kv_broadcast_over_strided_heads_across_bodies(L, causal, dtype, mask):
         ins += (torch.randn(L, L, generator=g).to(dtype),)
     cm = run_and_compare(_HeadViews(heads, causal, 1), ins, "tiny")
     assert _attention_kernels(cm)
+
+
+# ---------------------------------------------------------------- exp groups across q-tiles
+
+
+XCASES = {  # bf16, D = T = 16: a -m row of its own, one copy for 4 q-tiles
+    "causal": lambda: (_Sdpa(True), _qkv((1,), 2, 96, 96, 16, 16, torch.bfloat16, seed=21)),
+    "partial-block": lambda: (_Sdpa(), _qkv((1,), 2, 44, 29, 16, 16, torch.bfloat16, seed=22)),
+    "additive-mask": lambda: (_Masked(), (*_qkv((1,), 2, 36, 21, 16, 16, torch.bfloat16, seed=23),
+                                          torch.randn(1, 2, 36, 21, generator=torch.Generator().manual_seed(3))
+                                          .to(torch.bfloat16))),
+    "bool-mask": lambda: (_Masked(), (*_qkv((1,), 2, 40, 33, 16, 16, torch.bfloat16, seed=24),
+                                      torch.rand(40, 33, generator=torch.Generator().manual_seed(4)) > 0.3)),
+    "gqa": lambda: (_Gqa(2), (torch.randn(1, 4, 50, 16).to(torch.bfloat16),
+                              torch.randn(1, 2, 50, 16).to(torch.bfloat16),
+                              torch.randn(1, 2, 50, 16).to(torch.bfloat16))),
+}
+
+
+@pytest.mark.parametrize("rbatch", [1, 2])
+@pytest.mark.parametrize("case", list(XCASES))
+def test_exp_groups_span_the_q_tiles_of_a_max_batch(monkeypatch, case, rbatch):
+    """D = T (16 on tiny): one copy writes the -m rows of 4 q-tiles, whose pass 2 then
+    runs together; with `xgroup` an exp group may hold the last key tiles of one q-tile
+    and the first of the next (each tile's S^T from its own Q^T, -m row and mask rows;
+    each q-tile's output after its last PV, in a reciprocal batch too). Against eager,
+    sanitisers on; never more exps than with groups per q-tile (fewer for the causal
+    case: 1..6 key tiles per q-tile, or 2..6 paired)."""
+    from dataclasses import replace
+
+    from tilecc.passes.graph_to_tile.attention import entry
+    from tilecc.simulator.isa import Opcode, UnaryFn
+
+    plan_attention = entry.plan_attention
+    chosen = []
+
+    def exps(xgroup: bool) -> int:
+        def only(*args, **kw):
+            p = plan_attention(*args, **kw)
+            if p is None or p.neg_batch == 1 or (rbatch > 1 and p.qseq.f == 1):
+                return None
+            p = replace(p, xgroup=xgroup, rbatch=rbatch, ospare=0)
+            chosen.append(p)
+            return p
+
+        monkeypatch.setattr(entry, "plan_attention", only)
+        model, ins = XCASES[case]()
+        cm = run_and_compare(model, ins, "tiny")
+        s = cm.program.stream
+        return int(((s["opcode"] == Opcode.VEC_UNARY) & (s["func"] == UnaryFn.EXP)).sum())
+
+    spanning, per_q_tile = exps(True), exps(False)
+    assert chosen and all(p.neg_batch > 1 and not p.rowsum_fused for p in chosen)
+    assert spanning < per_q_tile if case == "causal" else spanning <= per_q_tile

@@ -158,6 +158,9 @@ class AttentionPlan:
     # O_aug accumulators beyond the batch's (its outputs wait for its last row sum): one
     # lets the next q-tile's pass 2 start before the batch's multiplies
     ospare: int = NO - 1
+    # the pass 2 of the q-tiles whose -m rows one copy writes share exp groups: a group
+    # may hold the last key tiles of one q-tile and the first of the next (fewer exps)
+    xgroup: bool = False
 
     @property
     def no(self) -> int:

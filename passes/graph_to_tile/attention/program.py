@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import IntegerAttr, i1
@@ -111,6 +112,31 @@ KeyTile = tuple[int, int | None]  # (key tile, causal pattern or None)
 BatchIndex = list[SSAValue | tuple[SSAValue, int, SSAValue | None] | None]
 IndexFn = Callable[[], list[SSAValue]]
 Buffers = list[SSAValue]
+
+
+@dataclass
+class Pass2:
+    """One q-tile's pass 2 and output (`HeadProgram._pass2`): its key tiles in normal and
+    transposed mode (`held`: pass-1 accumulators, `tmode`: key tile -> S - m buffer and
+    column), rows, q-tile ring slot, mask rows, O_aug and output window; `first`, `lsum`
+    (where its row sum accumulates) and `left` (key tiles still to multiply by V) follow
+    its PV matmuls as they are written."""
+
+    pr: Prio
+    s: int
+    held: list[tuple[list[KeyTile], SSAValue]]
+    normal: list[KeyTile]
+    tmode: dict[int, tuple[SSAValue, int]]
+    qs: int
+    r: int
+    mrow: SSAValue | None
+    acco: SSAValue
+    ob: SSAValue
+    col: int
+    npr: Prio
+    first: bool = True
+    lsum: tuple[SSAValue, Pos] | None = None
+    left: int = 0
 
 
 class HeadProgram:
@@ -179,7 +205,8 @@ class HeadProgram:
     acc_m: Buffers
     # q-tiles whose second half waits for the batched -m rows (`_defer`): (rows, q-tile
     # ring slot or None without a -m row, prio, the rest of its program; or a store)
-    _pending: list[tuple[int, int | None, Prio, Callable[[], None]]]
+    # (and the pass 2 of a q-tile entry: consecutive ones share exp groups, `_pass2`)
+    _pending: list[tuple[int, int | None, Prio, Callable[[], None], Pass2 | None]]
     _negm_at: dict[int, tuple[SSAValue, int]]  # q-tile ring slot -> (its -m buffer, row)
     _pending_reads: set[SSAValue]  # ring buffers (mask rows, S - m) the pending q-tiles' pass 2 reads
     acc2: Buffers
@@ -530,7 +557,7 @@ class HeadProgram:
                             (u, bq * fq, 9))
 
             if self._pending:  # after the q-tiles still waiting for their -m rows
-                self._pending.append((self._pending[-1][0], None, (u, bq * fq, 9), store))
+                self._pending.append((self._pending[-1][0], None, (u, bq * fq, 9), store, None))
             else:
                 store()
 
@@ -567,13 +594,13 @@ class HeadProgram:
         tmode = self._subtract_max(ops, (u, qi, 3), held, qs, r, ring)
         normal = [(k, mid) for k, mid in keys if k not in tmode]
 
+        p2 = Pass2((u, qi, 4), s, held, normal, tmode, qs, r, mrow, acco, ob, ocol + tq * p.Dv, (u, qi, 5))
+
         def rest() -> None:
-            lsum = self._row_sum_slot(ops, acco, qs)
-            self._pass2(ops, (u, qi, 4), s, held, normal, tmode, qs, r, mrow, acco, ring, lsum)
-            self._normalise(ops, (u, qi, 5), acco, ob, ocol + tq * p.Dv, qs, lsum)
+            self._pass2(ops, [p2], ring)
 
         if p.neg_batch > 1:
-            self._defer(ops, (u, qi, 3), qs, r if normal else None, rest, ring)
+            self._defer(ops, (u, qi, 3), qs, r if normal else None, rest, ring, p2)
             if self._pending:  # still pending (the last entry)
                 self._pending_reads.update(b for b in (mbuf, *sms) if b is not None)
             return
@@ -675,20 +702,22 @@ class HeadProgram:
         return tmode
 
     def _defer(self, ops: list[SchedOp], pr: Prio, qs: int, r: int | None, rest: Callable[[], None],
-               ring: Ring) -> None:
+               ring: Ring, p2: Pass2) -> None:
         """Queue a q-tile's second half (`rest`: pass 2 and the output) until the -m rows
         of `plan.neg_batch` q-tiles are written by one copy (`_flush`)."""
         if self._pending and self._pending[0][0] != qs:  # one copy: rows of one width
             self._flush(ops, ring)
-        self._pending.append((qs, r, pr, rest))
+        self._pending.append((qs, r, pr, rest, p2))
         if sum(1 for x in self._pending if x[1] is not None) == self.p.neg_batch:
             self._flush(ops, ring)
 
     def _flush(self, ops: list[SchedOp], ring: Ring) -> None:
         """The pending q-tiles' -m rows: each max transposed (M = 1) to its row of an
         accumulator, one negating copy of the rows into a -m buffer; then the rest of
-        their programs (and the stores queued behind them), in order."""
-        rows = [(qs, r, pr) for qs, r, pr, _ in self._pending if r is not None]
+        their programs (and the stores queued behind them), in order; with
+        `plan.AttentionPlan.xgroup`, the pass 2 of consecutive q-tiles without
+        transposed-mode tiles together (their exp groups may span them)."""
+        rows = [(qs, r, pr) for qs, r, pr, _, _ in self._pending if r is not None]
         if rows:
             assert self.negm is not None
             slot = ring["negm"] % len(self.negm)
@@ -702,8 +731,17 @@ class HeadProgram:
             self._vec(ops, "scalar", "mul", acc, (0, 0), negm, (0, 0), len(rows), qs, pr, imm=-1.0)
         pending, self._pending = self._pending, []
         self._pending_reads.clear()
-        for _, _, _, rest in pending:
+        run: list[Pass2] = []
+        for _, _, _, rest, p2 in pending:
+            if p2 is not None and not p2.held and self.p.xgroup:
+                run.append(p2)
+                continue
+            if run:
+                self._pass2(ops, run, ring)
+                run = []
             rest()
+        if run:
+            self._pass2(ops, run, ring)
 
     def _neg_max_row(self, ops: list[SchedOp], pr: Prio, qs: int, r: int) -> None:
         """-m as a row: transpose (M = 1) at the fold row's partition, negate into Q^T / negm."""
@@ -719,52 +757,77 @@ class HeadProgram:
             self._vec(ops, "scalar", "mul", acc, (0, 0), self.negm[r], (0, 0), 1, qs, pr, imm=-1.0)
             self._negm_at[r] = (self.negm[r], 0)
 
-    def _pass2(self, ops: list[SchedOp], pr: Prio, s: int, held: list[tuple[list[KeyTile], SSAValue]],
-               normal: list[KeyTile], tmode: dict[int, tuple[SSAValue, int]], qs: int, r: int,
-               mrow: SSAValue | None, acco: SSAValue, ring: Ring, lsum: tuple[SSAValue, Pos]) -> None:
-        """``P^T = exp(S^T - m)``, ``O_aug += P^T^T V_aug``; transposed-mode tiles first
-        (their pass-1 accumulators are then free for the next q-tile). A separate row sum
-        accumulates into `lsum` (O_aug's column Dv, or the q-tile's column of a
-        reciprocal batch)."""
+    def _pass2(self, ops: list[SchedOp], run: list[Pass2], ring: Ring) -> None:
+        """``P^T = exp(S^T - m)``, ``O_aug += P^T^T V_aug`` and the output of each q-tile
+        of `run` (consecutive q-tiles of one head and height; transposed-mode tiles only
+        in a run of one): transposed-mode tiles first (their pass-1 accumulators are then
+        free for the next q-tile), then groups of up to G normal-mode key tiles, one exp
+        each, a group spanning the end of one q-tile and the start of the next. A
+        separate row sum accumulates into the q-tile's `lsum` (O_aug's column Dv, or its
+        column of a reciprocal batch); its output follows its last PV matmul."""
+        p = self.p
+        assert all(x.normal or x.held for x in run), "attention: a q-tile without key tiles"
+        groups = [[(x, km) for km in g] for x in run for g in self._groups([km for ch, _ in x.held for km in ch])]
+        cur: list[tuple[Pass2, KeyTile]] = []
+        for x in run:  # consecutive tiles of equal size, at most G per group, across q-tiles
+            for km in x.normal:
+                if cur and (len(cur) == p.G or p.ks(cur[-1][1][0]) != p.ks(km[0])):
+                    groups.append(cur)
+                    cur = []
+                cur.append((x, km))
+        if cur:
+            groups.append(cur)
+        for x in run:
+            x.left = sum(1 for g in groups for y, _ in g if y is x)
+        for grp in groups:
+            self._pass2_group(ops, grp, ring)
+
+    def _pass2_group(self, ops: list[SchedOp], grp: list[tuple[Pass2, KeyTile]], ring: Ring) -> None:
+        """One exp group: each key tile's ``S^T - m`` (its q-tile's Q^T and -m) side by side
+        in an accumulator, one exp into P^T, then each tile's PV (and row-sum) matmuls; a
+        q-tile's output right after its last (before the next q-tile takes its row-sum
+        column of a reciprocal batch)."""
         p, T = self.p, self.p.T
         nd = len(p.chunks)
-        qt = self.qt[r]
-        first = True
-        for grp in self._groups([km for ch, _ in held for km in ch]) + self._groups(normal):
-            pt = self.pt[ring["pt"] % len(self.pt)]
-            ring["pt"] += 1
-            acc = self.acc2[ring["s2"] % p.n2]
-            ring["s2"] += 1
-            ks = p.ks(grp[0][0])
-            for jj, (k, mid) in enumerate(grp):
-                slot = (0, jj * qs)
-                if k in tmode:
-                    sm, col = tmode[k]
-                    self._mm(ops, sm, (0, col), self.ident, (0, 0), acc, slot, ks, qs, qs, False, pr)
-                    continue
-                ktb, kcol = self._kt(k)
-                kr = self._krow
-                for ci, (_d0, dc) in enumerate(p.chunks):
-                    kk = dc + (1 if p.fold_row is not None and ci == nd - 1 else 0)
-                    self._mm(ops, ktb, (kr, ci * self._kw + kcol), qt, (kr, ci * T), acc, slot, ks, kk, qs, ci > 0,
-                             pr)
-                if p.fold_row is None:
-                    negm, j = self._negm_at[r]
-                    self._mm(ops, self.ones, (j, 0), negm, (j, 0), acc, slot, ks, 1, qs, True, pr)
-                if mid is not None:
-                    assert self.masks is not None
-                    self._mm(ops, self.masks, (0, mid * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)
-                if mrow is not None:
-                    self._mm(ops, mrow, (0, k * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)
-            width = len(grp) * qs
-            self._vec(ops, "unary", "exp", acc, (0, 0), pt, (0, 0), ks, width, pr)
-            for jj, (k, _) in enumerate(grp):
-                va, vcol = self._v(s, k)
-                for e0, ne in p.vchunks:
-                    self._mm(ops, pt, (0, jj * qs), va, (0, vcol + e0), acco, (0, e0), qs, ks, ne, not first, pr)
-                if not p.rowsum_fused:
-                    self._mm(ops, pt, (0, jj * qs), self.ones, (0, 0), lsum[0], lsum[1], qs, ks, 1, not first, pr)
-                first = False
+        pt = self.pt[ring["pt"] % len(self.pt)]
+        ring["pt"] += 1
+        acc = self.acc2[ring["s2"] % p.n2]
+        ring["s2"] += 1
+        ks, qs = p.ks(grp[0][1][0]), grp[0][0].qs
+        for jj, (x, (k, mid)) in enumerate(grp):
+            slot, pr = (0, jj * qs), x.pr
+            if k in x.tmode:
+                sm, col = x.tmode[k]
+                self._mm(ops, sm, (0, col), self.ident, (0, 0), acc, slot, ks, qs, qs, False, pr)
+                continue
+            qt = self.qt[x.r]
+            ktb, kcol = self._kt(k)
+            kr = self._krow
+            for ci, (_d0, dc) in enumerate(p.chunks):
+                kk = dc + (1 if p.fold_row is not None and ci == nd - 1 else 0)
+                self._mm(ops, ktb, (kr, ci * self._kw + kcol), qt, (kr, ci * T), acc, slot, ks, kk, qs, ci > 0, pr)
+            if p.fold_row is None:
+                negm, j = self._negm_at[x.r]
+                self._mm(ops, self.ones, (j, 0), negm, (j, 0), acc, slot, ks, 1, qs, True, pr)
+            if mid is not None:
+                assert self.masks is not None
+                self._mm(ops, self.masks, (0, mid * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)
+            if x.mrow is not None:
+                self._mm(ops, x.mrow, (0, k * T), self.ident, (0, 0), acc, slot, ks, qs, qs, True, pr)
+        self._vec(ops, "unary", "exp", acc, (0, 0), pt, (0, 0), ks, len(grp) * qs, grp[-1][0].pr)
+        for jj, (x, (k, _)) in enumerate(grp):
+            if x.lsum is None:
+                x.lsum = self._row_sum_slot(ops, x.acco, x.qs)
+            va, vcol = self._v(x.s, k)
+            for e0, ne in p.vchunks:
+                self._mm(ops, pt, (0, jj * qs), va, (0, vcol + e0), x.acco, (0, e0), qs, ks, ne, not x.first, x.pr)
+            if not p.rowsum_fused:
+                self._mm(ops, pt, (0, jj * qs), self.ones, (0, 0), x.lsum[0], x.lsum[1], qs, ks, 1, not x.first,
+                         x.pr)
+            x.first = False
+            x.left -= 1
+            if not x.left:
+                self._normalise(ops, x.npr, x.acco, x.ob, x.col, x.qs, x.lsum)
 
     def _row_sum_slot(self, ops: list[SchedOp], acco: SSAValue, qs: int) -> tuple[SSAValue, Pos]:
         """Where the q-tile's row sum accumulates: O_aug's column Dv, or (a reciprocal
