@@ -157,3 +157,23 @@ def test_rope_reference_and_broadcasts(cos_shape):
     cm, _ = _compile(R(), (x, cos, sin))
     assert "rope" in _kernels(cm)
     torch.testing.assert_close(cm(x, cos, sin), want, rtol=0, atol=0)
+
+
+def test_shared_cos_runs_over_many_heads_per_instruction():
+    """cos / sin shared by the heads (the Llama form): x * cos runs over several heads per
+    vector instruction (cos replicated side by side) and the add over the chunk, so a
+    tile takes fewer than four instructions a head; the result still equals eager's."""
+    B, S, H, D = 1, 40, 8, 16
+    args = (torch.randn(B, S, H * D).bfloat16(), torch.randn(B, S, H * D).bfloat16(),
+            torch.randn(B, S, D).bfloat16(), torch.randn(B, S, D).bfloat16())
+    cm, rs = _compile(QK(H, H, D), args)
+    for a, b in zip(cm(*args), QK(H, H, D)(*args)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    msg = [r.message for r in rs if "rope over" in r.message]
+    assert len(msg) == 1 and "x * cos over" in msg[0], msg
+    prog = cm.program
+    assert prog is not None
+    first, count = next((f, c) for name, f, c in prog.kernels if name.endswith("_rope"))
+    ops = [Opcode(int(o)).name for o in prog.stream["opcode"][first:first + count]]
+    tiles = -(-S // prog.config.sram.partitions)  # tiles of positions, one per partition row
+    assert sum(o.startswith("VEC_") for o in ops) < 4 * H * tiles, ops

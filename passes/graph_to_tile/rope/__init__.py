@@ -75,7 +75,10 @@ def lower_rope(lw: LoweringContext, op: Operation, loc: str) -> None:
         f"kernel {kb.func.sym_name.data}: rope over [B {B}, S {S}, H {H} x D {D}], "
         + (f"tiles of one position x {sch.hc} heads on the rows" if sch.mode == "heads" else
            f"tiles {sch.TS} positions x {sch.hc} heads ({'one DMA' if p.heads_adjacent else 'a DMA per head'})")
-        + f", cos/sin {'once per tile for every head' if p.shared_table else 'per head'}, x{sch.nb} buffered, "
+        + f", cos/sin {'once per tile for every head' if p.shared_table else 'per head'}"
+        + (f", x * cos over {sch.rep} heads a vector instruction" if sch.rep else
+           ", four vector instructions a head" if sch.mode != "heads" else "")
+        + f", x{sch.nb} buffered, "
         f"estimated {sch.estimate:,.0f} cycles"), loc)
     lw.launch(kb, [x_arg, *tables, out_arg])
     # the result: the transposed view [B, H, S, D] of the rows written (at x's rank)
