@@ -10,7 +10,9 @@ rows); the kernel reads those rows (`problem.py`: heads adjacent), applies cos a
 loaded once per tile of positions to every head (`kernel.py`) and writes the same
 ``[B, S, H*D]`` layout, so the result is again a free transposed view, which the
 attention and the KV-cache scatter read as they read the projection's view. `schedule.py`
-picks the tile, head chunk and buffering by its cost model. x with other strides (heads
+picks the tile, head chunk and buffering by its cost model. A rope of the q / k columns
+of a fused projection's product is applied in that kernel's evacuations instead
+(`epilogue.py`); its result is then bound before this lowering runs. x with other strides (heads
 not adjacent) loads each head separately; cos / sin varying over heads load per head.
 """
 
