@@ -219,3 +219,32 @@ def test_rope_in_the_projection_evacuation_matches_eager(S, H, KV, D):
         want = model(*args)
     for a, b in zip(cm(*args), want):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+class ProjRopeTwoTables(ProjRope):
+    """k rotated by other cos / sin than q."""
+
+    def forward(self, x, cos, sin, cos_k, sin_k):
+        q, _, v = super().forward(x, cos, sin)
+        B, S, _ = x.shape
+        h = x.float()
+        xn = self.w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        k = self.k(xn).view(B, S, self.kv, self.d).transpose(1, 2)
+        c, s = cos_k.unsqueeze(1), sin_k.unsqueeze(1)
+        return q, k * c + rotate_half(k) * s, v
+
+
+def test_rope_in_the_evacuation_needs_one_cos_sin_pair():
+    """q and k rotated by different tables: the ropes stay kernels of their own (a
+    remark says why) and the results still equal eager's."""
+    torch.manual_seed(0)
+    S, H, KV, D = 24, 4, 2, 16
+    model = ProjRopeTwoTables(32, H, KV, D).to(torch.bfloat16).eval()
+    args = (torch.randn(1, S, 32).bfloat16(), *(torch.randn(1, S, D).bfloat16() for _ in range(4)))
+    cm, rs = _compile(model, args)
+    assert _kernels(cm).count("rope") == 2, _kernels(cm)
+    assert any("stay kernels of their own: the ropes read different cos / sin" in r.message for r in rs)
+    with torch.no_grad():
+        want = model(*args)
+    for a, b in zip(cm(*args), want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

@@ -130,7 +130,8 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
     # rotary embeddings of the product's columns, applied in its evacuations (rope/epilogue.py)
     from tilecc.passes.graph_to_tile.rope import epilogue as rope_epi
 
-    rope = rope_epi.find(lw, group, mm, problem.TN) if len(out_shape) == 2 and not ops[ops.index(mm) + 1:] else None
+    alone = len(out_shape) == 2 and not ops[ops.index(mm) + 1:]  # the product yielded, no epilogue
+    rope = rope_epi.find(lw, group, mm, problem.TN, loc) if alone else None
     if rope is not None:
         epi = None  # the product alone: the evacuation's copy, then the rotation
 

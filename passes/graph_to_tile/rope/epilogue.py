@@ -92,9 +92,10 @@ class RopeEpilogue:
                     fused_sram=2 * REP * self.D * isz + self.D * isz + 2 * -(-M // 128) * 128 * isz + 8 * 64)
 
 
-def find(lw: LoweringContext, group: FusedOp, mm: Operation, tn: int) -> RopeEpilogue | None:
-    """The ropes of the group's product's columns (module docstring), or None; a head
-    must not straddle two accumulator blocks of `tn` columns (chunks are made of them)."""
+def find(lw: LoweringContext, group: FusedOp, mm: Operation, tn: int, loc: str) -> RopeEpilogue | None:
+    """The ropes of the group's product's columns (module docstring), or None (with a
+    `missed` remark where ropes read the product but cannot run in its evacuations); a
+    head must not straddle two accumulator blocks of `tn` columns (chunks are made of them)."""
     y = group.block.last_op
     assert isinstance(y, YieldOp)
     if list(y.values) != [mm.results[0]]:
@@ -105,10 +106,12 @@ def find(lw: LoweringContext, group: FusedOp, mm: Operation, tn: int) -> RopeEpi
     plain: list[tuple[int, int]] = []
     tables: set[tuple[SSAValue, SSAValue]] = set()
     D = 0
+    why = ""
     for use in res.uses:
         s = use.operation
         if not isinstance(s, gi.SliceOp) or int(s.dim.value.data) not in (1, -1) or int(s.step.value.data) != 1:
-            return None
+            why = why or f"{s.name} reads the product (only last-dim slices may)"
+            continue
         c0, c1 = int(s.start.value.data), min(int(s.end.value.data), N)
         got = _rope_of(s.results[0], M)
         if got is None:
@@ -116,20 +119,28 @@ def find(lw: LoweringContext, group: FusedOp, mm: Operation, tn: int) -> RopeEpi
             continue
         rope, H, d = got
         if D not in (0, d) or H * d != c1 - c0 or c0 % d or elem_of(rope.result.type) != elem_of(res.type):
-            return None
+            why = why or "the ropes' heads differ in size, or a slice is not whole heads of the product's type"
         D = d
         ranges.append(RopeRange(c0, H, rope))
         tables.add((rope.cos, rope.sin))
-    if not ranges or len(tables) != 1 or D % 2 or tn % D:
+    if not ranges:
         return None
-    if any(a < r.c0 + r.H * D and r.c0 < b for a, b in plain for r in ranges):
-        return None  # another reader of the rotated columns would see them rotated
     cos, sin = next(iter(tables))
-    for t in (cos, sin):
-        if not _available(lw, t):
-            return None  # computed later in the program: not available to this kernel
-        if tuple(d for d in shape_of(t.type) if d != 1) != (M, D) or list(shape_of(t.type))[-2:] != [M, D]:
-            return None
+    if len(tables) != 1:
+        why = why or "the ropes read different cos / sin"
+    elif D % 2 or tn % D:
+        why = why or f"a head of {D} columns does not divide the accumulator's {tn}-column blocks"
+    elif any(a < r.c0 + r.H * D and r.c0 < b for a, b in plain for r in ranges):
+        why = why or "another reader of the rotated columns would see them rotated"
+    elif not all(_available(lw, t) for t in (cos, sin)):
+        why = why or "cos / sin are computed later in the program"
+    elif any(tuple(d for d in shape_of(t.type) if d != 1) != (M, D) or list(shape_of(t.type))[-2:] != [M, D]
+             for t in (cos, sin)):
+        why = why or f"cos / sin are not [{M}, {D}] rows of the product's positions"
+    if why:
+        remarks.emit("lower-graph-to-tile", "missed",
+                     f"rotary embeddings of the projection's columns stay kernels of their own: {why}", loc)
+        return None
     ranges.sort(key=lambda r: r.c0)
     return RopeEpilogue(ranges, D, cos, sin)
 
