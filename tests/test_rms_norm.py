@@ -183,3 +183,54 @@ def test_rms_norm_verifier_names_the_bad_weight():
     op = g.RmsNormOp.make(x, w, 1e-6, x.type)  # type: ignore[arg-type]
     assert "graph.rms_norm" in str(op) and "eps" in str(op)
     op.erase()
+
+
+@pytest.mark.parametrize(("rows", "width"), [(128, 128), (135, 64), (40, 96)])
+def test_norm_prologue_runs_under_the_matmuls_and_matches_eager(rows, width):
+    """Many m-tiles (tiny: 16 rows each) with k-tiles in B groups: a step transposes the
+    prepared m-tile R k-tiles at a time over its first k-tiles and the next m-tile's norm
+    runs under the remaining matmuls (`BlockedMatmulKernel.front_part`, a remark says so),
+    where the k-tiles allow it; the result equals eager's within bf16 rounding."""
+    model = NormThenLinear(LlamaStyleNorm(width, 1e-6), width).to(torch.bfloat16).eval()
+    x = torch.randn(1, rows, width, dtype=torch.bfloat16)
+    cm = tilecc.compile(model, (x,), cache=False)
+    assert _names(cm) == ["k0_fused_matmul"], _names(cm)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(cm(x).float(), want.float(), rtol=2e-2, atol=2e-2)
+    msgs = [remarks.Remark.from_dict(d).message for d in cm.program.meta["remarks"]]
+    front = [m for m in msgs if "prologue's vector work runs under" in m]
+    tk = cm.program.config.sram.partitions
+    if width // tk >= 4:  # k-tiles enough for a first part on a group boundary
+        assert front, [m for m in msgs if "cost model chose" in m]
+
+
+class NormThenMLP(torch.nn.Module):
+    """Llama's post-attention norm and MLP: the norm's result is the A rows of two matmuls."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.norm = LlamaStyleNorm(width, 1e-6)
+        self.gate = torch.nn.Linear(width, hidden, bias=False)
+        self.up = torch.nn.Linear(width, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_norm_read_by_two_matmuls_is_the_prologue_of_the_first(dt):
+    """The norm feeding the gate and up projections is computed once, as the prologue of
+    the first of them (which stores it for the other), not as a kernel of its own."""
+    model = NormThenMLP(64, 96).to(dt).eval()
+    x = torch.randn(1, 40, 64, dtype=dt)
+    cm = tilecc.compile(model, (x,), cache=False)
+    names = _names(cm)
+    assert not any("rms_norm" in n for n in names), names
+    assert sum("fused_matmul" in n for n in names) == 3, names
+    with torch.no_grad():
+        want = model(x)
+    tol = dict(rtol=3e-2, atol=3e-2) if dt == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cm(x).float(), want.float(), **tol)

@@ -157,3 +157,94 @@ def test_rope_reference_and_broadcasts(cos_shape):
     cm, _ = _compile(R(), (x, cos, sin))
     assert "rope" in _kernels(cm)
     torch.testing.assert_close(cm(x, cos, sin), want, rtol=0, atol=0)
+
+
+def test_shared_cos_runs_over_many_heads_per_instruction():
+    """cos / sin shared by the heads (the Llama form): x * cos runs over several heads per
+    vector instruction (cos replicated side by side) and the add over the chunk, so a
+    tile takes fewer than four instructions a head; the result still equals eager's."""
+    B, S, H, D = 1, 40, 8, 16
+    args = (torch.randn(B, S, H * D).bfloat16(), torch.randn(B, S, H * D).bfloat16(),
+            torch.randn(B, S, D).bfloat16(), torch.randn(B, S, D).bfloat16())
+    cm, rs = _compile(QK(H, H, D), args)
+    for a, b in zip(cm(*args), QK(H, H, D)(*args)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    msg = [r.message for r in rs if "rope over" in r.message]
+    assert len(msg) == 1 and "x * cos over" in msg[0], msg
+    prog = cm.program
+    assert prog is not None
+    first, count = next((f, c) for name, f, c in prog.kernels if name.endswith("_rope"))
+    ops = [Opcode(int(o)).name for o in prog.stream["opcode"][first:first + count]]
+    tiles = -(-S // prog.config.sram.partitions)  # tiles of positions, one per partition row
+    assert sum(o.startswith("VEC_") for o in ops) < 4 * H * tiles, ops
+
+
+class ProjRope(torch.nn.Module):
+    """Llama's attention prologue from the hidden rows: the input RMS norm, q / k / v
+    projections (merged into one matmul by merge-linears, the norm its prologue), q and
+    k rotated."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, d: int):
+        super().__init__()
+        self.h, self.kv, self.d = heads, kv_heads, d
+        self.w = torch.nn.Parameter(torch.rand(width) + 0.5)
+        self.q = torch.nn.Linear(width, heads * d, bias=False)
+        self.k = torch.nn.Linear(width, kv_heads * d, bias=False)
+        self.v = torch.nn.Linear(width, kv_heads * d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, S, _ = x.shape
+        h = x.float()
+        x = self.w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        q = self.q(x).view(B, S, self.h, self.d).transpose(1, 2)
+        k = self.k(x).view(B, S, self.kv, self.d).transpose(1, 2)
+        v = self.v(x).view(B, S, self.kv, self.d).transpose(1, 2)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v
+
+
+@pytest.mark.parametrize(("S", "H", "KV", "D"), [(40, 4, 2, 16), (70, 6, 3, 8)])
+def test_rope_in_the_projection_evacuation_matches_eager(S, H, KV, D):
+    """The rotation of q and k runs where the projection's accumulator tiles are
+    evacuated (rope/epilogue.py): no rope kernel, q / k / v as eager's within the
+    projection's bf16 rounding."""
+    torch.manual_seed(0)
+    model = ProjRope(32, H, KV, D).to(torch.bfloat16).eval()
+    args = (torch.randn(1, S, 32).bfloat16(), torch.randn(1, S, D).bfloat16(), torch.randn(1, S, D).bfloat16())
+    cm, rs = _compile(model, args)
+    names = _kernels(cm)
+    assert "rope" not in names and names.count("fused_matmul") + names.count("matmul") == 1, names
+    assert any("applied as the projection's accumulator tiles are evacuated" in r.message for r in rs)
+    with torch.no_grad():
+        want = model(*args)
+    for a, b in zip(cm(*args), want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+class ProjRopeTwoTables(ProjRope):
+    """k rotated by other cos / sin than q."""
+
+    def forward(self, x, cos, sin, cos_k, sin_k):
+        q, _, v = super().forward(x, cos, sin)
+        B, S, _ = x.shape
+        h = x.float()
+        xn = self.w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        k = self.k(xn).view(B, S, self.kv, self.d).transpose(1, 2)
+        c, s = cos_k.unsqueeze(1), sin_k.unsqueeze(1)
+        return q, k * c + rotate_half(k) * s, v
+
+
+def test_rope_in_the_evacuation_needs_one_cos_sin_pair():
+    """q and k rotated by different tables: the ropes stay kernels of their own (a
+    remark says why) and the results still equal eager's."""
+    torch.manual_seed(0)
+    S, H, KV, D = 24, 4, 2, 16
+    model = ProjRopeTwoTables(32, H, KV, D).to(torch.bfloat16).eval()
+    args = (torch.randn(1, S, 32).bfloat16(), *(torch.randn(1, S, D).bfloat16() for _ in range(4)))
+    cm, rs = _compile(model, args)
+    assert _kernels(cm).count("rope") == 2, _kernels(cm)
+    assert any("stay kernels of their own: the ropes read different cos / sin" in r.message for r in rs)
+    with torch.no_grad():
+        want = model(*args)
+    for a, b in zip(cm(*args), want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

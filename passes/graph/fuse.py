@@ -7,7 +7,8 @@ producer-consumer fusion do):
 - **matmul** (kind ``matmul``): a `graph.matmul` with its epilogue (elementwise ops on
   its result: bias, activation, residual add, scaling, casts) and, when the A operand
   is a layer norm or RMS norm used only by this matmul, that norm (with its own prologue)
-  as the producer of the A rows;
+  as the producer of the A rows; a norm that several matmuls read as their A rows (the
+  gate and up projections of a Llama MLP) is the prologue of the first, which yields it;
 - **row-wise** (kind ``rowwise``): a layer norm or RMS norm over the last dim, a softmax or
   log_softmax along the last dim, with an elementwise prologue producing its input
   (a residual add: its value, used later, becomes a second output) and an
@@ -235,19 +236,25 @@ class Fuser:
 
     def matmul_prologue(self, grp: _Group) -> None:
         """A layer norm (with its prologue, no epilogue) whose result only this matmul
-        reads, as its A operand rows: computed on chip, never stored."""
+        reads, as its A operand rows: computed on chip, never stored. A result that
+        later matmuls read as their A rows too (Llama's MLP norm, read by the gate and
+        up projections) joins the first of them, which also stores it for the others:
+        the norm is computed once, under that matmul, instead of as a kernel ahead of it."""
         mm = grp.anchor
         assert mm is not None
         a = mm.operands[0]
+        shared = not a.has_one_use() and self.rows_of_later_matmuls(a, mm)
         chain: list[Operation] = []
-        while isinstance(a.owner, g.ReshapeOp) and keeps_rows(a.owner) and a.has_one_use():
+        while isinstance(a.owner, g.ReshapeOp) and keeps_rows(a.owner) and (
+                a.has_one_use() or (shared and a is mm.operands[0])):
             chain.append(a.owner)
             a = a.owner.operands[0]
         ln = a.owner
         if any(c in self.excluded for c in chain):
             return
         prod = self.group.get(ln) if isinstance(ln, Operation) else None
-        if prod is None or prod.kind != "rowwise" or not isinstance(ln, NORMS) or not a.has_one_use():
+        single = a.has_one_use() or (shared and a is mm.operands[0])
+        if prod is None or prod.kind != "rowwise" or not isinstance(ln, NORMS) or not single:
             return
         if prod.anchor is not ln or any(self.pos[o] > self.pos[ln] and o not in chain for o in prod.ops):
             return  # the layer norm's group has an epilogue: keep it a kernel of its own
@@ -260,6 +267,13 @@ class Fuser:
             grp.ops = sorted(merged, key=self.pos.__getitem__)
             for o in prod.ops:
                 self.group[o] = grp
+
+    def rows_of_later_matmuls(self, v: SSAValue, mm: Operation) -> bool:
+        """Whether every user of `v` is a matmul reading it as its A rows, `mm` the
+        first of them in program order."""
+        users = [u.operation for u in v.uses]
+        return all(is_matmul(u) and u.operands[0] is v and u not in self.excluded and self.pos[u] >= self.pos[mm]
+                   for u in users)
 
     def place(self, op: Operation) -> None:
         cands: list[_Group] = []
@@ -326,7 +340,8 @@ class Fuser:
                     a = a.owner.operands[0]
                 users = sum(1 for _ in a.uses)
                 if isinstance(a.owner, NORMS) and users > 1:
-                    return f"the norm's result has {users} users (a prologue feeds one matmul)"
+                    return (f"the norm's result has {users} users (a prologue feeds one matmul, or the first of "
+                            "matmuls reading it as their A rows)")
                 return "a matmul takes only a single-use layer norm or RMS norm as its prologue"
             return f"{op.name} starts a {mine.kind} kernel; only an elementwise group joins it as prologue"
         if mine.kind != "elementwise" and mine.anchor is not None and prod.kind != "elementwise":

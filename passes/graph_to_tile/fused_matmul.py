@@ -22,6 +22,10 @@ extension points run `TileProgram`s (passes/graph_to_tile/elementwise/) of the g
   stored from the same rows. The vector work is emitted after the transposes of the
   m-tile being prepared (`BlockedMatmulKernel.defer`), not ahead of them.
 
+- rotary embeddings reading column ranges of a product yielded alone (the q / k / v
+  projection's q and k heads) run in its evacuations instead of as rope kernels
+  (`rope/epilogue.py`: `RopeMatmulKernel`).
+
 The matmul's schedule is chosen for the fused kernel: the problem carries the
 epilogue's and prologue's vector work and SRAM (`MatmulProblem.evac_*`, `prep_*`,
 `fused_sram*`), so the cost model weighs them and only schedules that fit are taken.
@@ -123,8 +127,17 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
         pro = FusedPart(ek, ref[a_val], pro_values)
         pro.split_leaves(hoist=True)
 
+    # rotary embeddings of the product's columns, applied in its evacuations (rope/epilogue.py)
+    from tilecc.passes.graph_to_tile.rope import epilogue as rope_epi
+
+    alone = len(out_shape) == 2 and not ops[ops.index(mm) + 1:]  # the product yielded, no epilogue
+    rope = rope_epi.find(lw, group, mm, problem.TN, loc) if alone else None
+    if rope is not None:
+        epi = None  # the product alone: the evacuation's copy, then the rotation
+
     # the schedule, for the fused kernel
-    fields: dict[str, Any] = epilogue_fields(epi, N) if epi is not None else {}
+    fields: dict[str, Any] = epilogue_fields(epi, N) if epi is not None else \
+        rope.fields(lw.cfg, M, N) if rope is not None else {}
     if epi is not None and epi.bias is not None:
         fields.update(bias_mm=True, fused_sram=fields["fused_sram"] + _align(N * problem.ia) + _align(problem.TM
                                                                                                         * problem.ia))
@@ -167,13 +180,19 @@ def lower_fused_matmul(lw: LoweringContext, group: FusedOp, mm: Operation, loc: 
     if epi is not None and epi.bias is not None:  # the bias row and a ones row (its matmul's lhsT)
         extra += [lw.aligned(epi.bias, (M, N)).value,
                   lw.hbm([1, TM], ea, value=dense_attr(np.ones((1, TM), dtype=np.float32), ea, [1, TM]))]
+    if rope is not None:
+        extra += rope_epi.args(lw, rope, M)
     kb = KernelBuilder(lw.kernel_name("fused_matmul"), [v.type for v in args + extra], loc)
-    kernel = FusedMatmulKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=A.imap, b_imap=B.imap,
-                               elems=(ea, eb, eo), epi=epi, pro=pro, out_shape=out_shape)
+    kw: dict[str, Any] = dict(rank=len(out_shape), a_imap=A.imap, b_imap=B.imap, elems=(ea, eb, eo), epi=epi,
+                              pro=pro, out_shape=out_shape)
+    kernel = rope_epi.RopeMatmulKernel(kb, problem, sched, lw.cfg, rope=rope, **kw) if rope is not None else \
+        FusedMatmulKernel(kb, problem, sched, lw.cfg, **kw)
     kernel.emit(out_shape[:-2])
     lw.launch(kb, args + extra)
     if epi is None:
         lw.values[res] = out
+    if rope is not None:
+        rope_epi.bind(lw, rope, out, loc)
     for part, outs in ((epi, epi_outs), (pro, pro_outs)):
         if part is None:
             continue

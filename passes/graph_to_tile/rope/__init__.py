@@ -10,7 +10,9 @@ rows); the kernel reads those rows (`problem.py`: heads adjacent), applies cos a
 loaded once per tile of positions to every head (`kernel.py`) and writes the same
 ``[B, S, H*D]`` layout, so the result is again a free transposed view, which the
 attention and the KV-cache scatter read as they read the projection's view. `schedule.py`
-picks the tile, head chunk and buffering by its cost model. x with other strides (heads
+picks the tile, head chunk and buffering by its cost model. A rope of the q / k columns
+of a fused projection's product is applied in that kernel's evacuations instead
+(`epilogue.py`); its result is then bound before this lowering runs. x with other strides (heads
 not adjacent) loads each head separately; cos / sin varying over heads load per head.
 """
 
@@ -75,7 +77,10 @@ def lower_rope(lw: LoweringContext, op: Operation, loc: str) -> None:
         f"kernel {kb.func.sym_name.data}: rope over [B {B}, S {S}, H {H} x D {D}], "
         + (f"tiles of one position x {sch.hc} heads on the rows" if sch.mode == "heads" else
            f"tiles {sch.TS} positions x {sch.hc} heads ({'one DMA' if p.heads_adjacent else 'a DMA per head'})")
-        + f", cos/sin {'once per tile for every head' if p.shared_table else 'per head'}, x{sch.nb} buffered, "
+        + f", cos/sin {'once per tile for every head' if p.shared_table else 'per head'}"
+        + (f", x * cos over {sch.rep} heads a vector instruction" if sch.rep else
+           ", four vector instructions a head" if sch.mode != "heads" else "")
+        + f", x{sch.nb} buffered, "
         f"estimated {sch.estimate:,.0f} cycles"), loc)
     lw.launch(kb, [x_arg, *tables, out_arg])
     # the result: the transposed view [B, H, S, D] of the rows written (at x's rank)

@@ -1,15 +1,26 @@
 """The rotary-embedding kernel: one `graph.rope` over x's natural rows of positions.
 
-Per tile of TS positions (rows on partitions) and chunk of hc heads (columns)::
+Per tile of TS positions (rows on partitions) and chunk of hc heads (columns), cos and
+sin shared by the heads (``[B, 1, S, D]``, the Llama form)::
 
-    load cos, sin [TS x D]                          (once per tile: shared by every head)
+    load cos into crep[:, :D], sin [TS x D]         (once per tile: shared by every head)
+    crep[:, D:R*D] = crep[:, :D] ...                (log2 R doubling copies: cos for R heads)
     nsin = -sin[:, :D/2]
     load x [TS x hc*D]                              (one DMA when heads are adjacent)
-    per head h:  y_h = x_h * cos                    (rounded to x's type, as eager)
-                 t[:, :D/2] = x_h[:, D/2:] * nsin   (= rotate_half(x)_h * sin, lower half)
-                 t[:, D/2:] = x_h[:, :D/2] * sin[:, D/2:]
-                 y_h = y_h + t
+    per group of R heads:  y_g = x_g * crep         (one instruction for R heads; rounded
+                                                     to x's type, as eager)
+    per head h:  t_h[:, :D/2] = x_h[:, D/2:] * nsin  (= rotate_half(x)_h * sin, lower half)
+                 t_h[:, D/2:] = x_h[:, :D/2] * sin[:, D/2:]
+    y = y + t                                       (one instruction for the chunk)
     store y [TS x hc*D] into out [B, S, H*D]         (one DMA)
+
+The rotation swaps the halves of each head's D columns, which no single vector
+instruction over the row can do, so it stays two instructions per head; x * cos and the
+add do not depend on the head and run over many heads at once: 2 + 2/R instead of 4
+instructions per head, each paying the vector engine's fixed overhead (1b Llama q at
+S = 2048, cloud: 22.1k -> 18.3k vector cycles per tile of 128 positions). R (`schedule.py`)
+trades the doubling copies against the instructions they save. cos / sin varying over
+heads keep four instructions per head (`head`): no replicated table serves two heads.
 
 With few positions (decode) a tile is one position with its heads on the rows
 (``[hc x D]``, the position's cos / sin row broadcast to every head): five vector
@@ -53,10 +64,13 @@ class RopeKernel:
         self.x, self.cos, self.sin, self.out = kb.args
         self.xb = [kb.alloc([TS, hc * D], p.elem, "sram", "x") for _ in range(nb)]
         self.yb = [kb.alloc([TS, hc * D], p.elem, "sram", "y") for _ in range(nb)]
-        self.cb = [kb.alloc([TS, D], p.elem, "sram", "cos") for _ in range(nb)]
+        R = sch.rep
+        self.crep = [kb.alloc([TS, R * D], p.elem, "sram", "cos") for _ in range(nb)] if R else []
+        self.cb = [self.sub(c, 0, TS, D) for c in self.crep] if R else \
+            [kb.alloc([TS, D], p.elem, "sram", "cos") for _ in range(nb)]
         self.sb = [kb.alloc([TS, D], p.elem, "sram", "sin") for _ in range(nb)]
         self.nsin = kb.alloc([TS, half], p.elem, "sram", "nsin")
-        self.t = kb.alloc([TS, D], p.elem, "sram", "t")
+        self.t = kb.alloc([TS, (hc if R else 1) * D], p.elem, "sram", "t")
         F, tail = divmod(p.S, TS)
         main, rest = divmod(F, nb)
         with kb.loop(p.B) as b:
@@ -80,6 +94,12 @@ class RopeKernel:
         for src, dst in ((self.cos, self.cb[t]), (self.sin, self.sb[t])):
             kb.add(tile.LoadOp(src, [b, h, s0, kb.const(0)], dst, r, kb.const(p.D), row_dim, 3, queue=self.queue()))
         kb.add(tile.UnaryOp("neg", self.sub(self.sb[t], 0, self.sch.TS, p.half), self.nsin, r, kb.const(p.half)))
+        w, R = p.D, self.sch.rep
+        while w < R * p.D:  # cos for R heads side by side: copies doubling the width
+            n = min(w, R * p.D - w)
+            kb.add(tile.UnaryOp("copy", self.sub(self.crep[t], 0, self.sch.TS, n),
+                                self.sub(self.crep[t], w, self.sch.TS, n), r, kb.const(n)))
+            w += n
 
     def tile(self, b: SSAValue, s0: SSAValue, rows: int, t: int) -> None:
         kb, p, sch = self.kb, self.p, self.sch
@@ -98,7 +118,9 @@ class RopeKernel:
                     kb.add(tile.LoadOp(self.x, [b, kb.const(h0 + j), s0, kb.const(0)],
                                        self.sub(self.xb[u], j * p.D, sch.TS, p.D), r, kb.const(p.D), 2, 3,
                                        queue=self.queue()))
-            for j in range(hn):
+            if sch.rep:
+                self.heads_wide(r, u, t, hn)
+            for j in range(hn if not sch.rep else 0):
                 if not p.shared_table:
                     self.load_table(b, kb.const(h0 + j), s0, r, u)
                 self.head(r, u, t if p.shared_table else u, j)
@@ -119,6 +141,26 @@ class RopeKernel:
         kb.add(tile.BinaryOp("mul", x_hi, self.nsin, t_lo, r, hcols))
         kb.add(tile.BinaryOp("mul", x_lo, sin_hi, t_hi, r, hcols))
         kb.add(tile.BinaryOp("add", y, self.t, y, r, full))
+
+    def heads_wide(self, r: SSAValue, u: int, t: int, hn: int) -> None:
+        """y = x * cos + rotate_half(x) * sin for the hn heads of the chunk in set u, cos
+        replicated for R heads in crep[t]: x * cos per group of R heads, the rotation per
+        head into t, one add for the chunk."""
+        kb, p, TS, R = self.kb, self.p, self.sch.TS, self.sch.rep
+        D, half = p.D, p.half
+        hcols = kb.const(half)
+        for g0 in range(0, hn, R):
+            n = min(R, hn - g0) * D
+            kb.add(tile.BinaryOp("mul", self.sub(self.xb[u], g0 * D, TS, n), self.sub(self.crep[t], 0, TS, n),
+                                 self.sub(self.yb[u], g0 * D, TS, n), r, kb.const(n)))
+        sin_hi = self.sub(self.sb[t], half, TS, half)
+        for j in range(hn):
+            x_lo, x_hi = self.sub(self.xb[u], j * D, TS, half), self.sub(self.xb[u], j * D + half, TS, half)
+            t_lo, t_hi = self.sub(self.t, j * D, TS, half), self.sub(self.t, j * D + half, TS, half)
+            kb.add(tile.BinaryOp("mul", x_hi, self.nsin, t_lo, r, hcols))
+            kb.add(tile.BinaryOp("mul", x_lo, sin_hi, t_hi, r, hcols))
+        y = self.sub(self.yb[u], 0, TS, hn * D)
+        kb.add(tile.BinaryOp("add", y, self.sub(self.t, 0, TS, hn * D), y, r, kb.const(hn * D)))
 
     def build_heads(self, kb: KernelBuilder) -> None:
         """One position per tile, hc heads on the rows; args x ``[B, H, S, D]``, cos and

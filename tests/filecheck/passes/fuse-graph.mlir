@@ -24,6 +24,17 @@ builtin.module {
     %o = graph.add %a3, %res {tilecc.loc = "m.py:13"} : tensor<1x8x16xf32>, tensor<1x8x16xf32> -> tensor<1x8x16xf32>
     func.return %o : tensor<1x8x16xf32>
   }
+  // @gate_up: the layer norm's result is the A rows of two matmuls: it joins the first
+  // one's group as its prologue, which yields it for the second (computed once).
+  func.func @gate_up(%x: tensor<8x16xf32>, %wg: tensor<16x32xf32>, %wu: tensor<16x32xf32>, %g: tensor<16xf32>,
+                     %beta: tensor<16xf32>) -> tensor<8x32xf32> {
+    %n = graph.layer_norm %x, %g, %beta normalized_ndim 1 eps 1.000000e-05 {tilecc.loc = "m.py:20"} : tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<8x16xf32>
+    %a = graph.matmul %n, %wg {tilecc.loc = "m.py:21"} : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+    %u = graph.matmul %n, %wu {tilecc.loc = "m.py:22"} : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+    %o = graph.mul %a, %u {tilecc.loc = "m.py:23"} : tensor<8x32xf32>, tensor<8x32xf32> -> tensor<8x32xf32>
+    func.return %o : tensor<8x32xf32>
+  }
+
 }
 
 // CHECK-LABEL: func.func @rowwise
@@ -46,3 +57,13 @@ builtin.module {
 // CHECK-NEXT:   graph.add
 // CHECK-NEXT:   graph.yield
 // CHECK:      func.return %[[MM]] : tensor<1x8x16xf32>
+
+// CHECK-LABEL: func.func @gate_up
+// CHECK:      %[[N:.*]], %[[A:.*]] = graph.fused "matmul"(%x, %g, %beta, %wg) {tilecc.loc = "m.py:21"}
+// CHECK:        %[[N1:.*]] = graph.layer_norm
+// CHECK-NEXT:   %[[A1:.*]] = graph.matmul %[[N1]]
+// CHECK-NEXT:   graph.yield %[[N1]], %[[A1]]
+// CHECK:      %[[O:.*]] = graph.fused "matmul"(%[[N]], %wu, %[[A]])
+// CHECK-NOT:    graph.layer_norm
+// CHECK:        graph.matmul
+// CHECK:      func.return %[[O]]

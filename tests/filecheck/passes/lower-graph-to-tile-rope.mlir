@@ -2,9 +2,10 @@
 
 // graph.rope on the transposed view [1, 4, 8, 16] of a projection's rows [1, 8, 64]: one
 // kernel reads the rows (one DMA of 8 positions x 64 columns, all four heads), loads cos
-// and sin once for every head, computes per head (x * cos, the two rotated halves times
-// -sin / sin, their sum) and stores the same [1, 8, 64] rows; the result is the free
-// transposed view of them (strides [512, 16, 64, 1]).
+// and sin once for every head, computes x * cos over several heads an instruction, the
+// two rotated halves times -sin / sin per head, and one sum for the four heads, and
+// stores the same [1, 8, 64] rows; the result is the free transposed view of them
+// (strides [512, 16, 64, 1]).
 builtin.module {
   func.func @forward(%p: tensor<1x8x64xf32>, %cos: tensor<1x1x8x16xf32>, %sin: tensor<1x1x8x16xf32>) -> tensor<1x4x8x16xf32> {
     %v = graph.reshape %p : tensor<1x8x64xf32> -> tensor<1x8x4x16xf32>
@@ -20,7 +21,10 @@ builtin.module {
 // CHECK:        tile.unary "neg"
 // CHECK:        tile.load %[[X]]{{.*}} sizes(%{{.*}}, %{{.*}}) {{.*}}row_dim = 1 : i64, col_dim = 2 : i64{{.*}} : memref<1x8x64xf32>, memref<8x64xf32, #tile.space<"sram">>
 // CHECK-NOT:    tile.load
-// CHECK-COUNT-4: tile.binary "add"
+// CHECK:        tile.binary "mul"
+// CHECK-NOT:    tile.load
+// CHECK:        tile.binary "add" {{.*}} : memref<8x64xf32, #tile.space<"sram">>, memref<8x64xf32, #tile.space<"sram">>, memref<8x64xf32, #tile.space<"sram">>
+// CHECK-NOT:    tile.binary "add"
 // CHECK-NOT:    tile.load
 // CHECK:        tile.store %{{.*}} into %[[O]]{{.*}} : memref<8x64xf32, #tile.space<"sram">>, memref<1x8x64xf32>
 // CHECK-NEXT:   func.return
