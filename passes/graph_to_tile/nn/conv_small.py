@@ -225,9 +225,14 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
         kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], selb, kb.const(Lp), kb.const(S), 0, 1,
                            queue=qm.next(Lp * S * 4, S * 4, const=True)))
         epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g)
-        first = True
-        for rnd in [pieces]:
-            for t, t0, nt in rnd:
+        # output-channel chunk by chunk, so a chunk's epilogue and store overlap the next
+        # chunk's matmuls; its transposing matmul goes after the next chunk's matmuls (the
+        # matrix engine runs in order: it would otherwise wait for the vector copy)
+
+        def matmuls(j: int) -> None:
+            cb = j * TCo
+            first = True
+            for t, t0, nt in pieces:
                 kk = ktiles[t][1]
                 slab = slabsets[t]
                 for tt in range(t0, t0 + nt):
@@ -235,19 +240,21 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
                     wgb, col = tap_buf[(t, tt)]
                     flag = false_i1(kb) if first else true_i1(kb)
                     first = False
-                    with tiles(kb, Co_g, TN) as (_, co0, nn_):
+                    with tiles(kb, min(TCo, Co_g - cb), TN) as (_, co1, nn_):
                         kb.add(tile.MatmulOp(
                             sub(kb, slab, 0, p * HW + off, [TK, Lp]),
-                            sub(kb, wgb, 0, lin(kb, col * Co_g, (1, co0)), [TK, TN]),
-                            sub(kb, acc, 0, co0, [Lp, TN]),
+                            sub(kb, wgb, 0, lin(kb, col * Co_g + cb, (1, co1)), [TK, TN]),
+                            sub(kb, acc, 0, lin(kb, cb, (1, co1)), [Lp, TN]),
                             kb.const(Lp), kb.const(kk), nn_, flag,
                         ))
-        for j in range(nchunks):
+            m = min(TCo, Co_g - cb)
+            kb.add(tile.UnaryOp("copy", sub(kb, acc, 0, cb, [Lp, TCo]), sub(kb, yts[j % 2], 0, 0, [Lp, TCo]),
+                                kb.const(Lp), kb.const(m)))
+
+        def finish(j: int) -> None:
             co0 = j * TCo
             m = min(TCo, Co_g - co0)
             yt, acc2 = yts[j % 2], acc2s[j % 2]
-            kb.add(tile.UnaryOp("copy", sub(kb, acc, 0, co0, [Lp, TCo]), sub(kb, yt, 0, 0, [Lp, TCo]),
-                                kb.const(Lp), kb.const(m)))
             kb.add(tile.MatmulOp(sub(kb, yt, 0, 0, [Lp, TCo]), selb, acc2, kb.const(m), kb.const(Lp),
                                  kb.const(S), false_i1(kb)))
             c0 = lin(kb, co0, (Co_g, gi))
@@ -261,6 +268,12 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
 
             epi.emit(k, acc2, mm, n, c0, kb.const(0), kb.const(0), OH, OW, compact, col_set=j, buf_set=j % 2,
                      first=True, last=True)
+
+        for j in range(nchunks):
+            matmuls(j)
+            if j:
+                finish(j - 1)
+        finish(nchunks - 1)
     k.launch()
 
 
