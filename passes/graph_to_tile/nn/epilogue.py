@@ -560,13 +560,14 @@ class Epilogue:
                                    tcs * cols * esz, cols * esz, const=const, among_stores=not const)))
 
     def prefetch(self, k: HbmKernel, n: SSAValue, c0: SSAValue, j: SSAValue, rows: int, tops: list[int], rb: int,
-                 buf_set: int) -> None:
+                 buf_set: int, const: bool = True) -> None:
         """Load the tile operands (a residual) of the band(s) whose first output rows are
-        `tops` (one band, or a stack's) into buffer set `buf_set` now, on the queues of
-        data the kernel before does not write: a residual is written two or more kernels
-        back, so it loads while the kernel before runs instead of queueing behind this
-        kernel's slabs and stores. Only for a set's first use (nothing reads it before);
-        `emit` then skips the load."""
+        `tops` (one band, or a stack's) into buffer set `buf_set` now (`const`: on the
+        queues of data the kernel before does not write, else on the activation queues
+        other than the store queue): a residual is written two or more kernels back, so
+        issued ahead of the slabs it loads while the kernel before runs instead of
+        queueing behind this kernel's slabs and stores. Only for a set's first use
+        (nothing reads it before); `emit` then skips the load."""
         kb = k.kb
         OW = self.OW
         if self.pad is not None:
@@ -580,7 +581,7 @@ class Epilogue:
                 continue
             # (where the kernel before writes it after all, linking orders the load after
             # that kernel's store: slower, never wrong)
-            self._load_tile(k, st, tbufs[buf_set], n, c0, j, pieces, kb.const(rows), cols, len(tops) == 1, True)
+            self._load_tile(k, st, tbufs[buf_set], n, c0, j, pieces, kb.const(rows), cols, len(tops) == 1, const)
             self.prefetched.add((buf_set, si))
 
     def _emit_padded(
