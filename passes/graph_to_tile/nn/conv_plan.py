@@ -310,6 +310,12 @@ def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Gemm
         if ks[si].K + extra <= KMAX:
             ti = min(range(len(ks[si].taps)), key=lambda t: ks[si].taps[t][2])
             pad_at = (si, ti)
+        elif need(RB * stack) + 2 * partition_bytes(geo.lp(RB * stack), isz) + ALIGN <= budget:
+            # every step full: a step of the floor / bias rows alone (one more matmul per
+            # tile, against the bias pass and the mask's two-input pass per band)
+            ks = ks + [KStep(0, [geo.lp(RB * stack)], [[]], [(0, 0, 0)], [], True)]
+            pieces = pieces + [None]
+            pad_at = (len(ks) - 1, 0)
     return GemmO2Plan(KMAX, TCo, ntile, RB, ks, pieces, nsl, nb <= 8, stack, pad_at,
                       extra if pad_at is not None else 0)
 
