@@ -51,7 +51,25 @@ def test_resnet18_layer1_plan_stacks_two_bands_and_floors_the_padding():
     assert plan.steps[si].K + plan.extra <= 128
     # steps that do not send -2^100 to 0 keep the mask (no floor row); 128 channels: no stack
     assert plan_conv(cfg, 2, _problem(64, 56, 56, ("unary",), False), 58, "t").schedule.pad_at is None
-    assert plan_conv(cfg, 2, _problem(128, 28, 28, ("unary",), True), 30, "t").schedule.stack == 1
+    full = plan_conv(cfg, 2, _problem(128, 28, 28, ("unary",), True), 30, "t").schedule
+    assert full.stack == 1
+    # 128 input channels fill every step: the floor and bias rows get a step of their own
+    assert full.pad_at == (len(full.steps) - 1, 0) and full.steps[-1].K == 0 and full.steps[-1].folded
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_full_contraction_gets_a_floor_step(dtype):
+    """128 channels (every contraction step full): the floor / bias rows as a step of
+    their own; the block's two convolutions against eager, no mask multiply left."""
+    torch.manual_seed(0)
+    cm = run_and_compare(Block(128, cin=8).eval().to(dtype), (torch.randn(1, 8, 14, 13, dtype=dtype),), "cloud")
+    for name, a, n in [kn for kn in cm.program.kernels if kn[0].endswith("_conv2d")][-2:]:
+        s = cm.program.stream[a:a + n]
+        mm = s[s["opcode"] == Opcode.MATMUL]
+        assert (mm["k"] == 2).any(), name  # the floor and bias rows
+        mul = s[(s["opcode"] == Opcode.VEC_BINARY) & (s["func"] == BinaryFn.MUL)
+                & ((s["flags"] & (Flag.B_IMM | Flag.B_COLUMN)) == 0)]
+        assert len(mul) == 0, name
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

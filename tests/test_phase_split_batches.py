@@ -48,3 +48,17 @@ def test_phase_split_in_batches_matches_eager(module, shape, dtype):
     H, W = shape[2:]
     wq = (W + 2 - 3) // 2 + 1 + 1
     assert 4 * wq in _pad_copies(cm), (_pad_copies(cm), wq)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_band_of_every_phase_row_stores_once(dtype):
+    """A split whose band holds every phase row (a small image) stores each channel tile
+    with one DMA: per channel, the phases lie in the buffer as in HBM."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 13, 14, dtype=dtype)
+    cm = run_and_compare(StridedConv().eval().to(dtype), (x,), "cloud")
+    ((name, a, n),) = [kn for kn in cm.program.kernels if kn[0].endswith("_pad")]
+    s = cm.program.stream[a:a + n]
+    stores = s[s["opcode"] == Opcode.DMA_STORE]
+    hq, wq = (13 + 2 - 3) // 2 + 2, (14 + 2 - 3) // 2 + 2  # phase rows and columns (3x3 / 2, padding 1)
+    assert len(stores) == 1 and stores["cols"][0] == 4 * hq * wq, (name, stores["cols"])
