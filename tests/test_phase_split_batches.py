@@ -62,3 +62,17 @@ def test_a_band_of_every_phase_row_stores_once(dtype):
     stores = s[s["opcode"] == Opcode.DMA_STORE]
     hq, wq = (13 + 2 - 3) // 2 + 2, (14 + 2 - 3) // 2 + 2  # phase rows and columns (3x3 / 2, padding 1)
     assert len(stores) == 1 and stores["cols"][0] == 4 * hq * wq, (name, stores["cols"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_band_strided_conv_loads_every_phase_at_once(dtype):
+    """A strided 3x3 convolution over 128 channels (no folded kernel rows) in one band:
+    the four phase images of the channel tile load with one DMA into one buffer."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 128, 29, 27, dtype=dtype)
+    cm = run_and_compare(StridedConv(128).eval().to(dtype), (x,), "cloud")
+    ((name, a, n),) = [kn for kn in cm.program.kernels if kn[0].endswith("_conv2d")]
+    s = cm.program.stream[a:a + n]
+    hq, wq = (29 + 2 - 3) // 2 + 2, (27 + 2 - 3) // 2 + 2
+    loads = s[s["opcode"] == Opcode.DMA_LOAD]
+    assert (loads["cols"] == 4 * hq * wq).sum() == 1, (name, loads["cols"])
