@@ -126,3 +126,18 @@ def test_stacked_bands_with_a_batch_and_a_runtime_batch_norm():
 
     c = 16
     run_and_compare(RuntimeBn(c).eval(), (torch.randn(1, 3, 16, 18), torch.randn(c), torch.rand(c) + 0.5), "cloud")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_phase_rows_as_wide_as_the_padded_output(dtype):
+    """A stride-2 3x3 convolution whose output is stored padded (rows of OW + 2) builds
+    its phase images with rows that wide, so its accumulator rows line up with the output
+    (whole bands, floor rows): 31 x 29 -> 16 x 15, phase rows of 17 instead of 16."""
+    torch.manual_seed(0)
+    cm = run_and_compare(Block(32, stride=2).eval().to(dtype), (torch.randn(1, 3, 31, 29, dtype=dtype),), "cloud")
+    cols = []
+    for name, a, n in cm.program.kernels:
+        if name.endswith("_pad"):
+            s = cm.program.stream[a:a + n]
+            cols += list(s[s["opcode"] == Opcode.DMA_STORE]["cols"])
+    assert 4 * 17 * 17 in cols, cols  # four phases of 17 x 17 (3x3 / 2 / pad 1 of 31 x 29, rows widened)
