@@ -283,12 +283,15 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
         if once:
             epi.init(k, qm, contiguous)
         epi.preload_columns(k, ch0, S * TCo if S > 1 else TCo, queues=qm, count=Co_g, defer=True, repeat=S)
-        if unroll and S == 1 and ntile == 1:
-            # the first two bands' residuals ahead of the slabs, on the activation queues
-            # (off the store queue): they wait for no store of the kernel before
-            # (ResNet-18 224: -3,200 cycles; on the weight queues +2,000, see below)
-            for bi in range(min(2, nb)):
-                epi.prefetch(k, n, lin(kb, 0, (Co_g, gi)), kb.const(0), Co_g, [bi * RB], RB, bi % 2, const=False)
+        if unroll and S == 1:
+            # the residuals of the first two (band, channel tile) epilogues (their buffer
+            # sets' first use) ahead of the slabs, on the activation queues (off the store
+            # queue): they wait for no store of the kernel before (ResNet-18 224: -3,200
+            # cycles; on the weight queues +2,000, see below)
+            uses = [(bi, j) for bi in range(nb) for j in range(ntile)][:2]
+            for bi, j in uses:
+                epi.prefetch(k, n, lin(kb, j * TCo, (Co_g, gi)), kb.const(0), min(TCo, Co_g - j * TCo), [bi * RB],
+                             RB, (bi % 2 + j) % 2, const=False)
         band_loads(kb.const(0), 0, among_stores=False)
         if unroll and S > 1:
             # a stack's residual pieces for the first two groups (their buffer sets' first
