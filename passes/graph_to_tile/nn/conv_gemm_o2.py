@@ -10,6 +10,17 @@ epilogue and store:
       tile.load %scale, %shift (rows -> columns by 1x1 matmuls);  tile.load %xq band 0 -> %slab (set 0)
       band b:  tile.matmul %weights[:, tap], %slab[:, off + q] -> %acc[b % 2][tile]   (every tap)
                epilogue(%acc) -> tile.store %out[...];  tile.load %xq band b + nsl -> %slab (its set)
+
+With few output channels (`GemmO2Plan.stack`) a group of bands shares one accumulator
+tile, band s on partitions s * Co; with floor rows (`GemmO2Plan.pad_at`) one step's slab
+and weights have two more rows, so the epilogue needs neither the bias pass nor the mask
+(ResNet-18 layer1, 64 channels, 56 x 56, padded output, relu):
+
+      tile.load %floor_rows -> %slab[K:K + 2]   (once per slab set: -2^100 at padding columns; ones)
+      tile.load %ones, %bias -> %weights[K:K + 2, tap 0]
+      group g:  tile.matmul %weights[:K + 2], %slab[:K + 2, s * RB * Wq + q] -> %acc[s * 64:]   (tap 0)
+                tile.matmul %weights[:K], %slab[:K, ...] -> %acc[s * 64:]                       (other taps)
+                tile.unary "relu" %acc -> %out (128 partitions); tile.store %out[s * 64:] per band
 """
 
 from __future__ import annotations
