@@ -698,9 +698,10 @@ def test_resnet18_conv_layers_match_eager_on_cloud(res, dtype):
     assert ((dma["hbm_cs"] == 1) | (dma["cols"] == 1)).all()  # no element-strided rows anywhere
     assert (s["wait_sem"] >= 0).sum(axis=1).max() <= MAX_WAITS
     if res == 224:  # a regression guard on the simulated time (6.0 when written)
-        # 7.57 against the intrinsic bound under the Trainium2-clocked timing model (README, Roofline;
-        # 11.01 before the stem's max pool ran in its kernel); a regression guard, not the target (1.5)
-        assert cm.report.roofline_ratio < 8.5
+        # 5.35 against the intrinsic bound under the Trainium2-clocked timing model (README, Roofline;
+        # 11.01 before the stem's max pool ran in its kernel, 6.38 before stacked bands, floor rows,
+        # batched phase splits); a regression guard, not the target (1.5)
+        assert cm.report.roofline_ratio < 6.0
 
 
 @pytest.mark.slow  # ~6 s; determinism in the default profile: tests/test_determinism.py

@@ -26,6 +26,7 @@ After (tile, `cloud`)::
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tilecc.ir import graph_nn as nn
@@ -50,6 +51,7 @@ from tilecc.passes.graph_to_tile.nn.conv_small import (
 from tilecc.passes.graph_to_tile.nn.conv_stem import emit_conv_stem_o2
 from tilecc.passes.graph_to_tile.nn.conv_stem_pool import lower_stem_pool
 from tilecc.passes.graph_to_tile.nn.epilogue import finish_fusion, fuse_epilogue
+from tilecc.passes.graph_to_tile.nn.geometry import Geometry
 from tilecc.passes.graph_to_tile.nn.layout import (
     check_absorbed,
     natural_of_info,
@@ -60,7 +62,7 @@ from tilecc.passes.graph_to_tile.nn.layout_plan import (
     plan_output_layout,
     realise_output_layout,
 )
-from tilecc.passes.graph_to_tile.nn.state import padded_hbm
+from tilecc.passes.graph_to_tile.nn.state import padded_hbm, padded_of
 
 if TYPE_CHECKING:
     from tilecc.passes.graph_to_tile.context import LoweringContext
@@ -77,6 +79,17 @@ def lower_conv2d(lw: LoweringContext, op: nn.Conv2dOp, loc: str) -> None:
         return
     layout = plan_output_layout(lw, final, steps, N, Co, OH, OW, wq=prob.geo.Wq)
     plan = plan_conv(lw.cfg, lw.opt_level, prob, layout.Wp if layout is not None else None, loc)
+    g = prob.geo
+    if layout is not None and g.Wq < layout.Wp and g.s != (1, 1) and padded_of(lw, op.input) is not None:
+        # a strided window builds its phase images anyway: rows as wide as the padded
+        # output's, so the banded kernel's accumulator rows line up with it (whole bands,
+        # no row-by-row compaction; the floor rows apply). Not for the small-image kernel
+        # (it compacts through a selection matmul either way: wider rows only cost)
+        wide = replace(prob, geo=Geometry(g.N, g.C, g.H, g.W, g.OH, g.OW, g.k, g.s, g.p, g.d,
+                                          wq_pad=layout.Wp - g.Wq))
+        wplan = plan_conv(lw.cfg, lw.opt_level, wide, layout.Wp, loc)
+        if wplan.kernel == "gemm_o2" and wplan.padded:
+            prob, plan = wide, wplan
     pad, wanted = realise_output_layout(lw, layout if plan.padded else None, final, N, Co, OH, OW,
                                         value_elem(res), key=res)
     out = pad.hbm if pad is not None else lw.hbm((N, Co, OH, OW), value_elem(res))

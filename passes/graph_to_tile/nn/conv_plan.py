@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from xdsl.dialects.builtin import BFloat16Type, Float32Type
 from xdsl.ir import SSAValue
 
 from tilecc.errors import TensorTooLargeError
@@ -39,7 +40,7 @@ from tilecc.passes.graph_to_tile.nn.conv_steps import (
     k_tiles,
     stem_blocks,
 )
-from tilecc.passes.graph_to_tile.nn.epilogue import Step, epilogue_bytes, fuse_epilogue
+from tilecc.passes.graph_to_tile.nn.epilogue import Step, epilogue_bytes, fuse_epilogue, zero_floor
 from tilecc.passes.graph_to_tile.nn.geometry import Geometry, pick_band
 from tilecc.passes.graph_to_tile.nn.queues import weight_pieces
 from tilecc.passes.graph_to_tile.nn.state import PadInfo
@@ -62,6 +63,10 @@ class ConvProblem:
     osz: int  # bytes of an output element
     bias: bool
     steps: tuple[str, ...]  # the kinds of the fused epilogue steps
+    # the steps send -2^100 to 0 (`epilogue.zero_floor`), the elements are floats and a
+    # bias has the input's type: a contraction row can floor a padded output's padding
+    # columns and another add the bias (`GemmO2Plan.pad_at`)
+    floor: bool = False
 
     @property
     def columns(self) -> int:
@@ -81,9 +86,12 @@ def conv_geometry(op: nn.Conv2dOp) -> tuple[Geometry, int, int, int, str]:
 
 def conv_problem(op: nn.Conv2dOp, steps: list[Step]) -> ConvProblem:
     geo, G, Ci_g, Co_g, layout = conv_geometry(op)
+    elem = value_elem(op.input)
+    floor = (zero_floor(steps) and isinstance(elem, (BFloat16Type, Float32Type))
+             and value_elem(op.weight) == elem and (op.bias is None or value_elem(op.bias) == elem))
     return ConvProblem(
-        geo, G, Ci_g, Co_g, layout, element_size(value_elem(op.input)), element_size(value_elem(op.results[0])),
-        op.bias is not None, tuple(st.kind for st in steps),
+        geo, G, Ci_g, Co_g, layout, element_size(elem), element_size(value_elem(op.results[0])),
+        op.bias is not None, tuple(st.kind for st in steps), floor,
     )
 
 
@@ -212,6 +220,14 @@ class GemmO2Plan:
     pieces: list[list[tuple[int, int]] | None]
     slab_sets: int  # slab buffer sets (one per band where SRAM allows)
     unroll: bool  # the bands unrolled (else the middle ones in a loop of pairs)
+    # bands side by side on the accumulator's partitions (few output channels): each
+    # vector op of the epilogue covers `stack` bands
+    stack: int = 1
+    # (step, tap) whose contraction has `extra` more rows: a -2^100 row at the padded
+    # output's padding columns (the steps floor it to 0: no mask) and a ones row whose
+    # weights are the bias (no bias pass); None: the bias and the mask on the vector engine
+    pad_at: tuple[int, int] | None = None
+    extra: int = 0
 
 
 def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> GemmO2Plan | None:
@@ -258,12 +274,27 @@ def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Gemm
         if cand:
             RB = cand
             break
-    nb = OH // RB
-    ks = contraction_steps(geo, Ci_g, KMAX, RB)
+    # few output channels: bands side by side on the accumulator partitions, as many
+    # groups of them as there were bands (the epilogue's vector ops cover a group)
+    # groups of `stack` bands of RB rows (one band of stack * RB rows as far as its loads
+    # go), at least two groups where there were that many bands (each group moves one
+    # DMA per slab, a tile operand and a store per band, ~3,100 cycles of fixed cost
+    # each on `cloud`: ResNet-18's 56 x 56 layers run best as two groups of 2 x 14 rows)
+    stack = min(AP, cfg.matrix.cols) // Co_g if ntile == 1 and Co_g <= AP // 2 else 1
+    while stack > 1:
+        cand = next((c for c in range(RB, 0, -1) if OH % (c * stack) == 0
+                     and OH // (c * stack) >= min(OH // RB, 2) and OH // (c * stack) <= 8
+                     and fits(c) and need(c * stack) <= budget), 0)
+        if cand:
+            RB = cand
+            break
+        stack -= 1
+    nb = OH // (RB * stack)  # bands (groups of `stack` bands)
+    ks = contraction_steps(geo, Ci_g, KMAX, RB * stack)
     # slab sets: one per band where SRAM allows (every band's loads issue up front),
     # else two; accumulators and epilogue buffers alternate between two sets
     slab_bytes = sum(partition_bytes(L, isz) for st in ks for L in st.slabs)
-    nsl = max(2, min(nb, (budget - need(RB) + 2 * slab_bytes) // max(slab_bytes, 1)))
+    nsl = max(2, min(nb, (budget - need(RB * stack) + 2 * slab_bytes) // max(slab_bytes, 1)))
     nsl = min(nsl, nb) if nb > 1 else 1
     pieces: list[list[tuple[int, int]] | None] = []
     for st in ks:
@@ -271,7 +302,22 @@ def plan_gemm_o2(cfg: HardwareConfig, prob: ConvProblem, Wp: int | None) -> Gemm
             pieces.append(None)
         else:  # a channel tile: its taps split into pieces over the queues
             pieces.append([(t0, nt) for _, t0, nt in weight_pieces(cfg, 1, len(st.taps))])
-    return GemmO2Plan(KMAX, TCo, ntile, RB, ks, pieces, nsl, nb <= 8)
+    # the floor and bias rows: in the step with the most room (its first tap: the
+    # smallest column offset), where the output is padded and compacted whole
+    pad_at, extra = None, 1 + prob.bias
+    if prob.floor and Wp is not None and geo.Wq == Wp:
+        si = min(range(len(ks)), key=lambda i: (ks[i].K, -i))
+        if ks[si].K + extra <= KMAX:
+            ti = min(range(len(ks[si].taps)), key=lambda t: ks[si].taps[t][2])
+            pad_at = (si, ti)
+        elif need(RB * stack) + 2 * partition_bytes(geo.lp(RB * stack), isz) + ALIGN <= budget:
+            # every step full: a step of the floor / bias rows alone (one more matmul per
+            # tile, against the bias pass and the mask's two-input pass per band)
+            ks = ks + [KStep(0, [geo.lp(RB * stack)], [[]], [(0, 0, 0)], [], True)]
+            pieces = pieces + [None]
+            pad_at = (len(ks) - 1, 0)
+    return GemmO2Plan(KMAX, TCo, ntile, RB, ks, pieces, nsl, nb <= 8, stack, pad_at,
+                      extra if pad_at is not None else 0)
 
 
 # ---- -O0 kernels ---------------------------------------------------------------

@@ -180,10 +180,19 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
         for ow in range(OW):
             selm[oh * geo.Wq + ow, oh * OW + ow] = 1.0
     sel = const_hbm(lw, selm, f32)
-    args = [src, wview, sel] + ([bview] if bview is not None else []) + epi.hbm_args()
+    # several contraction tiles: tile t takes channels p * nk + t (partition p), so every
+    # partition reads nk consecutive channels and one DMA loads all tiles' slabs (one DMA
+    # per tile paid ~3,100 cycles of fixed cost each, in rounds over the activation queues);
+    # the weights' rows follow with a row stride of nk channels
+    inter = nk > 1 and TK * nk == Ci_g
+    L = geo.nph * HW  # the phases of a channel are contiguous
+    if inter:
+        src_i = lw.view(src, (N, G * TK, nk * L))
+        wview = lw.view(wv, (G, TK, nk, T * Co_g))
+    args = [src_i if inter else src, wview, sel] + ([bview] if bview is not None else []) + epi.hbm_args()
     k = HbmKernel(lw, "conv2d", loc, args)
     kb = k.kb
-    sa, wa = k.arg(src), k.arg(wview)
+    sa, wa = k.arg(src_i if inter else src), k.arg(wview)
     ktiles = [(i * TK, min(TK, Ci_g - i * TK)) for i in range(nk)]
     # one buffer per weight DMA, so DMAs on different queues do not wait for each other
     wbufs = {piece: kb.alloc([TK, piece[2] * Co_g], elem, tile.SRAM, "weights") for piece in pieces}
@@ -191,7 +200,11 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
     for (t, t0, nt), buf in wbufs.items():
         for tt in range(t0, t0 + nt):
             tap_buf[(t, tt)] = (buf, tt - t0)
-    slabsets = [kb.alloc([TK, geo.nph * HW], elem, tile.SRAM, "slab") for _ in range(nk)]
+    if inter:
+        slab_all = kb.alloc([TK, nk * L], elem, tile.SRAM, "slabs")
+        slabsets = [sub(kb, slab_all, 0, t * L, [TK, L]) for t in range(nk)]
+    else:
+        slabsets = [kb.alloc([TK, L], elem, tile.SRAM, "slab") for _ in range(nk)]
     acc = kb.alloc([Lp, Co_g], f32, tile.ACC, "acc")
     selb = kb.alloc([Lp, S], f32, tile.SRAM, "select")
     yts = [kb.alloc([Lp, TCo], f32, tile.SRAM, "acc_copy") for _ in range(2)]
@@ -212,12 +225,15 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
         # the weight queues; the slabs on the activation queues (`queue_split`)
         for piece in pieces:
             t, t0, nt = piece
-            kb.add(tile.LoadOp(wa, [gi, kb.const(ktiles[t][0]), kb.const(t0), kb.const(0)], wbufs[piece],
-                               kb.const(ktiles[t][1]), kb.const(nt * Co_g), 1, 3,
+            windex = ([gi, kb.const(0), kb.const(t), kb.const(t0 * Co_g)] if inter
+                      else [gi, kb.const(ktiles[t][0]), kb.const(t0), kb.const(0)])
+            kb.add(tile.LoadOp(wa, windex, wbufs[piece], kb.const(ktiles[t][1]), kb.const(nt * Co_g), 1, 3,
                                queue=qm.next(ktiles[t][1] * nt * Co_g * isz, nt * Co_g * isz, const=True)))
-        for (ci0, kk), slab in zip(ktiles, slabsets):
+        if inter:
+            kb.add(tile.LoadOp(sa, [n, lin(kb, 0, (TK, gi)), kb.const(0)], slab_all, kb.const(TK),
+                               kb.const(nk * L), 1, 2, queue=qm.next(TK * nk * L * isz, nk * L * isz)))
+        for (ci0, kk), slab in zip(ktiles, slabsets) if not inter else []:
             ci = lin(kb, ci0, (Ci_g, gi))
-            L = geo.nph * HW  # the phases of a channel are contiguous
             kb.add(tile.LoadOp(sa, [n, ci, kb.const(0), kb.const(0)], slab, kb.const(kk),
                                kb.const(L), 1, 3, queue=qm.next(kk * L * isz, L * isz)))
         if once:
@@ -225,9 +241,14 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
         kb.add(tile.LoadOp(k.arg(sel), [kb.const(0), kb.const(0)], selb, kb.const(Lp), kb.const(S), 0, 1,
                            queue=qm.next(Lp * S * 4, S * 4, const=True)))
         epi.preload_columns(k, ch0, TCo, queues=qm, count=Co_g)
-        first = True
-        for rnd in [pieces]:
-            for t, t0, nt in rnd:
+        # output-channel chunk by chunk, so a chunk's epilogue and store overlap the next
+        # chunk's matmuls; its transposing matmul goes after the next chunk's matmuls (the
+        # matrix engine runs in order: it would otherwise wait for the vector copy)
+
+        def matmuls(j: int) -> None:
+            cb = j * TCo
+            first = True
+            for t, t0, nt in pieces:
                 kk = ktiles[t][1]
                 slab = slabsets[t]
                 for tt in range(t0, t0 + nt):
@@ -235,19 +256,21 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
                     wgb, col = tap_buf[(t, tt)]
                     flag = false_i1(kb) if first else true_i1(kb)
                     first = False
-                    with tiles(kb, Co_g, TN) as (_, co0, nn_):
+                    with tiles(kb, min(TCo, Co_g - cb), TN) as (_, co1, nn_):
                         kb.add(tile.MatmulOp(
                             sub(kb, slab, 0, p * HW + off, [TK, Lp]),
-                            sub(kb, wgb, 0, lin(kb, col * Co_g, (1, co0)), [TK, TN]),
-                            sub(kb, acc, 0, co0, [Lp, TN]),
+                            sub(kb, wgb, 0, lin(kb, col * Co_g + cb, (1, co1)), [TK, TN]),
+                            sub(kb, acc, 0, lin(kb, cb, (1, co1)), [Lp, TN]),
                             kb.const(Lp), kb.const(kk), nn_, flag,
                         ))
-        for j in range(nchunks):
+            m = min(TCo, Co_g - cb)
+            kb.add(tile.UnaryOp("copy", sub(kb, acc, 0, cb, [Lp, TCo]), sub(kb, yts[j % 2], 0, 0, [Lp, TCo]),
+                                kb.const(Lp), kb.const(m)))
+
+        def finish(j: int) -> None:
             co0 = j * TCo
             m = min(TCo, Co_g - co0)
             yt, acc2 = yts[j % 2], acc2s[j % 2]
-            kb.add(tile.UnaryOp("copy", sub(kb, acc, 0, co0, [Lp, TCo]), sub(kb, yt, 0, 0, [Lp, TCo]),
-                                kb.const(Lp), kb.const(m)))
             kb.add(tile.MatmulOp(sub(kb, yt, 0, 0, [Lp, TCo]), selb, acc2, kb.const(m), kb.const(Lp),
                                  kb.const(S), false_i1(kb)))
             c0 = lin(kb, co0, (Co_g, gi))
@@ -261,6 +284,12 @@ def emit_conv_small_o2(lw: LoweringContext, prob: ConvProblem, plan: SmallO2Plan
 
             epi.emit(k, acc2, mm, n, c0, kb.const(0), kb.const(0), OH, OW, compact, col_set=j, buf_set=j % 2,
                      first=True, last=True)
+
+        for j in range(nchunks):
+            matmuls(j)
+            if j:
+                finish(j - 1)
+        finish(nchunks - 1)
     k.launch()
 
 

@@ -157,9 +157,27 @@ def _keeps_zero(st: Step) -> bool:
     """Whether step `st` maps 0 to 0 (a tile operand: padded, zero where the output is)."""
     if st.kind == "unary":
         return st.fn == "relu"
+    if st.kind == "scalar" and st.fn in ("min", "max"):  # min(0, c) = 0 for c >= 0, max(0, c) = 0 for c <= 0
+        return st.imm >= 0 if st.fn == "min" else st.imm <= 0
     if st.kind in ("scalar", "column"):
         return st.fn == "mul" and not st.swap
     return st.fn in ("add", "mul")
+
+
+def zero_floor(steps: Sequence[Step]) -> bool:
+    """Whether `steps` send a value near -2^100 to exactly 0: finite additions (a padded
+    residual, per-channel or immediate shifts) up to a relu (or a max with 0), then only
+    steps that keep zeros. A kernel whose contraction adds -2^100 at the padding columns
+    of a padded output (`conv_gemm_o2`'s pad row) then needs no 0/1 mask there."""
+    for i, st in enumerate(steps):
+        if (st.kind == "unary" and st.fn == "relu") or (st.kind == "scalar" and st.fn == "max" and st.imm == 0.0):
+            return all(_keeps_zero(s) for s in steps[i + 1:])
+        if st.fn == "add" or (st.fn == "sub" and not st.swap):
+            if st.kind == "scalar" and not abs(st.imm) < 2.0 ** 64:
+                return False
+            continue
+        return False
+    return False
 
 
 def finish_fusion(lw: LoweringContext, op: Operation, fused: list[Operation], out: SSAValue) -> None:
@@ -227,6 +245,11 @@ class Epilogue:
         self.zerob: SSAValue | None = None
         # the kernel's DMA queue model (`init`): tile operands load on its activation queues
         self.queues: QueueModel | None = None
+        # padded output: the accumulator holds -2^100 at the padding columns and the steps
+        # send it to 0 (`zero_floor`; set by a kernel whose contraction adds it), so no mask
+        self.floored = False
+        # (buffer set, step) of tile operands loaded ahead (`prefetch`)
+        self.prefetched: set[tuple[int, int]] = set()
         # constants some epilogues use (the 1x1 one of `preload_columns`; mask and zeros)
         self.extra: list[SSAValue] = [fill_row(lw, 1.0, f32, 1)]
         S = OH * OW
@@ -357,14 +380,15 @@ class Epilogue:
 
     def preload_columns(
         self, k: HbmKernel, c_first: SSAValue, TC: int, queues: QueueModel | None = None, count: int | None = None,
-        defer: bool = False,
+        defer: bool = False, repeat: int = 1,
     ) -> None:
         """Load the column operands of `col_sets` chunks of TC channels from `c_first`
         (chunk j in column j of the operand's buffer). A column is one element per
         partition, which a DMA moves element by element (short chunks waste HBM
         bandwidth); instead each operand's channels load as one contiguous row and tiny
         matmuls with a 1x1 one (``acc[c, 0] = row[0, c] * 1``, exact) turn each chunk of
-        the row into a column."""
+        the row into a column. `repeat`: the `count` channels repeated that many times
+        down one chunk (bands side by side on the partitions: `emit`'s `stack`)."""
         kb = k.kb
         cols = [(st.operand(), present(buf, "column buffer"))
                 for st, buf in zip(self.steps, self.bufs) if st.kind == "column"]
@@ -374,6 +398,9 @@ class Epilogue:
         n = max(1, self.col_sets)
         count = n * TC if count is None else count  # channels from c_first
         sizes = [min(TC, count - j * TC) for j in range(n)]
+        if repeat > 1:
+            assert n == 1 and repeat * count <= TC, "repeated columns: one chunk"
+            sizes = [repeat * count]
         one_b = kb.alloc([1, 1], f32, tile.SRAM, "one")
         one_v = self.extra[0]
         kb.add(tile.LoadOp(k.arg(one_v), [kb.const(0)], one_b, kb.const(1), kb.const(1), -1, 0,
@@ -391,8 +418,10 @@ class Epilogue:
                 one = kb.alloc([1, 1], elem, tile.SRAM, "one")
                 kb.add(tile.UnaryOp("copy", one_b, one, kb.const(1), kb.const(1)))
             # the operand viewed (C, 1): `count` consecutive channels along the columns
-            kb.add(tile.LoadOp(v, [c_first, kb.const(0)], row, kb.const(1), kb.const(count), 1, 0,
-                               queue=_pick(queues, count * element_size(elem), count * element_size(elem), True)))
+            for r in range(repeat):
+                kb.add(tile.LoadOp(v, [c_first, kb.const(0)], sub(kb, row, 0, r * count, [1, count]), kb.const(1),
+                                   kb.const(count), 1, 0,
+                                   queue=_pick(queues, count * element_size(elem), count * element_size(elem), True)))
             acc = kb.alloc([TC, n], f32, tile.ACC, "acc_chan")
             self.pending.append((row, one, acc, buf, sizes))
         if not defer:
@@ -419,31 +448,35 @@ class Epilogue:
 
     def emit(
         self, k: HbmKernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
-        oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool = False,
+        oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None] | None, row_aware: bool = False,
         col_set: int | None = None, buf_set: int = 0, first: bool = False, last: bool = False,
         stack: list[int] | None = None, per_row: bool = False,
     ) -> None:
         """`src`: the band's positions (row r of the band at column r * Wq); `compact(s, d,
-        rows, cols)` writes the rounded output of a piece of it. `col_set`: the preloaded
-        column operands' chunk (see `alloc`). `stack`: the tile's partitions hold
-        len(stack) bands of the same channels (piece s: partitions s * rows / len(stack)
-        on, its first output row stack[s]); the ops run once over all of them, each piece
-        is stored on its own (`oh0`, `first` and `last` then follow from stack; only
-        unary and scalar steps: no per-channel or tile operand)."""
+        rows, cols)` writes the rounded output of a piece of it (None: the first step reads
+        `src` itself, so the compaction is that step; a band whose rows are one run, Wq
+        equal to the output's row length). `col_set`: the preloaded column operands' chunk
+        (see `alloc`). `stack`: the tile's partitions hold len(stack) bands of the same
+        channels (piece s: partitions s * rows / len(stack) on, its first output row
+        stack[s]); the ops run once over all of them, a tile operand loads and each piece
+        is stored on its own (`oh0`, `first` and `last` then follow from stack; column
+        operands must be loaded repeated: `preload_columns`' `repeat`)."""
         kb = k.kb
         if self.pending:
             self.columns_ready(k)
         OW = self.OW
         obuf = self.obs[buf_set]
         TC = value_shape(obuf)[0]
-        if stack is not None:
-            assert all(st.kind in ("unary", "scalar") for st in self.steps) and not self.extra_columns
         if self.pad is not None:
             self._emit_padded(k, src, rows, n, c0, j, oh0, rb, Wq, compact, row_aware, col_set, buf_set, first, last,
                               stack, per_row)
             return
         cols = rb * OW
-        if Wq == OW:
+        fsrc = None
+        if compact is None:
+            assert Wq == OW, "a fused first step reads the band as one run"
+            fsrc = sub(kb, src, 0, 0, [TC, cols])
+        elif Wq == OW:
             compact(sub(kb, src, 0, 0, [TC, cols]), sub(kb, obuf, 0, 0, [TC, cols]), rows, cols)
         else:
             with kb.loop(rb) as r:
@@ -455,55 +488,107 @@ class Epilogue:
         ob = sub(kb, obuf, 0, 0, [TC, cols])
         cc = kb.const(cols)
         s0 = lin(kb, 0, (OW, oh0))
-        self._steps(k, ob, rows, cc, n, c0, j, s0, col_set, buf_set, TC, cols)
-        if stack is None:
+        tcs = TC // len(stack) if stack is not None else TC
+        pieces = None if stack is None else [(p * tcs, tcs, kb.const(OW * oh)) for p, oh in enumerate(stack)]
+        self._steps(k, ob, rows, cc, n, c0, j, s0, col_set, buf_set, TC, cols, fsrc, pieces)
+        if pieces is None:
             kb.add(tile.StoreOp(ob, k.arg(self.out), [n, c0, j, s0], rows, cc, 1, 3))
             return
-        tcs = TC // len(stack)
         nq = self.lw.cfg.dma.queues
-        for p, oh in enumerate(stack):
-            kb.add(tile.StoreOp(sub(kb, obuf, p * tcs, 0, [tcs, cols]), k.arg(self.out), [n, c0, j, kb.const(OW * oh)],
+        for p, (r0, _, s0_) in enumerate(pieces):
+            kb.add(tile.StoreOp(sub(kb, obuf, r0, 0, [tcs, cols]), k.arg(self.out), [n, c0, j, s0_],
                                 kb.const(tcs), cc, 1, 3, queue=(nq - 1 - p) % nq))
 
     def _steps(
         self, k: HbmKernel, ob: SSAValue, rows: SSAValue, cc: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
-        s0: SSAValue, col_set: int | None, buf_set: int, TC: int, cols: int,
+        s0: SSAValue, col_set: int | None, buf_set: int, TC: int, cols: int, src: SSAValue | None = None,
+        pieces: list[tuple[int, int, SSAValue]] | None = None,
     ) -> None:
-        """The fused steps on output tile `ob` ([rows x cols]; its first output position s0)."""
+        """The fused steps on output tile `ob` ([rows x cols]; its first output position s0).
+        `src`: the first step reads it instead of `ob` (the accumulator: the step is the
+        compaction; copied where there is no step). `pieces`: (first partition,
+        partitions, first output position) of a stack's bands: a tile operand loads per piece."""
         kb = k.kb
-        for st, buf, tbufs in zip(self.steps, self.bufs, self.tile_bufs):
+        a_in = ob if src is None else src
+        if src is not None and not self.steps:
+            kb.add(tile.UnaryOp("copy", src, ob, rows, cc))
+        for si, (st, buf, tbufs) in enumerate(zip(self.steps, self.bufs, self.tile_bufs)):
             if tbufs is not None:
                 buf = tbufs[buf_set]
             if st.kind == "unary":
-                kb.add(tile.UnaryOp(st.fn, ob, ob, rows, cc))
+                kb.add(tile.UnaryOp(st.fn, a_in, ob, rows, cc))
             elif st.kind == "scalar":
-                kb.add(tile.ScalarOp(st.fn, ob, st.imm, ob, rows, cc, swap=st.swap))
+                kb.add(tile.ScalarOp(st.fn, a_in, st.imm, ob, rows, cc, swap=st.swap))
             elif st.kind == "column":
                 buf = present(buf, "column buffer")
                 if col_set is not None:
                     buf = sub(kb, buf, 0, col_set, [TC, 1])
                 else:
+                    assert pieces is None, "a stack's columns are preloaded"
                     v = k.arg(st.operand())
                     if value_shape(st.operand()) == (1, 1):
                         kb.add(tile.LoadOp(v, [kb.const(0), kb.const(0)], buf, rows, kb.const(1), -1, -1))
                     else:
                         kb.add(tile.LoadOp(v, [c0, j], buf, rows, kb.const(1), 0, -1))
-                kb.add(tile.BinaryOp(st.fn, ob, buf, ob, rows, cc, "column"))
+                kb.add(tile.BinaryOp(st.fn, a_in, buf, ob, rows, cc, "column"))
             else:
-                v = k.arg(st.operand())
-                nn_ = n if value_shape(st.operand())[0] == self.N else kb.const(0)
-                tb = sub(kb, present(buf, "tile operand buffer"), 0, 0, [TC, cols])
-                esz = element_size(value_elem(st.operand()))
-                kb.add(tile.LoadOp(v, [nn_, c0, j, s0], tb, rows, cc, 1, 3,
-                                   queue=None if self.queues is None else self.queues.next(TC * cols * esz, cols * esz,
-                                                                                  among_stores=True)))
-                a, b = (tb, ob) if st.swap else (ob, tb)
+                tbuf = present(buf, "tile operand buffer")
+                tb = sub(kb, tbuf, 0, 0, [TC, cols])
+                if (buf_set, si) in self.prefetched:
+                    self.prefetched.discard((buf_set, si))
+                else:
+                    self._load_tile(k, st, tbuf, n, c0, j, pieces or [(0, TC, s0)], rows, cols, pieces is None)
+                a, b = (tb, a_in) if st.swap else (a_in, tb)
                 kb.add(tile.BinaryOp(st.fn, a, b, ob, rows, cc))
+            a_in = ob
+
+    def _load_tile(
+        self, k: HbmKernel, st: Step, tbuf: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
+        pieces: list[tuple[int, int, SSAValue]], rows: SSAValue, cols: int, whole: bool, const: bool = False,
+    ) -> None:
+        """Load tile operand `st` for (first partition, partitions, first position) `pieces`
+        of `tbuf` (`whole`: one piece of `rows` partitions); `const`: on the queues of
+        data the kernel before does not write (`prefetch`)."""
+        kb = k.kb
+        v = k.arg(st.operand())
+        nn_ = n if value_shape(st.operand())[0] == self.N else kb.const(0)
+        esz = element_size(value_elem(st.operand()))
+        for r0, tcs, s0_ in pieces:
+            kb.add(tile.LoadOp(v, [nn_, c0, j, s0_], sub(kb, tbuf, r0, 0, [tcs, cols]),
+                               rows if whole else kb.const(tcs), kb.const(cols), 1, 3,
+                               queue=None if self.queues is None else self.queues.next(
+                                   tcs * cols * esz, cols * esz, const=const, among_stores=not const)))
+
+    def prefetch(self, k: HbmKernel, n: SSAValue, c0: SSAValue, j: SSAValue, rows: int, tops: list[int], rb: int,
+                 buf_set: int, const: bool = True) -> None:
+        """Load the tile operands (a residual) of the band(s) whose first output rows are
+        `tops` (one band, or a stack's) into buffer set `buf_set` now (`const`: on the
+        queues of data the kernel before does not write, else on the activation queues
+        other than the store queue): a residual is written two or more kernels back, so
+        issued ahead of the slabs it loads while the kernel before runs instead of
+        queueing behind this kernel's slabs and stores. Only for a set's first use
+        (nothing reads it before); `emit` then skips the load."""
+        kb = k.kb
+        OW = self.OW
+        if self.pad is not None:
+            cols, base, step = (rb - 1) * self.pad.Wp + OW, self.lead, self.pad.Wp
+        else:
+            cols, base, step = rb * OW, 0, OW
+        tcs = rows // len(tops)
+        pieces = [(p * tcs, tcs, kb.const(base + step * oh)) for p, oh in enumerate(tops)]
+        for si, (st, tbufs) in enumerate(zip(self.steps, self.tile_bufs)):
+            if st.kind != "tile" or tbufs is None:
+                continue
+            # (where the kernel before writes it after all, linking orders the load after
+            # that kernel's store: slower, never wrong)
+            self._load_tile(k, st, tbufs[buf_set], n, c0, j, pieces, kb.const(rows), cols, len(tops) == 1, const)
+            self.prefetched.add((buf_set, si))
 
     def _emit_padded(
         self, k: HbmKernel, src: SSAValue, rows: SSAValue, n: SSAValue, c0: SSAValue, j: SSAValue,
-        oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None], row_aware: bool, col_set: int | None,
-        buf_set: int, first: bool, last: bool, stack: list[int] | None = None, per_row: bool = False,
+        oh0: SSAValue, rb: int, Wq: int, compact: Callable[..., None] | None, row_aware: bool,
+        col_set: int | None, buf_set: int, first: bool, last: bool, stack: list[int] | None = None,
+        per_row: bool = False,
     ) -> None:
         """Buffer position lead + r * Wp + ow is padded index (oh0 + r + pt) * Wp + ow + pl.
         The first band's store also covers the ring above it, the last band's the ring
@@ -519,7 +604,11 @@ class Epilogue:
         TC = value_shape(obuf)[0]
         valid = (rb - 1) * Wp + OW  # through the last valid position
         whole = Wq == Wp and not per_row
-        if whole:
+        fsrc = None
+        if compact is None:
+            assert whole, "a fused first step reads the band as one run"
+            fsrc = sub(kb, src, 0, 0, [TC, valid])
+        elif whole:
             compact(sub(kb, src, 0, 0, [TC, valid]), sub(kb, obuf, 0, lead, [TC, valid]), rows, valid)
         else:
             with kb.loop(rb) as r:
@@ -530,15 +619,17 @@ class Epilogue:
                 )
         ob = sub(kb, obuf, 0, lead, [TC, valid])
         s0 = lin(kb, lead, (Wp, oh0))
-        self._steps(k, ob, rows, kb.const(valid), n, c0, j, s0, col_set, buf_set, TC, valid)
-        # after `init` zeroed the buffer only [lead, lead + valid) is ever written (by the
-        # compaction and the steps): the mask zeroes its padding columns, the rest stays 0;
-        # compacted row by row, the padding columns stay 0 unless a step changes zeros
-        if whole or not all(_keeps_zero(st) for st in self.steps):
-            kb.add(tile.BinaryOp("mul", ob, sub(kb, self.maskb, 0, lead, [TC, valid]), ob, rows, kb.const(valid)))
         pieces = [(0, TC, rows, first, last, s0)] if stack is None else [
             (p * (TC // len(stack)), TC // len(stack), kb.const(TC // len(stack)), oh == 0, oh + rb == self.OH,
              kb.const(lead + Wp * oh)) for p, oh in enumerate(stack)]
+        self._steps(k, ob, rows, kb.const(valid), n, c0, j, s0, col_set, buf_set, TC, valid, fsrc,
+                    None if stack is None else [(r0, tcs, s0_) for r0, tcs, _, _, _, s0_ in pieces])
+        # after `init` zeroed the buffer only [lead, lead + valid) is ever written (by the
+        # compaction and the steps): the mask zeroes its padding columns, the rest stays 0;
+        # compacted row by row, the padding columns stay 0 unless a step changes zeros;
+        # floored (-2^100 there, sent to 0 by the steps) they are 0 already
+        if not self.floored and (whole or not all(_keeps_zero(st) for st in self.steps)):
+            kb.add(tile.BinaryOp("mul", ob, sub(kb, self.maskb, 0, lead, [TC, valid]), ob, rows, kb.const(valid)))
         nq = self.lw.cfg.dma.queues
         for p, (r0, tcs, rows_, first_, last_, s0_) in enumerate(pieces):
             lo = 0 if first_ else lead
@@ -547,4 +638,3 @@ class Epilogue:
             # a stack's pieces on queues of their own, from the last (a store's default) down
             kb.add(tile.StoreOp(sub(kb, obuf, r0, lo, [tcs, hi - lo]), k.arg(self.out), [n, c0, j, dst], rows_,
                                 kb.const(hi - lo), 1, 3, queue=None if stack is None else (nq - 1 - p) % nq))
-

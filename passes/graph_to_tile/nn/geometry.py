@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 @dataclass
 class Geometry:
     """The window of a convolution / pooling: input [N, C, H, W], output [OH, OW],
-    kernel `k`, stride `s`, padding `p`, dilation `d`; derived: the stride phases some
-    tap uses (`row_res` x `col_res`), the phase images' size (Hq x Wq) and every tap's
-    (kh, kw, phase, flat offset)."""
+    kernel `k`, stride `s`, padding `p`, dilation `d` (`wq_pad`: phase rows that many
+    columns wider, filled like the padding); derived: the stride phases some tap uses
+    (`row_res` x `col_res`), the phase images' size (Hq x Wq) and every tap's (kh, kw,
+    phase, flat offset)."""
 
     N: int
     C: int
@@ -33,6 +34,7 @@ class Geometry:
     s: tuple[int, int]
     p: tuple[int, int]
     d: tuple[int, int]
+    wq_pad: int = 0  # extra columns per phase row (rows as wide as a padded output's)
     row_res: list[int] = field(default_factory=list)
     col_res: list[int] = field(default_factory=list)
     Hq: int = 0
@@ -45,7 +47,7 @@ class Geometry:
         self.row_res = sorted({(kh * dh) % sh for kh in range(KH)})
         self.col_res = sorted({(kw * dw) % sw for kw in range(KW)})
         self.Hq = self.OH + ((KH - 1) * dh) // sh
-        self.Wq = self.OW + ((KW - 1) * dw) // sw
+        self.Wq = self.OW + ((KW - 1) * dw) // sw + self.wq_pad
         nb = len(self.col_res)
         self.maxoff = [0] * (len(self.row_res) * nb)
         for kh in range(KH):

@@ -260,9 +260,11 @@ def _phase_split_channels(
     fills, fcols = consts_2d(lw, plan.f_blocks, NMAX, 1, fill_elem)
     ones = fill_row(lw, 1.0, fill_elem, TC)
     xv = lw.view(x, (N, C, H * W))
-    k = HbmKernel(lw, what, loc, [xv, ident, sel, fills, ones, out])
+    Hq = spec.Hq
+    out_flat = lw.view(out, (N, C, nph * Hq * Wq))
+    k = HbmKernel(lw, what, loc, [xv, ident, sel, fills, ones, out, out_flat])
     kb = k.kb
-    xa, oa = k.arg(xv), k.arg(out)
+    xa, oa, oa_flat = k.arg(xv), k.arg(out), k.arg(out_flat)
     xb = kb.alloc([TC, max_xrows * W], elem, tile.SRAM, "x")
     qb = kb.alloc([TC, nph * max_qrows * Wq], elem, tile.SRAM, "phases")
     ib = kb.alloc([TC, TC], elem, tile.SRAM, "identity")
@@ -273,6 +275,18 @@ def _phase_split_channels(
     tbs = [kb.alloc([KMAX, TC], elem, tile.SRAM, "xT") for _ in range(NS)]
     a1s = [kb.alloc([KMAX, TC], f32, tile.ACC, "acc_t") for _ in range(NS)]
     a2s = [kb.alloc([TC, NMAX], f32, tile.ACC, "acc_s") for _ in range(NS)]
+    # loops of NS units in whole rows: each phase's segments of the NS units side by side
+    # (one selection matmul per unit and phase), so one copy per phase moves all of them,
+    # and the NS transposes copied at once (per unit, four ~64 x 29 copies cost ~190 cycles
+    # of fixed overhead each: ResNet-18's 56 x 56 split was vector-bound at ~40,000 cycles)
+    gjn = g * Wq
+    acc_need = (NS * (partition_bytes(TC, 4) + partition_bytes(NMAX, 4))
+                + 2 * (partition_bytes(NS * TC, 4) + partition_bytes(nph * NS * gjn, 4)))
+    batched = len(blocks) == 1 and C % TC == 0 and acc_need <= lw.cfg.accumulator.bytes_per_partition
+    if batched:  # two sets: one batch's selections while the other's copies run
+        tbB = [kb.alloc([KMAX, NS * TC], elem, tile.SRAM, "xT_units") for _ in range(2)]
+        a1B = [kb.alloc([KMAX, NS * TC], f32, tile.ACC, "acc_t_units") for _ in range(2)]
+        a2B = [kb.alloc([TC, nph * NS * gjn], f32, tile.ACC, "acc_s_units") for _ in range(2)]
     # DMA queues: the constants on the weight queues, the input rows and the phases'
     # stores (short, so mostly fixed latency) side by side on the others (`queue_split`)
     cq, sq = queue_split(lw.cfg)[0], store_queues(lw.cfg)
@@ -331,6 +345,74 @@ def _phase_split_channels(
                 c, kb.const(gi * jn),
             ))
 
+    def units_a(c: SSAValue, uis: list[SSAValue], kind: int, xh0: int, bs: int) -> None:
+        """NS consecutive units of whole rows (`batched`): their transposes into one
+        accumulator of set `bs`, one copy."""
+        segs, K, _, _ = kind_data[kind]
+        if not K:
+            return
+        for q, ui_v in enumerate(uis):
+            koff = 0
+            for r, nr, cw0, wc in segs:
+                pos = lin(kb, (r - xh0) * W + cw0, (g * sh * W, ui_v))
+                m = nr * wc
+                kb.add(tile.MatmulOp(
+                    sub(kb, xb, 0, pos, [TC, m]), ib, sub(kb, a1B[bs], koff, q * TC, [m, TC]),
+                    kb.const(m), c, c, false_i1(kb),
+                ))
+                koff += m
+        kb.add(tile.UnaryOp("copy", sub(kb, a1B[bs], 0, 0, [K, NS * TC]), sub(kb, tbB[bs], 0, 0, [K, NS * TC]),
+                            kb.const(K), kb.const(NS * TC)))
+
+    def units_b(c: SSAValue, uis: list[SSAValue], kind: int, qi0: int, bs: int) -> None:
+        """Per unit and phase a selection matmul into that phase's run of the set's
+        accumulator, then one copy per phase into the phase images."""
+        segs, K, _, _ = kind_data[kind]
+        for q in range(NS):
+            for ph in range(nph):
+                dst = sub(kb, a2B[bs], 0, (ph * NS + q) * gjn, [TC, gjn])
+                if K:
+                    kb.add(tile.MatmulOp(
+                        sub(kb, tbB[bs], 0, q * TC, [K, TC]), sub(kb, sb, 0, kind * NMAX + ph * gjn, [K, gjn]), dst,
+                        c, kb.const(K), kb.const(gjn), false_i1(kb),
+                    ))
+                if needs_fill[kind]:
+                    kb.add(tile.MatmulOp(
+                        ob, sub(kb, fb, 0, kind * NMAX + ph * gjn, [1, gjn]), dst,
+                        c, kb.const(1), kb.const(gjn), true_i1(kb) if K else false_i1(kb),
+                    ))
+        for ph in range(nph):
+            dst = lin(kb, ph * max_qrows * Wq - qi0 * Wq, (g * Wq, uis[0]))
+            kb.add(tile.UnaryOp(
+                "copy", sub(kb, a2B[bs], 0, ph * NS * gjn, [TC, NS * gjn]), sub(kb, qb, 0, dst, [TC, NS * gjn]),
+                c, kb.const(NS * gjn),
+            ))
+
+    def batches(c: SSAValue, u: int, nbat: int, kind: int, xh0: int, qi0: int) -> None:
+        """`nbat` batches of NS units from unit u, software pipelined over two sets: batch
+        b + 1's transposes and copy are emitted before batch b's selections and copies."""
+
+        def uis(b0: int, t: SSAValue | None = None) -> list[SSAValue]:
+            if t is None:
+                return [kb.const(u + b0 * NS + q) for q in range(NS)]
+            return [lin(kb, u + b0 * NS + q, (2 * NS, t)) for q in range(NS)]
+
+        units_a(c, uis(0), kind, xh0, 0)
+        npair = (nbat - 1) // 2
+        if npair:
+            with kb.loop(npair) as t:  # batches 2t + 1 (set 1) and 2t + 2 (set 0) transposed
+                units_a(c, uis(1, t), kind, xh0, 1)
+                units_b(c, uis(0, t), kind, qi0, 0)
+                units_a(c, uis(2, t), kind, xh0, 0)
+                units_b(c, uis(1, t), kind, qi0, 1)
+        last = 2 * npair  # transposed (set 0), not yet selected
+        if last + 1 < nbat:
+            units_a(c, uis(last + 1), kind, xh0, 1)
+            units_b(c, uis(last), kind, qi0, 0)
+            units_b(c, uis(last + 1), kind, qi0, 1)
+        else:
+            units_b(c, uis(last), kind, qi0, 0)
+
     # software pipelined: a unit's transposes and copy (stage A) are emitted before the
     # previous unit's selection and copies (stage B), so the vector engine copies one
     # unit while the matrix engine selects another (each queue runs in program order)
@@ -356,7 +438,11 @@ def _phase_split_channels(
                     while v < u1 and unit_kind[(v, bi)] == kind:
                         v += 1
                     count = v - u
-                    if count >= 2 * NS:
+                    if count >= 2 * NS and batched and units[u][1] - units[u][0] == g:
+                        flush()
+                        batches(c, u, count // NS, kind, xlo, qi0)
+                        rest = range(u + count // NS * NS, v)
+                    elif count >= 2 * NS:
                         flush()
                         with kb.loop(count // NS) as t:
                             uis = [lin(kb, u + q, (NS, t)) for q in range(NS)]
@@ -376,6 +462,15 @@ def _phase_split_channels(
                     u = v
             flush()
             rows = units[u1 - 1][1] - qi0
+            if qi0 == 0 and rows == Hq == max_qrows:
+                # the band holds every phase row: per channel the buffer's phases lie as in
+                # HBM (phase after phase), so one store writes them all (a store per phase
+                # pays ~3,100 cycles of fixed cost each on `cloud`)
+                kb.add(tile.StoreOp(
+                    sub(kb, qb, 0, 0, [TC, nph * Hq * Wq]), oa_flat, [n, c0, kb.const(0)], c,
+                    kb.const(nph * Hq * Wq), 1, 2, queue=sq[0],
+                ))
+                continue
             for ph in range(nph):
                 kb.add(tile.StoreOp(
                     sub(kb, qb, 0, ph * max_qrows * Wq, [TC, rows * Wq]), oa,
