@@ -35,12 +35,25 @@ def estimate(p: MlpProblem, s: MlpSchedule, cfg: HardwareConfig) -> float:
     epi = chunks * p.epi_ops * t.vector_overhead + t.vector_work(p.TM, p.N, p.epi_cost)
     pro = p.pro_ops * t.vector_overhead + t.vector_work(p.TM, p.K, p.pro_cost)
     copies = cdiv(p.nk, GROUP_T) * t.vector_overhead + t.vector_work(p.TK, p.nk * p.TM, 1.0)
-    per_tile = max(up + down + trans, act + epi + pro + copies)
-    w1_first = t.dma_time(min(p.K, p.TK), s.g * p.TK, p.ia) * p.nk
+    # per chunk a store (and a residual load on another queue): a DMA's fixed cost each
+    stores = t.dma_time(p.TM, p.N, p.io) + chunks * float(t.dma_fixed(p.TM)) + t.dma_time(p.TM, p.K, p.ia)
+    per_tile = max(up + down + trans, act + epi + pro + copies, stores)
+    # the weights load once, their DMAs one after another on each weight queue (a DMA's
+    # fixed cost is paid in turn), all sharing HBM: the first W1 buffer gates the first
+    # up projection, all of them (and W2) the end of the first m-tile
+    nq = max(cfg.dma.queues - 1, 1)
+    bw = cfg.hbm.bytes_per_cycle
+    g_cols = min(s.g * p.TK, p.H)
+    w1_load = t.dma_time(min(p.K, p.TK), g_cols, p.ia)
+    w1_first = max(cdiv(p.nk, nq) * w1_load, p.K * g_cols * p.ia / bw)
+    n_loads = p.nk * cdiv(p.nh, s.g) + p.nh
+    w2_load = t.dma_time(p.TK, p.N, p.ia)
+    w_all = max(cdiv(p.nk * cdiv(p.nh, s.g), nq) * w1_load + cdiv(p.nh, nq) * w2_load,
+                (p.K + p.N) * p.H * p.ia / bw, n_loads * float(t.dma_fixed(p.TK)) / nq)
     x_first = t.dma_time(p.TM, p.K, p.ia)
     start = max(w1_first, x_first + pro + trans + copies)
     last = epi / chunks
-    return start + p.n_mtiles * per_tile + last
+    return max(start + p.n_mtiles * per_tile, w_all + (p.n_mtiles - 1) * per_tile + down / 2) + last
 
 
 def choose(p: MlpProblem, cfg: HardwareConfig) -> MlpSchedule | None:
@@ -48,7 +61,7 @@ def choose(p: MlpProblem, cfg: HardwareConfig) -> MlpSchedule | None:
     fit = [s for s in candidates(p) if fits(p, s, cfg)]
     if not fit:
         return None
-    return min(fit, key=lambda s: (estimate(p, s, cfg), -s.w, -s.g))
+    return min(fit, key=lambda s: (cdiv(p.N, s.w * p.TN), estimate(p, s, cfg), -s.g))
 
 
 __all__ = ["choose", "estimate"]

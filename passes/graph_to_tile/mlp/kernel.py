@@ -20,17 +20,20 @@ Per m-tile u of TM tokens (set ``p = u % 2``), in program order::
     for each hidden tile t:                            (matrix: up projection)
         nk matmuls W1[:, t] x xT[p] -> accH[t % 2]; bias matmul
         act(accH) -> hT[p][:, t]                       (vector)
+    epilogue of m-tile u-1's chunks -> store y rows    (vector, DMA; residual tiles load
+                                                        on the last weight queue)
     transpose xn[1-p] -> xT[1-p]                       (matrix + vector copy)
     for each chunk of w*TN outputs:                    (matrix: down projection)
         nh * w matmuls hT[p][:, t] x W2[t][:, chunk] -> accO[c % 2]; bias matmul
-        epilogue (residual add ...) -> store y rows    (vector, DMA)
 
-The vector queue thus runs the next m-tile's norm before this m-tile's activations,
-which the up projection's first matmuls do not wait for; the down projection of
-m-tile u runs while the vector engine finishes its activations and the transposes'
-copies. W1 and W2 are resident, loaded once at the start: W1 in buffers of `g` hidden
-tiles (the first up projection waits only for the first), W2 one buffer per hidden
-tile. Everything inside an m-tile is static; m-tiles of one shape run in a loop over
+The vector queue thus runs the next m-tile's norm and this m-tile's activations before
+the previous m-tile's epilogue (which waits for its whole down projection): the
+activations follow the up projection closely and the down projection that needs them
+starts soon after it; the epilogue of the last m-tile ends the kernel.
+
+W1 and W2 are resident, loaded once at the start: W1 in buffers of `g` hidden tiles
+(the first up projection waits only for the first), W2 one buffer per hidden tile.
+Everything inside an m-tile is static; m-tiles of one shape run in a loop over
 pairs (static buffer parities); the last ones are peeled.
 """
 
@@ -50,7 +53,7 @@ from tilecc.passes.graph_to_tile.mlp.problem import MlpProblem
 from tilecc.passes.graph_to_tile.mlp.schedule import GROUP_T, MlpSchedule
 from tilecc.passes.graph_to_tile.shapes import shape_of
 
-X_Q = 0  # x rows, residual tiles and stores: one queue, in m-tile order
+X_Q = 0  # x rows and stores: one queue, in m-tile order (the weights' queues load residual tiles)
 
 
 @dataclass
@@ -240,18 +243,17 @@ class MlpKernel:
             given = {self.act.root: acc, self.act_out: self.win(self.hT[st], h * TM, [TK, TM])}
             self.act_tp.compute(self.c(hs), self.c(ms), 0, given)
 
-    def down(self, m0: SSAValue, ms: int, st: int) -> None:
-        """y rows of the m-tile: per chunk, nh * w matmuls, the bias, the epilogue, the store."""
+    def chunks(self) -> list[tuple[int, int]]:
+        """(first column, width) of each down-projection chunk."""
+        return [(sum(self.widths[:c]), w) for c, w in enumerate(self.widths)]
+
+    def down(self, ms: int, st: int) -> None:
+        """The m-tile's down projection: per chunk, nh * w matmuls and the bias (its
+        evacuation is `evacuate_down`, emitted after the next m-tile's activations)."""
         p = self.p
         TM, TK, TN = p.TM, p.TK, p.TN
-        n0 = 0
-        for c, width in enumerate(self.widths):
-            par = (st * len(self.widths) + c) % 2
-            acc = self.accO[par]
-            n0c = self.c(n0)
-            if self.epi_tp is not None and self.epi is not None:
-                for i in self.epi.per_tile:
-                    self.epi_tp.load(i, [m0, n0c], self.c(ms), self.c(width), par, queue=X_Q)
+        for c, (n0, width) in enumerate(self.chunks()):
+            acc = self.accO[(st * len(self.widths) + c) % 2]
             tiles = [(t, min(TN, width - t * TN)) for t in range(-(-width // TN))]
             for h, hs in enumerate(self.hsz):
                 lhs = self.win(self.hT[st], h * TM, [TK, TM])
@@ -262,8 +264,17 @@ class MlpKernel:
                 for t, ns in tiles:
                     self.mm(self.ones, self.win(self.b2, n0 + t * TN, [1, TN]), self.win(acc, t * TN, [TM, TN]),
                             ms, 1, ns, True)
-            self.evacuate(self.win(acc, 0, [TM, width]), par, m0, n0, ms, width)
-            n0 += width
+
+    def evacuate_down(self, m0: SSAValue, ms: int, st: int) -> None:
+        """The m-tile's output chunks: epilogue (its per-tile operands loaded on the last
+        weight queue) and store."""
+        p = self.p
+        for c, (n0, width) in enumerate(self.chunks()):
+            par = (st * len(self.widths) + c) % 2
+            if self.epi_tp is not None and self.epi is not None:
+                for i in self.epi.per_tile:
+                    self.epi_tp.load(i, [m0, self.c(n0)], self.c(ms), self.c(width), par, queue=self.wq[-1])
+            self.evacuate(self.win(self.accO[par], 0, [p.TM, width]), par, m0, n0, ms, width)
 
     def evacuate(self, acc: SSAValue, par: int, m0: SSAValue, n0: int, ms: int, width: int) -> None:
         r, c = self.c(ms), self.c(width)
@@ -299,7 +310,7 @@ class MlpKernel:
         self.transpose(ms_of[0], 0)
 
         def key(u: int) -> tuple:
-            return tuple(ms_of[v] if v < T else None for v in (u, u + 1, u + 2))
+            return tuple(ms_of[v] if 0 <= v < T else None for v in (u - 1, u, u + 1, u + 2))
 
         keys = [key(u) for u in range(T)]
         u = 0
@@ -309,6 +320,7 @@ class MlpKernel:
                 end += 1
             self._run(u, end - u, keys[u])
             u = end
+        self.evacuate_down(self.c((T - 1) * p.TM), ms_of[-1], (T - 1) % 2)
 
     def _run(self, start: int, n: int, key: tuple) -> None:
         """m-tiles start .. start+n-1 (one shape `key`): a loop over pairs, an odd one peeled."""
@@ -328,7 +340,7 @@ class MlpKernel:
             self._body(self.c(last * p.TM), last % 2, key)
 
     def _body(self, m0: SSAValue, st: int, key: tuple) -> None:
-        ms, ms1, ms2 = key
+        ms0, ms, ms1, ms2 = key
         TM = self.p.TM
         if ms2 is not None:
             self.load_x(self.kb.addi(m0, self.c(2 * TM)), ms2, st)
@@ -336,9 +348,11 @@ class MlpKernel:
         if ms1 is not None and m1 is not None:
             self.norm(m1, ms1, 1 - st)
         self.up(ms, st)
+        if ms0 is not None:  # the previous m-tile's outputs, behind this one's activations
+            self.evacuate_down(self.kb.subi(m0, self.c(TM)), ms0, 1 - st)
         if ms1 is not None:
             self.transpose(ms1, 1 - st)
-        self.down(m0, ms, st)
+        self.down(ms, st)
 
 
 __all__ = ["MlpArgs", "MlpKernel"]
