@@ -519,7 +519,8 @@ def fuse(fn: func.FuncOp, session: CompileSession | None = None) -> int:
     from tilecc.passes.graph.fuse_mlp import fuse_mlp
 
     n = Fuser(fn, session).run()
-    n += fuse_mlp(fn, session)  # up- and down-projection groups joined (fuse_mlp.py)
+    if session is None or "fuse-mlp" not in session.disabled:
+        n += fuse_mlp(fn, session)  # up- and down-projection groups joined (fuse_mlp.py)
     dead_code(fn)
     return n
 
