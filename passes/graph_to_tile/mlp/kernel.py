@@ -31,8 +31,9 @@ the previous m-tile's epilogue (which waits for its whole down projection): the
 activations follow the up projection closely and the down projection that needs them
 starts soon after it; the epilogue of the last m-tile ends the kernel.
 
-W1 and W2 are resident, loaded once at the start: W1 in buffers of `g` hidden tiles
-(the first up projection waits only for the first), W2 one buffer per hidden tile.
+W1 and W2 are resident, loaded once at the start, one DMA per buffer (synchronisation
+is per buffer): W1 in buffers of `g` hidden tiles by K tile (the first up projection
+waits only for its first `g` hidden tiles), W2 one buffer per hidden tile.
 Everything inside an m-tile is static; m-tiles of one shape run in a loop over
 pairs (static buffer parities); the last ones are peeled.
 """
@@ -118,9 +119,14 @@ class MlpKernel:
         TM, TK = p.TM, p.TK
         self.gcols = s.g * TK
         self.n_w1 = -(-p.nh // s.g)
-        self.w1 = [kb.alloc([TK, p.nk * self.gcols], self.ea, tile.SRAM, f"w1_{i}") for i in range(self.n_w1)]
+        # one buffer per DMA (synchronisation is per buffer: loads into one buffer would
+        # run one after another, whatever their queues)
+        self.w1 = [[kb.alloc([TK, self.gcols], self.ea, tile.SRAM, f"w1_{i}_{k}") for k in range(p.nk)]
+                   for i in range(self.n_w1)]
         self.w2 = [kb.alloc([TK, p.N], self.ea, tile.SRAM, f"w2_{h}") for h in range(p.nh)]
-        self.hT = [kb.alloc([TK, p.nh * TM], self.eh, tile.SRAM, "hT") for _ in range(2)]
+        # a buffer per hidden tile: the down projection's first matmuls wait for the
+        # first activations only, not for the m-tile's last
+        self.hT = [[kb.alloc([TK, TM], self.eh, tile.SRAM, f"hT{h}") for h in range(p.nh)] for _ in range(2)]
         self.xT = [kb.alloc([TK, p.nk * TM], self.ea, tile.SRAM, "xT") for _ in range(2)]
         self.xn = [kb.alloc([TM, p.K], self.ea, tile.SRAM, "xn") for _ in range(2)]
         self.ident = kb.alloc([TM, TM], self.ea, tile.SRAM, "ident")
@@ -128,7 +134,8 @@ class MlpKernel:
         self.b1 = kb.alloc([1, p.H], self.ea, tile.SRAM, "b1") if self.a.b1 is not None else None
         self.b2 = kb.alloc([1, p.N], self.ea, tile.SRAM, "b2") if self.a.b2 is not None else None
         self.accH = [kb.alloc([TK, TM], f32, tile.ACC, "accH") for _ in range(2)]
-        self.accT = kb.alloc([TK, min(GROUP_T, p.nk) * TM], f32, tile.ACC, "accT")
+        # two: a group's transposes need not wait for the previous group's copy
+        self.accT = [kb.alloc([TK, min(GROUP_T, p.nk) * TM], f32, tile.ACC, "accT") for _ in range(2)]
         self.accO = [kb.alloc([TM, self.TNL], f32, tile.ACC, "accO") for _ in range(2)]
         self.obuf = [kb.alloc([TM, self.TNL], self.eo, tile.SRAM, "out") for _ in range(2)] if self.epi is None \
             else []
@@ -174,12 +181,11 @@ class MlpKernel:
     def _load_weights(self) -> None:
         """W1 by buffer (every K row of its hidden tiles), then W2 by hidden tile."""
         p = self.p
-        for i, buf in enumerate(self.w1):
+        for i, bufs in enumerate(self.w1):
             h0 = i * self.gcols
             cols = min(self.gcols, p.H - h0)
             for k, ks in enumerate(self.ksz):
-                self.load(self.a.w1, [k * p.TK, h0], self.win(buf, k * self.gcols, [p.TK, self.gcols]), ks, cols,
-                          self.next_wq())
+                self.load(self.a.w1, [k * p.TK, h0], bufs[k], ks, cols, self.next_wq())
 
     def _load_w2(self) -> None:
         p = self.p
@@ -214,17 +220,18 @@ class MlpKernel:
         TM, TK = p.TM, p.TK
         for k0 in range(0, p.nk, GROUP_T):
             ks = list(range(k0, min(p.nk, k0 + GROUP_T)))
+            accT = self.accT[(k0 // GROUP_T) % 2]
             for i, k in enumerate(ks):
-                self.mm(self.win(self.xn[st], k * TK, [TM, TK]), self.ident, self.win(self.accT, i * TM, [TK, TM]),
+                self.mm(self.win(self.xn[st], k * TK, [TM, TK]), self.ident, self.win(accT, i * TM, [TK, TM]),
                         self.ksz[k], ms, ms, False)
             if ms == TM and all(self.ksz[k] == TK for k in ks):
                 n = len(ks) * TM
-                self.kb.add(tile.UnaryOp("copy", self.win(self.accT, 0, [TK, n]), self.win(self.xT[st], k0 * TM,
+                self.kb.add(tile.UnaryOp("copy", self.win(accT, 0, [TK, n]), self.win(self.xT[st], k0 * TM,
                                                                                             [TK, n]),
                                          self.c(TK), self.c(n)))
                 continue
             for i, k in enumerate(ks):  # only the written corner: ksz rows, ms columns
-                self.kb.add(tile.UnaryOp("copy", self.win(self.accT, i * TM, [TK, TM]),
+                self.kb.add(tile.UnaryOp("copy", self.win(accT, i * TM, [TK, TM]),
                                          self.win(self.xT[st], k * TM, [TK, TM]), self.c(self.ksz[k]), self.c(ms)))
 
     def up(self, ms: int, st: int) -> None:
@@ -233,14 +240,14 @@ class MlpKernel:
         TM, TK = p.TM, p.TK
         for h, hs in enumerate(self.hsz):
             acc = self.accH[(st * p.nh + h) % 2]
-            buf = self.w1[h // self.s.g]
+            bufs = self.w1[h // self.s.g]
             col = (h % self.s.g) * TK
             for k, ks in enumerate(self.ksz):
-                self.mm(self.win(buf, k * self.gcols + col, [TK, TK]), self.win(self.xT[st], k * TM, [TK, TM]),
+                self.mm(self.win(bufs[k], col, [TK, TK]), self.win(self.xT[st], k * TM, [TK, TM]),
                         acc, hs, ks, ms, k > 0)
             if self.b1 is not None:
                 self.mm(self.win(self.b1, h * TK, [1, TK]), self.ones, acc, hs, 1, ms, True)
-            given = {self.act.root: acc, self.act_out: self.win(self.hT[st], h * TM, [TK, TM])}
+            given = {self.act.root: acc, self.act_out: self.hT[st][h]}
             self.act_tp.compute(self.c(hs), self.c(ms), 0, given)
 
     def chunks(self) -> list[tuple[int, int]]:
@@ -256,7 +263,7 @@ class MlpKernel:
             acc = self.accO[(st * len(self.widths) + c) % 2]
             tiles = [(t, min(TN, width - t * TN)) for t in range(-(-width // TN))]
             for h, hs in enumerate(self.hsz):
-                lhs = self.win(self.hT[st], h * TM, [TK, TM])
+                lhs = self.hT[st][h]
                 for t, ns in tiles:
                     self.mm(lhs, self.win(self.w2[h], n0 + t * TN, [TK, TN]), self.win(acc, t * TN, [TM, TN]),
                             ms, hs, ns, h > 0)

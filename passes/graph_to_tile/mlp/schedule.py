@@ -2,14 +2,14 @@
 that decide whether one fits.
 
 - `g`: hidden tiles per W1 buffer. W1 is resident, in buffers of ``g`` hidden tiles
-  (every K row of them); the first up projection waits only for its first buffer, and
+  by K tile; the first up projection waits only for the first ``g`` hidden tiles, and
   each load moves ``g*TK`` contiguous elements per row (larger is a faster DMA).
 - `w`: TN-column blocks per down-projection chunk (one accumulator tile of ``TM x w*TN``
   per chunk, two alternating; the epilogue evacuates a chunk at a time).
 
 Footprints (bytes per partition): SRAM holds W1 and W2 whole, two sets of the
 transposed hidden (``nh*TM`` columns each), two of x^T, the prologue's and epilogue's
-buffers; the accumulator holds two hidden tiles, one transpose group and two chunks.
+buffers; the accumulator holds two hidden tiles, two transpose groups and two chunks.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class MlpSchedule:
 def sram_bytes(p: MlpProblem, s: MlpSchedule) -> int:
     """SRAM bytes per partition of the kernel's buffers."""
     ia = p.ia
-    w1 = cdiv(p.nh, s.g) * aligned(p.nk * s.g * p.TK * ia)
+    w1 = cdiv(p.nh, s.g) * p.nk * aligned(s.g * p.TK * ia)
     w2 = p.nh * aligned(p.N * ia)
     hidden = 2 * aligned(p.nh * p.TM * ia)
     xt = 2 * aligned(p.nk * p.TM * ia)
@@ -45,8 +45,8 @@ def sram_bytes(p: MlpProblem, s: MlpSchedule) -> int:
 
 
 def acc_bytes(p: MlpProblem, s: MlpSchedule) -> int:
-    """Accumulator bytes per partition: two hidden tiles, a transpose group, two chunks."""
-    return 4 * (2 * p.TM + min(GROUP_T, p.nk) * p.TM + 2 * s.w * p.TN)
+    """Accumulator bytes per partition: two hidden tiles, two transpose groups, two chunks."""
+    return 4 * (2 * p.TM + 2 * min(GROUP_T, p.nk) * p.TM + 2 * s.w * p.TN)
 
 
 def fits(p: MlpProblem, s: MlpSchedule, cfg: HardwareConfig) -> bool:
