@@ -13,23 +13,24 @@ never transposed and never stored. x^T comes from the natural-layout rows (the l
 norm's output when the group has one) by transposes on the matrix engine, as in the
 -O2 matmul kernel.
 
-Per m-tile u of TM tokens (set ``p = u % 2``), in program order::
+Per m-tile u of TM tokens (set ``p = u % 2``), in program order (the up projection
+runs one m-tile ahead of the down projection, so the first down projection, which
+waits for W2, follows two up projections)::
 
-    load x rows of m-tile u+2 into set p               (DMA, queue 0)
-    norm of m-tile u+1 -> xn[1-p]                      (vector; prologue only)
-    for each hidden tile t:                            (matrix: up projection)
-        nk matmuls W1[:, t] x xT[p] -> accH[t % 2]; bias matmul
-        act(accH) -> hT[p][:, t]                       (vector)
+    norm of m-tile u+2 -> xn[p]                        (vector; prologue only)
+    for each hidden tile t:                            (matrix: up projection of u+1)
+        nk matmuls W1[:, t] x xT[1-p] -> accH[t % 2]; bias matmul
+        act(accH) -> hT[1-p][t]                        (vector)
     epilogue of m-tile u-1's chunks -> store y rows    (vector, DMA; residual tiles load
                                                         on the last weight queue)
-    transpose xn[1-p] -> xT[1-p]                       (matrix + vector copy)
-    for each chunk of w*TN outputs:                    (matrix: down projection)
-        nh * w matmuls hT[p][:, t] x W2[t][:, chunk] -> accO[c % 2]; bias matmul
+    transpose xn[p] -> xT[p]                           (m-tile u+2: matrix + vector copy)
+    for each chunk of w*TN outputs:                    (matrix: down projection of u)
+        nh * w matmuls hT[p][t] x W2[t][:, chunk] -> accO[c % 2]; bias matmul
+    load x rows of m-tile u+3 into set 1-p             (DMA, queue 0)
 
-The vector queue thus runs the next m-tile's norm and this m-tile's activations before
-the previous m-tile's epilogue (which waits for its whole down projection): the
-activations follow the up projection closely and the down projection that needs them
-starts soon after it; the epilogue of the last m-tile ends the kernel.
+The vector queue thus runs a norm and the activations before the previous m-tile's
+epilogue (which waits for its whole down projection): the activations follow the up
+projection closely, and the down projection that needs them comes after it.
 
 W1 and W2 are resident, loaded once at the start, one DMA per buffer (synchronisation
 is per buffer): W1 in buffers of `g` hidden tiles by K tile (the first up projection
@@ -313,11 +314,21 @@ class MlpKernel:
         if T > 1:
             self.load_x(self.c(p.TM), ms_of[1], 1)
         self._load_w2()
+        # the pipeline's head: m-tile 0 up to its activations, m-tile 1 up to its x^T
         self.norm(self.c(0), ms_of[0], 0)
         self.transpose(ms_of[0], 0)
+        if T > 2:
+            self.load_x(self.c(2 * p.TM), ms_of[2], 0)
+        if T > 1:
+            self.norm(self.c(p.TM), ms_of[1], 1)
+        self.up(ms_of[0], 0)
+        if T > 1:
+            self.transpose(ms_of[1], 1)
+        if T > 3:
+            self.load_x(self.c(3 * p.TM), ms_of[3], 1)
 
         def key(u: int) -> tuple:
-            return tuple(ms_of[v] if 0 <= v < T else None for v in (u - 1, u, u + 1, u + 2))
+            return tuple(ms_of[v] if 0 <= v < T else None for v in range(u - 1, u + 4))
 
         keys = [key(u) for u in range(T)]
         u = 0
@@ -347,19 +358,25 @@ class MlpKernel:
             self._body(self.c(last * p.TM), last % 2, key)
 
     def _body(self, m0: SSAValue, st: int, key: tuple) -> None:
-        ms0, ms, ms1, ms2 = key
-        TM = self.p.TM
+        """m-tile u (rows from `m0`, set `st`): the next one's up projection ahead of this
+        one's down projection (module docstring)."""
+        ms0, ms, ms1, ms2, ms3 = key
+        kb, TM = self.kb, self.p.TM
+
+        def row(d: int) -> SSAValue:
+            return kb.addi(m0, self.c(d * TM)) if d > 0 else kb.subi(m0, self.c(-d * TM))
+
         if ms2 is not None:
-            self.load_x(self.kb.addi(m0, self.c(2 * TM)), ms2, st)
-        m1 = self.kb.addi(m0, self.c(TM)) if ms1 is not None else None
-        if ms1 is not None and m1 is not None:
-            self.norm(m1, ms1, 1 - st)
-        self.up(ms, st)
-        if ms0 is not None:  # the previous m-tile's outputs, behind this one's activations
-            self.evacuate_down(self.kb.subi(m0, self.c(TM)), ms0, 1 - st)
+            self.norm(row(2), ms2, st)
         if ms1 is not None:
-            self.transpose(ms1, 1 - st)
+            self.up(ms1, 1 - st)
+        if ms0 is not None:  # the previous m-tile's outputs, behind the next one's activations
+            self.evacuate_down(row(-1), ms0, 1 - st)
+        if ms2 is not None:
+            self.transpose(ms2, st)
         self.down(ms, st)
+        if ms3 is not None:
+            self.load_x(row(3), ms3, 1 - st)
 
 
 __all__ = ["MlpArgs", "MlpKernel"]
