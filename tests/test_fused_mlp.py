@@ -81,6 +81,18 @@ def test_odd_sizes_and_activations(act):
     assert _stored_elements(cm, "fused_mlp") == 333 * 200
 
 
+@pytest.mark.parametrize("m,d,h,dtype", [(40, 32, 72, torch.float32), (37, 50, 100, torch.bfloat16)])
+def test_tiny_target(m, d, h, dtype):
+    """`tiny` (16 partitions, a 16 x 16 array): many m-tiles (the loop over pairs of
+    m-tiles and its peeled ends), every size a partial tile."""
+    torch.manual_seed(0)
+    model = Mlp(d, h).to(dtype)
+    x = torch.randn(1, m, d, dtype=dtype)
+    cm, _ = _check(model, x, target="tiny")
+    assert _kernels(cm) == ["k0_fused_mlp"]
+    assert _stored_elements(cm, "fused_mlp") == m * d
+
+
 @settings(max_examples=4, deadline=None)
 @given(m=st.integers(2, 300), d=st.integers(2, 260), h=st.integers(2, 400), ln=st.booleans(),
        act=st.sampled_from(sorted(ACTS)))
