@@ -81,7 +81,7 @@ def test_odd_sizes_and_activations(act):
     assert _stored_elements(cm, "fused_mlp") == 333 * 200
 
 
-@pytest.mark.parametrize("m,d,h,dtype", [(40, 32, 72, torch.float32), (37, 50, 100, torch.bfloat16)])
+@pytest.mark.parametrize("m,d,h,dtype", [(200, 32, 72, torch.float32), (37, 50, 100, torch.bfloat16)])
 def test_tiny_target(m, d, h, dtype):
     """`tiny` (16 partitions, a 16 x 16 array): many m-tiles (the loop over pairs of
     m-tiles and its peeled ends), every size a partial tile."""
