@@ -38,30 +38,41 @@ def estimate(p: MlpProblem, s: MlpSchedule, cfg: HardwareConfig) -> float:
     # per chunk a store (and a residual load on another queue): a DMA's fixed cost each
     stores = t.dma_time(p.TM, p.N, p.io) + chunks * float(t.dma_fixed(p.TM)) + t.dma_time(p.TM, p.K, p.ia)
     per_tile = max(up + down + trans, act + epi + pro + copies, stores)
-    # the weights load once, their DMAs one after another on each weight queue (a DMA's
-    # fixed cost is paid in turn), all sharing HBM: the first W1 buffer gates the first
-    # up projection, all of them (and W2) the end of the first m-tile
+    # the weights load once, before anything else on their queues. Each queue runs its
+    # DMAs one after another (a DMA's fixed cost in turn), all share HBM. The first W1
+    # group gates the first up projection (the queues' first DMAs move together), all
+    # of W1 the end of the first m-tile's, W1 and W2 the first down projection, which
+    # follows two up projections (the up projection runs one m-tile ahead)
     nq = max(cfg.dma.queues - 1, 1)
     bw = cfg.hbm.bytes_per_cycle
-    g_cols = min(s.g * p.TK, p.H)
-    w1_load = t.dma_time(min(p.K, p.TK), g_cols, p.ia)
-    w1_first = max(cdiv(p.nk, nq) * w1_load, p.K * g_cols * p.ia / bw)
-    n_loads = p.nk * cdiv(p.nh, s.g) + p.nh
-    w2_load = t.dma_time(p.TK, p.N, p.ia)
-    w_all = max(cdiv(p.nk * cdiv(p.nh, s.g), nq) * w1_load + cdiv(p.nh, nq) * w2_load,
-                (p.K + p.N) * p.H * p.ia / bw, n_loads * float(t.dma_fixed(p.TK)) / nq)
+    fixed = float(t.dma_fixed(p.TK))
+    groups = cdiv(p.nh, s.g)
+    g_bytes = p.K * min(s.g * p.TK, p.H) * p.ia
+    n1 = groups if w1_tiled(p, s) else groups * p.nk
+    n2 = p.nh // p.w2_group if p.w2_group else p.nh
+    w1_first = fixed + min(nq, groups) * g_bytes / bw
+    w1_all = p.K * p.H * p.ia / bw + cdiv(n1, nq) * fixed
+    w_all = (p.K + p.N) * p.H * p.ia / bw + cdiv(n1 + n2, nq) * fixed
     x_first = t.dma_time(p.TM, p.K, p.ia)
     start = max(w1_first, x_first + pro + trans + copies)
+    work = p.n_mtiles * per_tile
     last = epi / chunks
-    return max(start + p.n_mtiles * per_tile, w_all + (p.n_mtiles - 1) * per_tile + down / 2) + last
+    return max(start + work, w1_all + work - up, w_all + work - min(2, p.n_mtiles) * up) + last
+
+
+def w1_tiled(p: MlpProblem, s: MlpSchedule) -> bool:
+    """Whether W1 is stored pre-tiled for schedule `s` (whole K tiles and hidden groups)."""
+    return p.w1_tileable and p.K % p.TK == 0 and p.H % (s.g * p.TK) == 0
 
 
 def choose(p: MlpProblem, cfg: HardwareConfig) -> MlpSchedule | None:
-    """The fitting schedule of least estimated cycles; None where none fits."""
+    """The fitting schedule of fewest down-projection chunks (each costs a store's and a
+    residual load's fixed DMA time on the queue the m-tiles share, which the model above
+    underrates), then of least estimated cycles; None where none fits."""
     fit = [s for s in candidates(p) if fits(p, s, cfg)]
     if not fit:
         return None
     return min(fit, key=lambda s: (cdiv(p.N, s.w * p.TN), estimate(p, s, cfg), -s.g))
 
 
-__all__ = ["choose", "estimate"]
+__all__ = ["choose", "estimate", "w1_tiled"]

@@ -34,6 +34,7 @@ from xdsl.ir import Operation, SSAValue
 from tilecc.ir import graph as g
 from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.ir.weight_layout import tiled_name, tiled_shape
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, TileProgram
 from tilecc.passes.graph_to_tile.fused_matmul import (
@@ -45,7 +46,8 @@ from tilecc.passes.graph_to_tile.fused_matmul import (
     epilogue_part,
 )
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
-from tilecc.passes.graph_to_tile.mlp.cost import choose
+from tilecc.passes.graph_to_tile.matmul_problem import weight_of
+from tilecc.passes.graph_to_tile.mlp.cost import choose, w1_tiled
 from tilecc.passes.graph_to_tile.mlp.kernel import MlpArgs, MlpKernel
 from tilecc.passes.graph_to_tile.mlp.problem import MlpProblem
 from tilecc.passes.graph_to_tile.shapes import dense_attr, elem_of, shape_of
@@ -178,8 +180,13 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
                       pro_sram=TileProgram.sram_bytes(pro.ek, K, 2, {i: 2 for i in pro.per_tile}, [pro.root],
                                                       frozenset({pro.root}))
                       + sum(_hoist_bytes(pro.ek, i, K) for i in pro.hoisted))
-    p = MlpProblem(M, K, H, N, element_size(ea), element_size(eo), _dtype(ea) == "f32", tiles.TM, tiles.TK,
-                   tiles.TN, **fields)
+    TK, ia = tiles.TK, element_size(ea)
+    nh = -(-H // TK)
+    if weight_of(w1) is not None and K % TK == 0:
+        fields["w1_tileable"] = True
+    if weight_of(w2) is not None and H % TK == 0:  # the fewest tiles moving 8 KiB per partition
+        fields["w2_group"] = next((d for d in range(1, nh + 1) if nh % d == 0 and d * N * ia >= 8192), nh)
+    p = MlpProblem(M, K, H, N, ia, element_size(eo), _dtype(ea) == "f32", tiles.TM, TK, tiles.TN, **fields)
     s = choose(p, lw.cfg)
     if s is None:
         raise _NotFused(f"no schedule fits SRAM and the accumulator (W1 and W2 resident: {2 * K * H * p.ia} and "
@@ -190,8 +197,13 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
             raise _NotFused("a bias row's element type differs from the operands'")
     TM = p.TM
     x = lw.view(lw.materialise(a1), (M, K)) if pro is None else None
-    w1v = lw.view(lw.materialise(w1), (K, H))
-    w2v = lw.view(lw.materialise(w2), (H, N))
+    w1v = _tiled(lw, w1, (1, p.nk, p.TK, p.nh // s.g, s.g * p.TK)) if w1_tiled(p, s) else None
+    w2v = _tiled(lw, w2, (p.nh // p.w2_group, p.w2_group, p.TK, 1, N)) if p.w2_group else None
+    w1t, w2t = w1v is not None, p.w2_group if w2v is not None else 0
+    if w1v is None:
+        w1v = lw.view(lw.materialise(w1), (K, H))
+    if w2v is None:
+        w2v = lw.view(lw.materialise(w2), (H, N))
     ident = lw.hbm([TM, TM], ea, value=dense_attr(np.eye(TM, dtype=np.float32), ea, [TM, TM]))
     ones = lw.hbm([1, TM], ea, value=dense_attr(np.ones((1, TM), dtype=np.float32), ea, [1, TM]))
     b1 = lw.view(lw.materialise(act.bias), (1, H)) if act.bias is not None else None
@@ -212,20 +224,31 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     bound = [next(kargs) if v is not None else None for v in named]
     rest = list(kargs)
     margs = MlpArgs(bound[0], bound[1], bound[2], bound[3], bound[4], bound[5], bound[6], bound[7],
-                    rest[: len(epi_args)], rest[len(epi_args):])
+                    rest[: len(epi_args)], rest[len(epi_args):], w1t, w2t)
     kernel = MlpKernel(kb, p, s, margs, ea=ea, eh=eh, eo=eo, act=act, epi=epi, pro=pro,
                        queues=lw.cfg.dma.queues)
     kernel.emit()
     lw.launch(kb, flat)
     remarks.emit("lower-graph-to-tile", "passed", lambda: (
         f"mlp {M}x{K}x{H}x{N}: one kernel, the hidden computed transposed ({H} units on partitions) and kept in "
-        f"SRAM, never stored; W1 and W2 resident ({s})"), loc)
+        f"SRAM, never stored; W1 and W2 resident ({s}; pre-tiled: W1 {'yes' if w1t else 'no'}, W2 "
+        f"{f'{w2t} hidden tiles per transfer' if w2t else 'no'})"), loc)
     if epi is not None:
         for v, o in zip(epi.values, epi_outs, strict=True):
             lw.values[v] = lw.view(o, shape_of(v.type))
     else:
         lw.values[mm2.results[0]] = out  # pyright: ignore[reportArgumentType]
     _results(lw, down)
+
+
+def _tiled(lw: LoweringContext, v: SSAValue, dims: tuple[int, int, int, int, int]) -> SSAValue | None:
+    """Weight `v` stored in HBM in the pre-tiled order of `dims` (ir/weight_layout.py), or
+    None where `v` is no weight."""
+    w = weight_of(v)
+    if w is None:
+        return None
+    lw.materialise(v)  # the source's allocation: replays of this kernel map it to their own weight
+    return lw.hbm(list(tiled_shape(*dims)), elem_of(v.type), weight=tiled_name(w.weight, *dims))
 
 
 def _results(lw: LoweringContext, group: FusedOp) -> None:

@@ -72,6 +72,10 @@ class MlpArgs:
     b2: SSAValue | None
     epi: list[SSAValue]  # the epilogue's hoisted and per-tile leaves, then its outputs
     pro: list[SSAValue]  # the prologue's hoisted and per-tile leaves, then its outputs
+    # weights stored pre-tiled (ir/weight_layout.py): W1 as [nh/g groups x TK, nk*g*TK]
+    # (group i's K tiles side by side), W2 as [nh/g2 x TK, g2*N] (`w2_tiled` = g2; 0: as is)
+    w1_tiled: bool = False
+    w2_tiled: int = 0
 
 
 class MlpKernel:
@@ -121,10 +125,19 @@ class MlpKernel:
         self.gcols = s.g * TK
         self.n_w1 = -(-p.nh // s.g)
         # one buffer per DMA (synchronisation is per buffer: loads into one buffer would
-        # run one after another, whatever their queues)
-        self.w1 = [[kb.alloc([TK, self.gcols], self.ea, tile.SRAM, f"w1_{i}_{k}") for k in range(p.nk)]
-                   for i in range(self.n_w1)]
-        self.w2 = [kb.alloc([TK, p.N], self.ea, tile.SRAM, f"w2_{h}") for h in range(p.nh)]
+        # run one after another, whatever their queues). Pre-tiled (`MlpArgs.w1_tiled`):
+        # one buffer per hidden group, every K tile side by side, one DMA; else one per
+        # group and K tile
+        if self.a.w1_tiled:
+            self.w1 = [[kb.alloc([TK, p.nk * self.gcols], self.ea, tile.SRAM, f"w1_{i}")]
+                       for i in range(self.n_w1)]
+        else:
+            self.w1 = [[kb.alloc([TK, self.gcols], self.ea, tile.SRAM, f"w1_{i}_{k}") for k in range(p.nk)]
+                       for i in range(self.n_w1)]
+        # W2: pre-tiled, one buffer (one DMA) per group of `w2_tiled` hidden tiles, else
+        # one per hidden tile
+        g2 = self.a.w2_tiled or 1
+        self.w2 = [kb.alloc([TK, g2 * p.N], self.ea, tile.SRAM, f"w2_{h}") for h in range(0, p.nh, g2)]
         # a buffer per hidden tile: the down projection's first matmuls wait for the
         # first activations only, not for the m-tile's last
         self.hT = [[kb.alloc([TK, TM], self.eh, tile.SRAM, f"hT{h}") for h in range(p.nh)] for _ in range(2)]
@@ -179,9 +192,28 @@ class MlpKernel:
             given[i] = buf if leaf.cls == "column" else self.win(buf, col0, [self.p.TM, width])
         return given
 
+    def w1_tile(self, h: int, k: int) -> SSAValue:
+        """W1's [TK of K, TK hidden units] tile (k, h) in SRAM."""
+        TK = self.p.TK
+        bufs = self.w1[h // self.s.g]
+        col = (h % self.s.g) * TK
+        if self.a.w1_tiled:
+            return self.win(bufs[0], k * self.gcols + col, [TK, TK])
+        return self.win(bufs[k], col, [TK, TK])
+
+    def w2_tile(self, h: int, n0: int) -> SSAValue:
+        """W2's [TK hidden units, TN outputs] tile at hidden tile h, output column n0."""
+        p = self.p
+        g2 = self.a.w2_tiled or 1
+        return self.win(self.w2[h // g2], (h % g2) * p.N + n0, [p.TK, p.TN])
+
     def _load_weights(self) -> None:
         """W1 by buffer (every K row of its hidden tiles), then W2 by hidden tile."""
         p = self.p
+        if self.a.w1_tiled:  # group i: rows i*TK .. of the pre-tiled W1, nk*g*TK columns
+            for i, bufs in enumerate(self.w1):
+                self.load(self.a.w1, [i * p.TK, 0], bufs[0], p.TK, p.nk * self.gcols, self.next_wq())
+            return
         for i, bufs in enumerate(self.w1):
             h0 = i * self.gcols
             cols = min(self.gcols, p.H - h0)
@@ -190,6 +222,11 @@ class MlpKernel:
 
     def _load_w2(self) -> None:
         p = self.p
+        g2 = self.a.w2_tiled
+        if g2:  # group G: rows G*TK .. of the pre-tiled W2, g2*N columns
+            for G, buf in enumerate(self.w2):
+                self.load(self.a.w2, [G * p.TK, 0], buf, p.TK, g2 * p.N, self.next_wq())
+            return
         for h, hs in enumerate(self.hsz):
             self.load(self.a.w2, [h * p.TK, 0], self.w2[h], hs, p.N, self.next_wq())
 
@@ -241,10 +278,8 @@ class MlpKernel:
         TM, TK = p.TM, p.TK
         for h, hs in enumerate(self.hsz):
             acc = self.accH[(st * p.nh + h) % 2]
-            bufs = self.w1[h // self.s.g]
-            col = (h % self.s.g) * TK
             for k, ks in enumerate(self.ksz):
-                self.mm(self.win(bufs[k], col, [TK, TK]), self.win(self.xT[st], k * TM, [TK, TM]),
+                self.mm(self.w1_tile(h, k), self.win(self.xT[st], k * TM, [TK, TM]),
                         acc, hs, ks, ms, k > 0)
             if self.b1 is not None:
                 self.mm(self.win(self.b1, h * TK, [1, TK]), self.ones, acc, hs, 1, ms, True)
@@ -259,14 +294,14 @@ class MlpKernel:
         """The m-tile's down projection: per chunk, nh * w matmuls and the bias (its
         evacuation is `evacuate_down`, emitted after the next m-tile's activations)."""
         p = self.p
-        TM, TK, TN = p.TM, p.TK, p.TN
+        TM, TN = p.TM, p.TN
         for c, (n0, width) in enumerate(self.chunks()):
             acc = self.accO[(st * len(self.widths) + c) % 2]
             tiles = [(t, min(TN, width - t * TN)) for t in range(-(-width // TN))]
             for h, hs in enumerate(self.hsz):
                 lhs = self.hT[st][h]
                 for t, ns in tiles:
-                    self.mm(lhs, self.win(self.w2[h], n0 + t * TN, [TK, TN]), self.win(acc, t * TN, [TM, TN]),
+                    self.mm(lhs, self.w2_tile(h, n0 + t * TN), self.win(acc, t * TN, [TM, TN]),
                             ms, hs, ns, h > 0)
             if self.b2 is not None:
                 for t, ns in tiles:

@@ -44,6 +44,10 @@ class MlpProblem:
     epi_sram_per_col: int = 0  # the epilogue's per column of a chunk
     epi_sram: int = 0  # its fixed bytes (operands loaded once)
     act_sram: int = 0  # the activation's temporaries
+    # the weights may be stored pre-tiled (ir/weight_layout.py): W1 (a weight) in hidden
+    # groups with their K tiles side by side; W2 in groups of `w2_group` hidden tiles (0: as is)
+    w1_tileable: bool = False
+    w2_group: int = 0
 
     @property
     def nk(self) -> int:

@@ -56,7 +56,7 @@ def fits(p: MlpProblem, s: MlpSchedule, cfg: HardwareConfig) -> bool:
 
 
 def candidates(p: MlpProblem) -> list[MlpSchedule]:
-    gs = sorted({min(g, p.nh) for g in (1, 2, 4, 8, 12, 16, 24, 32)})
+    gs = sorted({min(g, p.nh) for g in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)})
     ws = sorted({min(w, cdiv(p.N, p.TN)) for w in (1, 2, 4, 6, 8)})
     return [MlpSchedule(g, w) for g in gs for w in ws]
 
