@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tilecc
+from tilecc.ir.weight_layout import source_of
 from tilecc.simulator.isa import Opcode
 
 ACTS = {
@@ -67,6 +68,9 @@ def test_gpt2_mlp_is_one_kernel(dtype, ln, residual):
     assert _kernels(cm) == ["k0_fused_mlp"]
     assert _stored_elements(cm, "fused_mlp") == 256 * 256
     assert any("hidden computed transposed" in r for r in got)
+    # W1 and W2 stored pre-tiled (whole tiles): derived weights of fc1's and fc2's
+    sources = sorted(source_of(w.name) or "" for w in cm.program.weights if source_of(w.name))
+    assert len(sources) == 2 and sources[0].startswith("fc1.weight") and sources[1].startswith("fc2.weight")
 
 
 @pytest.mark.parametrize("act", ["gelu", "relu", "silu"])
