@@ -108,12 +108,20 @@ def lower_mlp_group(lw: LoweringContext, op: FusedOp, loc: str) -> bool:
     """`op` as one fused MLP kernel; False (nothing emitted, a remark) where it does not apply."""
     if lw.opt_level < 2:
         return False
-    try:
-        _lower(lw, op, loc)
-    except _NotFused as why:
+    outer = remarks.enabled()
+    # the parts' remarks (a bias on the matrix engine, ...) hold only if the kernel is built
+    with remarks.collecting() as mine:
+        try:
+            _lower(lw, op, loc)
+            why = None
+        except _NotFused as e:
+            why = str(e)
+    if why is not None:
         remarks.emit("lower-graph-to-tile", "missed", f"mlp group not fused into one kernel: {why}; its two "
                      "matmul groups run as separate kernels (the hidden goes through HBM)", loc)
         return False
+    for r in mine.remarks if outer else ():
+        remarks.emit(r.pass_name, r.kind, r.message, r.loc or None)  # (none: the outer scope's place)
     return True
 
 
