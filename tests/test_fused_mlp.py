@@ -1,6 +1,6 @@
 """The fused MLP kernel (passes/graph/fuse_mlp.py, passes/graph_to_tile/mlp/): layer norm,
-up projection, bias, activation, down projection, bias, residual as one kernel whose
-hidden stays in SRAM. Every compiled program is checked against torch eager (with the
+up projection, bias, activation (or SwiGLU's gate), down projection, bias, residual as one
+kernel whose hidden stays in SRAM. Every compiled program is checked against torch eager (with the
 simulator's sanitisers, `run_and_compare`); the stream is checked for the structure the
 lowering promises (one kernel, only the output stored); the fallback says why."""
 
@@ -36,6 +36,19 @@ class Mlp(torch.nn.Module):
     def forward(self, x):
         y = self.ln(x) if self.ln is not None else x
         out = self.fc2(self.act(self.fc1(y)))
+        return out + x if self.residual else out
+
+
+class SwiGlu(torch.nn.Module):
+    """Llama's gated MLP: down(silu(gate(x)) * up(x)) (+ x), no biases."""
+
+    def __init__(self, d: int, h: int, residual: bool = True):
+        super().__init__()
+        self.gate, self.up = torch.nn.Linear(d, h, bias=False), torch.nn.Linear(d, h, bias=False)
+        self.down, self.residual = torch.nn.Linear(h, d, bias=False), residual
+
+    def forward(self, x):
+        out = self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
         return out + x if self.residual else out
 
 
@@ -106,6 +119,29 @@ def test_sizes(m, d, h, ln, act):
     x = torch.randn(1, m, d)
     cm, _ = _check(model, x)
     assert len(_kernels(cm)) >= 1
+
+
+@pytest.mark.parametrize("m,d,h,dtype,target", [(256, 256, 512, torch.bfloat16, "cloud"),
+                                                (200, 96, 200, torch.float32, "cloud"),
+                                                (50, 32, 80, torch.float32, "tiny")])
+def test_swiglu_is_one_kernel(m, d, h, dtype, target):
+    """The gated MLP: the up matmul joins the group; per hidden tile a second
+    accumulator holds x @ Wu, and silu(gate) * up is the activation: one kernel, only
+    the output stored."""
+    torch.manual_seed(0)
+    model = SwiGlu(d, h).to(dtype)
+    x = torch.randn(1, m, d, dtype=dtype)
+    cm, _ = _check(model, x, target=target)
+    assert _kernels(cm) == ["k0_fused_mlp"]
+    assert _stored_elements(cm, "fused_mlp") == m * d
+
+
+def test_llama_decoder_mlp_is_one_kernel():
+    from helpers import small_llama
+
+    model, ids = small_llama(batch=2, seq=64)
+    cm = run_and_compare(model, ids, target="cloud")
+    assert sum("fused_mlp" in k for k in _kernels(cm)) == 1
 
 
 def test_falls_back_when_the_weights_do_not_fit():

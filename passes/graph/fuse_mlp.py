@@ -25,6 +25,10 @@ After::
       graph.yield %y1
     }
 
+A gated MLP (SwiGLU, Llama's ``down(silu(gate(x)) * up(x))``) joins the same way: its up
+group is the gate projection whose epilogue multiplies by a bias-free matmul of the same
+x, and that matmul joins the group too (`_gate_partner`).
+
 Not joined (the groups stay as they are): a hidden with another user or more outputs
 of the first group, a second group with a prologue, a hidden that is not the second
 matmul's A operand.
@@ -33,7 +37,7 @@ matmul's A operand.
 from __future__ import annotations
 
 from xdsl.dialects import func
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Block, BlockArgument, Operation, Region, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
@@ -99,8 +103,40 @@ def _pair(up: FusedOp) -> tuple[list[Operation], FusedOp] | None:
         return chain, user
 
 
+def _strip(v: SSAValue) -> SSAValue:
+    while isinstance(v.owner, g.ReshapeOp):
+        v = v.owner.operands[0]
+    return v
+
+
+def _gate_partner(up: FusedOp) -> list[Operation]:
+    """A gated MLP (SwiGLU: ``act(x @ Wg) * (x @ Wu)``): the bias-free matmul ``x @ Wu``
+    (and the reshapes after it) whose product the up group's epilogue reads, with the up
+    group's x and a weight of its matmul's shape, used by nothing else; [] where there
+    is none."""
+    mm = _matmul_of(up)
+    if mm is None:
+        return []
+    a = _strip(mm.operands[0])
+    if not isinstance(a, BlockArgument) or a.owner.parent_op() is not up:
+        return []
+    x = _strip(up.inputs[a.index])
+    for v in up.inputs:
+        chain: list[Operation] = []
+        while isinstance(v.owner, g.ReshapeOp) and v.has_one_use():
+            chain.append(v.owner)
+            v = v.owner.operands[0]
+        um = v.owner
+        if not isinstance(um, g.MatmulOp) or not v.has_one_use() or _strip(um.operands[0]) is not x:
+            continue
+        if um.operands[1].type != mm.operands[1].type or not isinstance(um.operands[1].owner, g.WeightOp):
+            continue
+        return [um, *reversed(chain)]
+    return []
+
+
 def _wrap(up: FusedOp, chain: list[Operation], down: FusedOp, session: CompileSession | None) -> FusedOp:
-    members = [up, *chain, down]
+    members = [*_gate_partner(up), up, *chain, down]
     inside = set(members)
     inputs: list[SSAValue] = []
     for o in members:
@@ -124,7 +160,7 @@ def _wrap(up: FusedOp, chain: list[Operation], down: FusedOp, session: CompileSe
         numbering = session.numbering
         numbering.members[fused] = frozenset().union(
             *(numbering.members.get(o, frozenset()) for o in (up, down)),
-            *(frozenset({numbering.ordinal[o]}) for o in chain if o in numbering.ordinal))
+            *(frozenset({numbering.ordinal[o]}) for o in members if o in numbering.ordinal))
     return fused
 
 

@@ -28,7 +28,7 @@ def estimate(p: MlpProblem, s: MlpSchedule, cfg: HardwareConfig) -> float:
 
     nt = cdiv(p.N, p.TN)
     chunks = cdiv(nt, s.w)
-    up = p.nh * (p.nk * mm(p.TK, p.TK, p.TM) + mm(p.TK, 1, p.TM))
+    up = p.nh * ((2 if p.gated else 1) * p.nk * mm(p.TK, p.TK, p.TM) + mm(p.TK, 1, p.TM))
     down = p.nh * nt * mm(p.TM, p.TK, p.TN) + nt * mm(p.TM, 1, p.TN)
     trans = p.nk * mm(p.TK, p.TM, p.TM)
     act = p.nh * (p.act_ops * t.vector_overhead + t.vector_work(p.TK, p.TM, p.act_cost))
@@ -47,12 +47,13 @@ def estimate(p: MlpProblem, s: MlpSchedule, cfg: HardwareConfig) -> float:
     bw = cfg.hbm.bytes_per_cycle
     fixed = float(t.dma_fixed(p.TK))
     groups = cdiv(p.nh, s.g)
-    g_bytes = p.K * min(s.g * p.TK, p.H) * p.ia
-    n1 = groups if w1_tiled(p, s) else groups * p.nk
+    wide = 2 if p.gated else 1  # (W1 and Wu)
+    g_bytes = wide * p.K * min(s.g * p.TK, p.H) * p.ia
+    n1 = wide * (groups if w1_tiled(p, s) else groups * p.nk)
     n2 = p.nh // p.w2_group if p.w2_group else p.nh
     w1_first = fixed + min(nq, groups) * g_bytes / bw
-    w1_all = p.K * p.H * p.ia / bw + cdiv(n1, nq) * fixed
-    w_all = (p.K + p.N) * p.H * p.ia / bw + cdiv(n1 + n2, nq) * fixed
+    w1_all = wide * p.K * p.H * p.ia / bw + cdiv(n1, nq) * fixed
+    w_all = (wide * p.K + p.N) * p.H * p.ia / bw + cdiv(n1 + n2, nq) * fixed
     x_first = t.dma_time(p.TM, p.K, p.ia)
     start = max(w1_first, x_first + pro + trans + copies)
     work = p.n_mtiles * per_tile

@@ -3,7 +3,8 @@ whose hidden activation never leaves SRAM (kernel.py).
 
 The group holds two ``matmul`` groups: the up projection (an optional layer-norm
 prologue, the matmul, a bias row, an elementwise activation of the product alone:
-gelu exact or tanh, relu, silu, any chain of unary and scalar ops) and the down
+gelu exact or tanh, relu, silu, any chain of unary and scalar ops; or, gated (SwiGLU),
+of the product and a bias-free matmul of the same x, which the group also holds) and the down
 projection (the matmul reading the hidden as its A, its bias row, an epilogue such as
 a residual add). This module checks that the kernel applies, builds the parts
 (`FusedPart`s of passes/graph_to_tile/fused_matmul.py), the problem (problem.py), picks
@@ -74,13 +75,13 @@ def _matmul(group: FusedOp) -> Operation:
     return next(o for o in group.block.ops if isinstance(o, g.MatmulOp))
 
 
-def _bind_group(lw: LoweringContext, group: FusedOp, skip: SSAValue | None = None) -> None:
+def _bind_group(lw: LoweringContext, group: FusedOp, skip: tuple[SSAValue, ...] = ()) -> None:
     """Block arguments of an inner group stand for its inputs (`skip`: the hidden, not
     a lowered value); its scalar constants are immediates."""
     from tilecc.passes.graph_to_tile.conversion import lower_op
 
     for arg, v in zip(group.block.args, group.inputs, strict=True):
-        if v is skip:
+        if any(v is k for k in skip):
             continue
         if v in lw.scalars:
             lw.scalars[arg] = lw.scalars[v]
@@ -96,6 +97,13 @@ def _from(v: SSAValue, group: FusedOp) -> bool:
     while isinstance(v.owner, g.ReshapeOp):
         v = v.owner.operands[0]
     return v.owner is group
+
+
+def _stripped(v: SSAValue) -> SSAValue:
+    """`v` through reshapes."""
+    while isinstance(v.owner, g.ReshapeOp):
+        v = v.owner.operands[0]
+    return v
 
 
 def _dtype(elem: object) -> str:
@@ -160,12 +168,26 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     names = {_dtype(elem_of(v.type)) for v in (a1, w1, w2, hidden_in)}
     if len(names) != 1 or next(iter(names)) not in DTYPES:
         raise _NotFused(f"the matmuls' operands mix element types ({', '.join(sorted(names))})")
-    _bind_group(lw, up)
-    _bind_group(lw, down, skip=hidden_in)
+    # a gated MLP: the bias-free matmul x @ Wu whose product the activation multiplies by
+    gate = next((o for o in op.block.ops if isinstance(o, g.MatmulOp)), None)
+    if gate is not None and elem_of(gate.operands[1].type) != elem_of(w1.type):
+        raise _NotFused("the gate's weights mix element types")
+    gate_in = tuple(v for v in up.inputs if gate is not None and _stripped(v) is gate.results[0])
+    _bind_group(lw, up, skip=gate_in)
+    _bind_group(lw, down, skip=(hidden_in,))
 
-    act = epilogue_part(lw, up, mm1, (M, H), loc, bias_in_acc=True)
-    if act is None or act.hoisted or act.per_tile or len(act.values) != 1:
-        raise _NotFused("the activation reads a tensor besides the product and a bias row")
+    gated: list[int] = []
+
+    def gate_leaf(ek: ElementwiseKernel, v: SSAValue) -> int | None:
+        """The gate's product (a block argument standing for it): an accumulator tile."""
+        if gate is None or not any(a is v and any(i is k for k in gate_in) for a, i in zip(up.block.args, up.inputs)):
+            return None
+        gated.append(ek.given_leaf(elem_of(v.type)))
+        return gated[-1]
+
+    act = epilogue_part(lw, up, mm1, (M, H), loc, bias_in_acc=True, operand=gate_leaf if gate is not None else None)
+    if act is None or act.hoisted or act.per_tile or len(act.values) != 1 or len(gated) != (gate is not None):
+        raise _NotFused("the activation reads a tensor besides the product, a bias row and a gate's product")
     pro = _prologue(lw, up, mm1, M, K, loc)
     epi = epilogue_part(lw, down, mm2, (M, N), loc, bias_in_acc=True)
 
@@ -190,7 +212,9 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
                       + sum(_hoist_bytes(pro.ek, i, K) for i in pro.hoisted))
     TK, ia = tiles.TK, element_size(ea)
     nh = -(-H // TK)
-    if weight_of(w1) is not None and K % TK == 0:
+    if gate is not None:
+        fields["gated"] = True
+    if weight_of(w1) is not None and K % TK == 0 and (gate is None or weight_of(gate.operands[1]) is not None):
         fields["w1_tileable"] = True
     if weight_of(w2) is not None and H % TK == 0:  # the fewest tiles moving 8 KiB per partition
         fields["w2_group"] = next((d for d in range(1, nh + 1) if nh % d == 0 and d * N * ia >= 8192), nh)
@@ -207,6 +231,11 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     x = lw.view(lw.materialise(a1), (M, K)) if pro is None else None
     w1v = _tiled(lw, w1, (1, p.nk, p.TK, p.nh // s.g, s.g * p.TK)) if w1_tiled(p, s) else None
     w2v = _tiled(lw, w2, (p.nh // p.w2_group, p.w2_group, p.TK, 1, N)) if p.w2_group else None
+    wuv = None
+    if gate is not None:
+        wu = gate.operands[1]
+        wuv = _tiled(lw, wu, (1, p.nk, p.TK, p.nh // s.g, s.g * p.TK)) if w1v is not None else \
+            lw.view(lw.materialise(wu), (K, H))
     w1t, w2t = w1v is not None, p.w2_group if w2v is not None else 0
     if w1v is None:
         w1v = lw.view(lw.materialise(w1), (K, H))
@@ -225,14 +254,14 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     else:
         out = lw.output_buffer(mm2.results[0], eo)
     pro_args = [pro.ek.leaf_of(i).value for i in pro.hoisted + pro.per_tile] if pro is not None else []
-    named = [x, w1v, w2v, out, ident, ones, b1, b2]
+    named = [x, w1v, w2v, out, ident, ones, b1, b2, wuv]
     flat = [v for v in named if v is not None] + epi_args + pro_args
     kb = KernelBuilder(lw.kernel_name("fused_mlp"), [v.type for v in flat], loc)
     kargs = iter(kb.args)
     bound = [next(kargs) if v is not None else None for v in named]
     rest = list(kargs)
     margs = MlpArgs(bound[0], bound[1], bound[2], bound[3], bound[4], bound[5], bound[6], bound[7],
-                    rest[: len(epi_args)], rest[len(epi_args):], w1t, w2t)
+                    rest[: len(epi_args)], rest[len(epi_args):], w1t, w2t, bound[8], gated[0] if gated else None)
     kernel = MlpKernel(kb, p, s, margs, ea=ea, eh=eh, eo=eo, act=act, epi=epi, pro=pro,
                        queues=lw.cfg.dma.queues)
     kernel.emit()

@@ -76,6 +76,9 @@ class MlpArgs:
     # (group i's K tiles side by side), W2 as [nh/g2 x TK, g2*N] (`w2_tiled` = g2; 0: as is)
     w1_tiled: bool = False
     w2_tiled: int = 0
+    # gated (SwiGLU): Wu, laid out as W1, and the activation's leaf its product is given as
+    wu: SSAValue | None = None
+    gate_leaf: int | None = None
 
 
 class MlpKernel:
@@ -128,12 +131,7 @@ class MlpKernel:
         # run one after another, whatever their queues). Pre-tiled (`MlpArgs.w1_tiled`):
         # one buffer per hidden group, every K tile side by side, one DMA; else one per
         # group and K tile
-        if self.a.w1_tiled:
-            self.w1 = [[kb.alloc([TK, p.nk * self.gcols], self.ea, tile.SRAM, f"w1_{i}")]
-                       for i in range(self.n_w1)]
-        else:
-            self.w1 = [[kb.alloc([TK, self.gcols], self.ea, tile.SRAM, f"w1_{i}_{k}") for k in range(p.nk)]
-                       for i in range(self.n_w1)]
+        self.w1, self.wu = self._w1_bufs("w1"), self._w1_bufs("wu") if self.a.wu is not None else []
         # W2: pre-tiled, one buffer (one DMA) per group of `w2_tiled` hidden tiles, else
         # one per hidden tile
         g2 = self.a.w2_tiled or 1
@@ -148,6 +146,7 @@ class MlpKernel:
         self.b1 = kb.alloc([1, p.H], self.ea, tile.SRAM, "b1") if self.a.b1 is not None else None
         self.b2 = kb.alloc([1, p.N], self.ea, tile.SRAM, "b2") if self.a.b2 is not None else None
         self.accH = [kb.alloc([TK, TM], f32, tile.ACC, "accH") for _ in range(2)]
+        self.accU = [kb.alloc([TK, TM], f32, tile.ACC, "accU") for _ in range(2)] if self.a.wu is not None else []
         # two: a group's transposes need not wait for the previous group's copy
         self.accT = [kb.alloc([TK, min(GROUP_T, p.nk) * TM], f32, tile.ACC, "accT") for _ in range(2)]
         self.accO = [kb.alloc([TM, self.TNL], f32, tile.ACC, "accO") for _ in range(2)]
@@ -157,7 +156,8 @@ class MlpKernel:
         act = self.act
         out_ref = act.ek.outputs[0][0]
         self.act_out = out_ref
-        self.act_tp = TileProgram(act.ek, kb, TK, TM, 1, {}, TM, [act.root], frozenset({act.root, out_ref}))
+        given = {act.root, out_ref} | ({self.a.gate_leaf} if self.a.gate_leaf is not None else set())
+        self.act_tp = TileProgram(act.ek, kb, TK, TM, 1, {}, TM, [act.root], frozenset(given))
         self.epi_tp = self._program(self.epi, self.TNL, p.N, self.a.epi) if self.epi is not None else None
         self.pro_tp = self._program(self.pro, p.K, p.K, self.a.pro, root_given=True) if self.pro is not None \
             else None
@@ -192,10 +192,18 @@ class MlpKernel:
             given[i] = buf if leaf.cls == "column" else self.win(buf, col0, [self.p.TM, width])
         return given
 
-    def w1_tile(self, h: int, k: int) -> SSAValue:
-        """W1's [TK of K, TK hidden units] tile (k, h) in SRAM."""
+    def _w1_bufs(self, name: str) -> list[list[SSAValue]]:
+        p, TK = self.p, self.p.TK
+        if self.a.w1_tiled:
+            return [[self.kb.alloc([TK, p.nk * self.gcols], self.ea, tile.SRAM, f"{name}_{i}")]
+                    for i in range(self.n_w1)]
+        return [[self.kb.alloc([TK, self.gcols], self.ea, tile.SRAM, f"{name}_{i}_{k}") for k in range(p.nk)]
+                for i in range(self.n_w1)]
+
+    def w1_tile(self, h: int, k: int, gate: bool = False) -> SSAValue:
+        """W1's (`gate`: Wu's) [TK of K, TK hidden units] tile (k, h) in SRAM."""
         TK = self.p.TK
-        bufs = self.w1[h // self.s.g]
+        bufs = (self.wu if gate else self.w1)[h // self.s.g]
         col = (h % self.s.g) * TK
         if self.a.w1_tiled:
             return self.win(bufs[0], k * self.gcols + col, [TK, TK])
@@ -210,15 +218,16 @@ class MlpKernel:
     def _load_weights(self) -> None:
         """W1 by buffer (every K row of its hidden tiles), then W2 by hidden tile."""
         p = self.p
-        if self.a.w1_tiled:  # group i: rows i*TK .. of the pre-tiled W1, nk*g*TK columns
-            for i, bufs in enumerate(self.w1):
-                self.load(self.a.w1, [i * p.TK, 0], bufs[0], p.TK, p.nk * self.gcols, self.next_wq())
-            return
-        for i, bufs in enumerate(self.w1):
-            h0 = i * self.gcols
-            cols = min(self.gcols, p.H - h0)
-            for k, ks in enumerate(self.ksz):
-                self.load(self.a.w1, [k * p.TK, h0], bufs[k], ks, cols, self.next_wq())
+        weights = [(self.a.w1, self.w1)] + ([(self.a.wu, self.wu)] if self.a.wu is not None else [])
+        for i in range(self.n_w1):  # group by group (W1's and Wu's)
+            for arg, w in weights:
+                if self.a.w1_tiled:  # group i: rows i*TK .. of the pre-tiled W1, nk*g*TK columns
+                    self.load(arg, [i * p.TK, 0], w[i][0], p.TK, p.nk * self.gcols, self.next_wq())
+                    continue
+                h0 = i * self.gcols
+                cols = min(self.gcols, p.H - h0)
+                for k, ks in enumerate(self.ksz):
+                    self.load(arg, [k * p.TK, h0], w[i][k], ks, cols, self.next_wq())
 
     def _load_w2(self) -> None:
         p = self.p
@@ -284,6 +293,12 @@ class MlpKernel:
             if self.b1 is not None:
                 self.mm(self.win(self.b1, h * TK, [1, TK]), self.ones, acc, hs, 1, ms, True)
             given = {self.act.root: acc, self.act_out: self.hT[st][h]}
+            if self.a.gate_leaf is not None:  # the gate's product x @ Wu, its own accumulator
+                acc_u = self.accU[(st * p.nh + h) % 2]
+                for k, ks in enumerate(self.ksz):
+                    self.mm(self.w1_tile(h, k, gate=True), self.win(self.xT[st], k * TM, [TK, TM]), acc_u, hs, ks,
+                            ms, k > 0)
+                given[self.a.gate_leaf] = acc_u
             self.act_tp.compute(self.c(hs), self.c(ms), 0, given)
 
     def chunks(self) -> list[tuple[int, int]]:

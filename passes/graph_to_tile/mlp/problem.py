@@ -48,6 +48,9 @@ class MlpProblem:
     # groups with their K tiles side by side; W2 in groups of `w2_group` hidden tiles (0: as is)
     w1_tileable: bool = False
     w2_group: int = 0
+    # gated (SwiGLU): a second up projection Wu, [K, H] like W1, its product an operand
+    # of the activation (``act(x @ W1) * (x @ Wu)``)
+    gated: bool = False
 
     @property
     def nk(self) -> int:

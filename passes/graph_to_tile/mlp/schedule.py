@@ -34,7 +34,7 @@ class MlpSchedule:
 def sram_bytes(p: MlpProblem, s: MlpSchedule) -> int:
     """SRAM bytes per partition of the kernel's buffers."""
     ia = p.ia
-    w1 = cdiv(p.nh, s.g) * p.nk * aligned(s.g * p.TK * ia)
+    w1 = cdiv(p.nh, s.g) * p.nk * aligned(s.g * p.TK * ia) * (2 if p.gated else 1)  # (and Wu)
     w2 = p.nh * aligned(p.N * ia)
     hidden = 2 * aligned(p.nh * p.TM * ia)
     xt = 2 * aligned(p.nk * p.TM * ia)
@@ -46,7 +46,7 @@ def sram_bytes(p: MlpProblem, s: MlpSchedule) -> int:
 
 def acc_bytes(p: MlpProblem, s: MlpSchedule) -> int:
     """Accumulator bytes per partition: two hidden tiles, two transpose groups, two chunks."""
-    return 4 * (2 * p.TM + 2 * min(GROUP_T, p.nk) * p.TM + 2 * s.w * p.TN)
+    return 4 * ((4 if p.gated else 2) * p.TM + 2 * min(GROUP_T, p.nk) * p.TM + 2 * s.w * p.TN)
 
 
 def fits(p: MlpProblem, s: MlpSchedule, cfg: HardwareConfig) -> bool:
