@@ -42,13 +42,15 @@ class Mlp(torch.nn.Module):
 class SwiGlu(torch.nn.Module):
     """Llama's gated MLP: down(silu(gate(x)) * up(x)) (+ x), no biases."""
 
-    def __init__(self, d: int, h: int, residual: bool = True):
+    def __init__(self, d: int, h: int, residual: bool = True, norm: bool = False):
         super().__init__()
+        self.norm = torch.nn.RMSNorm(d, eps=1e-6) if norm else None
         self.gate, self.up = torch.nn.Linear(d, h, bias=False), torch.nn.Linear(d, h, bias=False)
         self.down, self.residual = torch.nn.Linear(h, d, bias=False), residual
 
     def forward(self, x):
-        out = self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+        y = self.norm(x) if self.norm is not None else x
+        out = self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
         return out + x if self.residual else out
 
 
@@ -121,18 +123,21 @@ def test_sizes(m, d, h, ln, act):
     assert len(_kernels(cm)) >= 1
 
 
-@pytest.mark.parametrize("m,d,h,dtype,target", [(256, 256, 512, torch.bfloat16, "cloud"),
-                                                (200, 96, 200, torch.float32, "cloud"),
-                                                (50, 32, 80, torch.float32, "tiny")])
-def test_swiglu_is_one_kernel(m, d, h, dtype, target):
-    """The gated MLP: the up matmul joins the group; per hidden tile a second
-    accumulator holds x @ Wu, and silu(gate) * up is the activation: one kernel, only
-    the output stored."""
+@pytest.mark.parametrize("m,d,h,dtype,target,norm", [(256, 256, 512, torch.bfloat16, "cloud", False),
+                                                     (256, 256, 512, torch.bfloat16, "cloud", True),
+                                                     (200, 96, 200, torch.float32, "cloud", True),
+                                                     (50, 32, 80, torch.float32, "tiny", False)])
+def test_swiglu_is_one_kernel(m, d, h, dtype, target, norm):
+    """The gated MLP: the up matmul (and the RMS norm both projections read) joins the
+    group; per hidden tile a second accumulator holds x @ Wu, and silu(gate) * up is the
+    activation: one kernel, only the output stored."""
     torch.manual_seed(0)
-    model = SwiGlu(d, h).to(dtype)
+    model = SwiGlu(d, h, norm=norm).to(dtype)
     x = torch.randn(1, m, d, dtype=dtype)
     cm, _ = _check(model, x, target=target)
-    assert _kernels(cm) == ["k0_fused_mlp"]
+    kernels = _kernels(cm)
+    # (bf16 RMSNorm computes in fp32: the cast of x to fp32 is a kernel of its own)
+    assert [k for k in kernels if "copy" not in k] == [f"k{len(kernels) - 1}_fused_mlp"]
     assert _stored_elements(cm, "fused_mlp") == m * d
 
 
@@ -142,6 +147,8 @@ def test_llama_decoder_mlp_is_one_kernel():
     model, ids = small_llama(batch=2, seq=64)
     cm = run_and_compare(model, ids, target="cloud")
     assert sum("fused_mlp" in k for k in _kernels(cm)) == 1
+    # post_attention_layernorm is the MLP kernel's prologue: the final norm is the only one
+    assert sum("rms_norm" in k for k in _kernels(cm)) == 1
 
 
 def test_falls_back_when_the_weights_do_not_fit():

@@ -27,7 +27,8 @@ After::
 
 A gated MLP (SwiGLU, Llama's ``down(silu(gate(x)) * up(x))``) joins the same way: its up
 group is the gate projection whose epilogue multiplies by a bias-free matmul of the same
-x, and that matmul joins the group too (`_gate_partner`).
+x, and that matmul joins the group too (`_gate_partner`), with the norm making x when
+only the two projections read it (`_norm_of`: the kernel's prologue).
 
 Not joined (the groups stay as they are): a hidden with another user or more outputs
 of the first group, a second group with a prologue, a hidden that is not the second
@@ -131,8 +132,26 @@ def _gate_partner(up: FusedOp) -> list[Operation]:
             continue
         if um.operands[1].type != mm.operands[1].type or not isinstance(um.operands[1].owner, g.WeightOp):
             continue
-        return [um, *reversed(chain)]
+        return [*_norm_of(x, {up, um, *chain}), um, *reversed(chain)]
     return []
+
+
+def _norm_of(x: SSAValue, users: set[Operation]) -> list[Operation]:
+    """A gated MLP's x made by a lone layer norm or RMS norm read only by the gate and
+    up projections (through reshapes): the norm and those reshapes, its prologue; else []."""
+    if not isinstance(x.owner, (g.LayerNormOp, g.RmsNormOp)):
+        return []
+    found: list[Operation] = [x.owner]
+    frontier = [x]
+    while frontier:
+        for u in list(frontier.pop().uses):
+            if u.operation in users:
+                continue
+            if not isinstance(u.operation, g.ReshapeOp):
+                return []
+            found.append(u.operation)
+            frontier.append(u.operation.results[0])
+    return found
 
 
 def _wrap(up: FusedOp, chain: list[Operation], down: FusedOp, session: CompileSession | None) -> FusedOp:

@@ -152,6 +152,19 @@ def _prologue(lw: LoweringContext, up: FusedOp, mm: Operation, M: int, K: int, l
     return pro
 
 
+def _norm_prologue(lw: LoweringContext, norm: Operation, M: int, K: int, loc: str) -> FusedPart:
+    """A gated MLP's norm (in the group, outside its matmul groups) as the prologue."""
+    ek = ElementwiseKernel(lw, "prologue", loc, (M, K))
+    ref: dict[SSAValue, int] = {}
+    _build(ek, lw, [norm], ref)
+    ek.classify()
+    pro = FusedPart(ek, ref[norm.results[0]], [])
+    pro.split_leaves(hoist=True)
+    if not pro.per_tile:
+        raise _NotFused("the prologue loads no rows")
+    return pro
+
+
 def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     up, down = _groups(op)
     mm1, mm2 = _matmul(up), _matmul(down)
@@ -173,7 +186,10 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     if gate is not None and elem_of(gate.operands[1].type) != elem_of(w1.type):
         raise _NotFused("the gate's weights mix element types")
     gate_in = tuple(v for v in up.inputs if gate is not None and _stripped(v) is gate.results[0])
-    _bind_group(lw, up, skip=gate_in)
+    # a gated MLP's norm (x's producer inside the group): the kernel's prologue
+    norm = next((o for o in op.block.ops if isinstance(o, (g.LayerNormOp, g.RmsNormOp))), None)
+    norm_in = tuple(v for v in up.inputs if norm is not None and _stripped(v) is norm.results[0])
+    _bind_group(lw, up, skip=gate_in + norm_in)
     _bind_group(lw, down, skip=(hidden_in,))
 
     gated: list[int] = []
@@ -188,7 +204,7 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     act = epilogue_part(lw, up, mm1, (M, H), loc, bias_in_acc=True, operand=gate_leaf if gate is not None else None)
     if act is None or act.hoisted or act.per_tile or len(act.values) != 1 or len(gated) != (gate is not None):
         raise _NotFused("the activation reads a tensor besides the product, a bias row and a gate's product")
-    pro = _prologue(lw, up, mm1, M, K, loc)
+    pro = _prologue(lw, up, mm1, M, K, loc) if norm is None else _norm_prologue(lw, norm, M, K, loc)
     epi = epilogue_part(lw, down, mm2, (M, N), loc, bias_in_acc=True)
 
     ea = elem_of(a1.type)
