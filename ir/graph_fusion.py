@@ -9,7 +9,11 @@ tensors of the group that reach HBM). `kind` names the kernel template that lowe
 - ``rowwise``: a layer norm, softmax or log_softmax with an elementwise prologue
   (producing its input) and epilogue (consuming its result);
 - ``matmul``: a matmul with an epilogue on its result (bias, activation, residual,
-  scale, cast) and, optionally, a row-wise prologue producing its A operand.
+  scale, cast) and, optionally, a row-wise prologue producing its A operand;
+- ``mlp``: two ``matmul`` groups (and the reshapes between them) whose first one's only
+  output, the hidden activation, is only the second one's A operand
+  (passes/graph/fuse_mlp.py); lowered as one kernel that keeps the hidden on chip
+  (passes/graph_to_tile/mlp/), or as its inner groups.
 
 Example::
 
@@ -41,7 +45,7 @@ from xdsl.irdl import (
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator
 from xdsl.utils.exceptions import VerifyException
 
-FUSION_KINDS = ("elementwise", "rowwise", "matmul")
+FUSION_KINDS = ("elementwise", "rowwise", "matmul", "mlp")
 
 
 @irdl_op_definition

@@ -63,6 +63,9 @@ class CompileSession:
     # what this compile gives up after an earlier attempt failed (passes/fallback.py)
     fallback: FallbackPlan = field(default_factory=FallbackPlan)
     numbering: OpNumbering = field(default_factory=OpNumbering)
+    # optional rewrites the driver was asked to skip (`compile_graph(disabled=...)`) that
+    # are steps of a pass, not passes of the pipeline (fuse-mlp, a step of fuse-graph)
+    disabled: frozenset[str] = frozenset()
 
     def cache(self, name: str, maxsize: int) -> BoundedCache[Any]:
         """The session's cache called `name`, created on first use with `maxsize` entries."""

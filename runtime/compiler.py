@@ -103,7 +103,8 @@ def compile_graph(
     directory and counters) the -O2 matmul kernels' schedules are picked by simulating
     candidates (`passes/schedule/autotune.py`, cached on disk); `matmul_policy` (problem ->
     schedule) forces them (the autotuner measures candidates this way). `disabled` names
-    optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, merge-linears, fuse-graph;
+    optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, merge-linears, fuse-graph,
+    fuse-mlp: its step joining MLP groups, passes/graph/fuse_mlp.py;
     `tilecc bisect` switches them off in turn) and "share-kernels" to build every launch's
     kernel on its own (`passes/graph_to_tile/sharing.py`; the stream is the same).
 
@@ -232,7 +233,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
             break_pass.plant(module)
         if after_pass is not None:
             after_pass("fold-norm-affine", module)
-    session = CompileSession()
+    session = CompileSession(disabled=frozenset(disabled))
     if plan is not None:
         session.fallback = plan
     for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels(), gp.weights,

@@ -64,9 +64,12 @@ def test_block_every_stage_with_locations(block):
 
 def test_block_remarks_one_per_decision(block):
     text = render_text(block, remarks=True)
-    fused_ops = block.stage("graph").count("graph.fused")
+    # the MLP's two matmul groups are wrapped in one "mlp" group (passes/graph/fuse_mlp.py)
+    mlp_groups = block.stage("graph").count('graph.fused "mlp"')
+    fused_ops = block.stage("graph").count("graph.fused") - mlp_groups
     by = lambda p, k: [r for r in block.remarks if r.pass_name == p and r.kind == k]  # noqa: E731
     assert len(by("fuse-graph", "passed")) == fused_ops == 4
+    assert len(by("fuse-mlp", "passed")) == mlp_groups == 1
     assert all(re.fullmatch(r"([\w.]+ \(\w+\) @ )?transformer_block\.py:\d+", r.loc) for r in by("fuse-graph", "passed"))
     # the explicit attention (matmul, scale, softmax, matmul) is one graph.sdpa
     (attn,) = by("canonicalize-graph", "passed")
@@ -79,8 +82,11 @@ def test_block_remarks_one_per_decision(block):
     tile = block.stage("tile")
     matmul_kernels = len(re.findall(r"func\.func @k\d+_(fused_)?matmul\(", tile))
     sched = [r for r in by("lower-graph-to-tile", "passed") if "chose tile" in r.message]
-    # q, k and v merged (one launch): 4 matmul launches, 4 kernels
-    assert len(sched) == matmul_kernels == 4
+    # q, k and v merged (one launch), proj: 2 matmul kernels; the MLP's two linears one
+    # fused MLP kernel (passes/graph_to_tile/mlp/), which says so
+    assert len(sched) == matmul_kernels == 2
+    assert len(re.findall(r"func\.func @k\d+_fused_mlp\(", tile)) == 1
+    assert len([r for r in by("lower-graph-to-tile", "passed") if "hidden computed transposed" in r.message]) == 1
     assert all(re.search(r"estimated [\d,]+ cycles \(best of \d+ schedules\)", r.message) for r in sched)
     buffering = [r for r in block.remarks if "multi-buffered x" in r.message]
     assert buffering and all(r.loc for r in buffering)

@@ -167,7 +167,8 @@ def test_a_written_by_an_earlier_kernel_loads_its_first_rows_whole():
         seen.append(problem)
         return MatmulSchedule(1, 2, 1, 2, True, (0, 1), (2,))
 
-    prog = compile_graph(gp, cfg, matmul_policy=policy)
+    # two matmul kernels: without fuse-mlp (the two linears would be one fused MLP kernel)
+    prog = compile_graph(gp, cfg, matmul_policy=policy, disabled={"fuse-mlp"})
     (out,), _ = run_program(prog, (x,), sanitize=True)
     rtol, atol = tolerance(expected.dtype, float(expected.float().abs().max()))
     torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)

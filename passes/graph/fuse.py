@@ -531,8 +531,11 @@ def fuse(fn: func.FuncOp, session: CompileSession | None = None) -> int:
     """Fuse the ops of `fn` in place; the number of groups formed. With a `session`, the
     ops of @forward are numbered for fallbacks and those its plan excludes stay unfused."""
     from tilecc.passes.graph.canonicalize import dead_code
+    from tilecc.passes.graph.fuse_mlp import fuse_mlp
 
     n = Fuser(fn, session).run()
+    if session is None or "fuse-mlp" not in session.disabled:
+        n += fuse_mlp(fn, session)  # up- and down-projection groups joined (fuse_mlp.py)
     dead_code(fn)
     return n
 

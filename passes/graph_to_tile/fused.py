@@ -8,6 +8,8 @@
   each accumulator tile, the layer-norm prologue producing A rows on chip); where that
   kernel does not apply, as up to three: the prologue as one row-wise kernel, the
   matmul, the epilogue as one elementwise kernel.
+- ``mlp`` groups lower as one kernel keeping the hidden on chip
+  (passes/graph_to_tile/mlp/), else as their inner ``matmul`` groups.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def lower_fused(lw: LoweringContext, op: FusedOp, loc: str) -> None:
             lower_subdag(lw, ops, list(y.values), loc, _kernel_name(op), _space(ops))
     elif kind == "matmul":
         lower_matmul_group(lw, op, loc)
+    elif kind == "mlp":
+        from tilecc.passes.graph_to_tile.mlp.entry import lower_mlp_group
+
+        if not lower_mlp_group(lw, op, loc):
+            lower_unfused(lw, op)  # its matmul groups, each as above
     else:
         lower_unfused(lw, op)
     _results(lw, op)

@@ -54,7 +54,7 @@ from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, Leaf, Til
 from tilecc.passes.graph_to_tile.elementwise.dag import ALIGN
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.matmul import BlockedMatmulKernel
-from tilecc.passes.graph_to_tile.matmul_problem import b_operand, choose_schedule, problem_of
+from tilecc.passes.graph_to_tile.matmul_problem import b_operand, choose_schedule, problem_of, weight_of
 from tilecc.passes.graph_to_tile.shapes import Operand, dense_attr, elem_of, shape_of
 from tilecc.passes.schedule.matmul_schedule import MatmulProblem, MatmulSchedule
 from tilecc.passes.vector_fns import elementwise_fn
@@ -301,14 +301,15 @@ def group_alone(group: FusedOp) -> g.GraphProgram:
     # inputs that are weights stay weights (shapes only: the program is timed, not run),
     # so a matmul may store its B pre-tiled as in the whole program
     weights: dict = {}
-    is_w = [isinstance(v.owner, g.WeightOp) for v in group.operands]
+    wops = [weight_of(v) for v in group.operands]  # (an mlp group's inner group: through its block)
+    is_w = [w is not None for w in wops]
     types = [a.type for a, w in zip(group.block.args, is_w) if not w]
     block = Block(arg_types=types)
     args = iter(block.args)
     mapping: dict[SSAValue, SSAValue] = {}
-    for a, v, w in zip(group.block.args, group.operands, is_w):
-        if w:
-            name = v.owner.weight  # pyright: ignore[reportAttributeAccessIssue]
+    for a, wop_of, w in zip(group.block.args, wops, is_w):
+        if w and wop_of is not None:
+            name = wop_of.weight
             weights[name] = MetaWeight(tuple(shape_of(a.type)), np.dtype(np.float32))
             wop = g.WeightOp.make(name, a.type)  # pyright: ignore[reportArgumentType]
             block.add_op(wop)

@@ -119,10 +119,11 @@ def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg: HardwareCon
 
 
 def weight_of(v: SSAValue) -> WeightOp | None:
-    """The `graph.weight` behind `v` (through a fused group's block argument), or None."""
+    """The `graph.weight` behind `v` (through the block arguments of fused groups, nested
+    ones included: an mlp group's matmul groups), or None."""
     from xdsl.ir import BlockArgument
 
-    if isinstance(v, BlockArgument):
+    while isinstance(v, BlockArgument):
         parent = v.owner.parent_op()
         if parent is None or v.index >= len(parent.operands):
             return None

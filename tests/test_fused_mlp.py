@@ -1,0 +1,187 @@
+"""The fused MLP kernel (passes/graph/fuse_mlp.py, passes/graph_to_tile/mlp/): layer norm,
+up projection, bias, activation (or SwiGLU's gate), down projection, bias, residual as one
+kernel whose hidden stays in SRAM. Every compiled program is checked against torch eager (with the
+simulator's sanitisers, `run_and_compare`); the stream is checked for the structure the
+lowering promises (one kernel, only the output stored); the fallback says why."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import run_and_compare
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tilecc
+from tilecc.ir.weight_layout import source_of
+from tilecc.simulator.isa import Opcode
+
+ACTS = {
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+    "gelu": torch.nn.functional.gelu,
+    "relu": torch.relu,
+    "silu": torch.nn.functional.silu,
+}
+
+
+class Mlp(torch.nn.Module):
+    """A transformer MLP: optional layer norm, fc1 + bias, activation, fc2 + bias,
+    optional residual (GPT-2's ln_2 / c_fc / gelu_new / c_proj / + x)."""
+
+    def __init__(self, d: int, h: int, *, ln: bool = True, residual: bool = True, act: str = "gelu_tanh"):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d) if ln else None
+        self.fc1, self.fc2 = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+        self.residual, self.act = residual, ACTS[act]
+
+    def forward(self, x):
+        y = self.ln(x) if self.ln is not None else x
+        out = self.fc2(self.act(self.fc1(y)))
+        return out + x if self.residual else out
+
+
+class SwiGlu(torch.nn.Module):
+    """Llama's gated MLP: down(silu(gate(x)) * up(x)) (+ x), no biases."""
+
+    def __init__(self, d: int, h: int, residual: bool = True, norm: bool = False):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(d, eps=1e-6) if norm else None
+        self.gate, self.up = torch.nn.Linear(d, h, bias=False), torch.nn.Linear(d, h, bias=False)
+        self.down, self.residual = torch.nn.Linear(h, d, bias=False), residual
+
+    def forward(self, x):
+        y = self.norm(x) if self.norm is not None else x
+        out = self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
+        return out + x if self.residual else out
+
+
+def _kernels(cm) -> list[str]:
+    return [name for name, _, _ in cm.program.kernels]
+
+
+def _stored_elements(cm, kernel: str) -> int:
+    """Elements the kernel's DMA stores write to HBM."""
+    (a, c), = [(a, c) for name, a, c in cm.program.kernels if kernel in name]
+    s = cm.program.stream[a:a + c]
+    stores = s["opcode"] == Opcode.DMA_STORE
+    return int((s["rows"][stores].astype(np.int64) * s["cols"][stores]).sum())
+
+
+def _check(model, x, target="cloud"):
+    cm = run_and_compare(model, (x,), target=target)
+    return cm, [str(r) for r in cm.program.meta.get("remarks", [])]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("ln,residual", [(True, True), (False, False), (True, False), (False, True)])
+def test_gpt2_mlp_is_one_kernel(dtype, ln, residual):
+    """ln -> c_fc -> gelu_new -> c_proj (-> + x): one kernel, equal to eager, and the
+    only HBM stores are the output's M x d elements (the hidden is never stored)."""
+    torch.manual_seed(0)
+    model = Mlp(256, 1024, ln=ln, residual=residual).to(dtype)
+    x = torch.randn(1, 256, 256, dtype=dtype)
+    cm, got = _check(model, x)
+    assert _kernels(cm) == ["k0_fused_mlp"]
+    assert _stored_elements(cm, "fused_mlp") == 256 * 256
+    assert any("hidden computed transposed" in r for r in got)
+    # W1 and W2 stored pre-tiled (whole tiles): derived weights of fc1's and fc2's
+    sources = sorted(source_of(w.name) or "" for w in cm.program.weights if source_of(w.name))
+    assert len(sources) == 2 and sources[0].startswith("fc1.weight") and sources[1].startswith("fc2.weight")
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu"])
+def test_odd_sizes_and_activations(act):
+    """Sizes that are no multiples of 128 (partial m-tiles, k-tiles, hidden tiles and
+    output chunks), exact gelu, relu and silu."""
+    torch.manual_seed(0)
+    model = Mlp(200, 328, act=act).to(torch.bfloat16)
+    x = torch.randn(1, 333, 200, dtype=torch.bfloat16)
+    cm, _ = _check(model, x)
+    assert _kernels(cm) == ["k0_fused_mlp"]
+    assert _stored_elements(cm, "fused_mlp") == 333 * 200
+
+
+@pytest.mark.parametrize("m,d,h,dtype", [(200, 32, 72, torch.float32), (37, 50, 100, torch.bfloat16)])
+def test_tiny_target(m, d, h, dtype):
+    """`tiny` (16 partitions, a 16 x 16 array): many m-tiles (the loop over pairs of
+    m-tiles and its peeled ends), every size a partial tile."""
+    torch.manual_seed(0)
+    model = Mlp(d, h).to(dtype)
+    x = torch.randn(1, m, d, dtype=dtype)
+    cm, _ = _check(model, x, target="tiny")
+    assert _kernels(cm) == ["k0_fused_mlp"]
+    assert _stored_elements(cm, "fused_mlp") == m * d
+
+
+@settings(max_examples=4, deadline=None)
+@given(m=st.integers(2, 300), d=st.integers(2, 260), h=st.integers(2, 400), ln=st.booleans(),
+       act=st.sampled_from(sorted(ACTS)))
+def test_sizes(m, d, h, ln, act):
+    torch.manual_seed(0)
+    model = Mlp(d, h, ln=ln, act=act)
+    x = torch.randn(1, m, d)
+    cm, _ = _check(model, x)
+    assert len(_kernels(cm)) >= 1
+
+
+@pytest.mark.parametrize("m,d,h,dtype,target,norm", [(256, 256, 512, torch.bfloat16, "cloud", False),
+                                                     (256, 256, 512, torch.bfloat16, "cloud", True),
+                                                     (200, 96, 200, torch.float32, "cloud", True),
+                                                     (50, 32, 80, torch.float32, "tiny", False)])
+def test_swiglu_is_one_kernel(m, d, h, dtype, target, norm):
+    """The gated MLP: the up matmul (and the RMS norm both projections read) joins the
+    group; per hidden tile a second accumulator holds x @ Wu, and silu(gate) * up is the
+    activation: one kernel, only the output stored."""
+    torch.manual_seed(0)
+    model = SwiGlu(d, h, norm=norm).to(dtype)
+    x = torch.randn(1, m, d, dtype=dtype)
+    cm, _ = _check(model, x, target=target)
+    kernels = _kernels(cm)
+    # (bf16 RMSNorm computes in fp32: the cast of x to fp32 is a kernel of its own)
+    assert [k for k in kernels if "copy" not in k] == [f"k{len(kernels) - 1}_fused_mlp"]
+    assert _stored_elements(cm, "fused_mlp") == m * d
+
+
+def test_llama_decoder_mlp_is_one_kernel():
+    from helpers import small_llama
+
+    model, ids = small_llama(batch=2, seq=64)
+    cm = run_and_compare(model, ids, target="cloud")
+    assert sum("fused_mlp" in k for k in _kernels(cm)) == 1
+    # post_attention_layernorm is the MLP kernel's prologue: the final norm is the only one
+    assert sum("rms_norm" in k for k in _kernels(cm)) == 1
+
+
+def test_falls_back_when_the_weights_do_not_fit():
+    """On `tiny` (1 MiB of SRAM) W1 and W2 of a 64 x 2048 MLP cannot stay resident: the
+    two matmul groups run as their own kernels, equal to eager, and a remark says why."""
+    torch.manual_seed(0)
+    model = Mlp(64, 2048)
+    x = torch.randn(1, 32, 64)
+    cm, got = _check(model, x, target="tiny")
+    assert not any("fused_mlp" in k for k in _kernels(cm))
+    missed = [r for r in got if "mlp group not fused" in r]
+    assert missed and "no schedule fits SRAM" in missed[0]
+
+
+def test_hidden_with_another_user_is_not_joined():
+    """A hidden read twice (returned as well) is no mlp group: it must reach HBM."""
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            return self.fc2(h), h
+
+    torch.manual_seed(0)
+    model = Two()
+    x = torch.randn(1, 128, 64)
+    cm = tilecc.compile(model.eval(), (x,), target="cloud")
+    got = cm(x)
+    with torch.no_grad():
+        want = model(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+    assert not any("fused_mlp" in k for k in _kernels(cm))
