@@ -28,7 +28,12 @@ After::
 A gated MLP (SwiGLU, Llama's ``down(silu(gate(x)) * up(x))``) joins the same way: its up
 group is the gate projection whose epilogue multiplies by a bias-free matmul of the same
 x, and that matmul joins the group too (`_gate_partner`), with the norm making x when
-only the two projections read it (`_norm_of`: the kernel's prologue).
+only the two projections read it (`_norm_of`: the kernel's prologue). fuse-graph's
+shared-prologue rule runs first and puts such a norm into the gate projection's group
+(which stores it for the up projection; `passes/graph/fuse.py`), so a Llama MLP behind
+its norm keeps three matmul kernels: the pair is then no mlp group (the first group has
+two outputs). Preferring the mlp group where its weights fit SRAM would need that fit
+known at fuse time (a 1B model's MLP weights never fit, and the shared prologue wins).
 
 Not joined (the groups stay as they are): a hidden with another user or more outputs
 of the first group, a second group with a prologue, a hidden that is not the second
