@@ -369,7 +369,7 @@ def test_algorithm_knob_errors():
 def test_pipeline_sends_activations_in_the_streams(micro_batches):
     """pp=2: chip 0 sends stage 1's inputs (hidden states, mask, rotary tables) as LINK_SEND
     pieces after each micro-batch; the outputs equal eager's and the time is the analytic
-    pipeline's (runtime/pipeline_run.py: transfers alpha + S/B after their producer) within 1%."""
+    pipeline's (runtime/pipeline_run.py: transfers alpha + S/B after their producer) or up to 2% less."""
     from tilecc.runtime.pipeline_run import compile_pipeline, run_pipeline
     from tilecc.runtime.pipeline_stream import build_pipeline_streams, run_pipeline_streams
 
@@ -384,7 +384,11 @@ def test_pipeline_sends_activations_in_the_streams(micro_batches):
     res, exposed = run.result, run.exposed_ns
     torch.testing.assert_close(outs[0], ref, rtol=1e-4, atol=1e-4)
     _, _, analytic = run_pipeline(pp, (ids,))
-    assert res.finish_ns / 1e3 == pytest.approx(analytic.time_us, rel=0.01)
+    # the analytic model starts a stage when all its inputs have arrived; in the stream a
+    # stage's first kernel loads its weights before that (its RMS norm is fused into the
+    # q/k/v matmul, whose weight loads need no input): the stream is never slower and at
+    # most 2% faster (tiny, micro_batches=1: 198.2 against 201.5 us)
+    assert analytic.time_us * 0.98 <= res.finish_ns / 1e3 <= analytic.time_us * 1.001
     assert 0 < exposed < 0.05 * res.finish_ns
     n_values = len(psp.transfers)
     assert n_values >= 2 and {t[1] for t in psp.transfers} == {0} and {t[3] for t in psp.transfers} == {1}
