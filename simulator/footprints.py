@@ -200,7 +200,7 @@ def runs_meet(
     value in (-v, w): so iff some integer k in [-(n - 1), m - 1] has
     -v < b - a + kP < w. With two pitches, each run of the pattern with fewer runs
     inside the other's bounding range is tested alone (a single run has any pitch)."""
-    args = [np.asarray(x, dtype=np.int64) for x in (a, p, w, n, b, q, v, m)]
+    args = [np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (a, p, w, n, b, q, v, m)]
     a, p, w, n, b, q, v, m = np.broadcast_arrays(*args)
     one_pitch = (p == q) | (n == 1) | (m == 1)
     out = np.zeros(a.shape, dtype=bool)
