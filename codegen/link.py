@@ -23,20 +23,25 @@ byte ranges): read after write, write after read, write after write. Independent
 Rules (each keeps the program correct, and the sanitisers check the result like any
 kernel: the race detector sees the instructions of the whole group in one segment):
 
-- A wait on instruction t of engine e is met through the first instruction t' >= t of
-  e in t's kernel that signals (every semaphore is signalled from one engine, which
-  completes in order, so t' done implies t done), with the count of that semaphore's
-  signals up to t'; where there is none, t's kernel's last instruction on e signals e's
-  link semaphore. A requirement an earlier instruction of the same queue already waits
-  for is not repeated (queues run in order). A wait that finds no free slot replaces
+- A wait on instruction t of engine e is met through t's own signal: the semaphore t
+  signals in its kernel, else e's link semaphore, which t then signals; the wait value
+  is that semaphore's count of signals up to t (every semaphore is signalled from one
+  engine, which completes in order, so the count is reached exactly when t is done: a
+  load waits for the stores of its rows, not for the last store of the queue). A
+  requirement an earlier instruction of the same queue already waits for is not
+  repeated (queues run in order). A wait that finds no free slot replaces
   two waits on one engine by the later one, or moves to an earlier instruction of its
   queue (waiting earlier is always safe) in its kernel or, where none has room, in an
   earlier kernel but after the awaited instruction in program order (so the wait still
   points backwards: a kernel's first instruction on a queue that must wait for more
   engines than it has slots no longer costs a barrier).
 - Waits point only backwards in program order, to earlier kernels, so linking adds no
-  deadlock. On-chip footprints are compared by byte range over all partitions and HBM
-  ones by bounding range (conservative: a false conflict costs overlap, never order).
+  deadlock. On-chip footprints are compared by byte range over all partitions. HBM ones
+  are run patterns (`hbm_runs`: a band of rows of an activation, a column block of a
+  matrix, a transposed load are exact); the pairs whose bounding ranges meet are
+  tested by `runs_meet` (two column blocks of one matrix, interleaved, do not wait for
+  each other). An operand strided in both dimensions, and an indirect DMA's table,
+  count as a superset (conservative: a false conflict costs overlap, never order).
   `plan-sram` places each kernel's buffers above the previous kernel's (a ring), so
   consecutive kernels' buffers are disjoint where they fit side by side.
 - A group ends (a full BARRIER stays) where it would exceed `max_group` instructions
@@ -52,7 +57,7 @@ import numpy as np
 
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.decode import DecodedProgram
-from tilecc.simulator.footprints import Footprints, hbm_bounding, on_chip_footprints
+from tilecc.simulator.footprints import Footprints, hbm_bounding, hbm_runs, on_chip_footprints, runs_meet
 from tilecc.simulator.isa import Engine, Opcode, empty_stream
 
 __all__ = ["DEFAULT_MAX_GROUP", "link_kernels"]
@@ -187,7 +192,7 @@ def _link_group(s: np.ndarray, spans: Spans, config: HardwareConfig) -> np.ndarr
     n_eng = prog.n_engines  # DMA queues, matrix, vector, link queues
     link_sem = _pool_semaphores(s, eng, kernel_of, len(spans), n_eng, config)
 
-    fp = Footprints.concat([on_chip_footprints(prog), hbm_bounding(prog)])
+    fp = on_chip_footprints(prog)
     fp = fp.take(np.flatnonzero(eng[fp.instr] >= 0))
     # one coordinate space for all memories: (mem, byte) -> cell, partitions ignored
     key_lo = fp.mem * (1 << 50) + fp.b0
@@ -216,6 +221,8 @@ def _link_group(s: np.ndarray, spans: Spans, config: HardwareConfig) -> np.ndarr
         if k > 0:
             _query(rows, fp, c0, c1, eng, last_w, last_r, need)
         _update(rows, fp, c0, c1, eng, ordinal, last_w, last_r)
+    hbm = hbm_bounding(prog)
+    _hbm_need(prog, hbm.take(np.flatnonzero(eng[hbm.instr] >= 0)), kernel_of, eng, ordinal, need)
     _place_waits(s, eng, kernel_of, need, ordinal, queue_members, link_sem)
     return s
 
@@ -322,6 +329,53 @@ def _query(rows, fp, c0, c1, eng, last_w, last_r, need) -> None:
     np.maximum.at(need, fp.instr[rows], got)
 
 
+def _hbm_need(prog: DecodedProgram, fp: Footprints, kernel_of, eng, ordinal, need) -> None:
+    """need[i, e] >= the ordinal of every access on engine e, in an earlier kernel, that
+    shares an HBM byte with one of i's (RAW, WAR, WAW).
+
+    Candidates are the pairs whose bounding ranges meet, one of them writing: a write's
+    range holds the other's start, or the other's range holds the write's start (one
+    sort, two searches). `runs_meet` then keeps those whose run patterns share a byte,
+    so a band of rows of an activation waits for the stores of its rows, not for every
+    store whose bounding range meets it."""
+    if not len(fp) or not fp.write.any():
+        return
+    pitch, width, count = hbm_runs(prog, fp)
+    b1 = np.maximum(fp.b1, fp.b0 + 1)
+    by_start = np.argsort(fp.b0, kind="stable")
+    starts = fp.b0[by_start]
+    writes = np.flatnonzero(fp.write)
+    w_by_start = writes[np.argsort(fp.b0[writes], kind="stable")]
+    w_starts = fp.b0[w_by_start]
+    # (1) each write against the accesses starting in [its start, its end)
+    lo = np.searchsorted(starts, fp.b0[writes], side="left")
+    hi = np.searchsorted(starts, b1[writes], side="left")
+    x1, y1 = _expand(writes, lo, hi, by_start)
+    # (2) each access against the writes starting in (its start, its end)
+    lo = np.searchsorted(w_starts, fp.b0, side="right")
+    hi = np.searchsorted(w_starts, b1, side="left")
+    x2, y2 = _expand(np.arange(len(fp)), lo, hi, w_by_start)
+    x, y = np.r_[x1, x2], np.r_[y1, y2]
+    kx, ky = kernel_of[fp.instr[x]], kernel_of[fp.instr[y]]
+    keep = kx != ky
+    x, y, kx, ky = x[keep], y[keep], kx[keep], ky[keep]
+    early = np.where(kx < ky, x, y)  # the access of the earlier kernel
+    late = np.where(kx < ky, y, x)
+    meet = runs_meet(fp.b0[early], pitch[early], width[early], count[early],
+                     fp.b0[late], pitch[late], width[late], count[late])
+    early, late = early[meet], late[meet]
+    ie, il = fp.instr[early], fp.instr[late]
+    np.maximum.at(need, (il, eng[ie]), ordinal[ie])
+
+
+def _expand(who: np.ndarray, lo: np.ndarray, hi: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (who[r], order[t]) for every t in [lo[r], hi[r])."""
+    cnt = np.maximum(hi - lo, 0)
+    rep = np.repeat(np.arange(len(who)), cnt)
+    first = np.cumsum(cnt) - cnt
+    return who[rep], order[lo[rep] + np.arange(rep.size) - first[rep]]
+
+
 def _update(rows, fp, c0, c1, eng, ordinal, last_w, last_r) -> None:
     """The state after a kernel: the last writer and reader of each cell per engine."""
     if not len(rows):
@@ -341,16 +395,8 @@ def _update(rows, fp, c0, c1, eng, ordinal, last_w, last_r) -> None:
 def _place_waits(s, eng, kernel_of, need, ordinal, queue_members, link_sem: list[int]) -> None:
     """Turn need[i, e] into semaphore waits (see the module docstring), in place."""
     n, n_eng = need.shape
-    single_sig = s["signal_sem"].astype(np.int64)
-    # (waiting queue, its position, the signaller that implies the target)
+    # (waiting queue, its position, the awaited instruction, which signals)
     requests: list[tuple[int, int, int]] = []
-    # per queue: the next instruction at or after each position that signals (or -1)
-    nxt = []
-    for e in range(n_eng):
-        q = queue_members[e]
-        signals = single_sig[q] >= 0
-        idx = np.where(signals, np.arange(len(q)), len(q))
-        nxt.append(np.minimum.accumulate(idx[::-1])[::-1] if len(q) else idx)
     for e_w in range(n_eng):
         q = queue_members[e_w]
         if not len(q):
@@ -360,16 +406,10 @@ def _place_waits(s, eng, kernel_of, need, ordinal, queue_members, link_sem: list
         have = np.maximum.accumulate(req, axis=0)
         prev = np.r_[np.zeros((1, n_eng), dtype=np.int64), have[:-1]]
         for r, e_t in zip(*np.nonzero(req > prev), strict=True):
-            qt = queue_members[e_t]
-            j = int(req[r, e_t]) - 1  # the target's position on its queue
-            k = kernel_of[qt[j]]
-            x = int(nxt[e_t][j])
-            if x == len(qt) or kernel_of[qt[x]] != k:
-                # nothing of the target's kernel signals after it on its queue: the
-                # kernel's last instruction there signals the engine's link semaphore
-                x = int(np.searchsorted(kernel_of[qt], k, side="right")) - 1
-                s["signal_sem"][qt[x]] = link_sem[e_t]
-            requests.append((int(e_w), int(r), int(qt[x])))
+            x = int(queue_members[e_t][int(req[r, e_t]) - 1])
+            if s["signal_sem"][x] < 0:
+                s["signal_sem"][x] = link_sem[e_t]
+            requests.append((int(e_w), int(r), x))
     # each signal's value: its semaphore's signals up to it, in program order
     sig = s["signal_sem"].astype(np.int64)
     has = np.flatnonzero(sig >= 0)

@@ -4,9 +4,12 @@ On-chip operands (`DecodedProgram.on_chip_operands`) are rectangles ``[part, par
 rows) x [addr, addr + cols * itemsize)`` (matmul lhsT K x M, rhs K x N, output M x N; a
 REDUCE output, a B_COLUMN operand and a gather's index column are rows x 1; a matmul
 with ACCUMULATE also reads its output). HBM operands have a bounding byte range
-(`hbm_bounding`) and, exactly, a set of contiguous byte intervals (`hbm_intervals`). A
-DMA_GATHER's rows depend on its index data, so it counts as reading its whole table (k
-rows); a DMA_SCATTER likewise counts as writing its whole table.
+(`hbm_bounding`), a run pattern (`hbm_runs`: `count` runs of `width` bytes, `pitch`
+bytes apart, from the bounding range's start; exact where a dimension is contiguous, a
+superset otherwise) that `runs_meet` tests exactly against another in O(1), and, exactly,
+a set of contiguous byte intervals (`hbm_intervals`). A DMA_GATHER's rows depend on its
+index data, so it counts as reading its whole table (k rows); a DMA_SCATTER likewise
+counts as writing its whole table.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ __all__ = [
     "Footprints",
     "hbm_bounding",
     "hbm_intervals",
+    "hbm_runs",
     "on_chip_footprints",
     "range_text",
+    "runs_meet",
     "where_text",
 ]
 
@@ -33,6 +38,7 @@ SLOTS = ("a", "b", "o")
 _ITEMSIZE = np.zeros(256, dtype=np.int64)
 for _d in DType:
     _ITEMSIZE[int(_d)] = ITEMSIZE[_d]
+_MAX_RUNS_PER_PAIR = 4096  # `runs_meet` with two pitches: more runs count as meeting
 _MEM_NAME = {int(Mem.HBM): "HBM", int(Mem.SRAM): "SRAM", int(Mem.ACC): "ACC"}
 
 
@@ -148,6 +154,95 @@ def hbm_bounding(prog: DecodedProgram) -> Footprints:
             )
         )
     return Footprints.concat(parts)
+
+
+def hbm_runs(prog: DecodedProgram, fp: Footprints) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pitch, width, count) of the HBM footprints `fp` (rows of `hbm_bounding`): each
+    covers `count` runs of `width` bytes, `pitch` bytes apart, the first at its b0.
+
+    The runs follow the operand's inner dimension (a single element, else the one with
+    the smaller stride): exact where that dimension is contiguous or a single element (a
+    band of rows of a [C, H, W] activation, a column block of a row-major matrix, a
+    transposed load), a superset where both strides exceed one element (each run then
+    covers the inner dimension's bounding range). Runs that touch or overlap (pitch <=
+    width), and an indirect DMA's table (its rows depend on its indices), count as one
+    run: the bounding range. `pitch` is at least 1."""
+    s = prog.col
+    i = fp.instr
+    slot_a = fp.slot == SLOTS.index("a")
+    isz = _ITEMSIZE[np.where(slot_a, s["a_dtype"][i], s["o_dtype"][i])]
+    rows, cols, rs, cs = _hbm_shape(prog, i)
+    rows = np.where(rs == 0, 1, rows)
+    cols = np.where(cs == 0, 1, cols)
+    rs, cs = np.abs(rs), np.abs(cs)
+    # inner dimension: one of a single element, else the one with the smaller stride
+    cols_inner = (cols == 1) | (rows > 1) & (cs <= rs)
+    n = np.where(cols_inner, rows, cols)
+    inner_n = np.where(cols_inner, cols, rows)
+    inner_s = np.where(cols_inner, cs, rs)
+    pitch = np.where(cols_inner, rs, cs) * isz
+    width = ((inner_n - 1) * inner_s + 1) * isz
+    one = (n <= 1) | (pitch <= width) | prog.is_indirect[i]
+    bound = np.maximum(fp.b1 - fp.b0, 1)
+    width = np.where(one, bound, width)
+    return np.where(one, bound, pitch), width, np.where(one, 1, n)
+
+
+def runs_meet(
+    a: np.ndarray, p: np.ndarray, w: np.ndarray, n: np.ndarray,
+    b: np.ndarray, q: np.ndarray, v: np.ndarray, m: np.ndarray,
+) -> np.ndarray:
+    """Whether run pattern x (`n` runs of `w` bytes, `p` apart, from `a`) and pattern y
+    (`m` runs of `v` bytes, `q` apart, from `b`) share a byte, element-wise, exactly.
+
+    With one pitch P (p == q, or a single run on either side): bytes a + iP + s and
+    b + jP + t are equal iff s - t = (b - a) + kP with k = j - i, and s - t takes every
+    value in (-v, w): so iff some integer k in [-(n - 1), m - 1] has
+    -v < b - a + kP < w. With two pitches, each run of the pattern with fewer runs
+    inside the other's bounding range is tested alone (a single run has any pitch)."""
+    args = [np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in (a, p, w, n, b, q, v, m)]
+    a, p, w, n, b, q, v, m = np.broadcast_arrays(*args)
+    one_pitch = (p == q) | (n == 1) | (m == 1)
+    out = np.zeros(a.shape, dtype=bool)
+    j = np.flatnonzero(one_pitch)
+    pitch = np.where(n[j] == 1, q[j], p[j])
+    out[j] = _meet_one_pitch(b[j] - a[j], pitch, w[j], v[j], n[j], m[j])
+    j = np.flatnonzero(~one_pitch)
+    if not j.size:
+        return out
+    # x: the side with fewer runs, its runs enumerated, clipped to y's bounding range
+    swap = n[j] > m[j]
+    xa, xp, xw, xn, ya, yq, yv, ym = (
+        np.where(swap, y[j], x[j]) for x, y in ((a, b), (p, q), (w, v), (n, m), (b, a), (q, p), (v, w), (m, n))
+    )
+    y_end = ya + (ym - 1) * yq + yv
+    i_lo = np.maximum(0, (ya - xw - xa) // xp + 1)  # first run ending after ya
+    i_hi = np.minimum(xn - 1, -((xa - y_end) // xp) - 1)  # last run starting before y_end
+    many = i_hi - i_lo + 1 > _MAX_RUNS_PER_PAIR  # conservative: counts as meeting
+    out[j[many]] = True
+    # runs i_lo, i_lo + 1, ... in rounds of doubling length, until a run meets y
+    todo = np.flatnonzero(~many & (i_lo <= i_hi))
+    at = i_lo.copy()
+    batch = 4
+    while todo.size:
+        cnt = np.minimum(batch, i_hi[todo] - at[todo] + 1)
+        rep = np.repeat(todo, cnt)
+        i = at[rep] + np.arange(rep.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        hit = _meet_one_pitch(ya[rep] - xa[rep] - i * xp[rep], yq[rep], xw[rep], yv[rep], 1, ym[rep])
+        met = np.zeros(j.size, dtype=bool)
+        met[rep[hit]] = True
+        out[j[todo[met[todo]]]] = True
+        at[todo] += cnt
+        todo = todo[~met[todo] & (at[todo] <= i_hi[todo])]
+        batch *= 2
+    return out
+
+
+def _meet_one_pitch(d, pitch, w, v, n, m) -> np.ndarray:
+    """Some integer k in [-(n - 1), m - 1] with -v < d + k * pitch < w (pitch > 0)."""
+    k_lo = np.maximum(-(n - 1), -((d + v - 1) // pitch))  # ceil((1 - v - d) / pitch)
+    k_hi = np.minimum(m - 1, (w - 1 - d) // pitch)
+    return k_lo <= k_hi
 
 
 def hbm_intervals(prog: DecodedProgram, i: int, slot: str | None = None) -> list[tuple[int, int]]:

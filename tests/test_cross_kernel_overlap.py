@@ -359,3 +359,99 @@ def test_link_runs_are_the_longest_linkable(monkeypatch, cuts, limit):
     assert len(remarks) == len(want) - 1
     if not cuts and limit >= n:
         assert calls == [(0, n)]  # a group that links whole is linked once
+
+
+# Kernel 1 stores the left column block (columns 0..7) of an 8 x 16 f32 matrix M in HBM;
+# kernel 2 touches a strided region of M, then (for a load) stores what it read to OUT.
+# (name, kernel 2's access: opcode, element offset in M, rows, cols, row stride, column
+# stride; whether it shares a byte with the left block)
+_STRIDED = [
+    ("store right block", Opcode.DMA_STORE, 8, 8, 8, 16, 1, False),
+    ("load right block", Opcode.DMA_LOAD, 8, 8, 8, 16, 1, False),
+    ("load right block, every other row", Opcode.DMA_LOAD, 8, 4, 8, 32, 1, False),
+    ("load right block transposed", Opcode.DMA_LOAD, 8, 8, 8, 1, 16, False),
+    ("store columns 7..14", Opcode.DMA_STORE, 7, 8, 8, 16, 1, True),
+    ("load rows of 4, 24 apart", Opcode.DMA_LOAD, 8, 5, 4, 24, 1, True),
+    ("load columns 4..11 transposed", Opcode.DMA_LOAD, 4, 8, 8, 1, 16, True),
+]
+
+
+@pytest.mark.parametrize("case", _STRIDED, ids=[c[0] for c in _STRIDED])
+def test_strided_hbm_regions_wait_only_when_they_share_bytes(case):
+    """Interleaved strided regions of one matrix (bounding ranges that meet): kernel 2's
+    access waits for kernel 1's store exactly when they share a byte, so disjoint
+    column blocks, row subsets and transposed blocks overlap in time; HBM matches numpy
+    with the sanitisers on."""
+    _, op, off, rows, cols, rs, cs, shares = case
+    cfg = load_config("tiny")
+    M, SRC1, SRC2, OUT = 0, 4096, 8192, 12288  # byte addresses
+    rng = np.random.default_rng(0)
+    m0 = rng.standard_normal((8, 16)).astype(np.float32)
+    src1 = rng.standard_normal((8, 8)).astype(np.float32)
+    src2 = rng.standard_normal((rows, cols)).astype(np.float32)
+    f32 = {"a_dtype": DType.F32, "o_dtype": DType.F32}
+    k1 = [_dma(Opcode.DMA_LOAD, 0, SRC1, rows=8, cols=8, signal_sem=0),
+          _dma(Opcode.DMA_STORE, 0, M, rows=8, cols=8, hbm_rs=16, wait_sem=[0, -1, -1, -1], wait_val=[1, 0, 0, 0])]
+    region = {"rows": rows, "cols": cols, "hbm_rs": rs, "hbm_cs": cs, **f32}
+    if op == Opcode.DMA_STORE:
+        k2 = [_dma(Opcode.DMA_LOAD, 1, SRC2, part=8, addr=1024, rows=rows, cols=cols, signal_sem=0),
+              _dma(Opcode.DMA_STORE, 1, M + 4 * off, part=8, addr=1024, wait_sem=[0, -1, -1, -1],
+                   wait_val=[1, 0, 0, 0], **region)]
+    else:
+        k2 = [_dma(Opcode.DMA_LOAD, 1, M + 4 * off, part=8, addr=1024, signal_sem=0, **region),
+              _dma(Opcode.DMA_STORE, 1, OUT, part=8, addr=1024, rows=rows, cols=cols,
+                   wait_sem=[0, -1, -1, -1], wait_val=[1, 0, 0, 0])]
+    stream, spans = _two_kernels(k1, k2)
+    linked, new_spans, notes = link_kernels(stream, spans, cfg)
+    assert notes == [] and int((linked["opcode"] == Opcode.BARRIER).sum()) == 1
+    hbm = np.zeros(1 << 16, np.uint8)
+    for addr, arr in ((M, m0), (SRC1, src1), (SRC2, src2)):
+        hbm[addr : addr + arr.nbytes] = arr.view(np.uint8).reshape(-1)
+    res = simulate(linked, cfg, hbm, sanitize=True)
+    # numpy: kernel 1, then kernel 2, on the flat matrix
+    flat = m0.reshape(-1).copy()
+    flat.reshape(8, 16)[:, :8] = src1
+    idx = off + np.arange(rows)[:, None] * rs + np.arange(cols)[None, :] * cs
+    if op == Opcode.DMA_STORE:
+        flat[idx] = src2
+    else:
+        got = hbm[OUT : OUT + rows * cols * 4].view(np.float32).reshape(rows, cols)
+        np.testing.assert_array_equal(got, flat[idx])
+    np.testing.assert_array_equal(hbm[M : M + 512].view(np.float32), flat)
+    k1_store = 1
+    j = new_spans[1][1] + (1 if op == Opcode.DMA_STORE else 0)  # kernel 2's access of M
+    cross = linked["wait_sem"][new_spans[1][1] : j + 1] >= 0
+    if op == Opcode.DMA_STORE:
+        cross[1] &= linked["wait_sem"][j] != linked["signal_sem"][new_spans[1][1]]
+    if shares:
+        assert cross.any()
+        assert res.start[j] >= res.end[k1_store]
+    else:
+        assert not cross.any()
+        assert res.start[j] < res.end[k1_store]
+
+
+def test_a_load_waits_for_the_store_of_its_rows_not_the_queues_last_store():
+    """Kernel 1 stores the top, then the bottom half of a matrix (neither signals in its
+    kernel); kernel 2 loads the top half: it waits for the first store alone (which
+    now signals the link semaphore), and starts before the second one ends."""
+    cfg = load_config("tiny")
+    M, SRC, OUT = 0, 4096, 8192
+    rng = np.random.default_rng(1)
+    src = rng.standard_normal((8, 64)).astype(np.float32)
+    k1 = [_dma(Opcode.DMA_LOAD, 0, SRC, rows=8, cols=64, signal_sem=0),
+          _dma(Opcode.DMA_STORE, 0, M, rows=4, cols=64, wait_sem=[0, -1, -1, -1], wait_val=[1, 0, 0, 0]),
+          _dma(Opcode.DMA_STORE, 0, M + 4 * 64 * 4, part=4, rows=4, cols=64)]
+    k2 = [_dma(Opcode.DMA_LOAD, 1, M, part=8, addr=1024, rows=4, cols=64, signal_sem=0),
+          _dma(Opcode.DMA_STORE, 1, OUT, part=8, addr=1024, rows=4, cols=64,
+               wait_sem=[0, -1, -1, -1], wait_val=[1, 0, 0, 0])]
+    stream, spans = _two_kernels(k1, k2)
+    linked, new_spans, notes = link_kernels(stream, spans, cfg)
+    assert notes == []
+    hbm = np.zeros(1 << 16, np.uint8)
+    hbm[SRC : SRC + src.nbytes] = src.view(np.uint8).reshape(-1)
+    res = simulate(linked, cfg, hbm, sanitize=True)
+    np.testing.assert_array_equal(hbm[OUT : OUT + 1024].view(np.float32).reshape(4, 64), src[:4])
+    load = new_spans[1][1]
+    assert linked["signal_sem"][1] >= 0 and linked["signal_sem"][2] < 0
+    assert res.end[1] <= res.start[load] < res.end[2]
