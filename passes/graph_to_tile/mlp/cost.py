@@ -98,14 +98,22 @@ def w1_tiled(p: MlpProblem, s: MlpSchedule) -> bool:
     return p.w1_tileable and p.K % p.TK == 0 and p.H % (s.g * p.TK) == 0
 
 
+def w1_dmas(p: MlpProblem, s: MlpSchedule) -> int:
+    """W1's (and Wu's) DMAs under schedule `s`: one per hidden group, pre-tiled, else one
+    per group and K tile."""
+    return (2 if p.gated else 1) * cdiv(p.nh, s.g) * (1 if w1_tiled(p, s) else p.nk)
+
+
 def choose(p: MlpProblem, cfg: HardwareConfig) -> MlpSchedule | None:
     """The fitting schedule of fewest down-projection chunks (each costs a store's and a
     residual load's fixed DMA time on the queue the m-tiles share, which the model above
-    underrates), then of least estimated cycles; None where none fits."""
+    underrates), then of least estimated cycles, then of fewest W1 DMAs (each a fixed
+    cost on its queue, which the model hides behind the other queues' transfers: other
+    kernels' DMAs on those queues expose it); None where none fits."""
     fit = [s for s in candidates(p) if fits(p, s, cfg)]
     if not fit:
         return None
-    return min(fit, key=lambda s: (cdiv(p.N, s.w * p.TN), estimate(p, s, cfg), -s.g))
+    return min(fit, key=lambda s: (cdiv(p.N, s.w * p.TN), estimate(p, s, cfg), w1_dmas(p, s), -s.g))
 
 
-__all__ = ["choose", "estimate", "w1_tiled", "weight_arrivals"]
+__all__ = ["choose", "estimate", "w1_dmas", "w1_tiled", "weight_arrivals"]
