@@ -8,7 +8,8 @@ vector engine runs the next m-tile's norm, one activation per hidden tile, the
 transposes' copies and one epilogue per chunk. The m-tiles pipeline, so the kernel
 takes about the busier engine's time per m-tile, plus what nothing hides: the wait
 for the first W1 buffer and x rows, the first m-tile's norm and transposes, and the
-last chunk's epilogue.
+last chunk's epilogue. The weights' DMAs share HBM fairly among the queues
+(`weight_arrivals`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def estimate(p: MlpProblem, s: MlpSchedule, cfg: HardwareConfig) -> float:
     # per chunk a store (and a residual load on another queue): a DMA's fixed cost each
     stores = t.dma_time(p.TM, p.N, p.io) + chunks * float(t.dma_fixed(p.TM)) + t.dma_time(p.TM, p.K, p.ia)
     per_tile = max(up + down + trans, act + epi + pro + copies, stores)
+    # the first W1 group gates the first up projection, all of W1 the end of the first
+    # m-tile's, W1 and W2 the first down projection, which follows two up projections
+    # (the up projection runs one m-tile ahead)
     w1_first, w1_all, w_all = weight_arrivals(p, s, cfg)
     x_first = t.dma_time(p.TM, p.K, p.ia)
     start = max(w1_first, x_first + pro + trans + copies)
