@@ -6,7 +6,9 @@ free dim landing on the accumulator's partitions. The up projection takes W1's t
 as lhsT (``[TK of K, TK hidden units]``, W1 row-major as it is) and x^T as rhs
 (``[TK of K, TM tokens]``), so its product is h^T: hidden units on partitions, tokens
 along the free dim. Then the fc1 bias is one K=1 matmul ``b1[1 x TK]^T @ ones[1 x TM]``
-into the same accumulator, the activation is elementwise (one vector op for gelu),
+into the same accumulator (the vector ISA has no unary op with a per-partition
+operand: adding the bias as a column would cost a second vector op per hidden tile,
+measured slower on the GPT-2 block), the activation is elementwise (one vector op for gelu),
 and the result, written into a resident ``hT`` buffer, is already the down
 projection's lhsT (the contraction, over hidden units, on partitions): the hidden is
 never transposed and never stored. x^T comes from the natural-layout rows (the layer
