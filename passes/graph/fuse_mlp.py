@@ -84,11 +84,11 @@ def _reads_only_as_a(group: FusedOp, arg: SSAValue) -> bool:
 
 def _pair(up: FusedOp) -> tuple[list[Operation], FusedOp] | None:
     """(the reshapes between, the down group) where `up` starts an MLP, else None."""
-    if up.kind.data != "matmul" or len(up.results) != 1 or _matmul_of(up) is None:
+    mm = _matmul_of(up)
+    if up.kind.data != "matmul" or len(up.results) != 1 or mm is None:
         return None
     y = up.block.last_op
     assert isinstance(y, YieldOp)
-    mm = _matmul_of(up)
     ops = _inner_ops(up)
     if y.values[0].owner in ops[: ops.index(mm)] or len(g.shape_of(mm.results[0])) != 2:
         return None  # the output is a prologue value

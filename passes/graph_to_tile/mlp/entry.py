@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from xdsl.ir import Operation, SSAValue
 
+from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
@@ -276,7 +277,13 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     kargs = iter(kb.args)
     bound = [next(kargs) if v is not None else None for v in named]
     rest = list(kargs)
-    margs = MlpArgs(bound[0], bound[1], bound[2], bound[3], bound[4], bound[5], bound[6], bound[7],
+    def given(v: SSAValue | None, what: str) -> SSAValue:
+        if v is None:
+            raise CompileError(f"internal: the fused MLP kernel's {what} argument is missing")
+        return v
+
+    margs = MlpArgs(bound[0], given(bound[1], "W1"), given(bound[2], "W2"), bound[3], given(bound[4], "identity"),
+                    given(bound[5], "ones row"), bound[6], bound[7],
                     rest[: len(epi_args)], rest[len(epi_args):], w1t, w2t, bound[8], gated[0] if gated else None)
     kernel = MlpKernel(kb, p, s, margs, ea=ea, eh=eh, eo=eo, act=act, epi=epi, pro=pro,
                        queues=lw.cfg.dma.queues)

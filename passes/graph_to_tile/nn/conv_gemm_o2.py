@@ -205,7 +205,8 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
             if not t0 <= ti < t0 + nt:
                 continue
             c = (ti - t0) * Co_g
-            kb.add(tile.LoadOp(k.arg(ones), [kb.const(0)], sub(kb, buf, st.K, c, [1, Co_g]), kb.const(1),
+            one = k.arg(present(ones, "ones row"))
+            kb.add(tile.LoadOp(one, [kb.const(0)], sub(kb, buf, st.K, c, [1, Co_g]), kb.const(1),
                                kb.const(Co_g), -1, 0, queue=qm.next(Co_g * isz, Co_g * isz, const=True)))
             if b is not None and brow is not None:
                 kb.add(tile.LoadOp(k.arg(brow), [kb.const(0), ch0], sub(kb, buf, st.K + 1, c, [1, Co_g]),
