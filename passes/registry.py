@@ -34,14 +34,15 @@ Stage = tuple[str, Callable[[ModuleOp], object]]  # (pass name, run on a module;
 def default_pipeline(
     cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None,
     session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None,
-    weights: Mapping[str, np.ndarray] | None = None, share: bool = True,
+    weights: Mapping[str, np.ndarray] | None = None, share: bool = True, mlp_policy: Callable | None = None,
 ) -> list[Stage]:
     """(pass name, function) in order; `hbm-layout` is read between plan-hbm and lowering.
 
     `opt_level` 0 is the baseline every figure is compared with (one single-buffered
     kernel per op, fixed tiles, strided operand loads); 2 (default) uses the optimised
     kernels (see `passes/graph_to_tile/matmul.py`). `matmul_policy` (problem -> schedule) picks
-    the -O2 matmul kernels' schedules instead of the cost model (autotuning). `weights`
+    the -O2 matmul kernels' schedules instead of the cost model (autotuning), `mlp_policy` the
+    fused MLP kernels' (`passes/graph_to_tile/mlp/tuning.py`). `weights`
     (the program's data) lets canonicalize-graph read compile-time masks; a mutable mapping
     also runs merge-linears (`passes/graph/merge_linears.py`), which adds merged weights to it. `share`: ops of
     one structure launch one kernel (`passes/graph_to_tile/sharing.py`).
@@ -59,7 +60,7 @@ def default_pipeline(
 
     return graph + [
         ("lower-graph-to-tile", lambda m: lower_graph_to_tile(m, cfg, opt_level, matmul_policy, session, dsl_kernels,
-                                                                    share)),
+                                                                    share, mlp_policy)),
         ("plan-sram", lambda m: plan_sram(m, cfg)),
         ("plan-hbm", lambda m: plan_hbm(m, cfg)),
         ("lower-tile-to-npu", lambda m: lower_tile_to_npu(m, cfg)),

@@ -15,7 +15,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from xdsl.dialects import func
@@ -98,11 +98,13 @@ def compile_graph(
     autotune: bool | Autotuner = False,
     matmul_policy: Callable | None = None,
     disabled: frozenset[str] | set[str] = frozenset(),
+    mlp_policy: Callable | None = None,
 ) -> Program:
     """Compile `gp` for `cfg`. With `autotune` (True, or an `Autotuner` to use its cache
     directory and counters) the -O2 matmul kernels' schedules are picked by simulating
     candidates (`passes/schedule/autotune.py`, cached on disk); `matmul_policy` (problem ->
-    schedule) forces them (the autotuner measures candidates this way). `disabled` names
+    schedule) forces them (the autotuner measures candidates this way); so do the fused MLP
+    kernels' with `mlp_policy` (passes/graph_to_tile/mlp/tuning.py). `disabled` names
     optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, merge-linears, fuse-graph,
     fuse-mlp: its step joining MLP groups, passes/graph/fuse_mlp.py;
     `tilecc bisect` switches them off in turn) and "share-kernels" to build every launch's
@@ -122,7 +124,7 @@ def compile_graph(
         try:
             with remarks.collecting() as collected:
                 program = _compile(gp, cfg, after_pass, before_pass, stats, level, autotune, matmul_policy,
-                                   disabled, intrinsic, plan)
+                                   disabled, intrinsic, plan, mlp_policy)
             break
         except OptimisationFailed as e:  # an -O2 lowering failed on one op or group
             plan = plan.without(e)
@@ -174,6 +176,15 @@ def measure_program(gp: GraphProgram, sched: MatmulSchedule, cfg: HardwareConfig
     return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
 
 
+def measure_mlp(gp: GraphProgram, sched: Any, cfg: HardwareConfig) -> float:
+    """Cycles of `gp` compiled with every fused MLP kernel under `sched` (an `MlpSchedule`),
+    simulated timing-only: how the MLP autotuning policy times a candidate."""
+    from tilecc.simulator.machine import simulate
+
+    prog = compile_graph(gp, cfg, mlp_policy=lambda _problem, _program=None, _sig=None: sched)
+    return simulate(prog.stream, cfg, None, functional=False, record=False).cycles
+
+
 # optimised lowerings given up one by one before the whole program goes to -O0
 MAX_FALLBACKS = 8
 
@@ -208,16 +219,20 @@ def _kernel_owner(e: BaseException, cause: BaseException) -> OptimisationFailed 
 
 
 def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmul_policy, disabled,
-             intrinsic: IntrinsicWork, plan: FallbackPlan | None = None) -> Program:
+             intrinsic: IntrinsicWork, plan: FallbackPlan | None = None, mlp_policy: Callable | None = None) -> Program:
     broken = break_pass.broken_pass()  # test-only planted miscompilation (passes/break_pass.py)
     t0 = time.perf_counter()
     module = gp.module.clone()
     layout: _Layout | None = None
-    if autotune and matmul_policy is None:
+    if autotune and (matmul_policy is None or mlp_policy is None):
+        from tilecc.passes.graph_to_tile.mlp.tuning import mlp_tuning_policy
         from tilecc.passes.schedule.matmul_tuning import tuning_policy
 
-        tuner = autotune if isinstance(autotune, Autotuner) else None
-        matmul_policy = tuning_policy(cfg, lambda gp_, sched: measure_program(gp_, sched, cfg), tuner)
+        tuner = autotune if isinstance(autotune, Autotuner) else Autotuner(cfg)
+        if matmul_policy is None:
+            matmul_policy = tuning_policy(cfg, lambda gp_, sched: measure_program(gp_, sched, cfg), tuner)
+        if mlp_policy is None:
+            mlp_policy = mlp_tuning_policy(cfg, lambda gp_, sched: measure_mlp(gp_, sched, cfg), tuner)
     own_dict = opt_level >= 2
     if own_dict:  # fold-norm-affine and merge-linears add weights: to a dict of this compile's own
         gp = dataclasses.replace(gp, weights=dict(gp.weights))
@@ -237,7 +252,7 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
     if plan is not None:
         session.fallback = plan
     for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels(), gp.weights,
-                                      "share-kernels" not in disabled):
+                                      "share-kernels" not in disabled, mlp_policy):
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":

@@ -199,8 +199,7 @@ def test_cli_autotune(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("TILECC_CACHE_DIR", str(tmp_path))
     # (the transformer block: its q/k/v and output projections are matmul kernels the
-    # autotuner searches; an MLP alone is one fused MLP kernel, whose schedule comes from
-    # its cost model: passes/graph_to_tile/mlp/cost.py)
+    # autotuner searches, its MLP one fused MLP kernel: test_cli_autotune_fused_mlp)
     src = Path(__file__).resolve().parent.parent / "examples" / "transformer_block.py"
     assert main(["run", f"{src}:block", "--target", "tiny", "--autotune", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -227,3 +226,58 @@ def test_an_invalid_cached_matmul_schedule_is_searched_again(tmp_path):
         cm = tilecc.compile(MM(), (a, b), target="tiny", autotune=t2)
     assert t2.searches == 1
     torch.testing.assert_close(cm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def _entries(d: Path) -> list[dict]:
+    (f,) = d.glob("autotune-*.json")
+    return list(json.loads(f.read_text())["entries"].values())
+
+
+def test_cli_autotune_fused_mlp(tmp_path, monkeypatch, capsys):
+    """An MLP alone is one fused MLP kernel: --autotune searches its schedule
+    (passes/graph_to_tile/mlp/tuning.py) and caches the winner."""
+    from tilecc.cli import main
+
+    monkeypatch.setenv("TILECC_CACHE_DIR", str(tmp_path))
+    src = Path(__file__).resolve().parent.parent / "examples" / "mlp.py"
+    assert main(["run", f"{src}:mlp_odd", "--target", "tiny", "--autotune", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["allclose"] and out["kernels"] == 1
+    mlp = [e for e in _entries(tmp_path) if e["kind"] == "fused_mlp"]
+    assert len(mlp) == 1 and mlp[0]["evaluated"] >= 2
+    sig = mlp[0]["signature"]
+    assert (sig["M"], sig["K"], sig["H"], sig["N"]) == (37, 53, 29, 31) and sig["a"] == "f32"
+    assert not sig["gated"] and not sig["prologue"] and sig["epilogue"] and sig["kernel"]
+    assert any("chosen by the autotuner" in r["message"] for r in out["remarks"])
+
+
+class _Gelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(40, 48), torch.nn.Linear(48, 24)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def test_fused_mlp_autotune_matches_eager_and_a_second_compile_hits_the_cache(tmp_path):
+    torch.manual_seed(0)
+    model, x = _Gelu().eval(), torch.randn(70, 40)
+    with torch.no_grad():
+        expected = model(x)
+    t1 = Autotuner(load_config("tiny"), tmp_path)
+    cm = tilecc.compile(model, (x,), target="tiny", autotune=t1)
+    cm.sanitize = True
+    torch.testing.assert_close(cm(x), expected, rtol=1e-4, atol=1e-4)
+    kinds = [e["kind"] for e in _entries(tmp_path)]
+    assert kinds == ["fused_mlp"] and t1.searches == 1 and t1.evaluations >= 2
+    t2 = Autotuner(load_config("tiny"), tmp_path)
+    cm2 = tilecc.compile(model, (x,), target="tiny", autotune=t2)
+    assert (t2.searches, t2.evaluations, t2.hits) == (0, 0, 1)
+    assert cm2.program.stream.tobytes() == cm.program.stream.tobytes()
+    cm2.sanitize = True
+    torch.testing.assert_close(cm2(x), expected, rtol=1e-4, atol=1e-4)
+    # the cost model's pick is candidate 0: the tuned kernel is never slower
+    plain = tilecc.compile(model, (x,), target="tiny")
+    torch.testing.assert_close(plain(x), expected, rtol=1e-4, atol=1e-4)
+    assert cm.report.cycles <= plain.report.cycles

@@ -87,6 +87,9 @@ class LoweringContext:
     nn: NnState = field(default_factory=NnState)  # the CNN family's padded layouts and constants
     # kernels shared between identical launches (sharing.py; `enabled` False: share-kernels off)
     memo: KernelMemo = field(default_factory=KernelMemo)
+    # (problem, judge program, signature) -> schedule of the fused MLP kernel (autotuning,
+    # passes/graph_to_tile/mlp/tuning.py), else the cost model's
+    mlp_policy: Callable[..., Any] | None = None
 
     @property
     def P(self) -> int:

@@ -63,11 +63,13 @@ from tilecc.simulator.config import HardwareConfig, load_config
 def lower_graph_to_tile(
     module: ModuleOp, cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable[..., Any] | None = None,
     session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None, share: bool = True,
+    mlp_policy: Callable[..., Any] | None = None,
 ) -> LoweringContext:
     """Replace `module`'s graph function @forward by tile kernels and their @main;
-    with `share`, ops of one structural key launch one kernel (`sharing.py`)."""
+    with `share`, ops of one structural key launch one kernel (`sharing.py`); `mlp_policy`
+    picks the fused MLP kernels' schedules (autotuning, `mlp/tuning.py`)."""
     lw = LoweringContext(cfg, opt_level, matmul_policy, session if session is not None else CompileSession(),
-                         dsl_kernels=dsl_kernels)
+                         dsl_kernels=dsl_kernels, mlp_policy=mlp_policy)
     lw.memo.enabled = share
     convert(lw, module)
     return lw

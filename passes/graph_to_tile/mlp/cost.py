@@ -114,10 +114,15 @@ def choose(p: MlpProblem, cfg: HardwareConfig) -> MlpSchedule | None:
     underrates), then of least estimated cycles, then of fewest W1 DMAs (each a fixed
     cost on its queue, which the model hides behind the other queues' transfers: other
     kernels' DMAs on those queues expose it); None where none fits."""
+    ranked = rank(p, cfg)
+    return ranked[0] if ranked else None
+
+
+def rank(p: MlpProblem, cfg: HardwareConfig) -> list[MlpSchedule]:
+    """The fitting schedules, best first by `choose`'s order (the autotuner's candidate
+    order, mlp/tuning.py); empty where none fits."""
     fit = [s for s in candidates(p) if fits(p, s, cfg)]
-    if not fit:
-        return None
-    return min(fit, key=lambda s: (cdiv(p.N, s.w * p.TN), estimate(p, s, cfg), w1_dmas(p, s), -s.g))
+    return sorted(fit, key=lambda s: (cdiv(p.N, s.w * p.TN), estimate(p, s, cfg), w1_dmas(p, s), -s.g))
 
 
-__all__ = ["choose", "estimate", "w1_dmas", "w1_tiled", "weight_arrivals"]
+__all__ = ["choose", "estimate", "rank", "w1_dmas", "w1_tiled", "weight_arrivals"]

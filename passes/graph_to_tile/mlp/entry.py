@@ -8,7 +8,7 @@ of the product and a bias-free matmul of the same x, which the group also holds)
 projection (the matmul reading the hidden as its A, its bias row, an epilogue such as
 a residual add). This module checks that the kernel applies, builds the parts
 (`FusedPart`s of passes/graph_to_tile/fused_matmul.py), the problem (problem.py), picks
-the schedule (cost.py) and emits the kernel.
+the schedule (cost.py; with an autotuner, the fastest of its best, tuning.py) and emits the kernel.
 
 Where it does not apply it emits nothing and returns False (the caller lowers the two
 inner groups as their own kernels, the hidden through HBM), with a ``missed`` remark
@@ -236,7 +236,15 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     if weight_of(w2) is not None and H % TK == 0:  # the fewest tiles moving 8 KiB per partition
         fields["w2_group"] = next((d for d in range(1, nh + 1) if nh % d == 0 and d * N * ia >= 8192), nh)
     p = MlpProblem(M, K, H, N, ia, element_size(eo), _dtype(ea) == "f32", tiles.TM, TK, tiles.TN, **fields)
-    s = choose(p, lw.cfg)
+    if lw.mlp_policy is not None:  # autotuning (tuning.py): the group alone judges each candidate
+        from tilecc.passes.graph_to_tile.mlp.tuning import group_signature, mlp_alone
+
+        sig = group_signature(op, {"a": _dtype(ea), "hidden": _dtype(eh), "out": _dtype(eo),
+                                   "gated": gate is not None, "prologue": pro is not None,
+                                   "epilogue": epi is not None})
+        s = lw.mlp_policy(p, lambda: mlp_alone(op), sig)
+    else:
+        s = choose(p, lw.cfg)
     if s is None:
         raise _NotFused(f"no schedule fits SRAM and the accumulator (W1 and W2 resident: {2 * K * H * p.ia} and "
                         f"{2 * H * N * p.ia} bytes over the partitions, hidden {p.TM}x{H} twice)")
@@ -291,7 +299,8 @@ def _lower(lw: LoweringContext, op: FusedOp, loc: str) -> None:
     lw.launch(kb, flat)
     remarks.emit("lower-graph-to-tile", "passed", lambda: (
         f"mlp {M}x{K}x{H}x{N}: one kernel, the hidden computed transposed ({H} units on partitions) and kept in "
-        f"SRAM, never stored; W1 and W2 resident ({s}; pre-tiled: W1 {'yes' if w1t else 'no'}, W2 "
+        f"SRAM, never stored; W1 and W2 resident ({s}, chosen by the "
+        f"{'autotuner' if lw.mlp_policy else 'cost model'}; pre-tiled: W1 {'yes' if w1t else 'no'}, W2 "
         f"{f'{w2t} hidden tiles per transfer' if w2t else 'no'})"), loc)
     if epi is not None:
         for v, o in zip(epi.values, epi_outs, strict=True):
