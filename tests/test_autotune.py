@@ -281,3 +281,21 @@ def test_fused_mlp_autotune_matches_eager_and_a_second_compile_hits_the_cache(tm
     plain = tilecc.compile(model, (x,), target="tiny")
     torch.testing.assert_close(plain(x), expected, rtol=1e-4, atol=1e-4)
     assert cm.report.cycles <= plain.report.cycles
+
+
+def test_gated_mlp_autotune_matches_eager(tmp_path):
+    """A SwiGLU MLP with its residual add (gated, an epilogue reading x) is one fused
+    MLP kernel under the autotuner too; its signature says gated."""
+    from tests.test_fused_mlp import SwiGlu
+
+    torch.manual_seed(0)
+    model, x = SwiGlu(32, 80).eval(), torch.randn(1, 50, 32)
+    with torch.no_grad():
+        expected = model(x)
+    t = Autotuner(load_config("tiny"), tmp_path)
+    cm = tilecc.compile(model, (x,), target="tiny", autotune=t)
+    cm.sanitize = True
+    torch.testing.assert_close(cm(x), expected, rtol=1e-4, atol=1e-4)
+    assert any(name.endswith("fused_mlp") for name, _, _ in cm.program.kernels)
+    (entry,) = [e for e in _entries(tmp_path) if e["kind"] == "fused_mlp"]
+    assert entry["signature"]["gated"] and entry["signature"]["epilogue"] and entry["evaluated"] >= 2
