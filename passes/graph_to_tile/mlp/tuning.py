@@ -43,17 +43,16 @@ KERNEL_VERSION = "fused-mlp-1"  # bump when the kernel's code changes (cached wi
 TUNE_CANDIDATES = 6  # schedules simulated per MLP kernel: the cost model's best
 
 
-def group_signature(op: Operation, dtypes: Mapping[str, str]) -> dict[str, Any]:
-    """What of the MLP group changes its kernel besides the problem's numbers: the
-    element types, whether it is gated or has a prologue / epilogue (given in
-    `dtypes`' neighbours by the caller) and a digest of the group's ops (names,
-    attributes but source locations, result types: the activation's and the
-    epilogue's ops)."""
+def group_signature(op: Operation, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """What of the MLP group changes its kernel besides the problem's numbers: `fields`
+    (the caller's: element types, gated, prologue / epilogue present) and a digest of
+    the group's ops (names, attributes but source locations, result types: which
+    activation, prologue and epilogue ops)."""
     lines = []
     for o in op.walk():
         attrs = sorted((k, str(v)) for k, v in o.attributes.items() if k != g.LOC_ATTR)
         lines.append(f"{o.name} {attrs} {[str(r.type) for r in o.results]}")
-    return {**dtypes, "ops": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
+    return {**fields, "ops": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
 
 
 def mlp_alone(op: FusedOp) -> g.GraphProgram:
