@@ -61,7 +61,7 @@ def mlp_alone(op: FusedOp) -> g.GraphProgram:
     group): its inputs are arguments, but weights, which stay weights (shapes only: the
     program is timed, not run), so that W1 and W2 may be stored pre-tiled as in the
     whole program."""
-    weights: dict[str, MetaWeight] = {}
+    weights: dict = {}  # MetaWeight values (shapes only), as group_alone in fused_matmul.py
     wops = [weight_of(v) for v in op.operands]
     types = [a.type for a, w in zip(op.block.args, wops) if w is None]
     block = Block(arg_types=types)
