@@ -59,6 +59,12 @@ class Collector:
             raise ValueError(f"remark kind {kind!r}: expected one of {', '.join(KINDS)}")
         self.remarks.append(Remark(pass_name, kind, message, loc if loc else self.loc))
 
+    def withdraw(self, keep: Callable[[Remark], bool]) -> int:
+        """Drop the remarks `keep` rejects (a later step undid what they say); how many."""
+        before = len(self.remarks)
+        self.remarks = [r for r in self.remarks if keep(r)]
+        return before - len(self.remarks)
+
     def to_json(self) -> list[dict[str, str]]:
         return [r.to_dict() for r in self.remarks]
 
@@ -76,6 +82,17 @@ def emit(pass_name: str, kind: str, message: str | Callable[[], str], loc: str |
     if c is None:
         return
     c.add(pass_name, kind, message() if callable(message) else message, loc)
+
+
+def withdraw(pass_name: str, kind: str, loc: str, containing: str) -> int:
+    """Drop the active scope's remarks of `pass_name` and `kind` at `loc` whose message
+    contains `containing`: a later step of the same compile made them wrong (fuse-mlp
+    joins the two groups a fuse-graph `missed` remark says stayed apart). How many."""
+    c = _ACTIVE.get()
+    if c is None:
+        return 0
+    return c.withdraw(lambda r: not (r.pass_name == pass_name and r.kind == kind and r.loc == loc
+                                     and containing in r.message))
 
 
 @contextmanager
@@ -103,4 +120,4 @@ def at(loc: str) -> Iterator[None]:
         c.loc = saved
 
 
-__all__ = ["KINDS", "Collector", "Remark", "at", "collecting", "emit", "enabled"]
+__all__ = ["KINDS", "Collector", "Remark", "at", "collecting", "emit", "enabled", "withdraw"]

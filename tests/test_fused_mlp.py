@@ -225,3 +225,38 @@ def test_cost_model_charges_an_uneven_w1_split():
     assert w1_all == pytest.approx(fixed + 6 * one / cfg.hbm.bytes_per_cycle)
     assert estimate(p, MlpSchedule(4, 6), cfg) < estimate(p, MlpSchedule(6, 6), cfg)
     assert choose(p, cfg) == MlpSchedule(4, 6)
+
+
+@pytest.mark.parametrize("fuse_mlp", [True, False])
+def test_remarks_say_the_groups_were_joined(fuse_mlp):
+    """fuse-graph's 'did not fuse' remark for the down projection's matmul is withdrawn
+    when fuse-mlp joins the two groups (it stays, and is true, with fuse-mlp off)."""
+    from tilecc.frontend.torch_export import export_model, import_exported_program
+    from tilecc.passes import remarks
+    from tilecc.runtime.compare import tolerance
+    from tilecc.runtime.compiler import compile_graph
+    from tilecc.runtime.executor import run_program
+    from tilecc.simulator.config import load_config
+
+    torch.manual_seed(0)
+    model = Mlp(64, 256).to(torch.bfloat16).eval()
+    x = torch.randn(1, 128, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        gp = import_exported_program(export_model(model, (x,)))
+        want = model(x)
+    prog = compile_graph(gp, load_config("cloud"), disabled=set() if fuse_mlp else {"fuse-mlp"})
+    got = [remarks.Remark.from_dict(r) for r in prog.meta["remarks"]]
+    (out,), _ = run_program(prog, (x,), sanitize=True)
+    rtol, atol = tolerance(want.dtype, float(want.float().abs().max()))
+    torch.testing.assert_close(out.float(), want.float(), rtol=rtol, atol=atol)
+    stale = [r for r in got
+             if (r.pass_name, r.kind) == ("fuse-graph", "missed") and "into the matmul group of" in r.message]
+    joined = [r for r in got if (r.pass_name, r.kind) == ("fuse-mlp", "passed")]
+    names = [name for name, _, _ in prog.kernels]
+    if fuse_mlp:
+        assert joined and not stale, [str(r) for r in got]
+        assert names == ["k0_fused_mlp"]
+    else:
+        assert len(stale) == 1 and not joined, [str(r) for r in got]
+        assert "fc2" in stale[0].loc and "another matmul's output" in stale[0].message
+        assert len(names) == 2

@@ -342,6 +342,9 @@ class Fuser:
                 if isinstance(a.owner, NORMS) and users > 1:
                     return (f"the norm's result has {users} users (a prologue feeds one matmul, or the first of "
                             "matmuls reading it as their A rows)")
+                if prod.kind == "matmul":
+                    return ("its A rows are another matmul's output, and a matmul takes only a single-use layer "
+                            "norm or RMS norm as its prologue (fuse-mlp joins an MLP's two projections instead)")
                 return "a matmul takes only a single-use layer norm or RMS norm as its prologue"
             return f"{op.name} starts a {mine.kind} kernel; only an elementwise group joins it as prologue"
         if mine.kind != "elementwise" and mine.anchor is not None and prod.kind != "elementwise":

@@ -199,6 +199,12 @@ def fuse_mlp(fn: func.FuncOp, session: CompileSession | None = None) -> int:
         if got is None:
             continue
         chain, down = got
+        # fuse-graph's remark that the down projection's matmul did not join the up
+        # group (a matmul takes no matmul as its prologue) is true of fuse-graph's
+        # groups but no longer of the kernel: the mlp group joins them
+        mm = _matmul_of(down)
+        if mm is not None:
+            remarks.withdraw("fuse-graph", "missed", g.source_loc(mm), "into the matmul group of")
         # the down group must follow the reshapes and the up group (program order)
         fused = _wrap(op, chain, down, session)
         remarks.emit("fuse-mlp", "passed", "joined the up- and down-projection matmul groups into one mlp "
