@@ -76,3 +76,27 @@ def test_one_band_strided_conv_loads_every_phase_at_once(dtype):
     hq, wq = (29 + 2 - 3) // 2 + 2, (27 + 2 - 3) // 2 + 2
     loads = s[s["opcode"] == Opcode.DMA_LOAD]
     assert (loads["cols"] == 4 * hq * wq).sum() == 1, (name, loads["cols"])
+
+
+class PatchEmbed(torch.nn.Module):
+    """A ViT's patch embedding: a convolution with stride = kernel (8 x 8 patches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 32, 8, 8)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def test_patch_embedding_fits_the_accumulator_without_a_fallback():
+    """A stride-8 patch embedding on `tiny` splits 64 phase images of 4 x 4 whose
+    accumulator buffers are 16 bytes each: the buffer sets are counted with plan-sram's
+    64-byte alignment, so the -O2 phase-split kernel fits (it overflowed the 4 KiB
+    accumulator and fell back to the -O0 kernel when counted unaligned)."""
+    torch.manual_seed(0)
+    cm = run_and_compare(PatchEmbed().eval(), (torch.randn(1, 3, 32, 32),), target="tiny")
+    remarks = [str(r) for r in cm.program.meta.get("remarks", [])]
+    assert not cm.program.meta.get("fallbacks"), cm.program.meta.get("fallbacks")
+    assert not any("fallback" in r and "missed" in r for r in remarks)
+    assert any(name.endswith("_pad") for name, _, _ in cm.program.kernels)

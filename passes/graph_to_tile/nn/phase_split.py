@@ -546,7 +546,9 @@ def _phase_split_rows(
             + sets * len(groups) * partition_bytes(Wq, isz) + partition_bytes(len(rblocks) * Hq, isz)
             + partition_bytes(len(cblocks) * Wq, isz)
         )
-        acc_need = sets * len(row_res) * len(wch) * Hq * 4 + sets * len(groups) * Wq * 4
+        # aligned as plan-sram places them (a 16-byte accumulator buffer takes 64)
+        acc_need = (sets * len(row_res) * len(wch) * partition_bytes(Hq, 4)
+                    + sets * len(groups) * partition_bytes(Wq, 4))
         if need <= sram_budget(lw) - 8 * ALIGN and acc_need <= cfg.accumulator.bytes_per_partition:
             break
         sets -= 1
