@@ -138,11 +138,15 @@ def test_a_producer_of_a_matmul_operand_is_not_fused_into_its_epilogue():
     assert "fallbacks" not in cm.program.meta
 
 
-def test_an_o2_kernel_that_overflows_sram_falls_back_for_its_op_alone():
-    """ViT's patch embedding (a stride-8 8x8 convolution of 192 channels) on `tiny`: the
-    -O2 phase-split kernel allocates one accumulator per phase window and overflows the
-    accumulator in plan-sram (a planner gap, recorded in the issue notes). Only that
-    convolution goes to its -O0 kernel; the rest of the program stays -O2."""
+def test_an_o2_kernel_that_overflows_sram_falls_back_for_its_op_alone(monkeypatch):
+    """ViT's patch embedding (a stride-8 8x8 convolution of 192 channels) on `tiny`, with
+    a planted planner gap: the -O2 phase-split kernel counts its buffers unaligned (as it
+    did until 2026-12-07), so its 16-byte accumulator buffers, 64 bytes each once
+    plan-sram aligns them, overflow the accumulator in plan-sram. Only that convolution
+    goes to its -O0 kernel; the rest of the program stays -O2."""
+    from tilecc.passes.graph_to_tile.nn import phase_split
+
+    monkeypatch.setattr(phase_split, "partition_bytes", lambda cols, isz: cols * isz)
 
     class PatchEmbed(torch.nn.Module):
         def __init__(self):
