@@ -153,13 +153,6 @@ def test_prompt_longer_than_cache_is_an_error():
         compile_programs(model, batch=1, prompt_len=9, max_len=8)
 
 
-def test_weights_int8_without_quantize_module_is_one_error_line(capsys):
-    if importlib.util.find_spec("tilecc.quantize") is not None:
-        pytest.skip("tilecc.quantize is present: --weights int8 runs (tested in test_quantize)")
-    assert "tilecc.quantize" in _error(capsys, ["generate", f"{EXAMPLE}:tiny_llama", "--prompt-len", "4",
-                                               "--new-tokens", "2", "--weights", "int8", "-q"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", ["tiny_qwen2", "tiny_mistral", "tiny_gemma", "tiny_gpt2"])
 def test_generate_families_match_eager(factory):
