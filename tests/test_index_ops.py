@@ -553,6 +553,36 @@ def test_cat_and_split_random(sizes, rows, dim, dtype):
     run_and_compare(Fn(f), tuple(xs))
 
 
+def _concat_loads(cm) -> list[int]:
+    """The DMA loads of each concat kernel of `cm`'s program."""
+    from tilecc.simulator.isa import Opcode
+
+    out = []
+    for name, a, n in cm.program.kernels:
+        if "concat" in name:
+            out.append(int((cm.program.stream[a:a + n]["opcode"] == Opcode.DMA_LOAD).sum()))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("target", ["tiny", "cloud"])
+def test_channel_concat_copies_channels_as_rows(dtype, target):
+    """A CNN's channel concat at batch 1 (SqueezeNet's fire modules): the inputs viewed
+    ``[C_j, H * W]`` are copied a partition's worth of channels a DMA (3 loads on cloud's
+    128 partitions), not one [H, W] tile a channel (296 loads); a transposed input takes
+    the general path and is still right; so does the first half of each row of an input
+    (a view whose H and W do not merge into one run)."""
+    a = torch.randn(1, 200, 3, 3, dtype=dtype)
+    b = torch.randn(1, 96, 3, 3, dtype=dtype)
+    cm = run_and_compare(Fn(lambda a, b: torch.cat((a, b), dim=1)), (a, b), target=target)
+    P = cm.program.config.sram.partitions
+    assert _concat_loads(cm) == [math.ceil(200 / P) + math.ceil(96 / P)]
+    cm = run_and_compare(Fn(lambda a, b: torch.cat((a, b.transpose(2, 3)), dim=1)), (a, b), target=target)
+    b6 = torch.randn(1, 96, 3, 6, dtype=dtype)
+    cm = run_and_compare(Fn(lambda a, b: torch.cat((a, b[..., :3]), dim=1)), (a, b6), target=target)
+    assert _concat_loads(cm)[0] >= 96  # the general path: a DMA per channel of b at least
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_elementwise_family(dtype):
     x = torch.randn(5, 13, dtype=dtype)

@@ -104,27 +104,40 @@ def lower_slice(lw: LoweringContext, op: gi.SliceOp, loc: str) -> None:
     lw.values[res] = lw.strided(src, _shape(res.type), new, offset + start * strides[dim])
 
 
-def _concat_rows(lw: LoweringContext, op: gi.ConcatOp, out: SSAValue) -> tuple[list[SSAValue], SSAValue] | None:
-    """A concat along `dim` as one of rows: inputs ``[outer, C_j * inner]`` into the
-    output ``[outer, C * inner]`` (outer, inner: the products of the dims before and
-    after `dim`), so the copies fill partitions with the outer rows instead of walking
-    unit dims one DMA at a time (a decode step's ``[B, H, 1, D]`` rotate-half). None
-    where an input's strides do not allow the view without a copy."""
+def _concat_rows(lw: LoweringContext, op: gi.ConcatOp, out: SSAValue
+                 ) -> tuple[list[SSAValue], SSAValue, int] | None:
+    """A concat along `dim` as one of rows: (the inputs, the output, the axis along which
+    they are placed side by side) as 2-D views, so the copies fill partitions with rows
+    instead of walking unit dims one DMA at a time. With more than one outer row (the
+    product of the dims before `dim`): inputs ``[outer, C_j * inner]`` placed along the
+    columns of ``[outer, C * inner]`` (a decode step's ``[B, H, 1, D]`` rotate-half);
+    with one (a CNN's channel concat of ``[1, C_j, H, W]``): inputs ``[C_j, inner]``
+    placed along the rows of ``[C, inner]``, one DMA per 128 channels instead of one per
+    channel. None where an input's strides do not allow the view without a copy, or the
+    concat is already along the output's rows."""
     out_shape = _shape(op.results[0].type)
     dim = op.dim.value.data
     outer, inner = _prod(out_shape[:dim]), _prod(out_shape[dim + 1:])
-    if outer <= 1 or len(out_shape) <= 2 and dim == len(out_shape) - 1:
-        return None  # already rows of the output (or a single row)
+    if outer > 1:
+        if len(out_shape) <= 2 and dim == len(out_shape) - 1:
+            return None  # already rows of the output
+        axis = 1
+        view = lambda c: [outer, c * inner]  # noqa: E731
+    elif inner > 1:
+        axis = 0
+        view = lambda c: [c, inner]  # noqa: E731
+    else:
+        return None  # a single row
     srcs = []
     for v in op.inputs:
         src = lw.materialise(v)
-        shape = [outer, _shape(v.type)[dim] * inner]
+        shape = view(_shape(v.type)[dim])
         strides, offset = lw.layout(src)
         new = reshape_strides(_shape(src.type), strides, shape)
         if new is None:
             return None
         srcs.append(lw.strided(src, shape, new, offset))
-    return srcs, lw.view(out, [outer, out_shape[dim] * inner])
+    return srcs, lw.view(out, view(out_shape[dim])), axis
 
 
 def lower_concat(lw: LoweringContext, op: gi.ConcatOp, loc: str) -> None:
@@ -134,13 +147,14 @@ def lower_concat(lw: LoweringContext, op: gi.ConcatOp, loc: str) -> None:
     out = lw.hbm(out_shape, _elem(res.type))
     rows = _concat_rows(lw, op, out) if len(out_shape) >= 2 else None
     if rows is not None:
-        srcs, dst = rows
+        srcs, dst, axis = rows
         kb = KernelBuilder(lw.kernel_name("concat"), [s.type for s in srcs] + [dst.type], loc)
         pos = 0
         for j, s in enumerate(srcs):
-            width = _shape(s.type)[1]
+            width = _shape(s.type)[axis]
             if _prod(_shape(s.type)):
-                _copy_nest(lw, kb, kb.args[j], [0, 0], kb.args[-1], [0, pos], _shape(s.type), f"part{j}")
+                off = [0, pos] if axis == 1 else [pos, 0]
+                _copy_nest(lw, kb, kb.args[j], [0, 0], kb.args[-1], off, _shape(s.type), f"part{j}")
             pos += width
         lw.launch(kb, [*srcs, dst])
         lw.values[res] = out
