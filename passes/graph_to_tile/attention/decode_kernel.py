@@ -63,8 +63,9 @@ from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
 from tilecc.passes.graph_to_tile.attention.decode_plan import KV_RING, DecodeProblem, DecodeSchedule
-from tilecc.passes.graph_to_tile.attention.program import HeadProgram, IndexFn, Prio
+from tilecc.passes.graph_to_tile.attention.program import HeadProgram
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp, ScheduleInit, schedule
+from tilecc.passes.graph_to_tile.attention.vocabulary import IndexFn, Prio
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.shapes import dense_attr
 from tilecc.simulator.timing import DmaPattern

@@ -42,8 +42,9 @@ from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size, masked_value
 from tilecc.passes.graph_to_tile.attention.plan import N2, NQ, SCHEDULE_TRIES, AttentionPlan, body_budget
-from tilecc.passes.graph_to_tile.attention.program import BatchIndex, HeadProgram, Ring
+from tilecc.passes.graph_to_tile.attention.program import HeadProgram
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp, ScheduleInit, schedule
+from tilecc.passes.graph_to_tile.attention.vocabulary import BatchIndex, Ring
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.shapes import dense_attr, shape_of
 
