@@ -108,7 +108,9 @@ def compile_graph(
     optional -O2 passes to skip (fold-norm-affine, canonicalize-graph, merge-linears, fuse-graph,
     fuse-mlp: its step joining MLP groups, passes/graph/fuse_mlp.py;
     `tilecc bisect` switches them off in turn) and "share-kernels" to build every launch's
-    kernel on its own (`passes/graph_to_tile/sharing.py`; the stream is the same).
+    kernel on its own (`passes/graph_to_tile/sharing.py`; the stream is the same), and
+    "resident-constants" to load every constant buffer in each kernel that reads it
+    (`passes/tile/resident_constants.py`).
 
     `before_pass` / `after_pass` (pass name, module) run around every pass, outside
     its timing (the explorer's instrumentation, `tilecc/explore.py`); the passes'
@@ -252,7 +254,8 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
     if plan is not None:
         session.fallback = plan
     for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels(), gp.weights,
-                                      "share-kernels" not in disabled, mlp_policy):
+                                      "share-kernels" not in disabled, mlp_policy,
+                                      resident="resident-constants" not in disabled):
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":

@@ -42,7 +42,7 @@ def _torch_dtype(t: MemRefType) -> torch.dtype:
 
 def lower_to_tile(gp: GraphProgram, cfg: HardwareConfig) -> Any:
     module = gp.module.clone()
-    for name, run in default_pipeline(cfg, 2, None):
+    for name, run in default_pipeline(cfg, 2, None, resident=False):  # each Triton kernel has its own memory
         if name == "lower-tile-to-npu":
             break
         run(module)

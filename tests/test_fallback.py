@@ -96,11 +96,11 @@ def test_a_failure_after_lowering_compiles_the_program_at_O0(monkeypatch):
     real = registry.plan_sram
     seen = {"n": 0}
 
-    def flaky(module, cfg):
+    def flaky(module, cfg, **kw):
         seen["n"] += 1
         if seen["n"] == 1:
             raise ZeroDivisionError("planted bug in plan-sram")
-        return real(module, cfg)
+        return real(module, cfg, **kw)
 
     monkeypatch.setattr(registry, "plan_sram", flaky)
     torch.manual_seed(0)

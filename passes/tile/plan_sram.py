@@ -39,6 +39,14 @@ from tilecc.errors import SramOverflowError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
 from tilecc.passes import remarks
+from tilecc.passes.tile.resident_constants import (
+    MAX_FRACTION,
+    Residency,
+    apply_residency,
+    find_resident,
+    is_resident,
+    residency_remark,
+)
 from tilecc.simulator.config import HardwareConfig, load_config
 
 ALIGN = 64
@@ -50,17 +58,18 @@ def buffer_bytes(t: MemRefType) -> int:
     return cols * element_size(t.element_type)
 
 
-def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig) -> dict[str, int]:
+def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig, sram_capacity: int | None = None) -> dict[str, int]:
     """Assign offsets in place (from the bottom of each memory up); return the bytes
-    used per partition by memory space."""
+    used per partition by memory space. Resident buffers (`resident_constants.py`) keep
+    their slots and count in neither; `sram_capacity`: the bytes below the slots."""
     limits = {
-        tile.SRAM: (cfg.sram.partitions, cfg.sram.bytes_per_partition),
+        tile.SRAM: (cfg.sram.partitions, cfg.sram.bytes_per_partition if sram_capacity is None else sram_capacity),
         tile.ACC: (cfg.accumulator.partitions, cfg.accumulator.bytes_per_partition),
     }
     used = {tile.SRAM: 0, tile.ACC: 0}
     placed: dict[str, list[tuple[str, int]]] = {tile.SRAM: [], tile.ACC: []}
     for op in kernel.walk():
-        if not isinstance(op, tile.AllocOp):
+        if not isinstance(op, tile.AllocOp) or is_resident(op):
             continue
         t = op.result.type
         assert isinstance(t, MemRefType)
@@ -101,20 +110,26 @@ def _loc(op: Operation) -> str:
 class PlanSramPass(ModulePass):
     name = "plan-sram"
     target: str = "tiny"
+    resident: bool = False  # constant buffers resident across kernels (the -O2 pipeline's choice)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        plan_sram(op, load_config(self.target))
+        plan_sram(op, load_config(self.target), resident=self.resident)
 
 
-def plan_sram(module: ModuleOp, cfg: HardwareConfig, linked: bool = True) -> None:
+def plan_sram(module: ModuleOp, cfg: HardwareConfig, linked: bool = True, resident: bool = False) -> None:
     """Plan every kernel; with `linked` kernels each kernel's buffers move just above
     the previous kernel's, or to the bottom where they do not fit there (see the module
-    docstring; off with unlinked kernels, which gives the barrier-separated layout)."""
+    docstring; off with unlinked kernels, which gives the barrier-separated layout).
+    `resident`: constant buffers get slots at the top of SRAM, loaded once for the
+    program (`resident_constants.py`), where every kernel still fits below them."""
     kernels = [f for f in module.ops if isinstance(f, func.FuncOp) and tile.KERNEL_ATTR in f.attributes]
-    capacity = {tile.SRAM: cfg.sram.bytes_per_partition, tile.ACC: cfg.accumulator.bytes_per_partition}
+    sram_cap = cfg.sram.bytes_per_partition - cfg.sram.bytes_per_partition % ALIGN
+    if resident:
+        sram_cap = _place_resident(kernels, module, cfg, sram_cap)
+    capacity = {tile.SRAM: sram_cap, tile.ACC: cfg.accumulator.bytes_per_partition}
     prev: dict[str, tuple[int, int]] = {}  # per memory: the previous kernel's [start, end)
     for f in kernels:
-        used = plan_kernel(f, cfg)
+        used = plan_kernel(f, cfg, sram_cap)
         if not linked:
             continue
         for space, cap in capacity.items():
@@ -132,6 +147,37 @@ def plan_sram(module: ModuleOp, cfg: HardwareConfig, linked: bool = True) -> Non
             prev[space] = (base, base + size)
 
 
+def _place_resident(kernels: list[func.FuncOp], module: ModuleOp, cfg: HardwareConfig, cap: int) -> int:
+    """Slots for the resident constant buffers at the top of SRAM where they fit (at
+    most `MAX_FRACTION` of it, every kernel's other buffers below them); the bytes left
+    below the slots."""
+    res = find_resident(module)
+    if not res.slots:
+        return cap
+    top = cap
+    slots = res.total
+    need = max((_kernel_bytes(f, res) for f in kernels), default=0)
+    if slots > MAX_FRACTION * cap or need + slots > cap:
+        residency_remark(res, cap, False, f"the largest kernel needs {need:,} bytes per partition besides them"
+                         if need + slots > cap else f"more than {MAX_FRACTION:.0%} of SRAM")
+        return cap
+    apply_residency(res, top)
+    residency_remark(res, cap, True)
+    return top - slots
+
+
+def _kernel_bytes(kernel: func.FuncOp, res: Residency) -> int:
+    """SRAM bytes per partition of `kernel`'s buffers that stay its own (aligned)."""
+    moving = {id(a) for a, _ in res.allocs}
+    n = 0
+    for op in kernel.walk():
+        if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == tile.SRAM and id(op) not in moving:
+            t = op.result.type
+            assert isinstance(t, MemRefType)
+            n += -(-buffer_bytes(t) // ALIGN) * ALIGN
+    return n
+
+
 def _ring_base(lo: int, hi: int, size: int, cap: int) -> int | None:
     """Where `size` bytes go next to the previous kernel's [lo, hi) in [0, cap): just
     above it, else at the bottom; None where neither is disjoint from it."""
@@ -147,7 +193,7 @@ def _shift(kernel: func.FuncOp, space: str, base: int) -> None:
     if not base:
         return
     for op in kernel.walk():
-        if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == space:
+        if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == space and not is_resident(op):
             off = op.properties["offset"]
             assert isinstance(off, IntegerAttr)
             op.properties["offset"] = IntegerAttr(off.value.data + base, i64)
