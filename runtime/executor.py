@@ -17,6 +17,7 @@ from tilecc.errors import InputMismatchError, SimulatorError, TimingOnlyError
 from tilecc.runtime.program import Program, TensorSpec
 from tilecc.runtime.report import Report, make_report
 from tilecc.simulator import numerics
+from tilecc.simulator.critical_path import critical_path as find_path
 from tilecc.simulator.isa import STORAGE, DType, Mem, Opcode
 from tilecc.simulator.machine import simulate
 from tilecc.simulator.trace import write_trace
@@ -98,9 +99,11 @@ def run_program(
     functional: bool = True,
     sanitize: bool = False,
     trace: str | Path | None = None,
+    critical_path: bool = False,
 ) -> tuple[list[torch.Tensor], Report]:
     """Run `program` on the simulator; `sanitize` checks races, uninitialised reads and
-    deadlocks first; `trace` writes a Perfetto timeline there."""
+    deadlocks first; `trace` writes a Perfetto timeline there; `critical_path` adds the
+    chain of instructions that set the cycles to the report (simulator/critical_path.py)."""
     if program.timing_only and functional:
         raise TimingOnlyError(
             "this program was compiled from a model on the meta device: its weights have no values, so it "
@@ -127,6 +130,11 @@ def run_program(
                          program.meta.get("remarks"), launches=len(program.kernels))
     if sim.end is not None:
         report.extra["output_ready_cycles"] = output_ready_cycles(program, sim.end)
+    if critical_path:
+        if sim.start is None or sim.end is None:
+            raise SimulatorError("the simulation kept no per-instruction times to find the critical path in")
+        report.critical_path = find_path(program.stream, program.config, sim.start, sim.end,
+                                         program.kernels).to_dict()
     return outputs, report
 
 

@@ -31,7 +31,7 @@ from tilecc.simulator.roofline import LOWP_WORK_KEYS, WORK_KEYS, roofline
 from tilecc.simulator.stats import SimResult
 from tilecc.simulator.timing import vector_cost_factors
 
-__all__ = ["Report", "make_report", "program_work", "roofline", "stream_work"]
+__all__ = ["Report", "critical_path_lines", "make_report", "program_work", "roofline", "stream_work"]
 
 
 def stream_work(stream: np.ndarray, cfg: HardwareConfig) -> dict[str, float]:
@@ -118,6 +118,9 @@ class Report:
     remarks: list[dict[str, str]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     launches: int = 0  # kernel launches of the program (0: not known, a bare stream)
+    # the chain of instructions that set `cycles` (simulator/critical_path.py, `to_dict`);
+    # empty unless asked for (`run_program(..., critical_path=True)`, `tilecc run --critical-path`)
+    critical_path: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,6 +177,8 @@ class Report:
         f64 = [r for r in self.remarks if r["message"].startswith("float64 computed in fp32")]
         if f64:
             lines.append(f"float64           {len(f64)} ops / inputs computed in fp32 (tilecc's float64 policy)")
+        if self.critical_path:
+            lines += critical_path_lines(self.critical_path)
         if en:
             lines.append(
                 f"energy            {en['total_pj'] * 1e-6:,.3f} uJ "
@@ -184,6 +189,21 @@ class Report:
 
 
 _SHORT = {"semaphore": "sem", "hbm_bandwidth": "hbm"}
+
+
+def critical_path_lines(cp: dict[str, Any], top: int = 5) -> list[str]:
+    """Report lines of a `CriticalPath.to_dict()`: the chain's cycles by kind, then the
+    kernels it spends most in."""
+    total = max(float(cp["cycles"]), 1.0)
+    kinds = sorted(((k, v) for k, v in cp["by_kind"].items() if v > 0), key=lambda kv: -kv[1])
+    lines = [f"critical path     {cp['instructions']:,} instructions set the cycles: "
+             + ", ".join(f"{k} {v / total:.1%}" for k, v in kinds)]
+    for row in cp["by_kernel"][:top]:
+        d = row["by_kind"]
+        main = max(d, key=lambda k: d[k])
+        lines.append(f"  {row['kernel'][:36]:36s} {row['cycles']:>12,.0f} cycles {row['cycles'] / total:6.1%} "
+                     f"(most {main}: {d[main] / total:.1%})")
+    return lines
 
 
 def make_report(

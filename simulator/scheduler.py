@@ -48,7 +48,7 @@ from tilecc.simulator.decode import DecodedProgram, itemsize_lut
 from tilecc.simulator.isa import DType, Opcode
 from tilecc.simulator.timing import TimingRules, vector_cost_factors
 
-__all__ = ["Durations", "Schedule", "durations", "schedule"]
+__all__ = ["Durations", "Schedule", "durations", "schedule", "semaphore_producers"]
 
 
 @dataclass
@@ -164,6 +164,17 @@ def schedule(
     else:
         sch.run_dataflow()
     return sch.result(record)
+
+
+def semaphore_producers(prog: DecodedProgram) -> np.ndarray:
+    """[n x width] int64: each instruction's producers, the instructions whose completion
+    meets its semaphore waits (`_producers`' rule: the v-th signaller of the semaphore in
+    program order within the barrier-separated kernel), then -1s. Exact for compiled
+    code (every awaited semaphore signalled from one engine queue)."""
+    kernel_of = np.cumsum(prog.is_barrier) - prog.is_barrier
+    n_kernels = int(prog.is_barrier.sum()) + 1
+    prod, _ = _producers(prog, prog.col["wait_sem"], prog.col["wait_val"], kernel_of, n_kernels)
+    return prod
 
 
 def _producers(

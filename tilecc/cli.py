@@ -144,7 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     compile_seconds = time.perf_counter() - t0
     if cm.program is None:  # only a dynamic-shape compile leaves it unset
         raise TileccError(f"{args.source}: compiled with dynamic shapes; `tilecc run` takes static ones")
-    outputs, report = run_program(cm.program, inputs, trace=args.trace, sanitize=not args.no_sanitize)
+    outputs, report = run_program(cm.program, inputs, trace=args.trace, sanitize=not args.no_sanitize,
+                                  critical_path=args.critical_path)
     cm.report = report
     progress.report("compare")
     if len(outputs) != len(expected):
@@ -218,7 +219,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
             inputs.append(torch.from_numpy(data[spec.name]).to(dtype))
         else:
             inputs.append(torch.randn(spec.shape, generator=gen).to(dtype))
-    outputs, report = run_program(program, tuple(inputs), trace=args.trace, sanitize=True)
+    outputs, report = run_program(program, tuple(inputs), trace=args.trace, sanitize=True,
+                                  critical_path=args.critical_path)
     if args.json:
         d = report.to_dict()
         d["outputs"] = [{"name": s.name, "shape": list(s.shape)} for s in program.outputs]
@@ -314,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save", type=output_file, help="write the compiled program to this file")
     run.add_argument("--trace", type=output_file, help="write a Perfetto / Chrome-trace timeline (JSON) here")
     run.add_argument("--no-sanitize", action="store_true", help="skip the race / uninitialised-read checks")
+    run.add_argument("--critical-path", action="store_true",
+                     help="report the chain of instructions that set the cycles, by kind and by kernel")
     from tilecc.system_cli import add_arguments as add_system_arguments  # many chips
 
     add_system_arguments(run)
@@ -326,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     sim.add_argument("--trace", type=output_file, help="write a Perfetto / Chrome-trace timeline (JSON) here")
     sim.add_argument("--json", action="store_true")
+    sim.add_argument("--critical-path", action="store_true",
+                     help="report the chain of instructions that set the cycles, by kind and by kernel")
     add_quiet(sim)
     sim.set_defaults(fn=cmd_sim)
     gm = sub.add_parser("gemm", help="cycles of one GEMM layer on a systolic array (SCALE-Sim's question)")
