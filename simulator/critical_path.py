@@ -38,7 +38,7 @@ from tilecc.simulator.scheduler import semaphore_producers
 
 __all__ = ["CriticalPath", "critical_path"]
 
-KINDS = ("matrix", "vector", "dma load", "dma store", "link", "barrier", "waiting")
+KINDS: tuple[str, ...] = ("matrix", "vector", "dma load", "dma store", "link", "barrier", "waiting")
 _EPS = 1e-6
 
 
@@ -90,7 +90,7 @@ def critical_path(
     st = np.asarray(start, dtype=np.float64)
     en = np.asarray(end, dtype=np.float64)
     if n == 0:
-        return CriticalPath(0.0, dict.fromkeys(KINDS, 0.0), [], np.zeros(0, np.int64))
+        return CriticalPath(0.0, {k: 0.0 for k in KINDS}, [], np.zeros(0, np.int64))
     prod = semaphore_producers(prog)
     eng = prog.eng
     # the previous instruction on the same engine queue, and the barrier a kernel follows
@@ -131,7 +131,7 @@ def critical_path(
     for j, (name, first, count) in enumerate(kernels or []):
         kernel_of[first:first + count] = j
         names.append(name)
-    by_kind = dict.fromkeys(KINDS, 0.0)
+    by_kind: dict[str, float] = {k: 0.0 for k in KINDS}
     per_kernel: dict[int, dict[str, float]] = {}
 
     def charge(i: int, what: str, cycles: float) -> None:
@@ -140,7 +140,7 @@ def critical_path(
         by_kind[what] += cycles
         k = int(kernel_of[i])
         if k >= 0:
-            d = per_kernel.setdefault(k, dict.fromkeys(KINDS, 0.0))
+            d = per_kernel.setdefault(k, {kk: 0.0 for kk in KINDS})
             d[what] += cycles
 
     by_kind["waiting"] += max(0.0, float(st[path[0]]))  # before the chain's first instruction
