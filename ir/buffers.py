@@ -10,6 +10,10 @@ kernel's SRAM and accumulator budget with the same rounding before planning:
 
 from __future__ import annotations
 
+from xdsl.dialects.builtin import MemRefType
+
+from tilecc.ir.dtypes import element_size
+
 BUFFER_ALIGN = 64  # bytes
 
 
@@ -18,4 +22,9 @@ def align_up(nbytes: int, align: int = BUFFER_ALIGN) -> int:
     return -(-nbytes // align) * align
 
 
-__all__ = ["BUFFER_ALIGN", "align_up"]
+def buffer_bytes(t: MemRefType) -> int:
+    """Bytes per partition of an on-chip buffer of type `t` (its columns x element size)."""
+    return t.get_shape()[1] * element_size(t.element_type)
+
+
+__all__ = ["BUFFER_ALIGN", "align_up", "buffer_bytes"]

@@ -35,6 +35,7 @@ from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.decode import DecodedProgram
 from tilecc.simulator.isa import Opcode
 from tilecc.simulator.scheduler import semaphore_producers
+from tilecc.simulator.trace import kernel_membership
 
 __all__ = ["CriticalPath", "critical_path"]
 
@@ -84,7 +85,8 @@ def critical_path(
 ) -> CriticalPath:
     """The critical path of a run of `stream` whose instructions started and ended at
     `start` / `end` (`SimResult.start` / `.end`); `kernels`: (name, first record, count)
-    spans (`Program.kernels`) for the per-kernel figures."""
+    spans (`Program.kernels`) for the per-kernel figures (None: the barrier-separated
+    segments, as in the trace)."""
     prog = DecodedProgram(stream, config)
     n = prog.n
     st = np.asarray(start, dtype=np.float64)
@@ -126,11 +128,7 @@ def critical_path(
         cur = best
     path = np.asarray(chain[::-1], dtype=np.int64)
 
-    kernel_of = np.full(n, -1, dtype=np.int64)
-    names: list[str] = []
-    for j, (name, first, count) in enumerate(kernels or []):
-        kernel_of[first:first + count] = j
-        names.append(name)
+    names, _, kernel_of = kernel_membership(n, prog.is_barrier, kernels)
     by_kind: dict[str, float] = {k: 0.0 for k in KINDS}
     per_kernel: dict[int, dict[str, float]] = {}
 

@@ -185,7 +185,7 @@ def _assign_lanes(begin: np.ndarray, finish: np.ndarray) -> tuple[np.ndarray, in
 # ----------------------------------------------------------------------------- kernels
 
 
-def _kernel_membership(
+def kernel_membership(
     n: int, is_barrier: np.ndarray, kernels: Spans | None
 ) -> tuple[list[str], list[tuple[int, int]], np.ndarray]:
     """(names, (first, count) spans, kernel id of each record or -1)."""
@@ -383,7 +383,7 @@ def _trace_text(
     e_ns = np.rint(end / ghz).astype(np.int64)
 
     # ---- kernels: the window of each kernel's instructions
-    knames, kspans, kid = _kernel_membership(n, is_barrier, kernels)
+    knames, kspans, kid = kernel_membership(n, is_barrier, kernels)
     nk = len(knames)
     work = np.flatnonzero(~is_barrier)
     kw = work[kid[work] >= 0]

@@ -40,8 +40,8 @@ from xdsl.passes import ModulePass
 
 from tilecc.errors import CompileError, HbmOverflowError
 from tilecc.ir import tile
+from tilecc.ir.dtypes import element_size
 from tilecc.passes import remarks
-from tilecc.passes.tile.plan_sram import element_size
 from tilecc.simulator.config import HardwareConfig, load_config
 
 ALIGN = 64

@@ -37,7 +37,7 @@ from xdsl.passes import ModulePass
 
 from tilecc.errors import SramOverflowError
 from tilecc.ir import tile
-from tilecc.ir.dtypes import element_size
+from tilecc.ir.buffers import align_up, buffer_bytes
 from tilecc.passes import remarks
 from tilecc.passes.tile.resident_constants import (
     MAX_FRACTION,
@@ -50,12 +50,6 @@ from tilecc.passes.tile.resident_constants import (
 from tilecc.simulator.config import HardwareConfig, load_config
 
 ALIGN = 64
-
-
-def buffer_bytes(t: MemRefType) -> int:
-    """Bytes per partition of an on-chip buffer (its columns x element size)."""
-    rows, cols = t.get_shape()
-    return cols * element_size(t.element_type)
 
 
 def plan_kernel(kernel: func.FuncOp, cfg: HardwareConfig, sram_capacity: int | None = None) -> dict[str, int]:
@@ -174,7 +168,7 @@ def _kernel_bytes(kernel: func.FuncOp, res: Residency) -> int:
         if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == tile.SRAM and id(op) not in moving:
             t = op.result.type
             assert isinstance(t, MemRefType)
-            n += -(-buffer_bytes(t) // ALIGN) * ALIGN
+            n += align_up(buffer_bytes(t))
     return n
 
 

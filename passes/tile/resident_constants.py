@@ -55,10 +55,10 @@ from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, StringAttr,
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
 from tilecc.ir import tile
+from tilecc.ir.buffers import align_up, buffer_bytes
 from tilecc.ir.tile import const_index
 from tilecc.passes import remarks
 
-ALIGN = 64
 RESIDENT_ATTR = "resident"
 MAX_FRACTION = 0.125  # of SRAM per partition, at most, for the slots
 _PASS = "plan-sram"
@@ -87,17 +87,7 @@ class Residency:
 
     @property
     def total(self) -> int:
-        return sum(_aligned(b) for _, b in self.slots.values())
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-def _buffer_bytes(t: MemRefType) -> int:
-    from tilecc.ir.dtypes import element_size
-
-    return t.get_shape()[1] * element_size(t.element_type)
+        return sum(align_up(b) for _, b in self.slots.values())
 
 
 def _root(v: SSAValue) -> Operation | None:
@@ -206,7 +196,7 @@ def find_resident(module: ModuleOp) -> Residency:
         if key in res.slots:
             res.dropped.append(load)
         else:
-            res.slots[key] = (f"rc{len(res.slots)}", _buffer_bytes(t))
+            res.slots[key] = (f"rc{len(res.slots)}", buffer_bytes(t))
         res.allocs.append((alloc, key))
     return res
 
@@ -217,7 +207,7 @@ def apply_residency(res: Residency, top: int) -> None:
     offsets: dict[tuple, int] = {}
     at = top
     for key, (_, size) in res.slots.items():
-        at -= _aligned(size)
+        at -= align_up(size)
         offsets[key] = at
     for alloc, key in res.allocs:
         alloc.attributes[RESIDENT_ATTR] = StringAttr(res.slots[key][0])
