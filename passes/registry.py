@@ -35,7 +35,7 @@ def default_pipeline(
     cfg: HardwareConfig, opt_level: int = 2, matmul_policy: Callable | None = None,
     session: CompileSession | None = None, dsl_kernels: DslKernelSource | None = None,
     weights: Mapping[str, np.ndarray] | None = None, share: bool = True, mlp_policy: Callable | None = None,
-    resident: bool = True,
+    resident: bool = True, forward: bool = True,
 ) -> list[Stage]:
     """(pass name, function) in order; `hbm-layout` is read between plan-hbm and lowering.
 
@@ -48,7 +48,9 @@ def default_pipeline(
     also runs merge-linears (`passes/graph/merge_linears.py`), which adds merged weights to it. `share`: ops of
     one structure launch one kernel (`passes/graph_to_tile/sharing.py`). `resident` (-O2 only):
     constant buffers stay in SRAM across kernels (`passes/tile/resident_constants.py`);
-    off where kernels run one by one on another machine (the GPU backend).
+    off where kernels run one by one on another machine (the GPU backend). `forward`
+    (with `resident`): activation tiles stay in SRAM from the kernel that computes them
+    to the kernels that read them (`passes/tile/forward_activations.py`).
     """
     if opt_level not in (0, 2):
         raise ValueError(f"optimisation level {opt_level}: tilecc has -O0 and -O2")
@@ -64,7 +66,8 @@ def default_pipeline(
     return graph + [
         ("lower-graph-to-tile", lambda m: lower_graph_to_tile(m, cfg, opt_level, matmul_policy, session, dsl_kernels,
                                                                     share, mlp_policy)),
-        ("plan-sram", lambda m: plan_sram(m, cfg, resident=resident and opt_level >= 2)),
+        ("plan-sram", lambda m: plan_sram(m, cfg, resident=resident and opt_level >= 2,
+                                          forward=forward and resident and opt_level >= 2)),
         ("plan-hbm", lambda m: plan_hbm(m, cfg)),
         ("lower-tile-to-npu", lambda m: lower_tile_to_npu(m, cfg)),
         ("npu-insert-sync", lambda m: insert_sync(m, cfg, session)),

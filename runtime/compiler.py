@@ -110,7 +110,8 @@ def compile_graph(
     `tilecc bisect` switches them off in turn) and "share-kernels" to build every launch's
     kernel on its own (`passes/graph_to_tile/sharing.py`; the stream is the same), and
     "resident-constants" to load every constant buffer in each kernel that reads it
-    (`passes/tile/resident_constants.py`).
+    (`passes/tile/resident_constants.py`) and "forward-activations" to send every
+    activation through HBM between kernels (`passes/tile/forward_activations.py`).
 
     `before_pass` / `after_pass` (pass name, module) run around every pass, outside
     its timing (the explorer's instrumentation, `tilecc/explore.py`); the passes'
@@ -255,7 +256,8 @@ def _compile(gp, cfg, after_pass, before_pass, stats, opt_level, autotune, matmu
         session.fallback = plan
     for name, run in default_pipeline(cfg, opt_level, matmul_policy, session, DslKernels(), gp.weights,
                                       "share-kernels" not in disabled, mlp_policy,
-                                      resident="resident-constants" not in disabled):
+                                      resident="resident-constants" not in disabled,
+                                      forward="forward-activations" not in disabled):
         if name in disabled:
             continue
         if name == "lower-tile-to-npu":

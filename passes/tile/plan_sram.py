@@ -39,6 +39,7 @@ from tilecc.errors import SramOverflowError
 from tilecc.ir import tile
 from tilecc.ir.buffers import align_up, buffer_bytes
 from tilecc.passes import remarks
+from tilecc.passes.tile.forward_activations import apply_forwarding, find_forwarding, forwarding_remark, place_slots
 from tilecc.passes.tile.resident_constants import (
     MAX_FRACTION,
     Residency,
@@ -105,21 +106,28 @@ class PlanSramPass(ModulePass):
     name = "plan-sram"
     target: str = "tiny"
     resident: bool = False  # constant buffers resident across kernels (the -O2 pipeline's choice)
+    forward: bool = False  # activation tiles kept on chip between kernels (with resident)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        plan_sram(op, load_config(self.target), resident=self.resident)
+        plan_sram(op, load_config(self.target), resident=self.resident, forward=self.forward)
 
 
-def plan_sram(module: ModuleOp, cfg: HardwareConfig, linked: bool = True, resident: bool = False) -> None:
+def plan_sram(module: ModuleOp, cfg: HardwareConfig, linked: bool = True, resident: bool = False,
+              forward: bool | None = None) -> None:
     """Plan every kernel; with `linked` kernels each kernel's buffers move just above
     the previous kernel's, or to the bottom where they do not fit there (see the module
     docstring; off with unlinked kernels, which gives the barrier-separated layout).
     `resident`: constant buffers get slots at the top of SRAM, loaded once for the
-    program (`resident_constants.py`), where every kernel still fits below them."""
+    program (`resident_constants.py`), where every kernel still fits below them;
+    `forward` (default: as `resident`; only with it) also keeps activation tiles in
+    slots below those between the kernel that stores them and the kernels that load them
+    (`forward_activations.py`)."""
     kernels = [f for f in module.ops if isinstance(f, func.FuncOp) and tile.KERNEL_ATTR in f.attributes]
     sram_cap = cfg.sram.bytes_per_partition - cfg.sram.bytes_per_partition % ALIGN
     if resident:
         sram_cap = _place_resident(kernels, module, cfg, sram_cap)
+        if forward is None or forward:
+            sram_cap = _place_forwarded(kernels, module, sram_cap)
     capacity = {tile.SRAM: sram_cap, tile.ACC: cfg.accumulator.bytes_per_partition}
     prev: dict[str, tuple[int, int]] = {}  # per memory: the previous kernel's [start, end)
     for f in kernels:
@@ -160,12 +168,33 @@ def _place_resident(kernels: list[func.FuncOp], module: ModuleOp, cfg: HardwareC
     return top - slots
 
 
-def _kernel_bytes(kernel: func.FuncOp, res: Residency) -> int:
-    """SRAM bytes per partition of `kernel`'s buffers that stay its own (aligned)."""
-    moving = {id(a) for a, _ in res.allocs}
+def _place_forwarded(kernels: list[func.FuncOp], module: ModuleOp, cap: int) -> int:
+    """Slots for the activation tiles kept on chip between kernels
+    (`forward_activations.py`) just below `cap`, where every kernel's other buffers
+    still fit below them; the bytes left below the slots."""
+    fw = find_forwarding(module)
+    if not fw.slots:
+        return cap
+    moving = {i for s in fw.slots for i in s.moved()}
+    need = max((_kernel_bytes(f, moving) for f in kernels), default=0)
+    place_slots(fw, cap - need)
+    kept = {i for s in fw.slots for i in s.moved()}
+    if fw.slots and max((_kernel_bytes(f, kept) for f in kernels), default=0) + fw.extent > cap:
+        remarks.emit("plan-sram", "missed", "activation tiles not kept on chip: a kernel does not fit below them")
+        return cap
+    apply_forwarding(fw, cap)
+    forwarding_remark(fw)
+    return cap - fw.extent
+
+
+def _kernel_bytes(kernel: func.FuncOp, res: Residency | set[int]) -> int:
+    """SRAM bytes per partition of `kernel`'s buffers that stay its own (aligned): all
+    but the resident ones and those of `res` (a residency, or alloc ids)."""
+    moving = res if isinstance(res, set) else {id(a) for a, _ in res.allocs}
     n = 0
     for op in kernel.walk():
-        if isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == tile.SRAM and id(op) not in moving:
+        if (isinstance(op, tile.AllocOp) and tile.space_of(op.result.type) == tile.SRAM and id(op) not in moving
+                and not is_resident(op)):
             t = op.result.type
             assert isinstance(t, MemRefType)
             n += align_up(buffer_bytes(t))

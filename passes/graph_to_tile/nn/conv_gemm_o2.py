@@ -282,9 +282,13 @@ def emit_conv_gemm_o2(lw: LoweringContext, prob: ConvProblem, plan: GemmO2Plan, 
                         kb.add(tile.UnaryOp("copy", s_, d_, rows, kb.const(cols)))
 
                 oh0 = lin(kb, 0, (RB, bidx))
-                # (the padded output is allocated zeroed: the ring above the first band needs no store)
+                # (the padded output is allocated zeroed: the ring above the first band needs no
+                # store, except from a single band: its buffer then holds the whole padded
+                # channel tile as the next kernel loads it, so that kernel can read it in place,
+                # passes/tile/forward_activations.py)
                 epi.emit(k, acc, m if group is None else kb.const(S * TCo), n, c0, kb.const(0), oh0, RB, Wq,
                          compact if pad_at is None else None, col_set=j, buf_set=(bset + j) % 2, last=last,
+                         first=nb == 1 and group is None,
                          stack=None if group is None else [(group * S + s_) * RB for s_ in range(S)])
 
         # issue order: the weights, then the epilogue's constants and per-channel operands
