@@ -152,6 +152,46 @@ def test_a_buffer_loaded_twice_forwards_only_its_last_load():
     _check(prog, model, x, torch.float32)
 
 
+def test_a_load_of_two_stores_reads_both_buffers_side_by_side():
+    """GPT-2's attention kernel stores each row tile of its output as two column blocks
+    (six heads each) from two buffers; the projection loads the whole row tile at once.
+    The two buffers go side by side into one slot and the projection reads them as one
+    buffer; the block matches eager with the sanitisers on."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    conf = GPT2Config(n_embd=768, n_head=12, n_layer=1, n_positions=512, vocab_size=64, bos_token_id=0,
+                      eos_token_id=0)
+    conf._attn_implementation = "sdpa"
+
+    class B(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = GPT2Block(conf)
+
+        def forward(self, h):
+            y = self.b(h)
+            return y[0] if isinstance(y, tuple) else y
+
+    model = B().eval()
+    x = (torch.randn(1, 128, 768),)
+    gp = _gp(model, x)
+    captured = {}
+
+    def before(name, module):
+        if name == "plan-sram":
+            captured["m"] = module.clone()
+
+    prog = compile_graph(gp, load_config("cloud"), before_pass=before)
+    joined = [s for s in find_forwarding(captured["m"]).slots if s.parts]
+    assert joined, "the attention output's two column blocks share a slot"
+    assert [o for _, o in joined[0].producers] == [0, 384 * 4]  # fp32: the second block 384 columns on
+    base = compile_graph(gp, load_config("cloud"), disabled=OFF)
+    assert _count(prog, Opcode.DMA_LOAD) < _count(base, Opcode.DMA_LOAD)
+    _check(prog, model, x, torch.float32)
+
+
 def test_slots_share_bytes_between_disjoint_lives_and_leave_out_what_does_not_fit():
     """First fit in launch order among the slots whose lives (producer launch to last
     consumer launch) overlap; a slot past the budget is left out (its tile goes through

@@ -57,7 +57,7 @@ from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, NoneAttr, S
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from tilecc.ir import tile
-from tilecc.ir.buffers import align_up, buffer_bytes
+from tilecc.ir.buffers import align_up
 from tilecc.ir.dtypes import element_size
 from tilecc.ir.tile import const_index
 from tilecc.passes import remarks
@@ -112,14 +112,21 @@ class Slot:
     last: int  # launch index of the last consumer
     consumers: list[_Consumer] = field(default_factory=list)
     offset: int = -1  # bytes below the slots' top (place_slots)
+    # more producer buffers side by side after the first (byte offset in the slot): the
+    # column blocks of a row a consumer loads at once from several stores
+    parts: list[tuple[tile.AllocOp, int]] = field(default_factory=list)
 
     @property
     def loads(self) -> list[tile.LoadOp]:
         return [c.load for c in self.consumers]
 
+    @property
+    def producers(self) -> list[tuple[tile.AllocOp, int]]:
+        return [(self.producer, 0), *self.parts]
+
     def moved(self) -> set[int]:
-        """Ids of the allocs that move to the slot (the producer's, the consumers' own)."""
-        return {id(self.producer)} | {id(c.alloc) for c in self.consumers if c.whole}
+        """Ids of the allocs that move to the slot (the producers', the consumers' own)."""
+        return {id(a) for a, _ in self.producers} | {id(c.alloc) for c in self.consumers if c.whole}
 
 
 @dataclass
@@ -365,7 +372,7 @@ def find_forwarding(module: ModuleOp) -> Forwarding:
         for load in list(body.ops):
             if isinstance(load, tile.LoadOp) and isinstance(load.src, BlockArgument) and load.src.owner is body:
                 _forward(load, cl, calls, names, launches, where, writers, stores, slots)
-    fw.slots = list(slots.values())
+    fw.slots = list({id(x): x for x in slots.values()}.values())
     # the stores whose tensors nobody loads from HBM any more
     forwarded = {id(c.load) for s in fw.slots for c in s.consumers}
     for pname, pl in launches.items():
@@ -493,37 +500,96 @@ def _forward(load: tile.LoadOp, cl: list[int], calls: list[func.CallOp], names: 
         lpat = _pattern(load, load.src, w)
         if lpat is None:
             return
-        match = None
-        for store, sj, alloc, c0 in stores[pname]:
-            spat = _pattern(store, store.dst, pw) if sj == j else None
-            d = _within(lpat, spat) if spat is not None else None
-            if d is None:
-                continue
-            pt = alloc.result.type
-            (pr, pc) = pt.get_shape()  # type: ignore[union-attr]
-            if dt.element_type != pt.element_type or dr > pr or c0 + d + dc > pc:  # type: ignore[union-attr]
-                continue
-            match = (pname, alloc, c0 + d)
-            break
-        if match is None or (choice is not None and (choice[0], choice[1], choice[2]) != match):
+        match = _match(lpat, [(st, a, c0, _pattern(st, st.dst, pw)) for st, sj, a, c0 in stores[pname] if sj == j],
+                       dt, dr, dc)
+        if match is None or (choice is not None and choice != match):
             return
         choice = match
         span += [p, c]
     if choice is None:
         return
-    _, alloc, col = choice
+    allocs, col = choice
     whole = _only_read_after(dst, load)
     # a buffer with other writes keeps them only where the load does not overwrite them
     # (a column of ones beside the loaded values): the load must cover it all
     rows, cols = _fold(load.rows), _fold(load.cols)
     if not whole and ((rows, cols) != (dr, dc) or not _retargetable(load, dst)):
         return
-    pt = alloc.result.type
-    slot = slots.get(id(alloc))
-    if slot is None:
-        slot = slots[id(alloc)] = Slot(f"fw{len(slots)}", alloc, align_up(buffer_bytes(pt)), min(span), max(span))
+    isz = element_size(dt.element_type)
+    layout, at = [], 0
+    for a in allocs:
+        layout.append((a, at))
+        at += a.result.type.get_shape()[1] * isz  # type: ignore[union-attr]
+    placed = [slots.get(id(a)) for a in allocs]
+    if all(x is None for x in placed):
+        slot = Slot(f"fw{len({id(x) for x in slots.values()})}", allocs[0], align_up(at), min(span), max(span),
+                    parts=layout[1:])
+        for a in allocs:
+            slots[id(a)] = slot
+    else:  # the buffers must already sit in one slot, in this order
+        slot = placed[0]  # type: ignore[assignment]
+        where_in = dict((id(a), o) for a, o in slot.producers)  # type: ignore[union-attr]
+        base = where_in.get(id(allocs[0]))
+        if base is None or any(x is not slot or where_in.get(id(a)) != base + o
+                               for x, (a, o) in zip(placed, layout)):
+            return
+        col += base // isz
+    assert slot is not None
     slot.first, slot.last = min(slot.first, *span), max(slot.last, *span)
-    slot.consumers.append(_Consumer(dst, col * element_size(pt.element_type), load, whole))
+    slot.consumers.append(_Consumer(dst, col * isz, load, whole))
+
+
+def _match(lpat: tuple, cands: list, dt: MemRefType, dr: int, dc: int) -> tuple | None:
+    """(producer buffers, first column in them) holding the elements of a load with
+    pattern `lpat`, from the producer's candidate (store, buffer, window column, pattern)
+    list: one store whose elements contain the load's, or stores whose column blocks of
+    the same rows follow each other, each reaching its buffer's end (all but the last)
+    and starting at its buffer's first column (all but the first), the buffers then laid
+    side by side."""
+    for _st, alloc, c0, spat in cands:
+        d = _within(lpat, spat) if spat is not None else None
+        pt = alloc.result.type
+        if d is None or dt.element_type != pt.element_type:
+            continue
+        pr, pc = pt.get_shape()
+        if dr <= pr and c0 + d + dc <= pc:
+            return ((alloc,), c0 + d)
+    lo, rs, cs, lr, lc = lpat
+    if cs != 1 or rs <= 0 or lc <= 0:
+        return None
+    row, b = divmod(lo, rs)
+    blocks = {}
+    for _st, alloc, c0, spat in cands:
+        if spat is None or alloc.result.type.element_type != dt.element_type:
+            continue
+        so, srs, scs, sr, sc = spat
+        srow, a = divmod(so, srs) if srs > 0 else (None, None)
+        if (srs, scs) != (rs, 1) or srow != row or sr < lr or a + sc > rs or alloc.result.type.get_shape()[0] < dr:
+            continue
+        blocks.setdefault(a, (alloc, c0, sc))
+    pieces, pos = [], b
+    first = next(((a, v) for a, v in blocks.items() if a <= b < a + v[2]), None)
+    if first is None:
+        return None
+    a, (alloc, c0, sc) = first
+    pieces.append(alloc)
+    start = c0 + b - a
+    pos = a + sc
+    if c0 + sc != alloc.result.type.get_shape()[1]:
+        return None
+    while pos < b + lc:
+        nxt = blocks.get(pos)
+        if nxt is None or nxt[1] != 0 or nxt[0] in pieces:
+            return None
+        alloc, c0, sc = nxt
+        pieces.append(alloc)
+        pos += sc
+        if pos < b + lc and sc != alloc.result.type.get_shape()[1]:
+            return None
+    width = sum(x.result.type.get_shape()[1] for x in pieces)
+    if len(pieces) < 2 or start + dc > width:
+        return None
+    return (tuple(pieces), start)
 
 
 def _within(load: tuple, store: tuple) -> int | None:
@@ -569,8 +635,9 @@ def apply_forwarding(fw: Forwarding, top: int) -> None:
     stores = fw.dropped_stores
     for s in fw.slots:
         base = top - fw.extent + s.offset
-        s.producer.attributes[RESIDENT_ATTR] = StringAttr(s.name)
-        s.producer.properties["offset"] = IntegerAttr(base, i64)
+        for a, off in s.producers:
+            a.attributes[RESIDENT_ATTR] = StringAttr(s.name)
+            a.properties["offset"] = IntegerAttr(base + off, i64)
         for c in s.consumers:
             if not c.whole:
                 _retarget(c, base + c.offset)
