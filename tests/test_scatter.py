@@ -292,7 +292,11 @@ def test_cache_update_of_side_by_side_heads_matches_eager(heads, n, v, dtype):
     _, first, count = next(k for k in cm.program.kernels if k[0] == scatter[0])
     ops = cm.program.stream["opcode"][first:first + count]
     tiles = -(-n // min(n, 16 if heads != 8 else 128))
-    assert int((ops == Opcode.DMA_LOAD).sum()) == 2 * tiles  # the indices and the rows, once per tile
+    # the indices and the rows once per tile; the rows' load goes where the kernel that
+    # computes x * 2 holds the whole tile in one buffer (read in place:
+    # passes/tile/forward_activations.py), never one load per head
+    forwarded = sum(1 for op in cm.program.meta["remarks"] if "activation tiles kept" in op["message"])
+    assert int((ops == Opcode.DMA_LOAD).sum()) == (tiles if forwarded else 2 * tiles)
     assert int((ops == Opcode.DMA_SCATTER).sum()) == heads * tiles
 
 

@@ -501,7 +501,7 @@ def _forward(load: tile.LoadOp, cl: list[int], calls: list[func.CallOp], names: 
         if lpat is None:
             return
         match = _match(lpat, [(st, a, c0, _pattern(st, st.dst, pw)) for st, sj, a, c0 in stores[pname] if sj == j],
-                       dt, dr, dc)
+                       dt)
         if match is None or (choice is not None and choice != match):
             return
         choice = match
@@ -535,11 +535,14 @@ def _forward(load: tile.LoadOp, cl: list[int], calls: list[func.CallOp], names: 
             return
         col += base // isz
     assert slot is not None
+    # the consumer's buffer may be wider than the tile it loads (and reach past the
+    # producers' buffers): the slot reserves its bytes too, in every partition
+    slot.size = max(slot.size, align_up((col + dc) * isz))
     slot.first, slot.last = min(slot.first, *span), max(slot.last, *span)
     slot.consumers.append(_Consumer(dst, col * isz, load, whole))
 
 
-def _match(lpat: tuple, cands: list, dt: MemRefType, dr: int, dc: int) -> tuple | None:
+def _match(lpat: tuple, cands: list, dt: MemRefType) -> tuple | None:
     """(producer buffers, first column in them) holding the elements of a load with
     pattern `lpat`, from the producer's candidate (store, buffer, window column, pattern)
     list: one store whose elements contain the load's, or stores whose column blocks of
@@ -551,9 +554,7 @@ def _match(lpat: tuple, cands: list, dt: MemRefType, dr: int, dc: int) -> tuple 
         pt = alloc.result.type
         if d is None or dt.element_type != pt.element_type:
             continue
-        pr, pc = pt.get_shape()
-        if dr <= pr and c0 + d + dc <= pc:
-            return ((alloc,), c0 + d)
+        return ((alloc,), c0 + d)
     lo, rs, cs, lr, lc = lpat
     if cs != 1 or rs <= 0 or lc <= 0:
         return None
@@ -564,7 +565,7 @@ def _match(lpat: tuple, cands: list, dt: MemRefType, dr: int, dc: int) -> tuple 
             continue
         so, srs, scs, sr, sc = spat
         srow, a = divmod(so, srs) if srs > 0 else (None, None)
-        if (srs, scs) != (rs, 1) or srow != row or sr < lr or a + sc > rs or alloc.result.type.get_shape()[0] < dr:
+        if (srs, scs) != (rs, 1) or srow != row or sr < lr or a + sc > rs:
             continue
         blocks.setdefault(a, (alloc, c0, sc))
     pieces, pos = [], b
@@ -586,10 +587,7 @@ def _match(lpat: tuple, cands: list, dt: MemRefType, dr: int, dc: int) -> tuple 
         pos += sc
         if pos < b + lc and sc != alloc.result.type.get_shape()[1]:
             return None
-    width = sum(x.result.type.get_shape()[1] for x in pieces)
-    if len(pieces) < 2 or start + dc > width:
-        return None
-    return (tuple(pieces), start)
+    return (tuple(pieces), start) if len(pieces) > 1 else None
 
 
 def _within(load: tuple, store: tuple) -> int | None:
