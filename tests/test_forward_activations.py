@@ -189,6 +189,8 @@ def test_a_load_of_two_stores_reads_both_buffers_side_by_side():
     assert [o for _, o in joined[0].producers] == [0, 384 * 4]  # fp32: the second block 384 columns on
     base = compile_graph(gp, load_config("cloud"), disabled=OFF)
     assert _count(prog, Opcode.DMA_LOAD) < _count(base, Opcode.DMA_LOAD)
+    # the two blocks' stores go: no load of the attention output reads them from HBM
+    assert _count(prog, Opcode.DMA_STORE) < _count(base, Opcode.DMA_STORE)
     _check(prog, model, x, torch.float32)
 
 

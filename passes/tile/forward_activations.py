@@ -373,7 +373,8 @@ def find_forwarding(module: ModuleOp) -> Forwarding:
             if isinstance(load, tile.LoadOp) and isinstance(load.src, BlockArgument) and load.src.owner is body:
                 _forward(load, cl, calls, names, launches, where, writers, stores, slots)
     fw.slots = list({id(x): x for x in slots.values()}.values())
-    # the stores whose tensors nobody loads from HBM any more
+    # the stores whose elements nobody loads from HBM any more: every load of the tensor
+    # (at every launch) that may read them is forwarded, and the tensor is no output
     forwarded = {id(c.load) for s in fw.slots for c in s.consumers}
     for pname, pl in launches.items():
         pk = kernels[pname]
@@ -381,21 +382,36 @@ def find_forwarding(module: ModuleOp) -> Forwarding:
             sts = [u.operation for u in arg.uses if isinstance(u.operation, tile.StoreOp) and u.index == 1]
             if not sts or len(sts) != sum(1 for u in arg.uses if not isinstance(u.operation, tile.LoadOp)):
                 continue
-            need: set[int] = set()
-            ok = True
-            for p in pl:
-                w = where.get(calls[p].arguments[j])
-                if w is None or id(w.root) in outputs or id(w.root) not in readers:
-                    ok = False
-                    break
-                for c, a in readers[id(w.root)]:
-                    for u in kernels[names[c]].body.block.args[a].uses:
-                        if id(u.operation) not in forwarded:
-                            ok = False
-                        need.add(id(u.operation))
-            if ok:
-                fw.dead.append(_Dead(sts, need))
+            for st in sts:
+                need = _dead_store(st, j, pl, calls, names, kernels, where, readers, outputs, forwarded)
+                if need is not None:
+                    fw.dead.append(_Dead([st], need))
     return fw
+
+
+def _dead_store(st: tile.StoreOp, j: int, pl: list[int], calls: list[func.CallOp], names: list[str],
+                kernels: dict[str, func.FuncOp], where: dict, readers: dict, outputs: set[int],
+                forwarded: set[int]) -> set[int] | None:
+    """The forwarded loads store `st` (through argument `j` of a kernel launched at `pl`)
+    is dead with: every load that may read its elements, at every launch; None when a
+    load that is not forwarded may read them (or the tensor is an output)."""
+    need: set[int] = set()
+    for p in pl:
+        w = where.get(calls[p].arguments[j])
+        if w is None or id(w.root) in outputs:
+            return None
+        spat = _pattern(st, st.dst, w)
+        for c, a in readers.get(id(w.root), []):
+            cw = where[calls[c].arguments[a]]
+            for u in kernels[names[c]].body.block.args[a].uses:
+                op = u.operation
+                if id(op) in forwarded:
+                    need.add(id(op))
+                    continue
+                lpat = _pattern(op, op.src, cw) if isinstance(op, tile.LoadOp) and cw is not None else None
+                if spat is None or lpat is None or not _apart(spat, lpat):
+                    return None
+    return need
 
 
 class _LazyStores(dict):
@@ -451,8 +467,13 @@ def _disjoint(a: tile.StoreOp, b: Operation) -> bool:
     strides, off = tile.layout_of(t)  # both through one argument: any consistent numbering
     w = _Where(None, strides, off)  # type: ignore[arg-type]
     pa, pb = _pattern(a, a.dst, w), _pattern(b, b.dst, w)
-    if pa is None or pb is None:
-        return False
+    return pa is not None and pb is not None and _apart(pa, pb)
+
+
+def _apart(pa: tuple, pb: tuple) -> bool:
+    """Whether two DMA patterns (in one tensor's elements) touch no element in common:
+    their bounding ranges do not meet, or both are runs of whole-row-contained columns
+    with the same row stride whose columns or rows do not meet."""
     if _span(pa)[1] < _span(pb)[0] or _span(pb)[1] < _span(pa)[0]:
         return True
     (ao, ars, acs, ar, ac), (bo, brs, bcs, br, bc) = pa, pb
