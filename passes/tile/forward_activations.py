@@ -364,15 +364,20 @@ def find_forwarding(module: ModuleOp) -> Forwarding:
                 readers.setdefault(id(w.root), []).append((i, j))
     outputs = {id(w.root) for op in main.body.block.ops if isinstance(op, func.ReturnOp)
                for v in op.operands if (w := where.get(v)) is not None}
+    # only the program's own intermediates: an input a kernel writes is state the caller
+    # sees (a mutated buffer), a weight or constant is not an activation
+    outputs |= {id(op) for op in main.body.block.ops if isinstance(op, tile.HbmAllocOp)
+                and any(op.properties.get(k) is not None for k in ("input", "weight", "value"))}
     stores = _LazyStores(kernels)
-    slots: dict[int, Slot] = {}
+    slots: dict[int, Slot] = {}  # id(producer buffer) -> its slot
+    consumed: dict[int, tuple[Slot, int, bool]] = {}  # id(consumer buffer) -> (slot, offset, whole)
     for cname, cl in launches.items():
         ck = kernels[cname]
         body = ck.body.block
         for load in list(body.ops):
             if isinstance(load, tile.LoadOp) and isinstance(load.src, BlockArgument) and load.src.owner is body:
-                _forward(load, cl, calls, names, launches, where, writers, stores, slots)
-    fw.slots = list({id(x): x for x in slots.values()}.values())
+                _forward(load, cl, calls, names, launches, where, writers, stores, slots, consumed)
+    fw.slots = _consistent(list({id(x): x for x in slots.values()}.values()))
     # the stores whose elements nobody loads from HBM any more: every load of the tensor
     # (at every launch) that may read them is forwarded, and the tensor is no output
     forwarded = {id(c.load) for s in fw.slots for c in s.consumers}
@@ -493,7 +498,7 @@ def _span(pat: tuple) -> tuple[int, int]:
 
 def _forward(load: tile.LoadOp, cl: list[int], calls: list[func.CallOp], names: list[str],
              launches: dict[str, list[int]], where: dict, writers: dict, stores: dict,
-             slots: dict[int, Slot]) -> None:
+             slots: dict[int, Slot], consumed: dict[int, tuple[Slot, int, bool]]) -> None:
     """Forward `load` (of a kernel launched at `cl`) when every launch reads a tile one
     store of one producer kernel left in its buffer."""
     i = load.src.index  # type: ignore[union-attr]
@@ -541,8 +546,24 @@ def _forward(load: tile.LoadOp, cl: list[int], calls: list[func.CallOp], names: 
     for a in allocs:
         layout.append((a, at))
         at += a.result.type.get_shape()[1] * isz  # type: ignore[union-attr]
-    placed = [slots.get(id(a)) for a in allocs]
-    if all(x is None for x in placed):
+    if id(dst) in slots or id(dst) in consumed:
+        return  # the buffer already holds another slot's tile
+    if len(allocs) == 1 and id(allocs[0]) in consumed:
+        # the producer's buffer itself reads a slot (a copy kernel between): the load reads
+        # that slot too, which then lives until this launch; its producing kernels must
+        # not run again in between (they run once)
+        slot, off, was_whole = consumed[id(allocs[0])]
+        if not was_whole or any(len(launches[_kernel_name(a)]) != 1 for a, _ in slot.producers):
+            return
+        col = off // isz + col
+    elif any(id(a) in consumed for a in allocs):
+        return
+    else:
+        slot = None
+    placed = [slots.get(id(a)) for a in allocs] if slot is None else []
+    if slot is not None:
+        pass
+    elif all(x is None for x in placed):
         slot = Slot(f"fw{len({id(x) for x in slots.values()})}", allocs[0], align_up(at), min(span), max(span),
                     parts=layout[1:])
         for a in allocs:
@@ -561,6 +582,35 @@ def _forward(load: tile.LoadOp, cl: list[int], calls: list[func.CallOp], names: 
     slot.size = max(slot.size, align_up((col + dc) * isz))
     slot.first, slot.last = min(slot.first, *span), max(slot.last, *span)
     slot.consumers.append(_Consumer(dst, col * isz, load, whole))
+    consumed[id(dst)] = (slot, col * isz, whole)
+
+
+def _consistent(slots: list[Slot]) -> list[Slot]:
+    """The slots without those whose buffers another slot also places: a buffer is the
+    producer of at most one slot or a consumer in at most one (a chained consumer sits in
+    its producer's slot). Such a pair arises when a kernel launched several times is a
+    consumer at one launch and a producer at an earlier one; both slots go (their tiles
+    go through HBM)."""
+    while True:
+        where: dict[int, set[str]] = {}
+        for s in slots:
+            for a, _ in s.producers:
+                where.setdefault(id(a), set()).add(s.name)
+            for c in s.consumers:
+                where.setdefault(id(c.alloc), set()).add(s.name)
+        bad = {n for names in where.values() if len(names) > 1 for n in names}
+        prod = {id(a) for s in slots for a, _ in s.producers}
+        bad |= {s.name for s in slots for c in s.consumers if id(c.alloc) in prod and c.alloc is not s.producer}
+        if not bad:
+            return slots
+        slots = [s for s in slots if s.name not in bad]
+
+
+def _kernel_name(op: Operation) -> str:
+    f = op.parent_op()
+    while f is not None and not isinstance(f, func.FuncOp):
+        f = f.parent_op()
+    return f.sym_name.data if isinstance(f, func.FuncOp) else ""
 
 
 def _match(lpat: tuple, cands: list, dt: MemRefType) -> tuple | None:
