@@ -50,6 +50,11 @@ def test_phase_split_in_batches_matches_eager(module, shape, dtype):
     assert 4 * wq in _pad_copies(cm), (_pad_copies(cm), wq)
 
 
+def _forwarded(cm) -> bool:
+    """Whether plan-sram kept an activation tile on chip between two kernels."""
+    return any("activation tiles kept" in r["message"] for r in cm.program.meta["remarks"])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_band_of_every_phase_row_stores_once(dtype):
     """A split whose band holds every phase row (a small image) stores each channel tile
@@ -61,7 +66,12 @@ def test_a_band_of_every_phase_row_stores_once(dtype):
     s = cm.program.stream[a:a + n]
     stores = s[s["opcode"] == Opcode.DMA_STORE]
     hq, wq = (13 + 2 - 3) // 2 + 2, (14 + 2 - 3) // 2 + 2  # phase rows and columns (3x3 / 2, padding 1)
-    assert len(stores) == 1 and stores["cols"][0] == 4 * hq * wq, (name, stores["cols"])
+    # one DMA; none where the convolution after it reads the buffer in place
+    # (passes/tile/forward_activations.py: the buffer is the phase images as in HBM)
+    if _forwarded(cm):
+        assert len(stores) == 0, (name, stores["cols"])
+    else:
+        assert len(stores) == 1 and stores["cols"][0] == 4 * hq * wq, (name, stores["cols"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -75,7 +85,8 @@ def test_one_band_strided_conv_loads_every_phase_at_once(dtype):
     s = cm.program.stream[a:a + n]
     hq, wq = (29 + 2 - 3) // 2 + 2, (27 + 2 - 3) // 2 + 2
     loads = s[s["opcode"] == Opcode.DMA_LOAD]
-    assert (loads["cols"] == 4 * hq * wq).sum() == 1, (name, loads["cols"])
+    # one DMA; none where it reads the phase split's buffer in place (forward_activations)
+    assert (loads["cols"] == 4 * hq * wq).sum() == (0 if _forwarded(cm) else 1), (name, loads["cols"])
 
 
 class PatchEmbed(torch.nn.Module):
