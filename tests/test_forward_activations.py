@@ -12,7 +12,8 @@ import types
 import pytest
 import torch
 
-from tests.helpers import random_batch_norm, tolerance
+from tests.helpers import tolerance
+from tests.test_resident_constants import Blocks
 from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.passes.tile.forward_activations import Forwarding, Slot, find_forwarding, place_slots
 from tilecc.runtime.compiler import compile_graph
@@ -27,25 +28,6 @@ for _m in ("torchvision._meta_registrations", "torchvision._autograd_registratio
 OFF = {"forward-activations"}
 
 
-class Layer3(torch.nn.Module):
-    """Two ResNet basic blocks on a 14 x 14 map: each 3x3 convolution's padded output is
-    one band (one buffer per channel tile), which the next convolution loads whole and
-    the residual add reads in part."""
-
-    def __init__(self, c: int = 128, cin: int = 8):
-        super().__init__()
-        self.stem = torch.nn.Conv2d(cin, c, 3, 1, 1)
-        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(c, c, 3, 1, 1, bias=False) for _ in range(4))
-        self.bns = torch.nn.ModuleList(random_batch_norm(c) for _ in range(4))
-
-    def forward(self, x):
-        x = torch.relu(self.stem(x))
-        for i in (0, 2):
-            y = torch.relu(self.bns[i](self.convs[i](x)))
-            x = torch.relu(self.bns[i + 1](self.convs[i + 1](y)) + x)
-        return x
-
-
 def _mlp():
     torch.manual_seed(0)
     m = torch.nn.Sequential(
@@ -53,6 +35,27 @@ def _mlp():
         torch.nn.Linear(256, 128),
     ).eval()
     return m, (torch.randn(64, 256),)
+
+
+def _gpt2_block(embd: int, heads: int):
+    """One `transformers` GPT-2 block (sdpa attention) as a module of the hidden states."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    conf = GPT2Config(n_embd=embd, n_head=heads, n_layer=1, n_positions=512, vocab_size=64, bos_token_id=0,
+                      eos_token_id=0)
+    conf._attn_implementation = "sdpa"
+
+    class B(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = GPT2Block(conf)
+
+        def forward(self, h):
+            y = self.b(h)
+            return y[0] if isinstance(y, tuple) else y
+
+    return B().eval()
 
 
 def _gp(model, inputs):
@@ -80,7 +83,7 @@ def _check(program, model, inputs, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_conv_blocks_read_the_previous_kernels_output_in_place(dtype):
     torch.manual_seed(0)
-    model = Layer3().eval().to(dtype)
+    model = Blocks().eval().to(dtype)  # one-band 3x3 convs at 14 x 14
     x = torch.randn(1, 8, 14, 14, dtype=dtype)
     gp = _gp(model, (x,))
     cfg = load_config("cloud")
@@ -117,24 +120,8 @@ def test_a_buffer_loaded_twice_forwards_only_its_last_load():
     """The fused MLP kernel of a GPT-2 block loads row tiles into a pair of buffers in
     turn: only the last load of each buffer is forwarded (the ops after it read a new
     buffer at the slot), the earlier loads stay; the block matches eager."""
-    from transformers import GPT2Config
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-
     torch.manual_seed(0)
-    conf = GPT2Config(n_embd=128, n_head=2, n_layer=1, n_positions=512, vocab_size=64, bos_token_id=0,
-                      eos_token_id=0)
-    conf._attn_implementation = "sdpa"
-
-    class B(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.b = GPT2Block(conf)
-
-        def forward(self, h):
-            y = self.b(h)
-            return y[0] if isinstance(y, tuple) else y
-
-    model = B().eval()
+    model = _gpt2_block(128, 2)
     x = (torch.randn(1, 512, 128),)
     gp = _gp(model, x)
     cfg = load_config("cloud")
@@ -157,24 +144,8 @@ def test_a_load_of_two_stores_reads_both_buffers_side_by_side():
     (six heads each) from two buffers; the projection loads the whole row tile at once.
     The two buffers go side by side into one slot and the projection reads them as one
     buffer; the block matches eager with the sanitisers on."""
-    from transformers import GPT2Config
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-
     torch.manual_seed(0)
-    conf = GPT2Config(n_embd=768, n_head=12, n_layer=1, n_positions=512, vocab_size=64, bos_token_id=0,
-                      eos_token_id=0)
-    conf._attn_implementation = "sdpa"
-
-    class B(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.b = GPT2Block(conf)
-
-        def forward(self, h):
-            y = self.b(h)
-            return y[0] if isinstance(y, tuple) else y
-
-    model = B().eval()
+    model = _gpt2_block(768, 12)
     x = (torch.randn(1, 128, 768),)
     gp = _gp(model, x)
     captured = {}

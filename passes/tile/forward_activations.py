@@ -61,22 +61,10 @@ from tilecc.ir.buffers import align_up
 from tilecc.ir.dtypes import element_size
 from tilecc.ir.tile import const_index
 from tilecc.passes import remarks
-from tilecc.passes.tile.resident_constants import RESIDENT_ATTR
+from tilecc.passes.tile.resident_constants import READS, RESIDENT_ATTR
 
 _PASS = "plan-sram"
 
-# operands that only read the buffer (or HBM tensor) they name
-_READS: dict[type[Operation], tuple[str, ...]] = {
-    tile.StoreOp: ("src",),
-    tile.MatmulOp: ("lhsT", "rhs"),
-    tile.UnaryOp: ("input",),
-    tile.ScalarOp: ("input",),
-    tile.ReduceOp: ("input",),
-    tile.BinaryOp: ("lhs", "rhs"),
-    tile.GatherOp: ("index", "table"),
-    tile.ScatterOp: ("src", "index"),
-    tile.LoadOp: ("src",),
-}
 
 
 @dataclass(frozen=True)
@@ -84,7 +72,7 @@ class _Where:
     """The elements of a root HBM tensor a memref value addresses: the root, element
     strides and the offset of element 0 (None: not known, e.g. a reshape of a strided view)."""
 
-    root: tile.HbmAllocOp
+    root: tile.HbmAllocOp | None  # None: a kernel argument's own numbering (`_disjoint`)
     strides: tuple[int, ...]
     offset: int
 
@@ -244,18 +232,14 @@ def _base(v: SSAValue) -> Operation | None:
 
 def _writes(op: Operation, buf: tile.AllocOp) -> bool:
     """Whether `op` (not a subview) may write `buf` through any of its operands."""
-    reads = _READS.get(type(op), ())
+    reads = READS.get(type(op), ())
     return any(_base(v) is buf and not any(getattr(op, n) is v for n in reads) for v in op.operands)
 
 
 def _only_read_after(buf: tile.AllocOp, writer: Operation) -> bool:
     """Every op of the kernel other than `writer` only reads `buf`."""
-    kernel = writer
-    while not isinstance(kernel, func.FuncOp):
-        kernel = kernel.parent_op()  # type: ignore[assignment]
-        if kernel is None:
-            return False
-    return not any(op is not writer and not isinstance(op, tile.SubviewOp) and _writes(op, buf)
+    kernel = _kernel_of(writer)
+    return kernel is not None and not any(op is not writer and not isinstance(op, tile.SubviewOp) and _writes(op, buf)
                    for op in kernel.walk())
 
 
@@ -470,7 +454,7 @@ def _disjoint(a: tile.StoreOp, b: Operation) -> bool:
     t = a.dst.type
     assert isinstance(t, MemRefType)
     strides, off = tile.layout_of(t)  # both through one argument: any consistent numbering
-    w = _Where(None, strides, off)  # type: ignore[arg-type]
+    w = _Where(None, strides, off)
     pa, pb = _pattern(a, a.dst, w), _pattern(b, b.dst, w)
     return pa is not None and pb is not None and _apart(pa, pb)
 
@@ -561,14 +545,12 @@ def _forward(load: tile.LoadOp, cl: list[int], calls: list[func.CallOp], names: 
     else:
         slot = None
     placed = [slots.get(id(a)) for a in allocs] if slot is None else []
-    if slot is not None:
-        pass
-    elif all(x is None for x in placed):
+    if slot is None and all(x is None for x in placed):
         slot = Slot(f"fw{len({id(x) for x in slots.values()})}", allocs[0], align_up(at), min(span), max(span),
                     parts=layout[1:])
         for a in allocs:
             slots[id(a)] = slot
-    else:  # the buffers must already sit in one slot, in this order
+    elif slot is None:  # the buffers must already sit in one slot, in this order
         slot = placed[0]  # type: ignore[assignment]
         where_in = dict((id(a), o) for a, o in slot.producers)  # type: ignore[union-attr]
         base = where_in.get(id(allocs[0]))
@@ -606,11 +588,16 @@ def _consistent(slots: list[Slot]) -> list[Slot]:
         slots = [s for s in slots if s.name not in bad]
 
 
-def _kernel_name(op: Operation) -> str:
+def _kernel_of(op: Operation) -> func.FuncOp | None:
     f = op.parent_op()
     while f is not None and not isinstance(f, func.FuncOp):
         f = f.parent_op()
-    return f.sym_name.data if isinstance(f, func.FuncOp) else ""
+    return f
+
+
+def _kernel_name(op: Operation) -> str:
+    f = _kernel_of(op)
+    return f.sym_name.data if f is not None else ""
 
 
 def _match(lpat: tuple, cands: list, dt: MemRefType) -> tuple | None:

@@ -63,16 +63,18 @@ RESIDENT_ATTR = "resident"
 MAX_FRACTION = 0.125  # of SRAM per partition, at most, for the slots
 _PASS = "plan-sram"
 
-# operands that only read the buffer they name
-_READS: dict[type[Operation], tuple[str, ...]] = {
+# operands that only read the buffer (or HBM tensor) they name; shared with
+# forward_activations.py (a load's or gather's HBM operand is never a buffer here)
+READS: dict[type[Operation], tuple[str, ...]] = {
     tile.StoreOp: ("src",),
     tile.MatmulOp: ("lhsT", "rhs"),
     tile.UnaryOp: ("input",),
     tile.ScalarOp: ("input",),
     tile.ReduceOp: ("input",),
     tile.BinaryOp: ("lhs", "rhs"),
-    tile.GatherOp: ("index",),
+    tile.GatherOp: ("index", "table"),
     tile.ScatterOp: ("src", "index"),
+    tile.LoadOp: ("src",),
 }
 
 
@@ -133,7 +135,7 @@ def _only_reads(v: SSAValue, writer: Operation) -> bool:
             if not _only_reads(op.result, writer):
                 return False
             continue
-        names = _READS.get(type(op))
+        names = READS.get(type(op))
         if names is None or not any(getattr(op, n) is v for n in names):
             return False
         if any(getattr(op, n, None) is v for n in ("output", "acc", "dst")):
