@@ -25,6 +25,7 @@ decode step and reports
     .venv/bin/python benchmarks/llm.py --models 1b --batches 1 --weights bf16,int8
     .venv/bin/python benchmarks/llm.py --prefill-2048         # adds the 1B prefill-2048 row
     .venv/bin/python benchmarks/llm.py --models 1b --batches 1 --weights bf16,int8,w8a8
+    .venv/bin/python benchmarks/llm.py --models 1b --batches 1 --weights int8 --critical-path
 
 Targets (issue 21): decode 1B batch 1 bf16 <= 1.15x the bound; int8 >= 1.7x fewer
 cycles per token than bf16; prefill of 2,048 tokens (1B) <= 1.3x; compile of the 1B
@@ -47,6 +48,7 @@ for _m in ("torchvision._meta_registrations", "torchvision._autograd_registratio
 import torch  # noqa: E402
 
 from tilecc.errors import HbmOverflowError  # noqa: E402
+from tilecc.runtime.report import critical_path_lines  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,7 +73,8 @@ def build(shape: str, max_positions: int) -> torch.nn.Module:
     return model.eval()
 
 
-def run_point(shape: str, weights: str, batch: int, prompt: int, target: str, lm_head: bool = False) -> dict:
+def run_point(shape: str, weights: str, batch: int, prompt: int, target: str, lm_head: bool = False,
+              critical_path: bool = False) -> dict:
     import tilecc
 
     model = build(shape, prompt + 2)
@@ -82,14 +85,16 @@ def run_point(shape: str, weights: str, batch: int, prompt: int, target: str, lm
         model = quantize_scheme(model, weights, skip=() if lm_head else ("lm_head",))
     ids = torch.zeros(batch, prompt, dtype=torch.long)
     t0 = time.perf_counter()
-    res = tilecc.generate(model, ids, 2, target=target, timing_only=True, check_eager=False)
+    res = tilecc.generate(model, ids, 2, target=target, timing_only=True, check_eager=False,
+                          critical_path=critical_path)
     wall = time.perf_counter() - t0
     return {"model": shape, "weights": weights + ("+lm" if lm_head else ""), "batch": batch, "prompt": prompt,
             "ttft_us": res.ttft_us,
             "tpot_us": res.tpot_us, "tokens_per_second": res.tokens_per_second,
             "joules_per_token": res.joules_per_token, "prefill_ratio": res.prefill_roofline_ratio,
             "decode_ratio": res.decode_roofline_ratio, "prefill_bottleneck": res.prefill_bottleneck,
-            "decode_bottleneck": res.decode_bottleneck, "compile_s": res.compile_seconds, "wall_s": wall}
+            "decode_bottleneck": res.decode_bottleneck, "compile_s": res.compile_seconds, "wall_s": wall,
+            "prefill_critical_path": res.prefill_critical_path, "decode_critical_path": res.decode_critical_path}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="cloud")
     ap.add_argument("--quantize-lm-head", action="store_true",
                     help="int8 / fp8 / w8a8 rows quantise lm_head too (labelled int8+lm; default: lm_head stays bf16)")
+    ap.add_argument("--critical-path", action="store_true",
+                    help="after each row, the chains of instructions that set the prefill's and the decode "
+                         "step's cycles, by kind and by kernel (each layer kernel's launches summed)")
     ap.add_argument("--json", help="also write the rows there")
     args = ap.parse_args(argv)
     points = [(m, w, int(b), args.prompt) for m in args.models.split(",") for w in args.weights.split(",")
@@ -117,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for shape, weights, batch, prompt in points:
         try:
-            r = run_point(shape, weights, batch, prompt, args.target, args.quantize_lm_head and weights != "bf16")
+            r = run_point(shape, weights, batch, prompt, args.target, args.quantize_lm_head and weights != "bf16",
+                          args.critical_path)
         except HbmOverflowError as e:  # the model is larger than the target's HBM: say so
             need = re.search(r"needs (\d+) bytes of HBM", str(e))
             have = re.search(r"the target has (\d+)", str(e))
@@ -129,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{NAMES[shape]:<20} {r['weights']:>7} {batch:>5} {prompt:>6} {r['ttft_us'] / 1e3:>9.2f} "
               f"{r['tpot_us'] / 1e3:>8.3f} {r['tokens_per_second']:>9.1f} {r['joules_per_token'] * 1e3:>9.3f} "
               f"{r['prefill_ratio']:>9.2f} {r['decode_ratio']:>8.2f} {r['compile_s']:>9.1f}", flush=True)
+        for what in ("prefill", "decode"):
+            if r[f"{what}_critical_path"]:
+                print(f"  {what}: " + "\n  ".join(critical_path_lines(r[f"{what}_critical_path"], top=8)), flush=True)
     _targets(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -20,6 +20,7 @@ from tilecc.simulator import numerics
 from tilecc.simulator.critical_path import critical_path as find_path
 from tilecc.simulator.isa import STORAGE, DType, Mem, Opcode
 from tilecc.simulator.machine import simulate
+from tilecc.simulator.stats import SimResult
 from tilecc.simulator.trace import write_trace
 
 
@@ -79,17 +80,27 @@ def _to_user_dtype(spec: TensorSpec, t: torch.Tensor) -> torch.Tensor:
     return t.to(want)
 
 
-def time_program(program: Program, inputs: tuple) -> Report:
+def time_program(program: Program, inputs: tuple, *, critical_path: bool = False) -> Report:
     """The timing of `program` on `inputs` (shapes and dtypes only: CPU or meta-device
     tensors), simulated with `functional=False`: no values are read or computed, so a
     timing-only program (weights without values, ir/meta_weights.py) runs too. The
-    cycles equal a functional run's (timing never depends on values)."""
+    cycles equal a functional run's (timing never depends on values). `critical_path`
+    adds the chain of instructions that set the cycles (as `run_program`'s)."""
     check_inputs(program, inputs, meta_ok=True)
     t0 = time.perf_counter()
-    sim = simulate(program.stream, program.config, None, functional=False, record=False)
+    sim = simulate(program.stream, program.config, None, functional=False, record=critical_path)
     seconds = time.perf_counter() - t0
-    return make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
-                       program.meta.get("remarks"), launches=len(program.kernels))
+    report = make_report(sim, program.work, program.config, seconds, program.meta.get("hbm"),
+                         program.meta.get("remarks"), launches=len(program.kernels))
+    if critical_path:
+        _add_critical_path(report, program, sim)
+    return report
+
+
+def _add_critical_path(report: Report, program: Program, sim: SimResult) -> None:
+    if sim.start is None or sim.end is None:
+        raise SimulatorError("the simulation kept no per-instruction times to find the critical path in")
+    report.critical_path = find_path(program.stream, program.config, sim.start, sim.end, program.kernels).to_dict()
 
 
 def run_program(
@@ -131,10 +142,7 @@ def run_program(
     if sim.end is not None:
         report.extra["output_ready_cycles"] = output_ready_cycles(program, sim.end)
     if critical_path:
-        if sim.start is None or sim.end is None:
-            raise SimulatorError("the simulation kept no per-instruction times to find the critical path in")
-        report.critical_path = find_path(program.stream, program.config, sim.start, sim.end,
-                                         program.kernels).to_dict()
+        _add_critical_path(report, program, sim)
     return outputs, report
 
 

@@ -193,15 +193,19 @@ _SHORT = {"semaphore": "sem", "hbm_bandwidth": "hbm"}
 
 def critical_path_lines(cp: dict[str, Any], top: int = 5) -> list[str]:
     """Report lines of a `CriticalPath.to_dict()`: the chain's cycles by kind, then the
-    kernels it spends most in."""
+    kernels it spends most in (each shared kernel's launches summed, ``name xN``, when a
+    kernel runs more than once on the chain: a model of identical layers)."""
     total = max(float(cp["cycles"]), 1.0)
     kinds = sorted(((k, v) for k, v in cp["by_kind"].items() if v > 0), key=lambda kv: -kv[1])
     lines = [f"critical path     {cp['instructions']:,} instructions set the cycles: "
              + ", ".join(f"{k} {v / total:.1%}" for k, v in kinds)]
-    for row in cp["by_kernel"][:top]:
+    families = cp.get("by_family", [])
+    shared = any(row["launches"] > 1 for row in families)
+    for row in (families if shared else cp["by_kernel"])[:top]:
         d = row["by_kind"]
         main = max(d, key=lambda k: d[k])
-        lines.append(f"  {row['kernel'][:36]:36s} {row['cycles']:>12,.0f} cycles {row['cycles'] / total:6.1%} "
+        name = f"{row['kernel']} x{row['launches']}" if shared else row["kernel"]
+        lines.append(f"  {name[:36]:36s} {row['cycles']:>12,.0f} cycles {row['cycles'] / total:6.1%} "
                      f"(most {main}: {d[main] / total:.1%})")
     return lines
 

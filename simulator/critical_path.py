@@ -14,6 +14,12 @@ run; shortening the chain can, until another chain takes over.
     cp = critical_path(program.stream, program.config, sim.start, sim.end, program.kernels)
     cp.by_kind    {"matrix": 357_737, "dma load": 158_622, "vector": 115_645, ...}  (cycles)
     cp.by_kernel  [("k22_conv2d", 66_474, {"matrix": 20_840, ...}), ...]         (longest first)
+    cp.by_family  [("k14_matmul", 16, 4_236_075, {"matrix": 4_200_260, ...}), ...]  (launches summed)
+
+A kernel shared by identical layers (`share-kernels`) runs once per layer, its launches
+named ``k14_matmul``, ``k14_matmul#1``, ...: `by_family` sums each kernel's launches
+(name, launches on the chain, cycles, by kind), which says where a layer's time goes
+in a model of many layers better than the longest single launches do.
 
 The producers of the waits are the scheduler's (`scheduler.semaphore_producers`: the v-th
 signaller of a semaphore in program order, exact for compiled code, where every awaited
@@ -25,6 +31,7 @@ engine, where the whole ``[start(a), start(b)]`` is the array's (its issue inter
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +47,7 @@ from tilecc.simulator.trace import kernel_membership
 __all__ = ["CriticalPath", "critical_path"]
 
 KINDS: tuple[str, ...] = ("matrix", "vector", "dma load", "dma store", "link", "barrier", "waiting")
+_LAUNCH = re.compile(r"#\d+$")  # a shared kernel's later launches: ``k14_matmul#3``
 _EPS = 1e-6
 
 
@@ -52,14 +60,29 @@ class CriticalPath:
     by_kernel: list[tuple[str, float, dict[str, float]]]  # (kernel, cycles, by kind), longest first
     instructions: np.ndarray = field(repr=False)  # the chain's instruction indices, in time order
 
+    @property
+    def by_family(self) -> list[tuple[str, int, float, dict[str, float]]]:
+        """(kernel, launches on the chain, cycles, by kind) with every launch of a shared
+        kernel (``name#i``) summed into its kernel's row, longest first."""
+        rows: dict[str, tuple[int, float, dict[str, float]]] = {}
+        for name, cycles, d in self.by_kernel:
+            base = _LAUNCH.sub("", name)
+            n, c, kinds = rows.get(base, (0, 0.0, {k: 0.0 for k in KINDS}))
+            rows[base] = (n + 1, c + cycles, {k: kinds[k] + d.get(k, 0.0) for k in KINDS})
+        return sorted(((b, n, c, d) for b, (n, c, d) in rows.items()), key=lambda t: -t[2])
+
     def to_dict(self, top: int = 10) -> dict[str, Any]:
-        """JSON-friendly: the totals and the `top` kernels (`runtime/report.py` prints it)."""
+        """JSON-friendly: the totals, the `top` kernels and the `top` kernels with their
+        launches summed (`runtime/report.py` prints them)."""
         return {
             "cycles": float(self.cycles),
             "instructions": int(len(self.instructions)),
             "by_kind": {k: float(v) for k, v in self.by_kind.items()},
             "by_kernel": [{"kernel": name, "cycles": float(c), "by_kind": {k: float(v) for k, v in d.items()}}
                           for name, c, d in self.by_kernel[:top]],
+            "by_family": [{"kernel": name, "launches": n, "cycles": float(c),
+                           "by_kind": {k: float(v) for k, v in d.items()}}
+                          for name, n, c, d in self.by_family[:top]],
         }
 
 

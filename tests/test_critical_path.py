@@ -107,3 +107,47 @@ def test_cli_reports_the_critical_path(tmp_path, capsys):
     assert cli_main(["run", f"{src}:factory", "--critical-path", "-q", "--no-cache"]) == 0
     text = capsys.readouterr().out
     assert "critical path" in text and "instructions set the cycles" in text
+
+
+class Stack(torch.nn.Module):
+    """Three identical residual layers: `share-kernels` builds each kernel once, launched
+    three times."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(3))
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(64) for _ in range(3))
+
+    def forward(self, x):
+        for layer, norm in zip(self.layers, self.norms):
+            x = x + layer(norm(x))
+        return x
+
+
+def test_launches_of_a_shared_kernel_are_summed():
+    """`by_family` adds up every launch of a shared kernel (``name``, ``name#1``, ...):
+    its rows are the by-kernel rows grouped, cycles and kinds summed, launches counted;
+    the report then prints them as ``name xN``."""
+    torch.manual_seed(0)
+    model, x = Stack().eval(), torch.randn(32, 64)
+    with torch.no_grad():
+        want = model(x)
+    prog = _program(model, (x,))
+    launches = [name for name, _, _ in prog.kernels]
+    assert any("#2" in name for name in launches), launches  # one kernel, three launches
+    (out,), rep = run_program(prog, (x,), critical_path=True)
+    rtol, atol = tolerance(torch.float32, float(want.abs().max()))
+    torch.testing.assert_close(out, want, rtol=rtol, atol=atol)
+    sim = simulate(prog.stream, prog.config, prog.hbm_image(), functional=False)
+    cp = critical_path(prog.stream, prog.config, sim.start, sim.end, prog.kernels)
+    fams = {name: (n, c, d) for name, n, c, d in cp.by_family}
+    for name, (n, c, d) in fams.items():
+        rows = [(k, kc, kd) for k, kc, kd in cp.by_kernel if k == name or k.startswith(name + "#")]
+        assert n == len(rows) and c == pytest.approx(sum(kc for _, kc, _ in rows))
+        for kind in KINDS:
+            assert d[kind] == pytest.approx(sum(kd[kind] for _, _, kd in rows))
+    assert sum(c for _, c, _ in cp.by_kernel) == pytest.approx(sum(c for _, c, _ in fams.values()))
+    shared = [name for name, (n, _, _) in fams.items() if n == 3]
+    assert shared, fams
+    assert [r["kernel"] for r in rep.critical_path["by_family"]] == [name for name, *_ in cp.by_family][:10]
+    assert f"{shared[0]} x3" in str(rep)

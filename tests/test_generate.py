@@ -277,3 +277,23 @@ def test_grouped_decode_attention_reads_the_cache_once_per_kv_head():
     torch.testing.assert_close(cm(q, k, v, mask), _GqaDecode()(q, k, v, mask), rtol=1e-4, atol=1e-4)
     names = [name for name, _, _ in cm.program.kernels]
     assert any("attention" in n for n in names) and not any("copy" in n or "expand" in n for n in names), names
+
+
+def test_cli_generate_critical_path(capsys):
+    """`--critical-path` adds the prefill's and one decode step's chains: their cycles are
+    the programs' (TTFT and TPOT in cycles), their kinds add up to them, and each layer
+    kernel's launches are summed (two layers: two launches)."""
+    code = main(["generate", f"{EXAMPLE}:tiny_llama", "--prompt-len", "6", "--new-tokens", "3", "--critical-path",
+                 "--json", "-q"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["matches_eager"] is True
+    clock_mhz = tilecc.simulator.config.load_config("tiny").clock_ghz * 1e3
+    for what, us in (("prefill", out["ttft_us"]), ("decode", out["tpot_us"])):
+        cp = out[f"{what}_critical_path"]
+        assert cp["cycles"] == pytest.approx(us * clock_mhz)
+        assert sum(cp["by_kind"].values()) == pytest.approx(cp["cycles"])
+        assert any(row["launches"] == 2 for row in cp["by_family"]), cp["by_family"]
+    assert main(["generate", f"{EXAMPLE}:tiny_llama", "--prompt-len", "6", "--new-tokens", "2", "--critical-path",
+                 "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "decode step:" in text and "instructions set the cycles" in text and " x2 " in text

@@ -85,12 +85,13 @@ class CompiledModel:
         timed with `simulate`, not called."""
         return self.program is not None and self.program.timing_only
 
-    def simulate(self, *inputs: torch.Tensor) -> Report:
+    def simulate(self, *inputs: torch.Tensor, critical_path: bool = False) -> Report:
         """The timing report of one call on inputs of these shapes and dtypes (CPU or
         meta-device tensors; no values are computed: the simulator runs timing-only). Also
-        sets `report`."""
+        sets `report`. `critical_path` adds the chain of instructions that set the cycles
+        (`Report.critical_path`)."""
         program = self.program_for(inputs)
-        self.report = time_program(program, self.state.program_inputs(program, inputs))
+        self.report = time_program(program, self.state.program_inputs(program, inputs), critical_path=critical_path)
         return self.report
 
     def __call__(self, *inputs: torch.Tensor) -> Any:

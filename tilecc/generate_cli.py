@@ -1,5 +1,5 @@
 """`tilecc generate FILE.py:FACTORY --prompt-len P --new-tokens N [--batch B] [--target T]
-[--timing-only] [--trace F] [--json] [--weights bf16|int8|fp8|w8a8]`: greedy decoding of a
+[--timing-only] [--trace F] [--critical-path] [--json] [--weights bf16|int8|fp8|w8a8]`: greedy decoding of a
 `transformers` causal LM on the simulated NPU, with the serving figures.
 
     tilecc generate examples/llm.py:tiny_llama --prompt-len 16 --new-tokens 8
@@ -98,7 +98,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=gen)
     result = generate(model, ids, args.new_tokens, target=args.target, timing_only=args.timing_only,
-                      trace=args.trace)
+                      trace=args.trace, critical_path=args.critical_path)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -120,6 +120,9 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--timing-only", action="store_true",
                    help="simulate without values: figures only, no tokens, no comparison with eager")
     g.add_argument("--trace", type=output_file, help="write the first decode step's Perfetto timeline there")
+    g.add_argument("--critical-path", action="store_true",
+                   help="print the chains of instructions that set the prefill's and one decode step's cycles, "
+                        "by kind and by kernel (a shared layer kernel's launches summed)")
     g.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default 0)")
     g.add_argument("--json", action="store_true")
     add_quiet(g)

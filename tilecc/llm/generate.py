@@ -35,7 +35,7 @@ from tilecc.api import CompiledModel
 from tilecc.errors import InputMismatchError, TileccError, TimingOnlyError
 from tilecc.llm.programs import LMPrograms, compile_programs
 from tilecc.runtime.executor import run_program
-from tilecc.runtime.report import Report
+from tilecc.runtime.report import Report, critical_path_lines
 from tilecc.simulator.config import HardwareConfig
 
 
@@ -58,6 +58,10 @@ class GenerateResult:
     prefill_bottleneck: str = ""
     decode_bottleneck: str = ""
     remarks: list[str] = field(default_factory=list)
+    # the chains of instructions that set the prefill's and one decode step's cycles
+    # (`simulator/critical_path.py`, `CriticalPath.to_dict`); empty unless asked for
+    prefill_critical_path: dict[str, Any] = field(default_factory=dict)
+    decode_critical_path: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +82,10 @@ class GenerateResult:
             f"prefill roofline   {self.prefill_roofline_ratio:.2f}x ({self.prefill_bottleneck}-bound)",
             f"decode roofline    {self.decode_roofline_ratio:.2f}x ({self.decode_bottleneck}-bound)",
         ]
+        for what, cp in (("prefill", self.prefill_critical_path), ("decode step", self.decode_critical_path)):
+            if cp:
+                lines.append(f"{what}:")
+                lines += ["  " + line for line in critical_path_lines(cp)]
         return "\n".join(lines + [f"remark: {r}" for r in self.remarks])
 
 
@@ -162,11 +170,14 @@ def generate(
     check_eager: bool = True,
     trace: str | Path | None = None,
     max_len: int | None = None,
+    critical_path: bool = False,
     **compile_kwargs: Any,
 ) -> GenerateResult:
     """Greedy decoding of `max_new_tokens` tokens after the prompt `ids` ([batch, P]
     token ids) with `model` (a `transformers` causal LM) compiled for `target`; with
-    `check_eager`, the tokens are compared with eager `model.generate` (exactly)."""
+    `check_eager`, the tokens are compared with eager `model.generate` (exactly);
+    `critical_path` adds the chains of instructions that set the prefill's and one
+    decode step's cycles (where a layer's time goes, each shared kernel's launches summed)."""
     if max_new_tokens < 1:
         raise TileccError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -183,7 +194,21 @@ def generate(
     progs = compile_programs(model, batch=batch, prompt_len=prompt_len, max_len=max_len, target=target,
                              **compile_kwargs)
     tokens, pre, decs = run_generation(progs, ids, max_new_tokens, timing_only=timing_only, trace=trace)
-    return summarize(progs, tokens, eager, pre, decs, target, max_new_tokens)
+    result = summarize(progs, tokens, eager, pre, decs, target, max_new_tokens)
+    if critical_path:
+        result.prefill_critical_path, result.decode_critical_path = critical_paths(progs, ids)
+    return result
+
+
+def critical_paths(progs: LMPrograms, ids: torch.Tensor) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The critical paths (`CriticalPath.to_dict`) of the prefill of `ids` and of the
+    first decode step after it, from timing-only runs (the cache's values are neither
+    read nor changed)."""
+    pre = progs.prefill.compiled.simulate(*progs.prefill_inputs(ids), critical_path=True)
+    step = torch.zeros(progs.batch, dtype=torch.long)
+    dec = progs.decode.simulate(*progs.decode_inputs(step, min(progs.prompt_len, progs.max_len - 1)),
+                                critical_path=True)
+    return pre.critical_path, dec.critical_path
 
 
 def summarize(progs: LMPrograms, tokens: list[list[int]] | None, eager: list[list[int]] | None, pre: Report,
