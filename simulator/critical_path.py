@@ -14,7 +14,7 @@ run; shortening the chain can, until another chain takes over.
     cp = critical_path(program.stream, program.config, sim.start, sim.end, program.kernels)
     cp.by_kind    {"matrix": 357_737, "dma load": 158_622, "vector": 115_645, ...}  (cycles)
     cp.by_kernel  [("k22_conv2d", 66_474, {"matrix": 20_840, ...}), ...]         (longest first)
-    cp.by_family  [("k14_matmul", 16, 4_236_075, {"matrix": 4_200_260, ...}), ...]  (launches summed)
+    cp.by_family  [("k14_matmul", 16, 4_364_310, {"matrix": ..., ...}), ...]        (launches summed)
 
 A kernel shared by identical layers (`share-kernels`) runs once per layer, its launches
 named ``k14_matmul``, ``k14_matmul#1``, ...: `by_family` sums each kernel's launches
