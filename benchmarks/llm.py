@@ -154,8 +154,10 @@ def _targets(rows: list[dict]) -> None:
     print("\ntargets (issue 21)")
     d = find(model="1b", weights="bf16", batch=1, prompt=next((r["prompt"] for r in rows), 128))
     if d:
-        print(f"  decode 1B batch 1 bf16       {d['decode_ratio']:.2f}x the bound (target <= 1.15): "
-              f"{'met' if d['decode_ratio'] <= 1.15 else 'MISSED'}")
+        # the decode step's cache holds the prompt and two more positions: the README's
+        # figure is after a 128-token prompt; a longer prompt reads more cache per step
+        print(f"  decode 1B batch 1 bf16       {d['decode_ratio']:.2f}x the bound (target <= 1.15), after "
+              f"{d['prompt']} prompt tokens: {'met' if d['decode_ratio'] <= 1.15 else 'MISSED'}")
         for w in ("int8", "int8+lm"):
             i8 = find(model="1b", weights=w, batch=1, prompt=d["prompt"])
             if i8:
