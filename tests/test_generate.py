@@ -190,9 +190,15 @@ def test_meta_device_model_times_like_the_same_model_with_weights(weights):
     if weights == "int8":
         real, meta = (quantize_weights(m, "int8", skip=("lm_head",)) for m in (real, meta))
     ids = _prompt(real, 1, 5)
-    got = [tilecc.generate(m, ids, 2, timing_only=True, check_eager=False) for m in (real, meta)]
+    got = [tilecc.generate(m, ids, 2, timing_only=True, check_eager=False, critical_path=True)
+           for m in (real, meta)]
     assert got[1].tpot_us == got[0].tpot_us > 0 and got[1].ttft_us == got[0].ttft_us > 0
     assert got[1].decode_roofline_ratio == got[0].decode_roofline_ratio
+    # the chains too (timing-only runs of both programs): equal, and as long as the steps
+    assert got[1].decode_critical_path == got[0].decode_critical_path
+    assert got[1].prefill_critical_path == got[0].prefill_critical_path
+    clock_mhz = tilecc.simulator.config.load_config("tiny").clock_ghz * 1e3
+    assert got[1].decode_critical_path["cycles"] == pytest.approx(got[1].tpot_us * clock_mhz)
     with pytest.raises(TileccError, match="meta device"):
         tilecc.generate(meta, ids, 2, timing_only=True, check_eager=False, trace="t.json")
 
