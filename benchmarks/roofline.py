@@ -16,6 +16,10 @@ With `--autotune` the -O2 matmul kernels' schedules come from the autotuner (sim
 candidates, cached in $TILECC_CACHE_DIR or ~/.cache/tilecc) instead of the cost model;
 the compile time then includes the search unless the cache already holds the kernels.
 
+With `--critical-path` each -O2 row is followed by the chain of instructions that sets
+its cycles (by kind, and by kernel with a shared kernel's launches summed:
+`simulator/critical_path.py`).
+
 With `--barriers` each -O2 program is also compiled with a full barrier between
 kernels (``disabled={"link-kernels"}``: the stream before cross-kernel overlap,
 `codegen/link.py`) and the table compares its cycles and ratio with the linked ones.
@@ -43,6 +47,7 @@ from tilecc.frontend.torch_export import export_model, import_exported_program  
 from tilecc.ir.graph_work import graph_work  # noqa: E402
 from tilecc.runtime.compiler import compile_graph  # noqa: E402
 from tilecc.runtime.executor import run_program  # noqa: E402
+from tilecc.runtime.report import critical_path_lines  # noqa: E402
 from tilecc.simulator.config import load_config  # noqa: E402
 from tilecc.simulator.roofline import roofline  # noqa: E402
 
@@ -139,7 +144,8 @@ TARGETS = {"gemm 4096x4096x4096": 1.05, "gpt2 block d768 s512": 1.3, "gpt2 block
            "gpt2 small 12 layers s512": 1.3, "causal attention s2048 d128": 1.2, "resnet18 224": 1.5}
 
 
-def measure(name: str, target: str, skip_o0: bool, autotune: bool = False, barriers: bool = False) -> dict:
+def measure(name: str, target: str, skip_o0: bool, autotune: bool = False, barriers: bool = False,
+            critical_path: bool = False) -> dict:
     torch.manual_seed(0)
     model, inputs = WORKLOADS[name]()
     cfg = load_config(target)
@@ -151,7 +157,7 @@ def measure(name: str, target: str, skip_o0: bool, autotune: bool = False, barri
         t0 = time.perf_counter()
         prog = compile_graph(gp, cfg, opt_level=level, autotune=autotune and level == 2)
         ct = time.perf_counter() - t0
-        _, rep = run_program(prog, inputs, functional=False)
+        _, rep = run_program(prog, inputs, functional=False, critical_path=critical_path and level == 2)
         row[f"O{level}"] = rep
         row[f"compile_O{level}"] = ct
     if barriers:
@@ -181,6 +187,8 @@ def main() -> None:
     ap.add_argument("--target", default="cloud")
     ap.add_argument("--autotune", action="store_true", help="-O2 matmul schedules from the autotuner")
     ap.add_argument("--bound-only", action="store_true", help="the bound alone: import and count, no compile")
+    ap.add_argument("--critical-path", action="store_true",
+                    help="after each -O2 row, the chain of instructions that sets its cycles, by kind and kernel")
     ap.add_argument("--barriers", action="store_true",
                     help="compare with a barrier between kernels (no cross-kernel overlap)")
     args = ap.parse_args()
@@ -205,7 +213,7 @@ def main() -> None:
     for name in WORKLOADS:
         if args.only not in name:
             continue
-        r = measure(name, args.target, args.skip_o0, args.autotune, args.barriers)
+        r = measure(name, args.target, args.skip_o0, args.autotune, args.barriers, args.critical_path)
         o2 = r["O2"]
         if args.barriers:
             b, tgt = r["barriers"], TARGETS.get(name)
@@ -223,6 +231,8 @@ def main() -> None:
             f"{r['compile_O2']:.1f} s / {r.get('compile_O0', float('nan')):.1f} s |",
             flush=True,
         )
+        if o2.critical_path:
+            print("\n".join("    " + line for line in critical_path_lines(o2.critical_path, top=6)), flush=True)
 
 
 if __name__ == "__main__":
