@@ -64,6 +64,27 @@ def random_batch_norm(c: int) -> torch.nn.BatchNorm2d:
     return bn
 
 
+def gpt2_block(embd: int, heads: int, **config) -> torch.nn.Module:
+    """One `transformers` GPT-2 block (sdpa attention) as an eval module of the hidden
+    states (its first output alone); `config`: more `GPT2Config` fields."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    conf = GPT2Config(n_embd=embd, n_head=heads, n_layer=1, **config)
+    conf._attn_implementation = "sdpa"
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = GPT2Block(conf)
+
+        def forward(self, h):
+            y = self.b(h)
+            return y[0] if isinstance(y, tuple) else y
+
+    return Block().eval()
+
+
 def small_llama(batch: int = 2, seq: int = 8, layers: int = 1):
     """The `examples/llama_tp.py` decoder at hidden 64, 4 heads, 2 KV heads: (model, (ids,))."""
     import sys

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import run_and_compare
+from tests.helpers import gpt2_block, run_and_compare
 from tilecc.codegen.expand import expand_module
 from tilecc.codegen.link import link_kernels
 from tilecc.errors import RaceError
@@ -223,23 +223,8 @@ def _gpt2(n_layer: int):
 
 
 def test_transformer_block_matches_eager():
-    from transformers import GPT2Config
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-
     torch.manual_seed(0)
-    cfg = GPT2Config(n_embd=64, n_head=4, n_layer=1, n_positions=64)
-    cfg._attn_implementation = "sdpa"
-
-    class B(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.b = GPT2Block(cfg)
-
-        def forward(self, x):
-            y = self.b(x)
-            return y[0] if isinstance(y, tuple) else y
-
-    cm = run_and_compare(B().eval(), (torch.randn(1, 32, 64),))
+    cm = run_and_compare(gpt2_block(64, 4, n_positions=64), (torch.randn(1, 32, 64),))
     assert len(cm.program.kernels) > 1
 
 

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from tests.helpers import tolerance
+from tests.helpers import gpt2_block, tolerance
 from tests.test_resident_constants import Blocks
 from tilecc.frontend.torch_export import export_model, import_exported_program
 from tilecc.passes.tile.forward_activations import Forwarding, Slot, find_forwarding, place_slots
@@ -37,25 +37,8 @@ def _mlp():
     return m, (torch.randn(64, 256),)
 
 
-def _gpt2_block(embd: int, heads: int):
-    """One `transformers` GPT-2 block (sdpa attention) as a module of the hidden states."""
-    from transformers import GPT2Config
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-
-    conf = GPT2Config(n_embd=embd, n_head=heads, n_layer=1, n_positions=512, vocab_size=64, bos_token_id=0,
-                      eos_token_id=0)
-    conf._attn_implementation = "sdpa"
-
-    class B(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.b = GPT2Block(conf)
-
-        def forward(self, h):
-            y = self.b(h)
-            return y[0] if isinstance(y, tuple) else y
-
-    return B().eval()
+def _gpt2_block(embd: int, heads: int) -> torch.nn.Module:
+    return gpt2_block(embd, heads, n_positions=512, vocab_size=64, bos_token_id=0, eos_token_id=0)
 
 
 def _gp(model, inputs):
