@@ -4,6 +4,8 @@ position) as one kernel over every (batch, KV head) problem, against torch eager
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -74,6 +76,49 @@ def test_llama_1b_decode_shape_on_cloud(dtype):
     assert _names(cm) == ["k0_decode_attention"]
     msgs = [r["message"] for r in cm.program.meta["remarks"] if r["message"].startswith("decode attention [")]
     assert msgs and "32 problems of 4 rows" in msgs[0], msgs
+    # a bf16 mask loads by DMA transposes (one per mask row of a group); fp32 cannot
+    assert ("mask rows by DMA transposes" in msgs[0]) == (dtype == torch.bfloat16), msgs
+
+
+def test_mask_layout_choice():
+    """The mask rows load transposed (window t of mask row b on partition b f + t, one
+    DMA transpose per row) where that is faster than f strided loads of every f-th
+    position: a 2-byte mask, several windows, the rows times f within the partitions;
+    the DMA cost model decides, and the layout changes the buffers and the selection
+    constant's shapes."""
+    from tilecc.passes.graph_to_tile.attention.decode_plan import (
+        mask_shape,
+        mask_transposed,
+        sel_shape,
+        with_mask_layout,
+    )
+    from tilecc.simulator.timing import DmaPattern, TimingRules
+
+    cfg = load_config("cloud")
+    tm = TimingRules(cfg)
+
+    def problem(batch: int, S: int, isz: int = 2):
+        p, why = decode_problem([batch, 8, 4, 64], [batch, 8, S, 64], [batch, 8, S, 64], [batch, 8, 4, 64],
+                                [batch, 1, 1, S], False, isz, isz == 4, 128)
+        assert p is not None, why
+        return p
+
+    best = choose(problem(1, 2050), cfg)
+    assert best is not None
+    s = best[0]
+    assert s.online and s.f > 1 and s.mask_span == 1 and s.mask_t
+    # the strided alternative: f loads of one element per descriptor, each far slower
+    strided = s.f * tm.dma_time(1, s.rc, 2, DmaPattern.STRIDED)
+    assert tm.dma_time(s.f, s.rc, 2, DmaPattern.TRANSPOSE) * 3 < strided
+    assert mask_shape(problem(1, 2050), s) == (s.f, s.rc) and sel_shape(problem(1, 2050), s) == (s.f, s.f * s.n * 4)
+    plain = replace(s, mask_t=False)
+    assert mask_shape(problem(1, 2050), plain) == (1, s.f * s.rc)
+    assert with_mask_layout(problem(1, 2050), plain, cfg).mask_t
+    # fp32 masks cannot be DMA-transposed; one window needs no permutation; rows times f
+    # beyond the partitions do not fit one contraction
+    assert not mask_transposed(problem(1, 2050, 4), replace(s, mask_t=False), cfg)
+    assert not mask_transposed(problem(1, 2050), replace(s, f=1, mask_t=False), cfg)
+    assert not mask_transposed(problem(1, 2050), replace(s, mask_span=64, mask_t=False), cfg)
 
 
 def test_one_query_row_without_mask():

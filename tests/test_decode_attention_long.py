@@ -39,6 +39,8 @@ def test_long_cache_grouped_decode_matches_eager(S, dtype):
     assert _names(cm) == ["k0_decode_attention"], _names(cm)
     msg = _online_remark(cm)
     assert "online softmax" in msg and "blocks of" in msg, msg
+    # each block's mask windows: one DMA transpose per mask row where the mask is bf16
+    assert ("mask rows by DMA transposes" in msg) == (dtype == torch.bfloat16), msg
 
 
 def test_peak_in_a_late_block():
@@ -86,3 +88,20 @@ def test_plan_long_cache_is_online_short_cache_is_not():
     assert best is not None
     s = best[0]
     assert sum(rows for _, rows in s.chunks(long)) * s.f == 4098
+
+
+def test_one_k_transpose_accumulator(monkeypatch):
+    """Ten positions per view row in blocks of 128 rows (1,280 score columns per block):
+    two K-transpose accumulators beside the two score blocks do not fit the accumulator,
+    so the schedule keeps one (`DecodeSchedule.kt_acc`, each problem's transposes
+    waiting for the previous one's copy). Forced here (the cost model prefers 5 positions
+    per row for this shape): equal to eager, the mask by DMA transposes."""
+    import tilecc.passes.graph_to_tile.attention.decode_entry as entry
+
+    rank = entry.rank
+    monkeypatch.setattr(entry, "rank", lambda p, cfg: [x for x in rank(p, cfg) if x[0].kt_acc == 1])
+    inputs = _decode_inputs(1, 8, 4, 2050, 64, [1500], torch.bfloat16, seed=4)
+    cm = run_and_compare(_GqaDecode(), inputs, "cloud")
+    msg = _online_remark(cm)
+    assert "10 positions per row" in msg and "blocks of 1280 positions" in msg, msg
+    assert "mask rows by DMA transposes" in msg, msg

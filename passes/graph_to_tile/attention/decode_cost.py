@@ -2,7 +2,8 @@
 
 Per group (`decode_plan.DecodeSchedule`: n problems) the kernel issues
 
-- DMAs: the q rows, the mask rows (f strided loads of a window each, or one), n / m K
+- DMAs: the q rows, the mask rows (f strided loads of a window each, one DMA transpose
+  per mask row, or one load), n / m K
   transfers and n / m V transfers of ``[m R x f D]``, the output rows;
 - matmuls: the q transpose, the block pattern (m > 1: one per T score columns), the
   mask (a 0/1 selection of the group's mask rows, per window and problem of a
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tilecc.passes.graph_to_tile.attention.decode_plan import DecodeProblem, DecodeSchedule, candidates
+from tilecc.passes.graph_to_tile.attention.decode_plan import DecodeProblem, DecodeSchedule, candidates, mask_shape
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming
 from tilecc.simulator.config import HardwareConfig
 from tilecc.simulator.timing import DmaPattern
@@ -57,8 +58,7 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
     R, nL, tiles = s.R(p), s.n * p.L, s.n // s.m
     loads: list[tuple[int, int, int]] = [(nL, p.D, DmaPattern.CONTIGUOUS)]
     if s.mask_span:
-        loads += ([(s.mask_span, p.S, DmaPattern.CONTIGUOUS)] if f == 1
-                  else [(s.mask_span, R, DmaPattern.STRIDED)] * f)
+        loads += _mask_loads(p, s)
     loads += [(m * R, f * p.D, DmaPattern.CONTIGUOUS)] * tiles + [(m * R, f * p.Dv, DmaPattern.CONTIGUOUS)] * tiles
     loads += [(nL, p.Dv, DmaPattern.CONTIGUOUS)]  # the store
     alone = sum(tm.dma_time(r, c, isz, pat) for r, c, pat in loads)
@@ -75,7 +75,7 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
     if m > 1:
         matrix += -(-W // T) * mm(nL, nL, T)
     if s.mask_span:
-        matrix += f * m * -(-R // T) * mm(nL, s.mask_span, min(R, T))
+        matrix += f * m * -(-R // T) * mm(nL, mask_shape(p, s)[0], min(R, T))
 
     def vec(kind: str, fn: str, rows: int, cols: int) -> float:
         return tm.vec(kind, fn, rows, cols)
@@ -86,7 +86,7 @@ def estimate(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> Decode
     vector += vec("reduce", "max", nL, W) + vec("binary", "sub", nL, W) + vec("unary", "exp", nL, W)
     vector += vec("reduce", "sum", nL, W) + blocks * vec("unary", "copy", T, nL) + vec("binary", "div", nL, p.Dv)
     if s.mask_span:
-        vector += vec("binary", "max", s.mask_span, p.S)
+        vector += vec("binary", "max", *mask_shape(p, s))
     chain = max(tm.dma_time(r, c, isz, pat) for r, c, pat in loads) + matrix / max(1, tiles) + vector
     busiest = max(dma, matrix, vector)
     return DecodeCost(dma, matrix, vector, chain, busiest * s.groups(p) + chain * (s.groups(p) // s.U))
@@ -109,9 +109,10 @@ def _estimate_online(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -
         W = f * rc
         blocks = -(-W // T)
         if s.mask_span:
-            loads += [(s.mask_span, rc, DmaPattern.STRIDED if f > 1 else DmaPattern.CONTIGUOUS)] * f
-            matrix += f * tm.matmul_interval(tm.mm(nL, s.mask_span, rc, p.fp32))
-            vector += tm.vec("binary", "max", s.mask_span, W)
+            loads += _mask_loads(p, s, rc)
+            mrows = mask_shape(p, s)[0]
+            matrix += f * tm.matmul_interval(tm.mm(nL, mrows, rc, p.fp32))
+            vector += tm.vec("binary", "max", mrows, rc if s.mask_t else W)
         loads += [(rc, f * p.D, DmaPattern.CONTIGUOUS), (rc, f * p.Dv, DmaPattern.CONTIGUOUS)] * n
         matrix += n * s.packs(p) * tm.matmul_interval(tm.mm(w * p.D, rc, rc, p.fp32))
         matrix += n * f * sum(tm.matmul_interval(tm.mm(a, b, c, p.fp32)) for a, b, c in ((L, p.D, rc), (L, rc, p.Dv)))
@@ -129,6 +130,18 @@ def _estimate_online(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -
     chain = max(tm.dma_time(r, c, isz, pat) for r, c, pat in loads) + (matrix + vector) / blocks_n
     busiest = max(dma, matrix, vector)
     return DecodeCost(dma, matrix, vector, chain, (busiest + chain) * s.groups(p))
+
+
+def _mask_loads(p: DecodeProblem, s: DecodeSchedule, cols: int | None = None) -> list[tuple[int, int, int]]:
+    """The mask DMAs of a group (online: of a cache block of `cols` view rows): one
+    contiguous load (f = 1), one transpose per mask row (`DecodeSchedule.mask_t`), or
+    one strided load per window."""
+    cols = s.mask_cols(p) if cols is None else cols
+    if s.f == 1:
+        return [(s.mask_span, cols, DmaPattern.CONTIGUOUS)]
+    if s.mask_t:
+        return [(s.f, cols, DmaPattern.TRANSPOSE)] * s.mask_span
+    return [(s.mask_span, cols, DmaPattern.STRIDED)] * s.f
 
 
 def rank(p: DecodeProblem, cfg: HardwareConfig) -> list[tuple[DecodeSchedule, DecodeCost]]:

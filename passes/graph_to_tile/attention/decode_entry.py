@@ -88,6 +88,7 @@ def lower_decode_attention(lw: LoweringContext, op: Operation, mask_shape: tuple
         f"decode attention {list(q_s)} x {list(k_s)}: {P} problems of {L} rows in groups of {s.n}, {s.f} positions "
         f"per row ({s.m} problems per K / V transfer"
         + (f"; the cache in {len(s.chunks(prob))} blocks of {s.f * s.rc} positions, online softmax" if s.online else "")
+        + ("; the mask rows by DMA transposes, one per row" if s.mask_t else "")
         + f"), estimated {cost.total:,.0f} cycles "
         f"(engines per group: DMA {cost.dma:,.0f}, matrix {cost.matrix:,.0f}, vector {cost.vector:,.0f}; "
         f"schedule {est:,.0f}; the fastest list schedule of the model's best {min(REPLAYED, tried)} of {tried} "

@@ -9,13 +9,14 @@ decode shape at batch 32 (256 problems of 4 rows, 130 cached positions)::
 
     func.func @k0_decode_attention(%q: memref<1024x64xbf16>, %k: memref<6656x320xbf16>,
         %v: memref<6656x320xbf16>, %mask: memref<32x130xbf16>, %out: memref<1024x64xbf16>,
-        %ident: memref<128x128xbf16>, %sel: memref<4x128xbf16>, %pattern: memref<128x520xbf16>) {
+        %ident: memref<128x128xbf16>, %sel: memref<20x640xbf16>, %pattern: memref<128x520xbf16>) {
       scf.for %it = 0 to 2 {                        (4 groups of 32 problems per body)
         tile.load %q[g rows] into %q_s              one DMA: the group's 128 query rows
         tile.matmul %q_s, %ident into %acc_qT       Q^T; tile.scalar "mul" (scale) -> %qT
         tile.matmul %ident, %pattern into %acc_s    the scores start as the block pattern
-        tile.load %mask[g rows, t] into %mask {col_step = 5}   mask rows, permuted as the cache
-        tile.matmul %sel, %mask[.., t R] into %acc_s[.., (t m + c) R]   each row's mask row
+        tile.load %mask[4 g + b, 0] into %mask[5 b ..] {row_dim = col_dim = 1, col_step = 5}
+                                                    4 mask rows: one DMA transpose each, window t on partition 5 b + t
+        tile.matmul %sel[.., t 128], %mask into %acc_s[.., (t m + c) R]   each row's mask row, window t
         tile.load %k[rows of 4 problems] into %k_s  one transfer of m = 4 problems (8 per group)
         tile.matmul %k_s[.., t D], %ident into %acc_kT          K^T of window t; copy -> %kT
         tile.matmul %qT[.., 4 problems], %kT[.., window t] into %acc_s[4 problems' rows, t m R]
@@ -31,9 +32,14 @@ a query row's ``m S`` score columns run (window t, problem c of its transfer, ro
 one matmul per transfer and window computes the scores of its m problems, and the
 constant block pattern (0 where c is the row's own problem, half the dtype's lowest
 value elsewhere, added first) makes the others' exp exactly 0. The mask rows are loaded
-permuted the same way (f strided loads) and added per window and problem c by a 0/1
-selection matmul; the mask is clamped to half the lowest value, so mask plus pattern
-stays finite. P^T's rows then run (t, c, r): window t's rows of a transfer are P^T rows
+permuted the same way (f strided loads, or transposed: below) and added per window and
+problem c by a 0/1 selection matmul; the mask is clamped to half the lowest value, so mask plus pattern
+stays finite. A 2-byte mask loads transposed instead where that is faster
+(`decode_plan.mask_transposed`): one DMA transpose per mask row b puts window t on
+partition ``b f + t`` (f positions per descriptor, against one 2-byte element per
+descriptor for the strided loads, ~13,000 cycles for 128 positions on ``cloud``), and
+the selection of window t is a constant ``[rows f x n L]`` block contracted over all
+of them. P^T's rows then run (t, c, r): window t's rows of a transfer are P^T rows
 ``t m R ..``, which meet V window t's rows in one P V matmul per transfer and window
 (the pattern's zeros keep each query row to its own problem). The softmax is exact per
 group (a row's scores are all in the accumulator: the row max, ``exp(S - m)``, the row
@@ -62,7 +68,13 @@ from xdsl.ir import Attribute, SSAValue
 from tilecc.errors import CompileError
 from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
-from tilecc.passes.graph_to_tile.attention.decode_plan import KV_RING, DecodeProblem, DecodeSchedule
+from tilecc.passes.graph_to_tile.attention.decode_plan import (
+    KV_RING,
+    DecodeProblem,
+    DecodeSchedule,
+    mask_shape,
+    sel_shape,
+)
 from tilecc.passes.graph_to_tile.attention.program import HeadProgram
 from tilecc.passes.graph_to_tile.attention.scheduler import AttentionTiming, SchedOp, ScheduleInit, schedule
 from tilecc.passes.graph_to_tile.attention.vocabulary import IndexFn, Prio
@@ -103,6 +115,11 @@ class DecodeAttentionKernel(HeadProgram):
         for j in range(s.n):
             if p.mask_rows is not None:
                 sel[p.mask_rows[j], j * p.L:(j + 1) * p.L] = 1.0
+        if s.mask_t:  # window t's selection: rows b f + t (mask row b's window t), columns t n L
+            selt = np.zeros(sel_shape(p, s), dtype=np.float32)
+            for t in range(s.f):
+                selt[t::s.f, t * nL:(t + 1) * nL] = sel
+            sel = selt
         consts = [("ident", np.eye(T, dtype=np.float32))]
         if has_mask:
             consts.append(("sel", sel))
@@ -162,7 +179,7 @@ class DecodeAttentionKernel(HeadProgram):
                 "o": self.alloc([nL, p.Dv], SRAM, "out"),
             }
             if s.mask_span:
-                b["mrow"] = self.alloc([s.mask_span, p.S], SRAM, "mask")
+                b["mrow"] = self.alloc(list(mask_shape(p, s)), SRAM, "mask")
             self.sets.append(b)
         # accumulators: two sets, alternating by group (a group's are free once it stored)
         for u in range(min(2, s.U)):
@@ -191,10 +208,10 @@ class DecodeAttentionKernel(HeadProgram):
         qfree[0] = fixed + transfer
         self.sel: SSAValue | None = None
         if self.a_sel is not None:
-            nL = s.n * p.L
-            self.sel = self.alloc([s.mask_span, nL], tile.SRAM, "sel")
-            kb.add(tile.LoadOp(self.a_sel, [c(0), c(0)], self.sel, c(s.mask_span), c(nL), 0, 1, queue=1))
-            fixed, transfer = self.tm.dma(s.mask_span, nL, self.isz)
+            sr, sc = sel_shape(p, s)
+            self.sel = self.alloc([sr, sc], tile.SRAM, "sel")
+            kb.add(tile.LoadOp(self.a_sel, [c(0), c(0)], self.sel, c(sr), c(sc), 0, 1, queue=1))
+            fixed, transfer = self.tm.dma(sr, sc, self.isz)
             init.ready["sel"] = fixed + transfer
             qfree[1] = fixed + transfer
             self.qmap["sel"] = 1
@@ -288,6 +305,57 @@ class DecodeAttentionKernel(HeadProgram):
         share, engines = self.tm.dma_sharing(rows, cols, self.isz, pattern)
         ops.append(SchedOp("load", emit, (), (self.name(dst),), prio, fixed, transfer, share=share, engines=engines))
 
+    def _mask_windows(self, ops: list[SchedOp], g: SSAValue, mrow: SSAValue, pos: int, cols: int,
+                      pr: Prio) -> None:
+        """The group's mask rows for the f windows of `cols` view rows from position `pos`
+        (a cache block's, or the whole cache's), clamped to half the lowest value so that with the
+        block pattern's half they stay finite. Transposed (`DecodeSchedule.mask_t`): one
+        DMA transpose per mask row b puts window t (positions ``pos + t + f r``) on
+        partition ``b f + t``; else one strided load per window t, every mask row's
+        positions ``pos + t + f r`` at columns ``t cols``."""
+        s, f = self.s, self.s.f
+        assert self.a_mask is not None and self.sel is not None
+        if s.mask_t:
+            for r in range(s.mask_span):
+                self._load_mask_t(ops, self._rows(g, s.mask_step, r, col=pos), mrow, r * f, cols, pr)
+        else:
+            for t in range(f if f > 1 else 1):
+                self._load_cols(ops, self.a_mask, self._rows(g, s.mask_step, col=pos + t), mrow, t * cols,
+                                s.mask_span, cols if f > 1 else f * cols, f, pr)
+        rows, width = (s.mask_span * f, cols) if s.mask_t else (s.mask_span, f * cols)
+        self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), rows, width, pr, imm=self.lowest / 2)
+
+    def _mask_mm(self, ops: list[SchedOp], mrow: SSAValue, t: int, r0: int, acc: SSAValue, col: int, w: int,
+                 accumulate: bool, pr: Prio, cols: int) -> None:
+        """``acc[:, col .. col + w] (+)= `` each query row's mask row, window t, view rows
+        r0 .. r0 + w (of `cols` loaded): a 0/1 selection matmul over the group's mask rows
+        (transposed: over their f windows, the selection of window t)."""
+        p, s = self.prob, self.s
+        nL = s.n * p.L
+        assert self.sel is not None
+        if s.mask_t:
+            self._mm(ops, self.sel, (0, t * nL), mrow, (0, r0), acc, (0, col), nL, s.mask_span * s.f, w,
+                     accumulate, pr)
+        else:
+            self._mm(ops, self.sel, (0, 0), mrow, (0, t * cols + r0), acc, (0, col), nL, s.mask_span, w,
+                     accumulate, pr)
+
+    def _load_mask_t(self, ops: list[SchedOp], idx_fn: IndexFn, dst: SSAValue, row: int, cols: int,
+                     prio: Prio) -> None:
+        """A DMA transpose of one mask row's positions ``[pos, pos + f cols)`` into `dst`
+        rows ``row .. row + f``: element (t, r) is position ``pos + t + f r`` (row stride
+        1, column stride f: f contiguous positions per descriptor)."""
+        f, mask = self.s.f, self.a_mask
+        assert mask is not None
+
+        def emit(q: int | None) -> None:
+            self.kb.add(tile.LoadOp(mask, idx_fn(), self.win(dst, row, 0, [f, cols]), self.kb.const(f),
+                                    self.kb.const(cols), 1, 1, row_step=1, col_step=f, queue=q))
+
+        fixed, transfer = self.tm.dma(f, cols, self.isz, DmaPattern.TRANSPOSE)
+        share, engines = self.tm.dma_sharing(f, cols, self.isz, DmaPattern.TRANSPOSE)
+        ops.append(SchedOp("load", emit, (), (self.name(dst),), prio, fixed, transfer, share=share, engines=engines))
+
     def _group(self, ops: list[SchedOp], u: int, g: SSAValue) -> None:
         """One group's program: loads, Q^T, scores (block pattern, mask, Q K^T), softmax,
         P^T, P V, store."""
@@ -307,19 +375,13 @@ class DecodeAttentionKernel(HeadProgram):
         # plus the mask rows (permuted as the windows, clamped to half the lowest value so that
         # with the pattern's half they stay finite), selected per query row
         if s.mask_span:
-            assert self.a_mask is not None and self.sel is not None
-            for t in range(f if f > 1 else 1):
-                self._load_cols(ops, self.a_mask, self._rows(g, s.mask_step, col=t), b["mrow"], t * R, s.mask_span,
-                                R if f > 1 else p.S, f, pr)
-            self._vec(ops, "scalar", "max", b["mrow"], (0, 0), b["mrow"], (0, 0), s.mask_span, p.S, pr,
-                      imm=self.lowest / 2)
+            self._mask_windows(ops, g, b["mrow"], 0, R, pr)
             # column (t, c, r) of every row: mask column t R + r (problem c's own rows keep it)
             for t in range(f):
                 for c in range(m):
                     for r0 in range(0, R, T):
                         w = min(T, R - r0)
-                        self._mm(ops, self.sel, (0, 0), b["mrow"], (0, t * R + r0), b["acc_s"],
-                                 (0, (t * m + c) * R + r0), nL, s.mask_span, w, written, pr)
+                        self._mask_mm(ops, b["mrow"], t, r0, b["acc_s"], (t * m + c) * R + r0, w, written, pr, R)
             written = True
         # K and V: m problems per transfer; K^T per window; Q K^T per transfer and window
         for i in range(tiles):
@@ -383,12 +445,12 @@ class DecodeAttentionKernel(HeadProgram):
                      "orun": ([nL, p.Dv], SRAM, f32), "acc_s": ([nL, W], ACC, f32),
                      "acc_pT": ([s.T, blocks * nL], ACC, f32), "acc_o": ([nL, p.Dv], ACC, f32)}
             if s.mask_span:
-                names["mrow"] = ([s.mask_span, W], SRAM, None)
+                names["mrow"] = (list(mask_shape(p, s)), SRAM, None)
             for key, (shape, space, el) in names.items():
                 b[f"{key}{x}"] = self.alloc(shape, space, key, el)
             b[f"v{x}"] = [self.alloc([s.rc, s.f * p.Dv], SRAM, "v") for _ in range(s.n)]  # held until P V
         self.sets = [b]
-        self.acc_kt = [self.alloc([wD, Wk], ACC, "acc_kT", f32) for _ in range(2)]
+        self.acc_kt = [self.alloc([wD, Wk], ACC, "acc_kT", f32) for _ in range(s.kt_acc)]
 
     def _bin(self, ops: list[SchedOp], fn: str, a: SSAValue, b: SSAValue, dst: SSAValue, rows: int, cols: int,
              prio: Prio) -> None:
@@ -421,22 +483,17 @@ class DecodeAttentionKernel(HeadProgram):
             acc_s = b[f"acc_s{x}"]
             written = False
             if s.mask_span:
-                assert self.a_mask is not None and self.sel is not None
                 mrow = b[f"mrow{x}"]
+                self._mask_windows(ops, g, mrow, f * r0, rc, pr)
                 for t in range(f):
-                    self._load_cols(ops, self.a_mask, self._rows(g, s.mask_step, col=f * r0 + t), mrow, t * rc,
-                                    s.mask_span, rc, f, pr)
-                self._vec(ops, "scalar", "max", mrow, (0, 0), mrow, (0, 0), s.mask_span, W, pr, imm=self.lowest / 2)
-                for t in range(f):
-                    self._mm(ops, self.sel, (0, 0), mrow, (0, t * rc), acc_s, (0, t * rc), nL, s.mask_span, rc,
-                             False, pr)
+                    self._mask_mm(ops, mrow, t, 0, acc_s, t * rc, rc, False, pr, rc)
                 written = True
             for i in range(n):
                 k, v, kT = b["k"][ring], b[f"v{x}"][i], b["kT"][ring]
                 ring = (ring + 1) % KV_RING
                 rows = self._rows(g, n * R, i * R + r0)
                 self._load(ops, self.a_k, rows, k, (0, 0), rc, f * p.D, 0, 1, pr)
-                self._k_transposed(ops, k, self.acc_kt[i % 2], kT, 0, rc, pr)
+                self._k_transposed(ops, k, self.acc_kt[i % len(self.acc_kt)], kT, 0, rc, pr)
                 self._load(ops, self.a_v, rows, v, (0, 0), rc, f * p.Dv, 0, 1, pr)
                 w = s.pack(p)
                 for t in range(f):

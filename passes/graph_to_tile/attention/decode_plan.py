@@ -45,9 +45,10 @@ mask whose row dim is 1 and whose rows follow the same pattern in every group
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilecc.simulator.config import HardwareConfig
+from tilecc.simulator.timing import DmaPattern, TimingRules
 
 ALIGN = 64
 MAX_F = 16  # positions per partition row at most (windows per problem)
@@ -90,9 +91,21 @@ class DecodeSchedule:
     mask_span: int  # mask rows one group reads (0: no mask)
     mask_step: int  # first mask row of group g: g * mask_step
     rc: int = 0  # view rows per cache block (0: one block, the whole cache; else the online softmax)
+    # the mask rows land transposed, window t of mask row b on partition b f + t (one DMA
+    # transpose of [f x R] per mask row, `mask_transposed`); else mask row b on partition
+    # b, window t at columns t R (f strided DMAs of every f-th position)
+    mask_t: bool = False
+    # online: K-transpose accumulators (two, alternating by problem, so one problem's
+    # transposes run while the previous one's are copied out; one where two do not fit)
+    kt_acc: int = 2
 
     def R(self, p: DecodeProblem) -> int:
         return p.S // self.f
+
+    def mask_cols(self, p: DecodeProblem) -> int:
+        """Positions of a window one mask transfer brings: a cache block's rows (online),
+        else the whole cache's."""
+        return self.rc if self.online else self.R(p)
 
     def pack(self, p: DecodeProblem) -> int:
         """Windows per K transpose: w windows' D columns side by side transpose to w D
@@ -216,7 +229,7 @@ def candidates(p: DecodeProblem, cfg: HardwareConfig) -> list[DecodeSchedule]:
                 continue
             m = max(d for d in range(1, n + 1) if n % d == 0 and d * R <= parts)
             for U in (1, 2, 4):
-                s = DecodeSchedule(parts, n, f, m, U, *pat)
+                s = with_mask_layout(p, DecodeSchedule(parts, n, f, m, U, *pat), cfg)
                 if groups % U == 0 and fits(p, s, cfg):
                     whole.append(s)
         out += whole
@@ -227,10 +240,44 @@ def candidates(p: DecodeProblem, cfg: HardwareConfig) -> list[DecodeSchedule]:
             for rc in sorted({min(R, parts // d) for d in (1, 2, 4)}, reverse=True):
                 if rc >= R:  # one block: the exact softmax above (it did not fit)
                     continue
-                s = DecodeSchedule(parts, n, f, 1, 1, *pat, rc=rc)
-                if fits(p, s, cfg):
-                    out.append(s)
+                for kt in (2, 1):
+                    s = with_mask_layout(p, DecodeSchedule(parts, n, f, 1, 1, *pat, rc=rc, kt_acc=kt), cfg)
+                    if fits(p, s, cfg):
+                        out.append(s)
+                        break
     return out
+
+
+def mask_transposed(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> bool:
+    """Whether the mask rows load transposed (`DecodeSchedule.mask_t`): a 2-byte mask,
+    f > 1 windows, the group's mask rows times f within the partitions, and the DMA
+    time of one transpose ``[f x R]`` per mask row (contiguous runs of f positions)
+    below that of f strided loads ``[mask rows x R]`` (one element per descriptor: 2
+    bytes a packet, ~13,000 cycles for 128 positions on ``cloud``). The selection matmul
+    then contracts over the f mask-row windows with a 0/1 constant per window."""
+    if not s.mask_span or s.f == 1 or p.isz != 2 or s.mask_span * s.f > s.T:
+        return False
+    tm, cols = TimingRules(cfg), s.mask_cols(p)
+    transposed = s.mask_span * tm.dma_time(s.f, cols, p.isz, DmaPattern.TRANSPOSE)
+    return bool(transposed < s.f * tm.dma_time(s.mask_span, cols, p.isz, DmaPattern.STRIDED))
+
+
+def with_mask_layout(p: DecodeProblem, s: DecodeSchedule, cfg: HardwareConfig) -> DecodeSchedule:
+    return replace(s, mask_t=True) if mask_transposed(p, s, cfg) else s
+
+
+def mask_shape(p: DecodeProblem, s: DecodeSchedule) -> tuple[int, int]:
+    """A group's mask buffer (per block, online): ``[rows x f R]`` or, transposed,
+    ``[rows f x R]`` (`DecodeSchedule.mask_t`)."""
+    cols = s.mask_cols(p)
+    return (s.mask_span * s.f, cols) if s.mask_t else (s.mask_span, s.f * cols)
+
+
+def sel_shape(p: DecodeProblem, s: DecodeSchedule) -> tuple[int, int]:
+    """The 0/1 mask-row selection constant: ``[rows x n L]``, or transposed ``[rows f x
+    f n L]`` (window t's selection at columns t n L, rows b f + t)."""
+    nL = s.n * p.L
+    return (s.mask_span * s.f, s.f * nL) if s.mask_t else (s.mask_span, nL)
 
 
 def sram_bytes(p: DecodeProblem, s: DecodeSchedule) -> int:
@@ -238,18 +285,22 @@ def sram_bytes(p: DecodeProblem, s: DecodeSchedule) -> int:
     isz, n, L = p.isz, s.n, p.L
     if s.online:
         W = s.width(p)
-        per_block = ((_align(W * isz) if s.mask_span else 0) + _align(4 * W) + _align(W * isz)
+        mrow = _align(mask_shape(p, s)[1] * isz) if s.mask_span else 0
+        sel = _align(sel_shape(p, s)[1] * isz) if s.mask_span else 0
+        per_block = (mrow + _align(4 * W) + _align(W * isz)
                      + _align(s.blocks(p) * n * L * isz) + 6 * _align(4) + _align(4 * p.Dv))
         ring = KV_RING * (_align(s.f * p.D * isz) + _align(W * isz)) + 2 * n * _align(s.f * p.Dv * isz)
-        consts = _align(s.T * isz) + (_align(n * L * isz) if s.mask_span else 0)
+        consts = _align(s.T * isz) + sel
         return consts + _align(s.pack(p) * p.D * isz) + _align(n * L * isz) + _align(p.Dv * isz) + ring + 2 * per_block
     tiles = n // s.m
     W = s.width(p)
-    per_set = (_align(s.pack(p) * p.D * isz) + _align(n * L * isz) + (_align(p.S * isz) if s.mask_span else 0)
+    mrow = _align(mask_shape(p, s)[1] * isz) if s.mask_span else 0
+    sel = _align(sel_shape(p, s)[1] * isz) if s.mask_span else 0
+    per_set = (_align(s.pack(p) * p.D * isz) + _align(n * L * isz) + mrow
                + tiles * _align(s.f * p.D * isz) + _align(n * p.S * isz) + tiles * _align(s.f * p.Dv * isz)
                + _align(4) + _align(4 * W) + _align(W * isz) + _align(4)
                + _align(s.blocks(p) * n * L * isz) + _align(p.Dv * isz))
-    consts = _align(s.T * isz) + (_align(n * L * isz) if s.mask_span else 0) + (_align(W * isz) if s.m > 1 else 0)
+    consts = _align(s.T * isz) + sel + (_align(W * isz) if s.m > 1 else 0)
     return consts + s.U * per_set
 
 
@@ -259,7 +310,7 @@ def acc_bytes(p: DecodeProblem, s: DecodeSchedule) -> int:
     if s.online:
         W = s.width(p)
         return (_align(4 * nL) + 2 * (_align(4 * W) + _align(4 * s.blocks(p) * nL) + _align(4 * p.Dv))
-                + 2 * _align(4 * W))
+                + s.kt_acc * _align(4 * s.packs(p) * s.rc))
     per_set = _align(4 * nL) + _align(4 * s.width(p)) + _align(4 * s.blocks(p) * nL) + _align(4 * p.Dv)
     return min(2, s.U) * per_set + 2 * _align(4 * s.m * p.S)
 
