@@ -49,7 +49,9 @@ group of function f; `n` the result's elements, `n_in` the input's)::
                       other operand is a weight (fold-norm-affine's rewrite,
                       LN(x)*g+b @ W = LN(x) @ (g W) + b W).
     rms_norm          n * (square + sum-reduce + mul) + the weight mul (tile operand: 2
-                      inputs) when the weight is not all ones; a decomposed RMSNorm
+                      inputs) when the weight is not all ones and not absorbable (every
+                      consumer a matmul by a weight: fold-norm-weight's rewrite,
+                      (n * w) @ W = n @ (w W)); a decomposed RMSNorm
                       (`ir/graph_rms_norm_pattern.py`, as canonicalize-graph matches it)
                       counts as that one op
     max_pool2d        min(direct: the taps of every output inside the input, separable:
@@ -276,7 +278,7 @@ class _Counter:
         m = match_rms_norm(mean)
         if not isinstance(m, RmsNormMatch):
             return
-        _rms_norm_work(self, numel(m.final.results[0]), m.weight)
+        _rms_norm_work(self, numel(m.final.results[0]), m.weight, m.final.results[0])
         self.claimed |= set(m.ops)
 
     def claim_activation(self, final: Operation, x: SSAValue, fn: str) -> None:
@@ -466,13 +468,22 @@ def _log_softmax(c: _Counter, op: Operation) -> None:
 
 def _rms_norm(c: _Counter, op: Operation) -> None:
     rn = cast(g.RmsNormOp, op)
-    _rms_norm_work(c, numel(rn.result), rn.weight)
+    _rms_norm_work(c, numel(rn.result), rn.weight, rn.result)
 
 
-def _rms_norm_work(c: _Counter, n: int, weight: SSAValue) -> None:
+def _rms_norm_work(c: _Counter, n: int, weight: SSAValue, result: SSAValue) -> None:
+    """The weight multiply is not counted where the weight is all ones, or where every
+    consumer is a matmul by a weight (the weight folds into theirs, as for a layer norm's
+    affine: passes/graph/fold_norm_affine.py)."""
     per = c.unary("square") + c.reduce("sum") + c.binary("mul")
     w = c.const(weight)
-    per += 0.0 if w is not None and bool(np.all(w == 1)) else 2 * c.binary("mul")
+    consumers = _through_views(result)
+    absorbable = (
+        _weight_root(weight) and bool(consumers)
+        and all(isinstance(u, g.MatmulOp) and _weight_root(u.rhs) and not _weight_root(u.lhs) for u in consumers)
+    )
+    if not absorbable:
+        per += 0.0 if w is not None and bool(np.all(w == 1)) else 2 * c.binary("mul")
     c.add(g.RmsNormOp.name, vector=n * per)
 
 
@@ -690,7 +701,8 @@ WORK_TABLE: dict[type[Operation], tuple[str, Handler]] = {
     gi.LogSoftmaxOp: ("n * (max-reduce + sub + exp + sum-reduce + sub)", _log_softmax),
     g.LayerNormOp: ("n * (sum-reduce + sub + square + sum-reduce + mul) + an affine no matmul absorbs",
                     _layer_norm),
-    g.RmsNormOp: ("n * (square + sum-reduce + mul) + the weight mul unless all ones", _rms_norm),
+    g.RmsNormOp: ("n * (square + sum-reduce + mul) + the weight mul unless all ones or folded into the matmuls "
+                  "it feeds", _rms_norm),
     **{t: ("n_in * cost(reduce); mean + n * cost(mul)", _reduce) for t in nn.REDUCE_OPS},
     nn.MaxPool2dOp: ("min(direct, separable) window reads * cost(reduce max)", _max_pool),
     nn.AvgPool2dOp: ("min(direct, separable) window reads * cost(reduce sum) + n * cost(mul)", _avg_pool),

@@ -9,6 +9,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from tilecc.passes.graph.canonicalize import CanonicalizeGraphPass, canonicalize
+from tilecc.passes.graph.fold_norm_affine import fold_norm_weights
 from tilecc.passes.graph.fuse import FuseGraphPass, fuse
 from tilecc.passes.graph.merge_linears import merge_linears
 from tilecc.passes.graph_to_tile.context import DslKernelSource
@@ -60,6 +61,7 @@ def default_pipeline(
         graph = [("canonicalize-graph", lambda m: _each_function(m, lambda f: canonicalize(f, weights)))]
         if isinstance(weights, MutableMapping):  # it concatenates weights: the driver's own copy of them
             mutable = weights
+            graph.append(("fold-norm-weight", lambda m: fold_norm_weights(m, mutable)))
             graph.append(("merge-linears", lambda m: merge_linears(m, mutable)))
         graph.append(("fuse-graph", lambda m: _each_function(m, lambda f: fuse(f, session))))
 

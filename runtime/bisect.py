@@ -15,9 +15,9 @@
    program outputs (strided views) are skipped.
 3. **First pass.** The -O2 pipeline is rebuilt pass by pass: -O2 lowering with every
    optional graph pass switched off, then fold-norm-affine, canonicalize-graph,
-   merge-linears and fuse-graph switched back on in pipeline order. The first configuration whose result
-   differs from eager names the pass after which the result changes; if even the first
-   one differs, -O0 decides between the -O2 kernels (lower-graph-to-tile at -O2) and a
+   fold-norm-weight, merge-linears and fuse-graph switched back on in pipeline order. The
+   first configuration whose result differs from eager names the pass after which the
+   result changes; if even the first one differs, -O0 decides between the -O2 kernels (lower-graph-to-tile at -O2) and a
    pass both levels run. Each configuration is also reported with that one pass
    switched off alone.
 """
@@ -38,7 +38,7 @@ from tilecc.ir.graph_interp import run_graph
 from tilecc.simulator import numerics
 from tilecc.simulator.config import HardwareConfig
 
-OPTIONAL_PASSES = ("fold-norm-affine", "canonicalize-graph", "merge-linears", "fuse-graph")
+OPTIONAL_PASSES = ("fold-norm-affine", "canonicalize-graph", "fold-norm-weight", "merge-linears", "fuse-graph")
 LINEAR_SCAN_OPS = 48
 
 

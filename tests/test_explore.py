@@ -32,8 +32,8 @@ def _op_lines(ir: str) -> list[str]:
 def test_block_every_stage_with_locations(block):
     assert block.matches is True  # the simulated program equals torch eager
     names = block.pass_names()
-    assert names == ["fold-norm-affine", "canonicalize-graph", "merge-linears", "fuse-graph", "lower-graph-to-tile",
-                     "plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync"]
+    assert names == ["fold-norm-affine", "canonicalize-graph", "fold-norm-weight", "merge-linears", "fuse-graph",
+                     "lower-graph-to-tile", "plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync"]
     text = render_text(block, print_after_all=True, remarks=True)
     for n in names:
         assert f"// -----// IR Dump After {n} //----- //" in text

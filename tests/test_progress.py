@@ -22,8 +22,8 @@ def test_events_of_a_compile_and_a_run_arrive_in_order():
         run_and_compare(model, (torch.randn(4, 16),))
     phases = [e.phase for e in events]
     passes = [p for i, p in enumerate(phases) if p != "simulate" and (i == 0 or phases[i - 1] != p)]
-    assert passes == ["fold-norm-affine", "canonicalize-graph", "merge-linears", "fuse-graph", "lower-graph-to-tile",
-                      "plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync", "link-kernels"]
+    assert passes == ["fold-norm-affine", "canonicalize-graph", "fold-norm-weight", "merge-linears", "fuse-graph",
+                      "lower-graph-to-tile", "plan-sram", "plan-hbm", "lower-tile-to-npu", "npu-insert-sync", "link-kernels"]
     lower = [e for e in events if e.phase == "lower-graph-to-tile" and e.total]
     # one event per op of @forward lowered (the last is func.return, not reported)
     assert [e.done for e in lower] == sorted({e.done for e in lower}) and lower[-1].done < lower[-1].total

@@ -234,3 +234,75 @@ def test_norm_read_by_two_matmuls_is_the_prologue_of_the_first(dt):
         want = model(x)
     tol = dict(rtol=3e-2, atol=3e-2) if dt == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(cm(x).float(), want.float(), **tol)
+
+
+def _remarks(cm, pass_name: str) -> list[tuple[str, str]]:
+    return [(r["kind"], r["message"]) for r in cm.program.meta["remarks"] if r["pass_name"] == pass_name]
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_norm_weight_folds_into_the_matmuls_it_feeds(dt):
+    """fold-norm-weight: the Llama norm feeding the gate and up projections has its
+    weight folded into both weights (``(n * w) @ W = n @ (w W)``); the norm keeps a weight
+    of ones, which the lowering drops (no multiply), and the result equals eager."""
+    torch.manual_seed(3)
+    model = NormThenMLP(64, 96).to(dt).eval()
+    x = torch.randn(1, 40, 64, dtype=dt)
+    cm = tilecc.compile(model, (x,), cache=False)
+    assert _remarks(cm, "fold-norm-weight") == [
+        ("passed", "rms norm weight folded into 2 matmul weights: the norm's weight multiply is gone")]
+    folded = [s.name for s in cm.program.weights if ".norm_folded" in s.name]
+    assert len(folded) == 2, [s.name for s in cm.program.weights]
+    with torch.no_grad():
+        want = model(x)
+    tol = dict(rtol=3e-2, atol=3e-2) if dt == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cm(x).float(), want.float(), **tol)
+    # the same graph with the pass off: one more vector multiply per row block of the norm
+    from tilecc.runtime.compiler import compile_graph
+    from tilecc.runtime.executor import run_program
+
+    cfg = load_config("tiny")
+    on = compile_graph(_graph(model, x), cfg)
+    off = compile_graph(_graph(model, x), cfg, disabled={"fold-norm-weight"})
+    assert not any(".norm_folded" in s.name for s in off.weights)
+    (got_on,), rep_on = run_program(on, (x,))
+    (got_off,), rep_off = run_program(off, (x,))
+    assert rep_on.cycles < rep_off.cycles, (rep_on.cycles, rep_off.cycles)
+    torch.testing.assert_close(got_on.float(), want.float(), **tol)
+    torch.testing.assert_close(got_off.float(), want.float(), **tol)
+
+
+class NormReadTwice(torch.nn.Module):
+    """The norm's result is read by a linear layer and by an add: nothing to fold into."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = LlamaStyleNorm(width, 1e-6)
+        self.proj = torch.nn.Linear(width, width, bias=False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.proj(h) + h
+
+
+def test_norm_weight_stays_where_another_op_reads_the_norm():
+    torch.manual_seed(4)
+    model = NormReadTwice(32).eval()
+    x = torch.randn(6, 32)
+    cm = tilecc.compile(model, (x,), cache=False)
+    assert not _remarks(cm, "fold-norm-weight")
+    assert not any(".norm_folded" in s.name for s in cm.program.weights)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(cm(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_gemma_norm_weight_is_not_a_weight_and_stays():
+    """Gemma's weight operand is ``1 + w``, computed in the graph: not a weight to fold."""
+    model = NormThenLinear(GemmaStyleNorm(64, 1e-6), 64).eval()
+    x = torch.randn(3, 5, 64)
+    cm = tilecc.compile(model, (x,), cache=False)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(cm(x), want, rtol=1e-4, atol=1e-5)
+    assert all(kind == "passed" for kind, _ in _remarks(cm, "fold-norm-weight"))

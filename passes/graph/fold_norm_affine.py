@@ -1,4 +1,5 @@
-"""fold-norm-affine: a layer norm's scale and shift folded into the linear layer it feeds.
+"""fold-norm-affine: a layer norm's scale and shift folded into the linear layer it feeds (and
+fold-norm-weight: an RMS norm's weight into the linear layers it feeds).
 
 ``layer_norm(x, g, b) @ W + c`` equals ``layer_norm(x, 1, 0) @ (g[:, None] * W) + (b @ W + c)``
 when g, b, W (and c) are weights: the new weight and bias are computed once, at compile
@@ -28,9 +29,38 @@ After::
 It needs the weights' data, so it runs on a `GraphProgram` (in `compile_graph` at -O2),
 not as a module pass; splat constants are immediates in the lowering, so the layer
 norm kernel skips the multiply by one and the add of zero.
+
+fold-norm-weight (`fold_norm_weights`) does the same for an RMS norm's weight once
+canonicalize-graph has made the `graph.rms_norm` of it, inside the pipeline on the
+compile's own weights (before merge-linears, which then concatenates the folded ones):
+``(n * w) @ W_i = n @ (w[:, None] * W_i)`` for every reader, so it applies when every
+reader of the norm (through reshapes that keep its rows) is a matmul's A operand whose
+B is a 2-D float weight (a quantised weight keeps its scale elsewhere; Gemma's ``1 + w``
+is not a weight) that nothing else reads. Llama's norm feeds q/k/v and gate/up: at
+the 1B shape a prefill of 2,048 tokens loses one 2-input vector pass over every row
+block of both norms (the fused matmul's prologue, `rowwise.rms_norm_nodes` drops the
+multiply by a weight of ones). Before::
+
+    %n = graph.rms_norm %x, %g eps 1e-05 cast_before_weight : tensor<40x64xbf16>, tensor<64xbf16> -> ...
+    %wg = graph.weight "gate.weight.permute" : tensor<64x96xbf16>
+    %a = graph.matmul %n, %wg : ...
+    %wu = graph.weight "up.weight.permute" : tensor<64x96xbf16>
+    %b = graph.matmul %n, %wu : ...
+
+After::
+
+    %one = graph.constant dense<1.0> : tensor<64xbf16>
+    %n = graph.rms_norm %x, %one eps 1e-05 cast_before_weight : ...
+    %wg2 = graph.weight "gate.weight.permute.norm_folded" : tensor<64x96xbf16>
+    %a = graph.matmul %n, %wg2 : ...
+    %wu2 = graph.weight "up.weight.permute.norm_folded" : tensor<64x96xbf16>
+    %b = graph.matmul %n, %wu2 : ...
 """
 
 from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
 
 import numpy as np
 from xdsl.dialects import func
@@ -40,8 +70,11 @@ from xdsl.ir import Operation, SSAValue
 from tilecc.ir import graph as g
 from tilecc.ir.bf16_weights import Bf16Weight
 from tilecc.ir.meta_weights import MetaWeight
+from tilecc.passes import remarks
 from tilecc.passes.graph.canonicalize import dead_code
 from tilecc.simulator.numerics import f32_to_bf16_bits
+
+PASS_RMS = "fold-norm-weight"
 
 
 def _weight(v: SSAValue) -> g.WeightOp | None:
@@ -150,6 +183,94 @@ def _fold(fn: func.FuncOp, ln: g.LayerNormOp, weights: dict[str, np.ndarray]) ->
     return True
 
 
+def fold_norm_weights(module: ModuleOp, weights: MutableMapping[str, Any]) -> int:
+    """fold-norm-weight: every RMS norm whose weight every reader multiplies into a linear
+    layer's weight has it folded there (see the module docstring); new weights go into
+    `weights`. Returns the number of norms folded."""
+    count = 0
+    for fn in module.ops:
+        if not isinstance(fn, func.FuncOp):
+            continue
+        folded = 0
+        for rn in [op for op in fn.body.block.ops if isinstance(op, g.RmsNormOp)]:
+            folded += _fold_rms(fn, rn, weights)
+        if folded:
+            dead_code(fn)
+        count += folded
+    return count
+
+
+def _matmul_readers(v: SSAValue) -> list[g.MatmulOp] | None:
+    """The matmuls reading `v` as their A operand (through reshapes that keep its rows),
+    or None where anything else reads it."""
+    out: list[g.MatmulOp] = []
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        for use in x.uses:
+            u = use.operation
+            if isinstance(u, g.ReshapeOp) and _keeps_rows(u):
+                stack.append(u.results[0])
+            elif isinstance(u, g.MatmulOp) and use.index == 0 and u.operands[1] is not x:
+                out.append(u)
+            else:
+                return None
+    return out
+
+
+def _float_weight(w: Any) -> bool:
+    """A weight whose values a fold may scale: float storage (fp32 / bf16, or a meta
+    weight of a float type), not a quantised one (its scale lives elsewhere)."""
+    if isinstance(w, Bf16Weight):
+        return True
+    dt = getattr(w, "dtype", None)
+    return dt is not None and np.dtype(dt).kind == "f"
+
+
+def _fold_rms(fn: func.FuncOp, rn: g.RmsNormOp, weights: MutableMapping[str, Any]) -> bool:
+    gop = _weight(rn.weight)
+    if gop is None or not _float_weight(weights[gop.weight]):
+        return False
+    C = g.shape_of(rn.result)[-1]
+    readers = _matmul_readers(rn.result)
+    if not readers:
+        return False
+    wops = [_weight(mm.operands[1]) for mm in readers]
+    if any(w is None or len(g.shape_of(w.result)) != 2 or g.shape_of(w.result)[0] != C
+           or not _float_weight(weights[w.weight]) for w in wops):
+        return False
+    # a weight something else also reads (a tied embedding's gather) would be stored twice
+    mine = set(readers)
+    names = {w.weight for w in wops if w is not None}
+    for op in fn.body.block.ops:
+        if isinstance(op, g.WeightOp) and op.weight in names and any(
+                use.operation not in mine for use in op.results[0].uses):
+            remarks.emit(PASS_RMS, "missed", f"rms norm weight not folded: weight {op.weight} is also read by "
+                         "another op (folding would store it twice)", g.source_loc(rn))
+            return False
+    meta = isinstance(weights[gop.weight], MetaWeight)
+    gamma = _values(weights[gop.weight]).reshape(-1)
+    block = fn.body.block
+    for mm, wop in zip(readers, wops):
+        assert wop is not None
+        wsrc = weights[wop.weight]
+        wname = _fresh(weights, f"{wop.weight}.norm_folded")  # type: ignore[arg-type]
+        if meta or isinstance(wsrc, MetaWeight):
+            weights[wname] = MetaWeight(tuple(wsrc.shape), np.dtype(np.float32))
+        else:
+            weights[wname] = _fold_rows(wsrc, gamma, np.zeros(C))[0]
+        new_w = g.WeightOp.make(wname, wop.result.type, loc=g.source_loc(mm))
+        block.insert_op_before(new_w, mm)
+        mm.operands[1] = new_w.results[0]
+    one = g.ConstantOp.make(np.ones(C, dtype=np.float32), rn.weight.type.element_type,  # type: ignore[attr-defined]
+                            loc=g.source_loc(rn))
+    block.insert_op_before(one, rn)
+    rn.operands[1] = one.results[0]
+    remarks.emit(PASS_RMS, "passed", f"rms norm weight folded into {len(readers)} matmul weight"
+                 f"{'s' if len(readers) > 1 else ''}: the norm's weight multiply is gone", g.source_loc(rn))
+    return True
+
+
 def _fold_rows(w: np.ndarray | Bf16Weight, gamma: np.ndarray, beta: np.ndarray,
                rows: int = 64) -> tuple[np.ndarray | Bf16Weight, np.ndarray]:
     """(``gamma[:, None] * w``, ``beta @ w`` in float64), `rows` rows of w at a time, so
@@ -184,4 +305,4 @@ def _fresh(weights: dict[str, np.ndarray], name: str) -> str:
     return name
 
 
-__all__ = ["fold_norm_affine"]
+__all__ = ["fold_norm_affine", "fold_norm_weights"]
