@@ -58,6 +58,39 @@ def test_decode_norm_is_computed_in_the_gemv_and_matches_eager():
     assert (mm["cols"] == 1).all() and (mm["rows"] == 128).all()
 
 
+def test_folded_norm_weight_is_neither_loaded_nor_multiplied():
+    """fold-norm-weight puts each norm's weight into its up projection: the GEMV's norm
+    has a weight of ones, so it loads no weight and multiplies by none (one DMA and one
+    vector instruction fewer per layer than with the pass off), and still equals eager."""
+    from tilecc.frontend.torch_export import export_model, import_exported_program
+    from tilecc.runtime.compiler import compile_graph
+    from tilecc.runtime.executor import run_program
+    from tilecc.simulator.config import load_config
+    from tilecc.simulator.isa import Engine
+
+    torch.manual_seed(1)
+    model = _NormLinears(1024, 1536).to(torch.bfloat16).eval()
+    x = torch.randn(1, 1, 1024, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x,), target="cloud")
+    assert sum("rms norm weight folded into 1 matmul weight" in m for m in _remarks(cm)) == 2
+    cfg = load_config("cloud")
+    with torch.no_grad():
+        gp = import_exported_program(export_model(model, (x,)))
+    on = compile_graph(gp, cfg)
+    off = compile_graph(gp, cfg, disabled={"fold-norm-weight"})
+
+    def count(prog, engine):
+        return int((prog.stream["engine"] == engine).sum())
+
+    assert count(on, Engine.DMA) == count(off, Engine.DMA) - 2
+    assert count(on, Engine.VECTOR) == count(off, Engine.VECTOR) - 2
+    with torch.no_grad():
+        want = model(x)
+    for prog in (on, off):
+        (got,), _ = run_program(prog, (x,))
+        torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+
+
 @pytest.mark.parametrize("rows", [2, 3])
 def test_several_rows_keep_the_norm_kernel(rows):
     torch.manual_seed(1)

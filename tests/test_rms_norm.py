@@ -306,3 +306,25 @@ def test_gemma_norm_weight_is_not_a_weight_and_stays():
         want = model(x)
     torch.testing.assert_close(cm(x), want, rtol=1e-4, atol=1e-5)
     assert all(kind == "passed" for kind, _ in _remarks(cm, "fold-norm-weight"))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+def test_norm_weight_stays_before_one_byte_weights(scheme):
+    """A norm feeding int8 / fp8 weights (per-channel scales on the output side) is not
+    folded: the graph type decides, so the model on the meta device (no values) folds
+    exactly where the model with its weights does."""
+    from tilecc.quantize import quantize_scheme
+
+    torch.manual_seed(5)
+    model = quantize_scheme(NormThenMLP(64, 96).to(torch.bfloat16), scheme, skip=()).eval()
+    x = torch.randn(1, 40, 64, dtype=torch.bfloat16)
+    cm = tilecc.compile(model, (x,), cache=False)
+    assert not _remarks(cm, "fold-norm-weight")
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(cm(x).float(), want.float(), rtol=3e-2, atol=3e-2)
+    with torch.device("meta"):
+        meta = quantize_scheme(NormThenMLP(64, 96).to(torch.bfloat16), scheme, skip=()).eval()
+    cm_meta = tilecc.compile(meta, (x.to("meta"),), cache=False)
+    assert not _remarks(cm_meta, "fold-norm-weight")
+    assert cm_meta.simulate(x.to("meta")).cycles == cm.simulate(x).cycles

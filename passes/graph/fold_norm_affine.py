@@ -69,6 +69,7 @@ from xdsl.ir import Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir.bf16_weights import Bf16Weight
+from tilecc.ir.dtypes import DType
 from tilecc.ir.meta_weights import MetaWeight
 from tilecc.passes import remarks
 from tilecc.passes.graph.canonicalize import dead_code
@@ -218,18 +219,17 @@ def _matmul_readers(v: SSAValue) -> list[g.MatmulOp] | None:
     return out
 
 
-def _float_weight(w: Any) -> bool:
-    """A weight whose values a fold may scale: float storage (fp32 / bf16, or a meta
-    weight of a float type), not a quantised one (its scale lives elsewhere)."""
-    if isinstance(w, Bf16Weight):
-        return True
-    dt = getattr(w, "dtype", None)
-    return dt is not None and np.dtype(dt).kind == "f"
+def _float_weight(op: g.WeightOp) -> bool:
+    """A weight whose values a fold may scale: of a float type in the graph (fp32 / bf16 /
+    fp16), not a one-byte quantised one (its scale lives elsewhere). The graph type
+    decides, not the storage, so a meta-device model folds exactly where the same model
+    with its weights does."""
+    return g.element_dtype(op.result.type) in (DType.F32, DType.BF16, DType.F16)
 
 
 def _fold_rms(fn: func.FuncOp, rn: g.RmsNormOp, weights: MutableMapping[str, Any]) -> bool:
     gop = _weight(rn.weight)
-    if gop is None or not _float_weight(weights[gop.weight]):
+    if gop is None or not _float_weight(gop):
         return False
     C = g.shape_of(rn.result)[-1]
     readers = _matmul_readers(rn.result)
@@ -237,7 +237,7 @@ def _fold_rms(fn: func.FuncOp, rn: g.RmsNormOp, weights: MutableMapping[str, Any
         return False
     wops = [_weight(mm.operands[1]) for mm in readers]
     if any(w is None or len(g.shape_of(w.result)) != 2 or g.shape_of(w.result)[0] != C
-           or not _float_weight(weights[w.weight]) for w in wops):
+           or not _float_weight(w) for w in wops):
         return False
     # a weight something else also reads (a tied embedding's gather) would be stored twice
     mine = set(readers)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 from xdsl.dialects.builtin import f32
-from xdsl.ir import SSAValue
+from xdsl.ir import BlockArgument, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import tile
@@ -108,9 +108,11 @@ def emit_split_norm(kb: KernelBuilder, op: g.RmsNormOp, x_arg: SSAValue, w_arg: 
     kb.add(tile.LoadOp(x_arg, [z, z], xb, rk, f, 0, 1, **({} if queue is None else {"queue": queue})))
     gb = kb.alloc([RK, RK], f32, tile.SRAM, "rowsum")
     kb.add(tile.LoadOp(g_arg, [z, z], gb, rk, rk, 0, 1, **cq))
-    wb = kb.alloc([RK, F], w_elem, tile.SRAM, "w")
-    for r in range(R):  # the weight's chunks beside each row's
-        kb.add(tile.LoadOp(w_arg, [z, z], sub(kb, wb, r * k, 0, [k, F]), kb.const(k), f, 0, 1, **cq))
+    ones = ones_weight(op)  # folded into the matmuls after it (fold-norm-weight): no load, no multiply
+    if not ones:
+        wb = kb.alloc([RK, F], w_elem, tile.SRAM, "w")
+        for r in range(R):  # the weight's chunks beside each row's
+            kb.add(tile.LoadOp(w_arg, [z, z], sub(kb, wb, r * k, 0, [k, F]), kb.const(k), f, 0, 1, **cq))
     sq = kb.alloc([RK, F], f32, tile.SRAM, "sq")
     part = kb.alloc([RK, 1], f32, tile.SRAM, "part")
     kb.add(tile.UnaryOp("square", xb, sq, rk, f))
@@ -121,9 +123,25 @@ def emit_split_norm(kb: KernelBuilder, op: g.RmsNormOp, x_arg: SSAValue, w_arg: 
     kb.add(tile.ScalarOp("mul", acc, 1.0 / C, ms, rk, one))
     kb.add(tile.ScalarOp("add", ms, op.eps_value, ms, rk, one))
     kb.add(tile.UnaryOp("rsqrt", ms, ms, rk, one))
+    if ones:  # x * rstd rounded once to the result type, as n * 1 would be
+        kb.add(tile.BinaryOp("mul", xb, ms, dst, rk, f, "column"))
+        return
     n = kb.alloc([RK, F], elem if op.weight_after_cast else f32, tile.SRAM, "normed")
     kb.add(tile.BinaryOp("mul", xb, ms, n, rk, f, "column"))
     kb.add(tile.BinaryOp("mul", n, wb, dst, rk, f))
 
 
-__all__ = ["MIN_CHUNKS", "emit_split_norm", "lower_rms_norm_split", "split_of", "split_operands"]
+def ones_weight(op: g.RmsNormOp) -> bool:
+    """Whether the norm's weight is a constant of ones (fold-norm-weight leaves one where
+    it folded the weight into the matmuls after the norm)."""
+    w = op.operands[1]
+    while isinstance(w, BlockArgument):  # inside fusion groups (nested): the group's operand
+        parent = w.block.parent_op()
+        if parent is None or w.index >= len(parent.operands):
+            return False
+        w = parent.operands[w.index]
+    owner = w.owner
+    return isinstance(owner, g.ConstantOp) and bool(np.all(owner.values() == 1.0))
+
+
+__all__ = ["MIN_CHUNKS", "emit_split_norm", "lower_rms_norm_split", "ones_weight", "split_of", "split_operands"]
