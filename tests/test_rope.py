@@ -108,6 +108,29 @@ def test_decode_rope_puts_heads_on_the_rows():
         assert sum(o.startswith("VEC_") for o in ops) == 5, ops
 
 
+def test_decode_rope_of_several_sequences_is_one_tile_of_them():
+    """One position for each of 6 sequences (a batched decode step), each with its own
+    cos / sin row: the sequences are the rows of one tile (x one DMA at its batch
+    stride, cos and sin one each, one store), not a tile and four DMAs per sequence;
+    equal to eager."""
+    B, S, H, KV, D = 6, 1, 8, 2, 16
+    gen = torch.Generator().manual_seed(11)
+    args = (torch.randn(B, S, H * D, generator=gen), torch.randn(B, S, KV * D, generator=gen),
+            torch.randn(B, S, D, generator=gen), torch.randn(B, S, D, generator=gen))
+    cm, rs = _compile(QK(H, KV, D), args)
+    for a, b in zip(cm(*args), QK(H, KV, D)(*args)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    msg = [r.message for r in rs if "rope over" in r.message]
+    assert len(msg) == 2 and all("[B 1, S 6," in m and "tiles 6 positions" in m for m in msg), msg
+    prog = cm.program
+    assert prog is not None
+    for name, first, count in prog.kernels:
+        if name.endswith("_rope"):
+            engines = prog.stream["opcode"][first:first + count]
+            dmas = sum(Opcode(int(o)).name.startswith("DMA_") for o in engines)
+            assert dmas == 4, (name, dmas)
+
+
 class NearMiss(torch.nn.Module):
     """Rotary-looking chains that are not `x * cos + rotate_half(x) * sin`."""
 

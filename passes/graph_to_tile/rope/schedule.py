@@ -17,6 +17,7 @@ over the bandwidth), plus the exposed first load and last store::
 
     1b Llama q, S = 2048 bf16, cloud:  positions: TS 128, hc 32 (one [128 x 2048] DMA a tile), nb 2, rep 8
     1b Llama q, S = 1 (decode):          heads: [32 x 64] tiles, 5 vector instructions in all
+    1b Llama q, decode at batch 32:      positions (the 32 sequences as positions): TS 32, hc 32
 """
 
 from __future__ import annotations
