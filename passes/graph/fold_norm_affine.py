@@ -59,7 +59,7 @@ After::
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -254,7 +254,7 @@ def _fold_rms(fn: func.FuncOp, rn: g.RmsNormOp, weights: MutableMapping[str, Any
     for mm, wop in zip(readers, wops):
         assert wop is not None
         wsrc = weights[wop.weight]
-        wname = _fresh(weights, f"{wop.weight}.norm_folded")  # type: ignore[arg-type]
+        wname = _fresh(weights, f"{wop.weight}.norm_folded")
         if meta or isinstance(wsrc, MetaWeight):
             weights[wname] = MetaWeight(tuple(wsrc.shape), np.dtype(np.float32))
         else:
@@ -262,8 +262,8 @@ def _fold_rms(fn: func.FuncOp, rn: g.RmsNormOp, weights: MutableMapping[str, Any
         new_w = g.WeightOp.make(wname, wop.result.type, loc=g.source_loc(mm))
         block.insert_op_before(new_w, mm)
         mm.operands[1] = new_w.results[0]
-    one = g.ConstantOp.make(np.ones(C, dtype=np.float32), rn.weight.type.element_type,  # type: ignore[attr-defined]
-                            loc=g.source_loc(rn))
+    et = gop.result.type.element_type  # rn.weight is gop's result
+    one = g.ConstantOp.make(np.ones(C, dtype=np.float32), et, loc=g.source_loc(rn))
     block.insert_op_before(one, rn)
     rn.operands[1] = one.results[0]
     remarks.emit(PASS_RMS, "passed", f"rms norm weight folded into {len(readers)} matmul weight"
@@ -298,7 +298,7 @@ def _values(w: np.ndarray | MetaWeight) -> np.ndarray:
     return np.asarray(w, dtype=np.float32)
 
 
-def _fresh(weights: dict[str, np.ndarray], name: str) -> str:
+def _fresh(weights: Mapping[str, Any], name: str) -> str:
     base, i = name, 1
     while name in weights:
         name, i = f"{base}.{i}", i + 1
