@@ -185,12 +185,14 @@ class _GemvTwoOutputs(nn.Module):
         return y, y + r
 
 
-@pytest.mark.parametrize("n, streams", [(1024, True), (1000, False)])
+@pytest.mark.parametrize("n, streams", [(1024, True), (1000, True), (1001, False)])
 def test_gemv_orientation_needs_whole_column_tiles(n, streams):
-    """The weight streams only where the output is whole 128-column tiles (its [128, w]
-    image); N = 1000 keeps the weight stationary (and, its weight not pre-tiled, the
-    general kernel). Two outputs of one group (the raw product and the residual sum)
-    come from the same evacuation; both equal eager."""
+    """The weight streams only where the output is whole column tiles (its [TN, w]
+    image): 128 columns for N = 1024, 125 for N = 1000 (`gemv_tile_width`: eight
+    tiles either way); N = 1001 has no such width (7 x 11 x 13) and keeps the weight
+    stationary (and, its weight not pre-tiled, the general kernel). Two outputs of one
+    group (the raw product and the residual sum) come from the same evacuation; both
+    equal eager."""
     torch.manual_seed(4)
     model = _GemvTwoOutputs(2048, n).to(torch.bfloat16)
     x = torch.randn(1, 1, 2048, dtype=torch.bfloat16)
@@ -202,3 +204,86 @@ def test_gemv_orientation_needs_whole_column_tiles(n, streams):
     assert (mm["cols"] == 1).all() == streams
     if streams:
         assert len(cm.program.kernels) == 1  # the sum in the GEMV's evacuation
+
+
+@pytest.mark.parametrize("n, width", [(1000, 125), (250, 125), (1024, 128), (1001, 128), (200, 100), (130, 65), (10, 10)])
+def test_gemv_tile_width_divides_n_in_as_many_tiles(n, width):
+    """The column tile of a one-row matmul: the widest divisor of N within [64, 128] that
+    keeps ceil(N / 128) tiles, else the array's 128 columns."""
+    from tilecc.passes.graph_to_tile.matmul_problem import gemv_tile_width
+
+    assert gemv_tile_width(n, 128) == width
+
+
+class _Classifier(nn.Module):
+    """A CNN's head: global average pool, flatten, a linear with bias to 1,000 classes."""
+
+    def __init__(self, c: int, classes: int):
+        super().__init__()
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_classifier_head_is_one_kernel(dtype):
+    """A 1,000-class head at batch 1: the weight pre-tiled in 125-column tiles (eight of
+    them), the global average pool computing the row in the partitions (the GEMV's
+    prologue: fuse-graph's `mean_prologue`) and the bias add in the GEMV's evacuation:
+    one kernel, no mean or add kernel beside it. Equal to eager."""
+    torch.manual_seed(5)
+    model = _Classifier(512, 1000).to(dtype)
+    x = torch.randn(1, 512, 7, 7, dtype=dtype)
+    cm = run_and_compare(model, (x,), target="cloud")
+    assert [k[0] for k in cm.program.kernels] == ["k0_matmul"]
+    rem = _remarks(cm)
+    assert any("mean + matmul 1x512x1000: the average pool over 49 positions computes the matmul's row" in m
+               for m in rem)
+    assert any("matmul 1x512x1000: its epilogue (add) runs on each evacuated" in m for m in rem)
+    assert any("stored pre-tiled for its matmul" in m and "fc.weight" in m for m in rem)
+
+
+class _ConvHead(nn.Module):
+    """A residual stage's last convolution, then the head: the convolution's output,
+    read only by the head's pool, is stored zero-padded (`layout_plan.wants_padded`)."""
+
+    def __init__(self, c: int, classes: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.fc = nn.Linear(c, classes)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.2, 0.2)
+            self.bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+def test_classifier_head_pools_a_padded_map():
+    """The pooled map stored with its zero ring (rows of W + 2): the head sums the ring's
+    zeros too and divides by H * W, with no unpadding copy of the map. Equal to eager."""
+    torch.manual_seed(6)
+    model = _ConvHead(128, 10).eval().to(torch.bfloat16)
+    x = torch.randn(1, 128, 8, 8, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x,), target="cloud")
+    names = [k[0] for k in cm.program.kernels]
+    assert names[-1].endswith("_matmul") and not any("unpad" in n or "reduce" in n for n in names), names
+    assert any("the average pool over 64 positions computes the matmul's row" in m for m in _remarks(cm))
+    _, first, count = cm.program.kernels[-1]
+    head = cm.program.stream[first : first + count]
+    sums = head[head["opcode"] == Opcode.VEC_REDUCE]
+    assert len(sums) == 1 and (sums["rows"], sums["cols"]) == (128, 10 * 10)  # the padded map, ring and all
+
+
+def test_classifier_head_takes_the_general_path_without_whole_tiles():
+    """1,001 classes (7 x 11 x 13: no column tile within [64, 128] in eight tiles): the
+    pool, the matmul and the bias add lower as before, as kernels of their own."""
+    torch.manual_seed(7)
+    model = _Classifier(256, 1001).to(torch.bfloat16)
+    x = torch.randn(1, 256, 4, 4, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x,), target="cloud")
+    names = [k[0] for k in cm.program.kernels]
+    assert len(names) == 3 and "reduce_mean" in names[0], names

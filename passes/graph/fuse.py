@@ -9,6 +9,8 @@ producer-consumer fusion do):
   is a layer norm or RMS norm used only by this matmul, that norm (with its own prologue)
   as the producer of the A rows; a norm that several matmuls read as their A rows (the
   gate and up projections of a Llama MLP) is the prologue of the first, which yields it;
+  a one-row matmul (a CNN's classifier head at batch 1) takes the global average pool
+  producing its row (`graph.mean` over the spatial dims, through reshapes);
 - **row-wise** (kind ``rowwise``): a layer norm or RMS norm over the last dim, a softmax or
   log_softmax along the last dim, with an elementwise prologue producing its input
   (a residual add: its value, used later, becomes a second output) and an
@@ -58,6 +60,7 @@ from tilecc.errors import CompileError
 from tilecc.ir import graph as g
 from tilecc.ir import graph_index as gi
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.ir.graph_nn import MeanOp
 from tilecc.passes import remarks
 from tilecc.passes.session import CompileSession
 from tilecc.passes.vector_fns import elementwise_fn
@@ -242,6 +245,8 @@ class Fuser:
         the norm is computed once, under that matmul, instead of as a kernel ahead of it."""
         mm = grp.anchor
         assert mm is not None
+        if self.mean_prologue(grp):
+            return
         a = mm.operands[0]
         shared = not a.has_one_use() and self.rows_of_later_matmuls(a, mm)
         chain: list[Operation] = []
@@ -267,6 +272,44 @@ class Fuser:
             grp.ops = sorted(merged, key=self.pos.__getitem__)
             for o in prod.ops:
                 self.group[o] = grp
+
+    def mean_prologue(self, grp: _Group) -> bool:
+        """A global average pool as a one-row matmul's prologue (a CNN's classifier
+        head: the mean over the spatial dims of ``[1, C, H, W]``, reshaped to the
+        ``[1, C]`` row): the matmul's kernel reduces the map into its A row on chip
+        (`norm_gemv.py`), so the pool is no kernel of its own."""
+        mm = grp.anchor
+        assert mm is not None
+        row = g.shape_of(mm.operands[0])
+        if len(row) != 2 or row[0] != 1 or len(g.shape_of(mm.operands[1])) != 2:
+            return False
+        v, chain = mm.operands[0], []
+        while isinstance(v.owner, g.ReshapeOp):  # single-use reshapes of the pooled row
+            if not v.has_one_use():
+                return False
+            chain.append(v.owner)
+            v = v.owner.operands[0]
+        mean = v.owner
+        if not isinstance(mean, MeanOp) or not v.has_one_use():
+            return False
+        x = g.shape_of(mean.operands[0])
+        if len(x) < 3 or x[0] != 1 or x[1] != row[1] or mean.axes != tuple(range(2, len(x))):
+            return False
+        if mean in self.group or any(o in self.excluded for o in [*chain, mean]):
+            return False
+        # a reshape that only drops unit dims may sit in an elementwise group of reshapes
+        if any(c in self.group and not all(isinstance(o, g.ReshapeOp) for o in self.group[c].ops) for c in chain):
+            return False
+        merged = set(grp.ops) | set(chain) | {mean}
+        if not self.legal(merged):
+            return False
+        for c in chain:
+            if c in self.group:
+                self.group[c].ops.remove(c)
+        for o in [*chain, mean]:
+            self.group[o] = grp
+        grp.ops = sorted(merged, key=self.pos.__getitem__)
+        return True
 
     def rows_of_later_matmuls(self, v: SSAValue, mm: Operation) -> bool:
         """Whether every user of `v` is a matmul reading it as its A rows, `mm` the

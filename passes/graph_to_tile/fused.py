@@ -69,11 +69,18 @@ def _bind(lw: LoweringContext, op: FusedOp) -> None:
     for res, v in zip(op.results, y.values, strict=True):
         if res in lw.layout_requests:
             lw.layout_requests[v] = lw.layout_requests.pop(res)
+    from tilecc.passes.graph_to_tile.nn.state import padded_of, set_padded
+
     for arg, v in zip(op.block.args, op.inputs, strict=True):
         if v in lw.scalars:
             lw.scalars[arg] = lw.scalars[v]
-        else:
-            lw.values[arg] = lw.materialise(v)
+            continue
+        info = padded_of(lw, v)
+        if info is not None:  # an activation stored padded (a classifier head's pooled map)
+            set_padded(lw, arg, info)
+            if v not in lw.values:
+                continue  # every user takes it padded (`layout_plan.wants_padded`): no natural copy
+        lw.values[arg] = lw.materialise(v)
     for inner in op.block.ops:
         if isinstance(inner, g.ConstantOp):
             lower_op(lw, inner)

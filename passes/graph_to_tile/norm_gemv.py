@@ -57,6 +57,22 @@ cost model picks the cheaper evacuation, the streamed one wherever the output is
         tile.binary "mul" %acc, %s_win into %t ; tile.binary "add" %t, %x_win into %o   // [128, 8]
         tile.store %o -> %out viewed [128, 16] (strides 1, 128)
 
+A classifier head (`graph.fused "matmul"` of mean, reshape, matmul, add: fuse-graph's
+`mean_prologue`) takes the same kernel with the average pool as its prologue
+(`emit_pool`): the ``[1, C, H, W]`` map read ``[128, nk * H * W]`` (channel ``r nk + j``
+on partition r, its map in a row; an activation stored with a zero ring is read as it
+is, the ring summing to nothing), one sum per channel, one scale by ``1 / (H W)`` into
+the row's partitions. A head's N is seldom a multiple of 128 (1,000 classes): the
+problem's column tile is then the widest divisor of N in the same number of tiles
+(`matmul_problem.gemv_tile_width`: 125), so the weight is pre-tiled and streamed
+and the bias add runs on 125 lanes::
+
+    %g = graph.fused "matmul" (%x, %W, %b) {   // x: tensor<1x512x7x7xbf16>
+      %m = graph.mean %x dims [2, 3] keepdim true   %r = graph.reshape %m -> 1x512
+      %p = graph.matmul %r, %W   %y = graph.add %p, %b   graph.yield %y }
+    ->  k_matmul: tile.load %x [128, 196] ; tile.reduce "sum" x 4 ; tile.scalar "mul" 1/49
+        (the streamed GEMV: 32 matmuls of [125, 1]) ; tile.binary "add" [125, 8] ; tile.store
+
 Not used (the norm, the matmul and the epilogue lower as before): batch or rows > 1,
 a norm whose result something else reads, a row that does not split over all
 partitions into the matmul's k-tiles, or a schedule that is not direct.
@@ -65,14 +81,18 @@ partitions into the matmul's k-tiles, or a schedule that is not direct.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from xdsl.dialects.builtin import MemRefType, f32
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from tilecc.ir import graph as g
+from tilecc.ir import tile
 from tilecc.ir.dtypes import element_size
 from tilecc.ir.graph_fusion import FusedOp, YieldOp
+from tilecc.ir.graph_nn import MeanOp
 from tilecc.passes import remarks
 from tilecc.passes.graph_to_tile.elementwise import ElementwiseKernel, Leaf, leaf_elem, vector_steps
 from tilecc.passes.graph_to_tile.elementwise.cost import estimate_cycles
@@ -86,6 +106,8 @@ from tilecc.passes.graph_to_tile.fused_matmul import (
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.matmul import stream_b_view
 from tilecc.passes.graph_to_tile.matmul_problem import b_operand, choose_schedule, direct_a, problem_of
+from tilecc.passes.graph_to_tile.nn.common import sub
+from tilecc.passes.graph_to_tile.nn.state import padded_of
 from tilecc.passes.graph_to_tile.rms_norm_split import emit_split_norm, split_of, split_operands
 from tilecc.passes.graph_to_tile.shapes import elem_of, shape_of
 from tilecc.passes.schedule.cost_model import choose, estimate
@@ -101,13 +123,17 @@ class _DecodeGemvKernel(FusedMatmulKernel):
     w, G, then the epilogue's) or the row itself (args: A, B, out, then the epilogue's),
     with the group's epilogue on each evacuated row."""
 
-    def __init__(self, *args: Any, norm: g.RmsNormOp | None, **kw: Any):
+    def __init__(self, *args: Any, norm: g.RmsNormOp | None, pool: tuple[int, int] = (0, 0), **kw: Any):
         super().__init__(*args, direct=True, pro=None, front=2 if norm is not None else 0, **kw)
         self.norm = norm
+        self.pool = pool  # (run, divisor), run > 0: the row is a mean of runs (`emit_pool`)
         if norm is not None:
             self.argW, self.argG = self.kb.args[3:5]
 
     def load_a_direct(self, dst: SSAValue) -> None:
+        if self.pool[0]:
+            emit_pool(self.kb, self.argA, self.p.TK, self.p.nk, *self.pool, dst, queue=self.s.qa[0])
+            return
         if self.norm is None:
             super().load_a_direct(dst)
             return
@@ -138,6 +164,36 @@ def _lone_norm(pro: list[Operation], mm: Operation) -> g.RmsNormOp | None | Lite
     if any(u.operation not in pro for r in inside for u in r.uses):
         return False
     return norm
+
+
+def _lone_pool(pro: list[Operation], mm: Operation) -> MeanOp | None:
+    """The global average pool producing the matmul's row through reshapes (the
+    prologue fuse-graph forms for a classifier head: `Fuser.mean_prologue`), else None."""
+    means = [o for o in pro if not isinstance(o, (g.ReshapeOp, g.ConstantOp))]
+    if len(means) != 1 or not isinstance(means[0], MeanOp):
+        return None
+    a = mm.operands[0]
+    while isinstance(a.owner, g.ReshapeOp) and a.owner in pro:
+        a = a.owner.operands[0]
+    return means[0] if a is means[0].results[0] else None
+
+
+def emit_pool(kb: KernelBuilder, x_arg: SSAValue, TK: int, nk: int, S: int, div: int, dst: SSAValue, *,
+              queue: int) -> None:
+    """The sum of each run of `S` elements of `x_arg` (``[TK, nk * S]``: partition r
+    holds A elements ``r*nk ..``, each one's S pooled values in a row: a map, or a map
+    stored with a zero ring) divided by `div` (the map's size) into `dst` (``[TK, nk]``,
+    the row's dtype): one load, a sum per A element, one scale by 1 / div rounded once
+    to the row's type (torch's mean: an fp32 sum, then the division)."""
+    z, tk = kb.const(0), kb.const(TK)
+    xt = x_arg.type
+    assert isinstance(xt, MemRefType)
+    xb = kb.alloc([TK, nk * S], xt.element_type, tile.SRAM, "pool_in")
+    kb.add(tile.LoadOp(x_arg, [z, z], xb, tk, kb.const(nk * S), 0, 1, queue=queue))
+    part = kb.alloc([TK, nk], f32, tile.SRAM, "pool_sum")
+    for j in range(nk):
+        kb.add(tile.ReduceOp("sum", sub(kb, xb, 0, j * S, [TK, S]), sub(kb, part, 0, j, [TK, 1]), tk, kb.const(S)))
+    kb.add(tile.ScalarOp("mul", part, 1.0 / div, dst, tk, kb.const(nk)))
 
 
 def _separate_epilogue(lw: LoweringContext, epi: FusedPart, elem: Attribute, N: int) -> float:
@@ -220,8 +276,9 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
     pro, epi_ops = ops[: ops.index(mm)], ops[ops.index(mm) + 1:]
     if not epilogue:
         epi_ops = []
-    norm = _lone_norm(pro, mm)
-    if norm is False or (norm is None and not epi_ops) or (epilogue and not epi_ops):
+    pool = _lone_pool(pro, mm)
+    norm = None if pool is not None else _lone_norm(pro, mm)
+    if norm is False or (norm is None and pool is None and not epi_ops) or (epilogue and not epi_ops):
         return False  # (a lone matmul lowers on its own, `lower_matmul_blocked`)
     got = problem_of(lw, mm)
     if got is None:
@@ -233,7 +290,23 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
         x_shape = shape_of(norm.operands[0].type)
         if x_shape[-1] != K or split_of(lw, 1, K) != problem.TK:
             return False
-    row = norm.operands[0] if norm is not None else a
+    S = div = 0
+    pooled: SSAValue | None = None
+    if pool is not None:  # [1, K, spatial...] read as [TK, nk * S]: contiguous
+        x_shape = shape_of(pool.operands[0].type)
+        info = padded_of(lw, pool.operands[0])
+        if x_shape[1] != K:
+            return False
+        if info is not None:  # stored zero-padded [1, K, Hp * Wp]: the ring adds nothing
+            if len(x_shape) != 4:
+                return False
+            pooled, S, div = info.hbm, info.L, info.H * info.W
+        else:
+            pooled, S = lw.materialise(pool.operands[0]), math.prod(x_shape[2:])
+            div = S
+            if not lw.is_dense(pooled):
+                return False
+    row = norm.operands[0] if norm is not None else pool.operands[0] if pool is not None else a
     variants = _variants(lw, group, mm, problem, bool(epi_ops), row, loc)
     if not variants:
         return False
@@ -259,6 +332,9 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
         xv, wv, gmat = split_operands(lw, norm, x, 1, K, problem.TK)
         front = [xv]
         norm_args = [wv, gmat]
+    elif pooled is not None:
+        front = [lw.view(pooled, (problem.TK, problem.nk * S))]
+        norm_args = []
     else:
         front = [lw.view(lw.materialise(a), (problem.TK, problem.nk))]
         norm_args = []
@@ -283,7 +359,7 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
     ea = elem_of(norm.results[0].type) if norm is not None else elem_of(a.type)
     eb, eo = elem_of(b.type), elem_of(res.type)
     kernel = _DecodeGemvKernel(kb, problem, sched, lw.cfg, rank=len(out_shape), a_imap=[0, 1], b_imap=B.imap,
-                               elems=(ea, eb, eo), norm=norm, epi=epi, out_shape=tuple(out_shape),
+                               elems=(ea, eb, eo), norm=norm, pool=(S, div), epi=epi, out_shape=tuple(out_shape),
                                stream_b=stream_b)
     kernel.emit(out_shape[:-2])
     lw.launch(kb, args)
@@ -296,6 +372,10 @@ def lower_gemv_group(lw: LoweringContext, group: FusedOp, mm: Operation, loc: st
         remarks.emit("lower-graph-to-tile", "passed",
                      lambda: f"rms_norm + matmul 1x{K}x{N}: the norm computes the matmul's row in the partitions "
                              f"(one kernel; the norm's store and the matmul's load removed)")
+    elif pool is not None:
+        remarks.emit("lower-graph-to-tile", "passed",
+                     lambda: f"mean + matmul 1x{K}x{N}: the average pool over {div} positions computes the matmul's "
+                             f"row in the partitions (one kernel; the pool's store and the matmul's load removed)")
     else:
         remarks.emit("lower-graph-to-tile", "passed",
                      lambda: f"matmul 1x{K}x{N}: the A row loads straight into the partitions ({problem.nk} "

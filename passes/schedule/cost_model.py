@@ -478,9 +478,13 @@ def _breakdown(p: MatmulProblem, s: MatmulSchedule, cfg: HardwareConfig, timing:
 
 
 def _size_key(p: MatmulProblem, s: MatmulSchedule) -> tuple:
-    """Smaller kernels (IR ops, hence compile time) first, A loads off the B queues (a
-    1-row-block A load delays the B loads queued behind it), then a fixed order."""
-    return (kernel_matmuls(p, s), s.qa[0] in s.qb, s.nb, s.w, s.g, s.b_sets, not s.pipelined, s.stagger, s.qb, s.qa)
+    """Smaller kernels (IR ops, hence compile time) first; for a one-row matmul a
+    pre-tiled weight (its row then loads straight into the partitions, with its
+    epilogue in the kernel: `norm_gemv.py`); A loads off the B queues (a 1-row-block A
+    load delays the B loads queued behind it), then a fixed order."""
+    direct = s.pretiled and p.M == 1 and not p.batch
+    return (kernel_matmuls(p, s), not direct, s.qa[0] in s.qb, s.nb, s.w, s.g, s.b_sets, not s.pipelined,
+            s.stagger, s.qb, s.qa)
 
 
 def rank(p: MatmulProblem, cfg: HardwareConfig) -> list[tuple[float, MatmulSchedule]]:

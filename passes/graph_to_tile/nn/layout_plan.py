@@ -19,6 +19,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import graph_nn as nn
+from tilecc.ir.graph_fusion import FusedOp
 from tilecc.passes.graph_to_tile.nn.common import value_shape
 from tilecc.passes.graph_to_tile.nn.conv_plan import o2_feasible
 from tilecc.passes.graph_to_tile.nn.epilogue import Step
@@ -101,9 +102,19 @@ def wants_padded(lw: LoweringContext, v: SSAValue, N: int, C: int, H: int, W: in
                 strict.append(True)
         elif isinstance(u, (nn.SumOp, nn.MeanOp)) and len(value_shape(v)) == 4 and set(u.axes) == {2, 3}:
             pass
+        elif isinstance(u, FusedOp) and len(value_shape(v)) == 4 and _pooled_in(u, use.index):
+            pass  # a classifier head's average pool, the prologue of its matmul (`norm_gemv.py`)
         else:
             return False
     return True
+
+
+def _pooled_in(group: FusedOp, index: int) -> bool:
+    """Whether the group's input `index` is read only by spatial means (``[N, C, H, W]``
+    over dims 2 and 3), which read a zero-padded map as well as a natural one."""
+    arg = group.block.args[index]
+    return bool(arg.uses) and all(isinstance(u.operation, nn.MeanOp) and set(u.operation.axes) == {2, 3}
+                                  for u in arg.uses)
 
 
 @dataclass
