@@ -287,3 +287,15 @@ def test_classifier_head_takes_the_general_path_without_whole_tiles():
     cm = run_and_compare(model, (x,), target="cloud")
     names = [k[0] for k in cm.program.kernels]
     assert len(names) == 3 and "reduce_mean" in names[0], names
+
+
+def test_classifier_head_general_path_pools_a_padded_map():
+    """1,001 classes after a convolution whose output only the head reads (stored
+    padded): the group's pool falls back to the reduction kernel, which reads the
+    padded map as it is. Equal to eager."""
+    torch.manual_seed(8)
+    model = _ConvHead(128, 1001).eval().to(torch.bfloat16)
+    x = torch.randn(1, 128, 8, 8, dtype=torch.bfloat16)
+    cm = run_and_compare(model, (x,), target="cloud")
+    names = [k[0] for k in cm.program.kernels]
+    assert any("reduce_mean" in n for n in names) and not any("unpad" in n for n in names), names
