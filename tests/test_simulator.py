@@ -231,8 +231,11 @@ def test_matmul_f32_matches_numpy(m, k, n, seed):
     stream, out = matmul_program(hbm, a, b, DType.F32)
     run(stream, hbm)
     got = hbm.get(out, (m, n), DType.F32)
-    # fp32 accumulation; the summation order (the BLAS kernel) may differ in the last bit
-    torch.testing.assert_close(got, a @ b, rtol=1e-6, atol=1e-6)
+    # fp32 accumulation; torch's BLAS kernel may sum in another order, so the two differ
+    # by at most twice the summation error bound k u sum|a_i b_j| (u = 2^-24; k = 11
+    # gave 1.06e-6, past a flat 1e-6); numpy's order is matched exactly below
+    bound = 2 * k * 2.0**-24 * (a.abs() @ b.abs())
+    assert ((got - a @ b).abs() <= bound).all()
     assert np.array_equal(got.numpy(), np.matmul(a.T.contiguous().numpy().T, b.numpy()))
 
 

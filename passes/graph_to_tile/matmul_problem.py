@@ -126,7 +126,8 @@ def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg: HardwareCon
     from tilecc.passes.schedule.cost_model import estimate, rank
 
     batch = "x".join(str(b) for b in p.batch)
-    shape = f"matmul {batch + ' x ' if batch else ''}{p.M}x{p.K}x{p.N} ({p.a_dtype})"
+    dtypes = p.a_dtype if p.b_dtype == p.a_dtype else f"{p.a_dtype} x {p.b_dtype}"  # a one-byte weight
+    shape = f"matmul {batch + ' x ' if batch else ''}{p.M}x{p.K}x{p.N} ({dtypes})"
     if s is None:
         return f"{shape}: no -O2 schedule fits the target; the -O0 kernel is used"
     n = len(rank(p, cfg))
