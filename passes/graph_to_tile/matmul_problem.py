@@ -72,9 +72,9 @@ def problem_of(lw: LoweringContext, op: Operation) -> tuple[MatmulProblem, Matmu
 
 def gemv_tile_width(N: int, TN: int) -> int:
     """The column tile of a one-row matmul by a weight whose N is not a multiple of the
-    array's `TN` columns (a classifier head): the widest divisor of N that is at most TN and at least TN / 2
-    (a 1,000-class classifier: 125, eight whole tiles instead of seven and a 104-column
-    rest), else TN. Whole tiles let the weight be stored pre-tiled (`pretile_ok`), so
+    array's `TN` columns (a classifier head): the widest divisor of N within [TN / 2, TN]
+    in as many tiles (a 1,000-class classifier: 125, eight whole tiles instead of seven
+    and a 104-column rest), else TN. Whole tiles let the weight be stored pre-tiled (`pretile_ok`), so
     the row loads straight into the partitions (`direct_a`) and the epilogue runs in
     the GEMV kernel; the tile count is the same as with TN (ceil(N / TN)). N below TN
     is one tile of N columns."""

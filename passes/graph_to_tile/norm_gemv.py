@@ -85,7 +85,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from xdsl.dialects.builtin import MemRefType, f32
+from xdsl.dialects.builtin import f32
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from tilecc.ir import graph as g
@@ -120,8 +120,9 @@ if TYPE_CHECKING:
 
 class _DecodeGemvKernel(FusedMatmulKernel):
     """The direct matmul whose row is the RMS norm of its input (`norm`; args: x, B, out,
-    w, G, then the epilogue's) or the row itself (args: A, B, out, then the epilogue's),
-    with the group's epilogue on each evacuated row."""
+    w, G, then the epilogue's), the average pool of a map (`pool`; args: the map viewed
+    ``[TK, nk * run]``, B, out, then the epilogue's) or the row itself (args: A, B, out,
+    then the epilogue's), with the group's epilogue on each evacuated row."""
 
     def __init__(self, *args: Any, norm: g.RmsNormOp | None, pool: tuple[int, int] = (0, 0), **kw: Any):
         super().__init__(*args, direct=True, pro=None, front=2 if norm is not None else 0, **kw)
@@ -186,9 +187,7 @@ def emit_pool(kb: KernelBuilder, x_arg: SSAValue, TK: int, nk: int, S: int, div:
     the row's dtype): one load, a sum per A element, one scale by 1 / div rounded once
     to the row's type (torch's mean: an fp32 sum, then the division)."""
     z, tk = kb.const(0), kb.const(TK)
-    xt = x_arg.type
-    assert isinstance(xt, MemRefType)
-    xb = kb.alloc([TK, nk * S], xt.element_type, tile.SRAM, "pool_in")
+    xb = kb.alloc([TK, nk * S], elem_of(x_arg.type), tile.SRAM, "pool_in")
     kb.add(tile.LoadOp(x_arg, [z, z], xb, tk, kb.const(nk * S), 0, 1, queue=queue))
     part = kb.alloc([TK, nk], f32, tile.SRAM, "pool_sum")
     for j in range(nk):
