@@ -388,7 +388,8 @@ class Fuser:
                 if prod.kind == "matmul":
                     return ("its A rows are another matmul's output, and a matmul takes only a single-use layer "
                             "norm or RMS norm as its prologue (fuse-mlp joins an MLP's two projections instead)")
-                return "a matmul takes only a single-use layer norm or RMS norm as its prologue"
+                return ("a matmul takes only a single-use layer norm or RMS norm as its prologue (a one-row "
+                        "matmul also a global average pool)")
             return f"{op.name} starts a {mine.kind} kernel; only an elementwise group joins it as prologue"
         if mine.kind != "elementwise" and mine.anchor is not None and prod.kind != "elementwise":
             return f"it belongs to the {mine.kind} group of {mine.anchor.name}"
