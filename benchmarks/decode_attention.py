@@ -19,35 +19,21 @@ import argparse
 import re
 import sys
 import time
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import tilecc
 from tilecc.simulator.config import load_config
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from gqa_decode import GqaDecode, step_inputs  # noqa: E402
+
 KV_HEADS, GROUP, HEAD_DIM = 8, 4, 64
 
 
-class GqaDecode(torch.nn.Module):
-    """`transformers`' grouped-query decode: the KV heads repeated, then sdpa with the mask."""
-
-    def forward(self, q, k, v, mask):
-        b, hkv, s, d = k.shape
-        n = q.shape[1] // hkv
-        k = k[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d)
-        v = v[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
 def inputs(batch: int, S: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(batch, KV_HEADS * GROUP, 1, HEAD_DIM, generator=g).to(torch.bfloat16)
-    k = torch.randn(batch, KV_HEADS, S, HEAD_DIM, generator=g).to(torch.bfloat16)
-    v = torch.randn(batch, KV_HEADS, S, HEAD_DIM, generator=g).to(torch.bfloat16)
-    mask = torch.zeros(batch, 1, 1, S, dtype=torch.bfloat16)
-    mask[..., S - 1:] = float("-inf")  # the last position not yet written
-    return q, k, v, mask
+    return step_inputs(batch, S, KV_HEADS, GROUP, HEAD_DIM)
 
 
 def schedule(cm: tilecc.CompiledModel) -> str:

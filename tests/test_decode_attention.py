@@ -4,7 +4,9 @@ position) as one kernel over every (batch, KV head) problem, against torch eager
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,18 +20,8 @@ from tilecc.passes.graph_to_tile.attention.decode_cost import choose, estimate
 from tilecc.passes.graph_to_tile.attention.decode_plan import candidates, decode_problem
 from tilecc.simulator.config import load_config
 
-
-class _GqaDecode(torch.nn.Module):
-    """A grouped-query decode step as `transformers` writes it: repeat_kv, then sdpa with
-    the additive mask of the cache positions (canonicalize-graph makes the G query heads
-    of a KV head G rows of one attention)."""
-
-    def forward(self, q, k, v, mask):
-        b, hkv, s, d = k.shape
-        n = q.shape[1] // hkv
-        k = k[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d)
-        v = v[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from gqa_decode import GqaDecode  # noqa: E402  (repeat_kv, then sdpa with the mask)
 
 
 class _Sdpa(torch.nn.Module):
@@ -62,7 +54,7 @@ def test_grouped_decode_matches_eager_tiny(batch, kv_heads, group, S, D, data, d
     decode-attention kernel, equal to eager."""
     positions = [data.draw(st.integers(0, S - 1)) for _ in range(batch)]
     inputs = _decode_inputs(batch, kv_heads, group, S, D, positions, dtype)
-    cm = run_and_compare(_GqaDecode(), inputs, "tiny")
+    cm = run_and_compare(GqaDecode(), inputs, "tiny")
     assert any("decode_attention" in n for n in _names(cm)), _names(cm)
 
 
@@ -72,7 +64,7 @@ def test_llama_1b_decode_shape_on_cloud(dtype):
     130-position cache at batch 4: groups of problems, several positions per DMA row."""
     positions = [129, 64, 3, 100]
     inputs = _decode_inputs(4, 8, 4, 130, 64, positions, dtype, seed=3)
-    cm = run_and_compare(_GqaDecode(), inputs, "cloud")
+    cm = run_and_compare(GqaDecode(), inputs, "cloud")
     assert _names(cm) == ["k0_decode_attention"]
     msgs = [r["message"] for r in cm.program.meta["remarks"] if r["message"].startswith("decode attention [")]
     assert msgs and "32 problems of 4 rows" in msgs[0], msgs
@@ -188,7 +180,7 @@ def test_cost_model_chooses_among_fitting_schedules():
 def test_estimate_tracks_the_simulated_time():
     """The kernel's estimate (its schedule's replay) is within 15% of the simulated cycles."""
     inputs = _decode_inputs(8, 8, 4, 130, 64, [129] * 8, torch.bfloat16)
-    cm = tilecc.compile(_GqaDecode().eval(), inputs, target="cloud")
+    cm = tilecc.compile(GqaDecode().eval(), inputs, target="cloud")
     report = cm.simulate(*inputs)
     msg = next(r["message"] for r in cm.program.meta["remarks"] if r["message"].startswith("decode attention ["))
     sched = float(msg.split("schedule ")[1].split(";")[0].replace(",", ""))
@@ -201,6 +193,6 @@ def test_many_groups_in_a_loop_tiny(batch, dtype):
     groups per loop body and several loop trips, every position of the cache in use."""
     positions = [(7 * b) % 24 for b in range(batch)]
     inputs = _decode_inputs(batch, 2, 4, 24, 8, positions, dtype, seed=batch)
-    cm = run_and_compare(_GqaDecode(), inputs, "tiny")
+    cm = run_and_compare(GqaDecode(), inputs, "tiny")
     msg = next(r["message"] for r in cm.program.meta["remarks"] if r["message"].startswith("decode attention ["))
     assert f"{batch * 2} problems of 4 rows in groups of 4" in msg, msg

@@ -19,6 +19,9 @@ from tilecc.errors import InputMismatchError, TileccError
 from tilecc.llm.programs import compile_programs
 from tilecc.llm.static_cache import StaticCacheLM
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from gqa_decode import GqaDecode  # noqa: E402  (repeat_kv, then sdpa with the mask)
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llm.py"
 KEYS = ("tokens", "matches_eager", "ttft_us", "tpot_us", "tokens_per_second", "joules_per_token",
         "prefill_roofline_ratio", "decode_roofline_ratio")
@@ -262,25 +265,14 @@ def test_decode_cache_write_is_one_scatter_per_tile_of_rows():
     assert count <= 6, count
 
 
-class _GqaDecode(torch.nn.Module):
-    """A grouped-query decode step as `transformers` writes it: repeat_kv, then sdpa."""
-
-    def forward(self, q, k, v, mask):
-        b, hkv, s, d = k.shape
-        n = q.shape[1] // hkv
-        k = k[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d)
-        v = v[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
 def test_grouped_decode_attention_reads_the_cache_once_per_kv_head():
     """One query row per head: the G query heads of a KV head become G rows of one
     attention over that head's cache, with no expanded (repeat_kv) copy of the cache."""
     q, k, v = torch.randn(3, 8, 1, 16), torch.randn(3, 2, 24, 16), torch.randn(3, 2, 24, 16)
     mask = torch.zeros(3, 1, 1, 24)
     mask[:, :, :, 13:] = float("-inf")  # positions not yet written
-    cm = tilecc.compile(_GqaDecode().eval(), (q, k, v, mask))
-    torch.testing.assert_close(cm(q, k, v, mask), _GqaDecode()(q, k, v, mask), rtol=1e-4, atol=1e-4)
+    cm = tilecc.compile(GqaDecode().eval(), (q, k, v, mask))
+    torch.testing.assert_close(cm(q, k, v, mask), GqaDecode()(q, k, v, mask), rtol=1e-4, atol=1e-4)
     names = [name for name, _, _ in cm.program.kernels]
     assert any("attention" in n for n in names) and not any("copy" in n or "expand" in n for n in names), names
 
