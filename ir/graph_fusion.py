@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xdsl.dialects.builtin import StringAttr, TensorType
-from xdsl.ir import Attribute, Block, Region, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
@@ -100,4 +100,16 @@ class YieldOp(IRDLOperation):
 
 FUSION_OPS = (FusedOp, YieldOp)
 
-__all__ = ["FusedOp", "YieldOp", "FUSION_OPS", "FUSION_KINDS"]
+def outer_value(v: SSAValue) -> SSAValue:
+    """The value behind `v` through the block arguments of fused groups (nested ones
+    included: an mlp group's matmul groups): the operand each argument stands for, up to
+    a value no group's argument (an op's result, or an argument of the function)."""
+    while isinstance(v, BlockArgument):
+        parent = v.owner.parent_op()
+        if parent is None or v.index >= len(parent.operands):
+            return v
+        v = parent.operands[v.index]
+    return v
+
+
+__all__ = ["FusedOp", "YieldOp", "FUSION_OPS", "FUSION_KINDS", "outer_value"]

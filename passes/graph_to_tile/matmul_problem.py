@@ -92,17 +92,15 @@ def produced(v: SSAValue) -> bool:
     from xdsl.ir import BlockArgument
 
     from tilecc.ir.graph import ConstantOp, ReshapeOp
+    from tilecc.ir.graph_fusion import outer_value
 
     while True:
-        if isinstance(v, BlockArgument):
-            parent = v.owner.parent_op()
-            if parent is None or parent.name == "func.func" or v.index >= len(parent.operands):
-                return False
-            v = parent.operands[v.index]
-        elif isinstance(v.owner, ReshapeOp):
-            v = v.owner.operands[0]
-        else:
+        v = outer_value(v)
+        if isinstance(v, BlockArgument):  # a program input
+            return False
+        if not isinstance(v.owner, ReshapeOp):
             return not isinstance(v.owner, (WeightOp, ConstantOp))
+        v = v.owner.operands[0]
 
 
 def choose_schedule(
@@ -140,13 +138,9 @@ def schedule_remark(p: MatmulProblem, s: MatmulSchedule | None, cfg: HardwareCon
 def weight_of(v: SSAValue) -> WeightOp | None:
     """The `graph.weight` behind `v` (through the block arguments of fused groups, nested
     ones included: an mlp group's matmul groups), or None."""
-    from xdsl.ir import BlockArgument
+    from tilecc.ir.graph_fusion import outer_value
 
-    while isinstance(v, BlockArgument):
-        parent = v.owner.parent_op()
-        if parent is None or v.index >= len(parent.operands):
-            return None
-        v = parent.operands[v.index]
+    v = outer_value(v)
     return v.owner if isinstance(v.owner, WeightOp) else None
 
 

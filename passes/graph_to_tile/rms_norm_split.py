@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import numpy as np
 from xdsl.dialects.builtin import f32
-from xdsl.ir import BlockArgument, SSAValue
+from xdsl.ir import SSAValue
 
 from tilecc.ir import graph as g
 from tilecc.ir import tile
+from tilecc.ir.graph_fusion import outer_value
 from tilecc.passes.graph_to_tile.context import LoweringContext
 from tilecc.passes.graph_to_tile.kernel_builder import KernelBuilder
 from tilecc.passes.graph_to_tile.nn.common import HbmKernel, const_hbm, false_i1, sub
@@ -134,13 +135,7 @@ def emit_split_norm(kb: KernelBuilder, op: g.RmsNormOp, x_arg: SSAValue, w_arg: 
 def ones_weight(op: g.RmsNormOp) -> bool:
     """Whether the norm's weight is a constant of ones (fold-norm-weight leaves one where
     it folded the weight into the matmuls after the norm)."""
-    w = op.operands[1]
-    while isinstance(w, BlockArgument):  # inside fusion groups (nested): the group's operand
-        parent = w.block.parent_op()
-        if parent is None or w.index >= len(parent.operands):
-            return False
-        w = parent.operands[w.index]
-    owner = w.owner
+    owner = outer_value(op.operands[1]).owner  # inside fusion groups (nested): the group's operand
     return isinstance(owner, g.ConstantOp) and bool(np.all(owner.values() == 1.0))
 
 
