@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import run_and_compare
-from tests.test_decode_attention import _decode_inputs, _GqaDecode, _names
+from tests.test_decode_attention import GqaDecode, _decode_inputs, _names
 from tilecc.passes.graph_to_tile.attention.decode_cost import choose
 from tilecc.passes.graph_to_tile.attention.decode_plan import candidates, decode_problem
 from tilecc.simulator.config import load_config
@@ -35,7 +35,7 @@ def test_long_cache_grouped_decode_matches_eager(S, dtype):
     positions, one sequence at the last position and one at a third (later blocks
     wholly masked): one decode kernel with the cache in blocks, equal to eager."""
     inputs = _decode_inputs(2, 2, 2, S, 16, [S - 1, S // 3], dtype, seed=1)
-    cm = run_and_compare(_GqaDecode(), inputs, "cloud")
+    cm = run_and_compare(GqaDecode(), inputs, "cloud")
     assert _names(cm) == ["k0_decode_attention"], _names(cm)
     msg = _online_remark(cm)
     assert "online softmax" in msg and "blocks of" in msg, msg
@@ -49,7 +49,7 @@ def test_peak_in_a_late_block():
     S = 1500
     q, k, v, mask = _decode_inputs(2, 2, 2, S, 16, [S - 1, S - 1], torch.float32, seed=2)
     k[:, :, S - 3, :] = 4.0 * q.reshape(2, 2, 2, 16)[:, :, 0, :]
-    cm = run_and_compare(_GqaDecode(), (q, k, v, mask), "cloud")
+    cm = run_and_compare(GqaDecode(), (q, k, v, mask), "cloud")
     assert _names(cm) == ["k0_decode_attention"], _names(cm)
     assert "online softmax" in _online_remark(cm)
 
@@ -101,7 +101,7 @@ def test_one_k_transpose_accumulator(monkeypatch):
     rank = entry.rank
     monkeypatch.setattr(entry, "rank", lambda p, cfg: [x for x in rank(p, cfg) if x[0].kt_acc == 1])
     inputs = _decode_inputs(1, 8, 4, 2050, 64, [1500], torch.bfloat16, seed=4)
-    cm = run_and_compare(_GqaDecode(), inputs, "cloud")
+    cm = run_and_compare(GqaDecode(), inputs, "cloud")
     msg = _online_remark(cm)
     assert "10 positions per row" in msg and "blocks of 1280 positions" in msg, msg
     assert "mask rows by DMA transposes" in msg, msg
